@@ -15,9 +15,7 @@ SUMMARY_LABEL = "summary"
 Plan = tuple[list[str], list[str], int]  # (fold, keep, slot)
 
 
-def plan_compaction(
-    turns: Sequence[tuple[str, int]], budget: int, keep_last: int
-) -> Plan | None:
+def plan_compaction(turns: Sequence[tuple[str, int]], budget: int, keep_last: int) -> Plan | None:
     """turns: [(label, tokens)], oldest first; a first "summary" label is an earlier summary.
 
     Returns (fold, keep, slot), or ([], every label, 0) when the history already fits, or

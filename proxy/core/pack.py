@@ -20,9 +20,7 @@ class PackResult(TypedDict):
     note: bool
 
 
-def pack_context(
-    messages: Sequence[PackMessage], budget: int, note_cost: int
-) -> PackResult | None:
+def pack_context(messages: Sequence[PackMessage], budget: int, note_cost: int) -> PackResult | None:
     """Return the indices to keep and whether a note is needed, or None if nothing fits."""
     roles = [str(m[0]) for m in messages]
     tokens = [int(m[1]) for m in messages]

@@ -64,4 +64,4 @@ def test_keeps_the_newest_keep_last_turns(turns, budget: int, keep_last: int) ->
     plan = plan_compaction(turns, budget, keep_last)
     if plan is not None and plan[0]:
         ordinary = [label for label, _ in turns if label != "summary"]
-        assert plan[1] == ordinary[len(ordinary) - min(keep_last, len(ordinary)):]
+        assert plan[1] == ordinary[len(ordinary) - min(keep_last, len(ordinary)) :]

