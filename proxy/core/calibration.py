@@ -1,0 +1,52 @@
+"""Correcting local token estimates with the counts the upstream reports.
+
+cl100k is not Claude's tokenizer, so a model's real input runs at some steady ratio of our
+estimate. Each response's usage gives one sample of reported / estimated; the factor is
+their running mean until WINDOW samples, then an exponentially weighted mean with weight
+1 / WINDOW, so it settles fast and then follows drift without one odd request moving it
+far. `reported` should be the total input: input_tokens + cache_creation_input_tokens +
+cache_read_input_tokens. Where the factor is stored is the caller's business.
+"""
+
+from __future__ import annotations
+
+import math
+
+MIN_FACTOR = 0.5
+MAX_FACTOR = 3.0
+WINDOW = 20  # samples until the mean turns into an exponentially weighted one
+
+
+def update_factor(factor: float, samples: int, estimated: int, reported: int) -> tuple[float, int]:
+    """The factor and sample count after one (estimated, reported) observation.
+
+    Junk (a non-positive count) leaves both unchanged. A sample's ratio is clamped to
+    [MIN_FACTOR, MAX_FACTOR] before it is averaged in, so one absurd sample moves the
+    factor at most by (MAX_FACTOR - MIN_FACTOR) / (samples + 1). The returned count
+    saturates at WINDOW, so it stays small wherever it is stored.
+    """
+    factor, samples = _sane(factor, samples)
+    if estimated <= 0 or reported <= 0:
+        return factor, samples
+    ratio = _clamp(reported / estimated)
+    weight = 1.0 / min(samples + 1, WINDOW)
+    return _clamp(factor + (ratio - factor) * weight), min(samples + 1, WINDOW)
+
+
+def apply_factor(estimate: int, factor: float) -> int:
+    """The corrected estimate, rounded up (better a little early than over the window)."""
+    if estimate <= 0:
+        return 0
+    factor, _ = _sane(factor, 1)
+    # The small slack keeps float noise (1000 * 1.1 = 1100.0000000000002) from adding 1.
+    return math.ceil(estimate * factor - 1e-9)
+
+
+def _sane(factor: float, samples: int) -> tuple[float, int]:
+    if not math.isfinite(factor) or factor <= 0:
+        return 1.0, 0
+    return _clamp(factor), min(max(0, samples), WINDOW)
+
+
+def _clamp(factor: float) -> float:
+    return min(MAX_FACTOR, max(MIN_FACTOR, factor))
