@@ -1,0 +1,280 @@
+"""Typed settings for the proxy: built-in defaults < TOML file < environment < flags.
+
+Every setting has a dotted name (`upstream.url`) that is also its place in the TOML file
+(`[upstream] url = ...`) and, upper-cased with `COMPACTION_PROXY_` in front, its
+environment variable (`COMPACTION_PROXY_UPSTREAM_URL`). `REDIS_URL` is accepted as an
+alias of `COMPACTION_PROXY_STORE_REDIS_URL` (the prefixed name wins). A wrong value or an
+unknown key raises `ConfigError` naming the setting and where it came from.
+
+The built-in defaults are the dataclass defaults below, so an installed proxy runs without
+any file; `config/proxy.toml` documents the same values (a test keeps them equal).
+`[[policy]]` tables are kept raw in `Settings.policies` for the policy parser.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ENV_PREFIX = "COMPACTION_PROXY_"
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+DEFAULT_CONFIG_PATH = Path("config/proxy.toml")
+MIB = 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """A setting is wrong; the message names it and its source."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    # Largest request body accepted (the API's own limit is 32 MB).
+    max_body_bytes: int = 32 * MIB
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamSettings:
+    url: str = "https://api.anthropic.com"
+    # Seconds to open a new TCP/TLS connection to the upstream.
+    connect_timeout: float = 10.0
+    # Seconds a stream may stay silent before the proxy ends it (no total stream timeout).
+    stream_idle_timeout: float = 300.0
+    # Seconds to wait for bytes of a non-streaming answer (the SDK's own default is 600).
+    response_timeout: float = 600.0
+    # Connection pool: total open connections, and per upstream host (0 = no limit).
+    pool_limit: int = 1024
+    pool_limit_per_host: int = 0
+    # Seconds an idle pooled connection is kept open.
+    keepalive_timeout: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    # Empty: start an embedded redis-server under state_dir.
+    redis_url: str = ""
+    # Empty: $XDG_STATE_HOME/compaction-proxy or ~/.local/state/compaction-proxy.
+    state_dir: str = ""
+    key_prefix: str = "cp:"
+    # Seconds for any single Redis call before the proxy degrades without it.
+    op_timeout: float = 0.5
+    # Seconds every stored key lives.
+    ttl: int = 7 * 24 * 3600
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
+    # Raw `[[policy]]` tables, parsed into per-model policies elsewhere.
+    policies: tuple[dict[str, Any], ...] = ()
+
+    def resolved_state_dir(self) -> Path:
+        if self.store.state_dir:
+            return Path(self.store.state_dir).expanduser()
+        xdg = os.environ.get("XDG_STATE_HOME")
+        base = Path(xdg) if xdg else Path.home() / ".local" / "state"
+        return base / "compaction-proxy"
+
+
+_SECTIONS: dict[str, type] = {
+    "server": ServerSettings,
+    "upstream": UpstreamSettings,
+    "store": StoreSettings,
+}
+
+
+def _positive(value: float) -> str | None:
+    return None if value > 0 else "must be greater than 0"
+
+
+def _non_negative(value: float) -> str | None:
+    return None if value >= 0 else "must be 0 or more"
+
+
+def _port(value: int) -> str | None:
+    return None if 0 <= value <= 65535 else "must be a port number 0-65535 (0 = any free port)"
+
+
+def _http_url(value: str) -> str | None:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL with a host"
+    if parts.query or parts.fragment:
+        return "must not have a query or fragment"
+    return None
+
+
+def _redis_url(value: str) -> str | None:
+    if value == "":
+        return None
+    if urlsplit(value).scheme not in ("redis", "rediss", "unix"):
+        return "must be empty (embedded Redis) or a redis://, rediss:// or unix:// URL"
+    return None
+
+
+def _key_prefix(value: str) -> str | None:
+    if any(c in value for c in "{}") or any(c.isspace() for c in value):
+        return "must not contain braces or whitespace (braces would move the hash tag)"
+    return None
+
+
+def _not_empty(value: str) -> str | None:
+    return None if value.strip() else "must not be empty"
+
+
+_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "server.host": _not_empty,
+    "server.port": _port,
+    "server.max_body_bytes": _positive,
+    "upstream.url": _http_url,
+    "upstream.connect_timeout": _positive,
+    "upstream.stream_idle_timeout": _positive,
+    "upstream.response_timeout": _positive,
+    "upstream.pool_limit": _positive,
+    "upstream.pool_limit_per_host": _non_negative,
+    "upstream.keepalive_timeout": _non_negative,
+    "store.redis_url": _redis_url,
+    "store.key_prefix": _key_prefix,
+    "store.op_timeout": _positive,
+    "store.ttl": _positive,
+}
+
+# Environment aliases: conventional names accepted besides COMPACTION_PROXY_*.
+# ANTHROPIC_BASE_URL is deliberately not read: clients use it to point at this proxy.
+_ENV_ALIASES = {"store.redis_url": "REDIS_URL"}
+
+
+def _coerce(name: str, kind: type, value: Any, source: str) -> Any:
+    """Convert a file or environment value to the field's type, or say why not. The
+    environment gives text, so only there are numbers parsed from strings."""
+    from_env = isinstance(value, str) and source.startswith("environment")
+    ok = False
+    try:
+        if kind is str:
+            ok = isinstance(value, str)
+        elif isinstance(value, bool):
+            ok = False  # TOML true is not a number
+        elif kind is int:
+            value = int(value.replace("_", "")) if from_env else value
+            ok = isinstance(value, int)
+        elif kind is float:
+            value = float(value) if from_env else value
+            ok = isinstance(value, (int, float))
+            value = float(value) if ok else value
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"{name}: expected {kind.__name__}, got {value!r} ({source})")
+    return value
+
+
+def _field_types(section: type) -> dict[str, type]:
+    kinds = {"int": int, "float": float, "str": str}
+    return {f.name: kinds[str(f.type)] for f in dataclasses.fields(section)}
+
+
+def _apply(
+    values: dict[str, dict[str, Any]],
+    sources: dict[str, str],
+    section: str,
+    key: str,
+    value: Any,
+    source: str,
+) -> None:
+    name = f"{section}.{key}"
+    types = _field_types(_SECTIONS[section])
+    if key not in types:
+        known = ", ".join(sorted(types))
+        raise ConfigError(f"{name}: unknown setting ({source}); known in [{section}]: {known}")
+    values[section][key] = _coerce(name, types[key], value, source)
+    sources[name] = source
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path}: not valid TOML: {e}") from None
+
+
+def default_config_path(environ: Mapping[str, str]) -> Path | None:
+    """The file read when --config is not given: $COMPACTION_PROXY_CONFIG, then
+    ./config/proxy.toml if it exists, else none (built-in defaults)."""
+    if environ.get(CONFIG_ENV):
+        return Path(environ[CONFIG_ENV])
+    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
+
+
+def load_settings(
+    config_path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Build validated settings. `overrides` maps dotted names to values (from flags;
+    None values are ignored)."""
+    env = os.environ if environ is None else environ
+    values: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
+    sources: dict[str, str] = {}
+    policies: tuple[dict[str, Any], ...] = ()
+
+    path = config_path if config_path is not None else default_config_path(env)
+    if path is not None:
+        source = f"file {path}"
+        for top, content in load_file(path).items():
+            if top == "policy":
+                if not isinstance(content, list) or not all(isinstance(p, dict) for p in content):
+                    raise ConfigError(f"policy: must be [[policy]] tables ({source})")
+                policies = tuple(content)
+            elif top in _SECTIONS:
+                if not isinstance(content, dict):
+                    raise ConfigError(f"{top}: must be a [{top}] table ({source})")
+                for key, value in content.items():
+                    _apply(values, sources, top, key, value, source)
+            else:
+                known = ", ".join([*sorted(_SECTIONS), "policy"])
+                raise ConfigError(f"{top}: unknown section ({source}); known: {known}")
+
+    for section, cls in _SECTIONS.items():
+        for key in _field_types(cls):
+            name = f"{section}.{key}"
+            var = ENV_PREFIX + name.replace(".", "_").upper()
+            alias = _ENV_ALIASES.get(name)
+            if var in env:
+                _apply(values, sources, section, key, env[var], f"environment {var}")
+            elif alias and alias in env:
+                _apply(values, sources, section, key, env[alias], f"environment {alias}")
+
+    for name, value in (overrides or {}).items():
+        if value is None:
+            continue
+        section, _, key = name.partition(".")
+        if section not in _SECTIONS:
+            raise ConfigError(f"{name}: unknown setting (flag)")
+        _apply(values, sources, section, key, value, "flag")
+
+    for section in _SECTIONS:
+        for key, value in values[section].items():
+            name = f"{section}.{key}"
+            check = _CHECKS.get(name)
+            problem = check(value) if check else None
+            if problem:
+                raise ConfigError(f"{name}: {problem}, got {value!r} ({sources[name]})")
+
+    return Settings(
+        server=ServerSettings(**values["server"]),
+        upstream=UpstreamSettings(**values["upstream"]),
+        store=StoreSettings(**values["store"]),
+        policies=policies,
+    )

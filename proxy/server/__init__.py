@@ -1,0 +1,1 @@
+"""The aiohttp shell: routes, the upstream client, byte relay, health endpoints."""

@@ -1,0 +1,119 @@
+"""Build and run the proxy application."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from proxy.config import Settings
+from proxy.server.health import handle_healthz, handle_readyz
+from proxy.server.messages import handle_count_tokens, handle_messages
+from proxy.server.passthrough import handle_passthrough
+from proxy.server.state import SETTINGS, STORE, UPSTREAM, StoreState
+from proxy.server.upstream import Upstream
+from proxy.store import EmbeddedRedis, Store
+
+log = logging.getLogger(__name__)
+
+
+async def _upstream_lifetime(app: web.Application) -> AsyncIterator[None]:
+    app[UPSTREAM] = Upstream(app[SETTINGS].upstream)
+    yield
+    await app[UPSTREAM].close()
+
+
+async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
+    """Connect the store (or start the embedded Redis). A store that is down at start
+    does not stop the proxy: it forwards without it, and /readyz says so."""
+    settings = app[SETTINGS]
+    state = app[STORE]
+    url = settings.store.redis_url
+    if not url:
+        state_dir = settings.resolved_state_dir()
+        embedded = EmbeddedRedis(state_dir / "redis")
+        try:
+            url = await embedded.start()
+            state.embedded = embedded
+        except Exception as e:  # a missing binary, a busy state dir: degrade, say why
+            log.warning("embedded Redis did not start (%s); running without a store", e)
+            state.problem = f"embedded Redis did not start: {e}"
+            await embedded.stop()
+    if url:
+        state.store = Store.from_url(
+            url,
+            prefix=settings.store.key_prefix,
+            op_timeout=settings.store.op_timeout,
+            default_ttl=settings.store.ttl,
+        )
+        if not await state.store.ping():
+            log.warning("Redis at %s does not answer; forwarding without it for now", url)
+    yield
+    if state.store is not None:
+        await state.store.close()
+    if state.embedded is not None:
+        await state.embedded.stop()
+
+
+def create_app(settings: Settings) -> web.Application:
+    app = web.Application()
+    app[SETTINGS] = settings
+    app[STORE] = StoreState()
+    app.cleanup_ctx.append(_upstream_lifetime)
+    app.cleanup_ctx.append(_store_lifetime)
+    app.router.add_get("/healthz", handle_healthz)
+    app.router.add_get("/readyz", handle_readyz)
+    app.router.add_post("/v1/messages", handle_messages)
+    app.router.add_post("/v1/messages/count_tokens", handle_count_tokens)
+    app.router.add_route("*", "/{tail:.*}", handle_passthrough)
+    return app
+
+
+@dataclass
+class RunningProxy:
+    app: web.Application
+    runner: web.AppRunner
+    url: str  # http://host:port of the listening socket
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start(settings: Settings) -> RunningProxy:
+    """Start listening on settings.server.host:port (port 0: any free port)."""
+    app = create_app(settings)
+    runner = web.AppRunner(
+        app,
+        # A client that disconnects cancels its handler, and so the upstream request.
+        handler_cancellation=True,
+        # Request bodies are forwarded as sent, compressed or not.
+        auto_decompress=False,
+        access_log=None,
+        max_field_size=65536,
+        max_line_size=65536,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, settings.server.host, settings.server.port, backlog=1024)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    if ":" in host:
+        host = f"[{host}]"
+    return RunningProxy(app, runner, f"http://{host}:{port}")
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGINT or SIGTERM."""
+    running = await start(settings)
+    log.info("compaction-proxy listening on %s, upstream %s", running.url, settings.upstream.url)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await running.stop()

@@ -1,0 +1,45 @@
+"""Which headers cross the proxy: everything end-to-end, in its order and spelling."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from multidict import CIMultiDict, MultiMapping
+
+# RFC 9110 section 7.6.1: meaningful only for one hop, never forwarded (plus Proxy-*).
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade"}
+)
+# The proxy sets Host from the upstream URL and recomputes Content-Length.
+_REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
+_RESPONSE_DROP = HOP_BY_HOP | {"content-length"}
+_NOTHING: frozenset[str] = frozenset()
+
+
+def _named_in_connection(value: str | None) -> frozenset[str]:
+    """Headers the sender declared hop-by-hop by listing them in Connection."""
+    if not value:
+        return _NOTHING
+    return frozenset(name.strip().lower() for name in value.split(","))
+
+
+def _keep(
+    pairs: Iterable[tuple[str, str]], drop: frozenset[str], connection: str | None
+) -> Iterator[tuple[str, str]]:
+    extra = _named_in_connection(connection)
+    for name, value in pairs:
+        lower = name.lower()
+        if lower in drop or lower in extra or lower.startswith("proxy-"):
+            continue
+        yield name, value
+
+
+def upstream_request_headers(headers: MultiMapping[str]) -> list[tuple[str, str]]:
+    """The client's end-to-end headers, to send upstream as they came."""
+    return list(_keep(headers.items(), _REQUEST_DROP, headers.get("Connection")))
+
+
+def client_response_headers(headers: MultiMapping[str]) -> CIMultiDict[str]:
+    """The upstream's end-to-end response headers, to send to the client as they came.
+    Content-Encoding stays: bodies are relayed compressed, exactly as received."""
+    return CIMultiDict(_keep(headers.items(), _RESPONSE_DROP, headers.get("Connection")))

@@ -1,0 +1,31 @@
+"""Every other path and method: forwarded unchanged, streamed both ways."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+
+from proxy.server import errors
+from proxy.server.headers import upstream_request_headers
+from proxy.server.relay import relay
+from proxy.server.state import UPSTREAM
+
+
+async def handle_passthrough(request: web.Request) -> web.StreamResponse:
+    upstream = request.app[UPSTREAM]
+    headers = upstream_request_headers(request.headers)
+    data = None
+    if request.body_exists:
+        # Streamed as it arrives; with a known length the same length goes on.
+        data = request.content
+        if request.content_length is not None:
+            headers.append(("Content-Length", str(request.content_length)))
+    try:
+        response = await upstream.send(
+            request.method, request.raw_path, headers, data, stream=False
+        )
+    except (aiohttp.ClientError, TimeoutError) as e:
+        return errors.for_upstream_failure(e, upstream.base_url, upstream.timeout_for(False))
+    return await relay(
+        request, response, base_url=upstream.base_url, read_timeout=upstream.timeout_for(False)
+    )

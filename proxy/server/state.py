@@ -1,0 +1,25 @@
+"""Typed keys for what the application holds for its lifetime."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from proxy.config import Settings
+from proxy.server.upstream import Upstream
+
+
+@dataclass(slots=True)
+class StoreState:
+    """The store, if one could be set up, and the embedded Redis we started, if any."""
+
+    store: Any = None  # proxy.store Store
+    embedded: Any = None  # proxy.store EmbeddedRedis
+    problem: str = ""  # why there is no store, for /readyz
+
+
+SETTINGS = web.AppKey("settings", Settings)
+UPSTREAM = web.AppKey("upstream", Upstream)
+STORE = web.AppKey("store", StoreState)

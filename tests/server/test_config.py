@@ -1,0 +1,108 @@
+"""Settings: defaults, the documented file, precedence, and errors that name the setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.cli import main
+from proxy.config import ConfigError, Settings, load_settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "proxy.toml"
+    path.write_text(text)
+    return path
+
+
+def test_documented_file_equals_the_builtin_defaults() -> None:
+    assert load_settings(REPO / "config" / "proxy.toml", environ={}) == Settings()
+
+
+def test_no_file_gives_the_builtin_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./config/proxy.toml here
+    settings = load_settings(environ={})
+    assert settings == Settings()
+    assert (settings.server.host, settings.server.port) == ("127.0.0.1", 8080)
+    assert settings.upstream.url == "https://api.anthropic.com"
+    assert settings.server.max_body_bytes == 32 * 1024 * 1024
+
+
+def test_file_then_environment_then_flags(tmp_path: Path) -> None:
+    path = write(tmp_path, '[server]\nport = 9000\nhost = "0.0.0.0"\n[store]\nop_timeout = 2\n')
+    environ = {"COMPACTION_PROXY_SERVER_PORT": "9001", "COMPACTION_PROXY_STORE_TTL": "60"}
+    settings = load_settings(path, environ=environ, overrides={"server.port": 9002})
+    assert settings.server.port == 9002
+    assert settings.server.host == "0.0.0.0"
+    assert settings.store.op_timeout == 2.0
+    assert settings.store.ttl == 60
+    assert load_settings(path, environ=environ).server.port == 9001
+
+
+def test_redis_url_alias_loses_to_the_prefixed_variable() -> None:
+    assert load_settings(environ={"REDIS_URL": "redis://a:6379"}).store.redis_url == (
+        "redis://a:6379"
+    )
+    both = {"REDIS_URL": "redis://a:6379", "COMPACTION_PROXY_STORE_REDIS_URL": "redis://b:1"}
+    assert load_settings(environ=both).store.redis_url == "redis://b:1"
+
+
+def test_config_file_from_the_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, '[upstream]\nurl = "http://127.0.0.1:1"\n')
+    settings = load_settings(environ={"COMPACTION_PROXY_CONFIG": str(path)})
+    assert settings.upstream.url == "http://127.0.0.1:1"
+
+
+def test_policies_pass_through_raw(tmp_path: Path) -> None:
+    text = '[[policy]]\nmodel = "claude-*"\ntrigger = 105000\n[[policy]]\nmodel = "x"\n'
+    settings = load_settings(write(tmp_path, text), environ={})
+    assert settings.policies == ({"model": "claude-*", "trigger": 105000}, {"model": "x"})
+
+
+@pytest.mark.parametrize(
+    ("text", "environ", "overrides", "named"),
+    [
+        ("[server]\nprot = 1\n", {}, {}, "server.prot: unknown setting"),
+        ("[serve]\nport = 1\n", {}, {}, "serve: unknown section"),
+        ("policy = 3\n", {}, {}, "policy: must be [[policy]] tables"),
+        ('[server]\nport = "80"\n', {}, {}, "server.port: expected int"),
+        ("[server]\nport = true\n", {}, {}, "server.port: expected int"),
+        ("[server]\nport = 70000\n", {}, {}, "server.port: must be a port number"),
+        ("", {"COMPACTION_PROXY_SERVER_PORT": "eighty"}, {}, "COMPACTION_PROXY_SERVER_PORT"),
+        ("", {}, {"upstream.url": "api.anthropic.com"}, "upstream.url: must be an http"),
+        ("[upstream]\nstream_idle_timeout = 0\n", {}, {}, "upstream.stream_idle_timeout"),
+        ('[store]\nredis_url = "mysql://x"\n', {}, {}, "store.redis_url"),
+        ('[store]\nkey_prefix = "a{b}"\n', {}, {}, "store.key_prefix"),
+        ("[server\n", {}, {}, "not valid TOML"),
+    ],
+)
+def test_wrong_settings_are_named(
+    tmp_path: Path, text: str, environ: dict[str, str], overrides: dict[str, object], named: str
+) -> None:
+    with pytest.raises(ConfigError, match=named.replace("[", r"\[").replace(".", r"\.")):
+        load_settings(write(tmp_path, text), environ=environ, overrides=overrides)
+
+
+def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_settings(tmp_path / "nope.toml", environ={})
+
+
+def test_state_dir_default_and_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert Settings().resolved_state_dir() == tmp_path / "compaction-proxy"
+    settings = load_settings(environ={"COMPACTION_PROXY_STORE_STATE_DIR": "~/x"})
+    assert settings.resolved_state_dir() == Path.home() / "x"
+
+
+def test_cli_stops_on_a_wrong_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["serve", "--upstream", "ftp://nowhere", "--config", str(REPO / "config/proxy.toml")])
+        == 2
+    )
+    assert "upstream.url" in capsys.readouterr().err
