@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.plugins.redis", "tests.plugins.standin"]
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

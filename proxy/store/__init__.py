@@ -1,0 +1,6 @@
+"""Conversation state in Redis: the store, its key names, and an embedded redis-server."""
+
+from proxy.store.embedded import EmbeddedRedis, EmbeddedRedisError
+from proxy.store.redis import Store, StoreUnavailable
+
+__all__ = ["EmbeddedRedis", "EmbeddedRedisError", "Store", "StoreUnavailable"]

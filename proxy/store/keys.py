@@ -1,0 +1,61 @@
+"""Redis key names: pure string functions, no I/O.
+
+A conversation's keys are ``{prefix}{tenant:conversation}:{kind}:{name}``. The part in
+braces is a Redis Cluster hash tag, so every key of one conversation lands on one slot
+and multi-key operations and scripts stay legal on a cluster. Global (not per
+conversation) keys are ``{prefix}g:{kind}:{name}``; they start with ``g:`` rather than
+``{`` so they can never equal a conversation key.
+
+The names are injective: the tenant and the kind contain no ``:``, the conversation
+contains no ``}``, so a key splits back into exactly one (tenant, conversation, kind,
+name). Collisions between tenants would break isolation (DESIGN invariant 8).
+"""
+
+from __future__ import annotations
+
+import re
+
+# Kinds used by the store itself; callers choose their own for JSON values.
+BLOB = "blob"
+LOCK = "lock"
+
+_WHITESPACE = re.compile(r"\s")
+
+
+def _check(label: str, value: str, forbidden: str) -> None:
+    if not value:
+        raise ValueError(f"{label} must not be empty")
+    if _WHITESPACE.search(value):
+        raise ValueError(f"{label} must not contain whitespace: {value!r}")
+    bad = sorted({c for c in value if c in forbidden})
+    if bad:
+        raise ValueError(f"{label} must not contain {''.join(bad)!r}: {value!r}")
+
+
+def check_prefix(prefix: str) -> str:
+    """A prefix may be empty but must not hold braces (they would move the hash tag)."""
+    if "{" in prefix or "}" in prefix or _WHITESPACE.search(prefix):
+        raise ValueError(f"key prefix must not contain braces or whitespace: {prefix!r}")
+    return prefix
+
+
+def hash_tag(tenant: str, conversation: str) -> str:
+    """The text Redis Cluster hashes for every key of this conversation."""
+    _check("tenant", tenant, "{}:")
+    _check("conversation", conversation, "{}")
+    return f"{tenant}:{conversation}"
+
+
+def conversation_key(prefix: str, tenant: str, conversation: str, kind: str, name: str) -> str:
+    _check("kind", kind, "{}:")
+    return f"{prefix}{{{hash_tag(tenant, conversation)}}}:{kind}:{name}"
+
+
+def global_key(prefix: str, kind: str, name: str) -> str:
+    _check("kind", kind, "{}:")
+    return f"{prefix}g:{kind}:{name}"
+
+
+def scan_pattern(prefix: str) -> str:
+    """A SCAN MATCH pattern for every key under ``prefix``, glob characters escaped."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + "*"
