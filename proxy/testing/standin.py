@@ -1,0 +1,476 @@
+"""The stand-in upstream: a local, strict imitation of the Anthropic Messages API.
+
+Routes: `POST /v1/messages` (JSON or SSE stream, `?beta=true` accepted),
+`POST /v1/messages/count_tokens`, `GET /v1/models`, `GET /v1/models/{id}`. Anything else
+is a 404 in the API's error shape. Every request needs a credential (`x-api-key` or
+`authorization: Bearer`) and `anthropic-version`; every response carries `request-id`.
+
+Requests are validated by validate.py, usage comes from the project's token counter and
+the prompt-cache model of cache.py, answers follow script.py (and summary.py for requests
+marked `x-compaction-proxy-purpose: summary`). Answers are deterministic: ids derive from
+a hash of the request body, so the same request gets the same message.
+
+Every request is appended to `app[RECORDED]` when it arrives, with its outcome when done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import hashlib
+import secrets
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.core.tokens import TokenCounter, default_counter
+from proxy.testing.cache import PromptCache, prompt_units
+from proxy.testing.script import (
+    STATUS_FAULTS,
+    Answer,
+    Script,
+    ScriptError,
+    parse_script,
+    plan_answer,
+)
+from proxy.testing.summary import summarise
+from proxy.testing.validate import (
+    validate_count_tokens_request,
+    validate_messages_request,
+    window_error,
+)
+
+SUMMARY_PURPOSE = "summary"
+MAX_BODY_BYTES = 32 * 1024 * 1024
+JSON_PIECE_CHARS = 24  # characters of partial_json per input_json_delta
+
+MODELS = (
+    ("claude-opus-4-5-20251101", "Claude Opus 4.5", "2025-11-01T00:00:00Z"),
+    ("claude-sonnet-4-5-20250929", "Claude Sonnet 4.5", "2025-09-29T00:00:00Z"),
+    ("claude-haiku-4-5-20251001", "Claude Haiku 4.5", "2025-10-01T00:00:00Z"),
+)
+_FAULT_STATUS = {
+    "429": (429, "rate_limit_error", "Number of request tokens has exceeded your rate limit."),
+    "529": (529, "overloaded_error", "Overloaded"),
+    "500": (500, "api_error", "Internal server error"),
+}
+
+
+@dataclass
+class StandInOptions:
+    windows: dict[str, int] = field(default_factory=lambda: {"*": 200_000})
+    script: dict[str, Any] = field(default_factory=dict)
+    cache_ttl_seconds: float = 300
+    cache_min_tokens: int = 1024
+    max_body_bytes: int = MAX_BODY_BYTES
+
+    def window_for(self, model: str) -> int:
+        """The exact model's window, else the longest matching glob's, else 200,000."""
+        if model in self.windows:
+            return self.windows[model]
+        matches = [p for p in self.windows if fnmatch.fnmatchcase(model, p)]
+        return self.windows[max(matches, key=len)] if matches else 200_000
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    path_qs: str
+    headers: dict[str, str]  # as received, original case
+    body: bytes
+    outcome: str = "open"  # then "complete", "cancelled" (client went away) or "error"
+    ended_at: float | None = None  # time.monotonic() when the stand-in was done with it
+
+
+RECORDED: web.AppKey[list[RecordedRequest]] = web.AppKey("standin_recorded", list)
+OPTIONS: web.AppKey[StandInOptions] = web.AppKey("standin_options", StandInOptions)
+CACHE: web.AppKey[PromptCache] = web.AppKey("standin_cache", PromptCache)
+FAULT_COUNTS: web.AppKey[Counter[str]] = web.AppKey("standin_fault_counts", Counter)
+COUNTER: web.AppKey[TokenCounter] = web.AppKey("standin_counter", TokenCounter)
+
+
+def api_error(
+    status: int, kind: str, message: str, request_id: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    body = {"type": "error", "error": {"type": kind, "message": message}, "request_id": request_id}
+    return web.Response(
+        status=status, body=orjson.dumps(body), content_type="application/json", headers=headers
+    )
+
+
+def _request_id(request: web.Request) -> str:
+    rid = request.get("request_id")
+    if not isinstance(rid, str):
+        rid = request["request_id"] = "req_" + secrets.token_hex(12)
+    return rid
+
+
+def _invalid(request: web.Request, message: str) -> web.Response:
+    return api_error(400, "invalid_request_error", message, _request_id(request))
+
+
+@web.middleware
+async def _api_shell(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Records the request, maps routing errors to the API's shape, notes the outcome."""
+    rid = _request_id(request)
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.raw_headers}
+    record = RecordedRequest(request.method, request.path_qs, headers, b"")
+    request.app[RECORDED].append(record)
+    request["record"] = record
+    try:
+        try:
+            record.body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return api_error(413, "request_too_large", "Request exceeds the maximum size", rid)
+        try:
+            response: web.StreamResponse = await handler(request)
+        except web.HTTPNotFound:
+            response = api_error(404, "not_found_error", "Not Found", rid)
+        except web.HTTPMethodNotAllowed:
+            response = api_error(405, "invalid_request_error", "Method Not Allowed", rid)
+        if record.outcome == "open":
+            record.outcome = "complete"
+        return response
+    except asyncio.CancelledError:
+        record.outcome = "cancelled"
+        raise
+    except Exception:
+        if record.outcome == "open":
+            record.outcome = "error"
+        raise
+    finally:
+        record.ended_at = time.monotonic()
+
+
+async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.setdefault("request-id", _request_id(request))
+
+
+def _credential(request: web.Request) -> str | None:
+    key = request.headers.get("x-api-key", "").strip()
+    if key:
+        return key
+    auth = request.headers.get("authorization", "")
+    if auth[:7].lower() == "bearer " and auth[7:].strip():
+        return auth[7:].strip()
+    return None
+
+
+def _gate(request: web.Request) -> web.Response | None:
+    """The header checks every route makes before anything else."""
+    if _credential(request) is None:
+        return api_error(
+            401, "authentication_error", "x-api-key header is required", _request_id(request)
+        )
+    if not request.headers.get("anthropic-version"):
+        return _invalid(request, "anthropic-version: header is required")
+    return None
+
+
+def _tenant(request: web.Request) -> str:
+    return hashlib.sha256((_credential(request) or "").encode()).hexdigest()[:32]
+
+
+async def _json_body(request: web.Request) -> tuple[Any, web.Response | None]:
+    try:
+        return orjson.loads(await request.read()), None
+    except orjson.JSONDecodeError as exc:
+        return None, _invalid(request, f"There was an error parsing the body: {exc}")
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    error = _gate(request)
+    if error:
+        return error
+    data = [_model(*m) for m in MODELS]
+    return web.json_response(
+        {"data": data, "has_more": False, "first_id": data[0]["id"], "last_id": data[-1]["id"]},
+        dumps=lambda v: orjson.dumps(v).decode(),
+    )
+
+
+async def handle_model(request: web.Request) -> web.Response:
+    error = _gate(request)
+    if error:
+        return error
+    model_id = request.match_info["model_id"]
+    for m in MODELS:
+        if m[0] == model_id:
+            return web.json_response(_model(*m), dumps=lambda v: orjson.dumps(v).decode())
+    return api_error(404, "not_found_error", f"model: {model_id}", _request_id(request))
+
+
+def _model(model_id: str, name: str, created: str) -> dict[str, str]:
+    return {"type": "model", "id": model_id, "display_name": name, "created_at": created}
+
+
+async def handle_count_tokens(request: web.Request) -> web.Response:
+    error = _gate(request)
+    if error:
+        return error
+    body, error = await _json_body(request)
+    if error:
+        return error
+    message = validate_count_tokens_request(body)
+    if message:
+        return _invalid(request, message)
+    tokens = request.app[COUNTER].count_request(body)
+    return web.Response(
+        body=orjson.dumps({"input_tokens": tokens}), content_type="application/json"
+    )
+
+
+def _take_fault(app: web.Application, script: Script, kinds: tuple[str, ...]) -> str | None:
+    """The script's fault if it is of these kinds and its `fault_times` is not used up."""
+    fault = script.fault
+    if fault not in kinds:
+        return None
+    seen = app[FAULT_COUNTS][fault]
+    app[FAULT_COUNTS][fault] += 1
+    if script.fault_times is not None and seen >= script.fault_times:
+        return None
+    return fault
+
+
+async def handle_messages(request: web.Request) -> web.StreamResponse:
+    error = _gate(request)
+    if error:
+        return error
+    app = request.app
+    body, error = await _json_body(request)
+    if error:
+        return error
+    try:
+        script = parse_script(app[OPTIONS].script, request.headers.get("x-stand-in"))
+    except (ScriptError, TypeError) as exc:
+        return _invalid(request, str(exc))
+
+    fault = _take_fault(app, script, STATUS_FAULTS)
+    if fault is not None:
+        status, kind, text = _FAULT_STATUS[fault]
+        retry = {}
+        if fault == "429":
+            seconds = max(1, -(-int(script.retry_after_ms) // 1000))
+            retry = {"retry-after": str(seconds), "retry-after-ms": f"{script.retry_after_ms:g}"}
+        return api_error(status, kind, text, _request_id(request), retry)
+
+    message = validate_messages_request(body)
+    if message:
+        return _invalid(request, message)
+    counter = app[COUNTER]
+    total = counter.count_request(body)
+    message = window_error(total, app[OPTIONS].window_for(body["model"]))
+    if message:
+        return _invalid(request, message)
+
+    streaming = bool(body.get("stream"))
+    stream_kinds = ("stream_error", "eof", "stall") if streaming else ("eof", "stall")
+    fault = _take_fault(app, script, stream_kinds)
+
+    usage = app[CACHE].account(_tenant(request), prompt_units(body, counter), total).as_usage()
+    # Streamed or not, the same request gets the same message.
+    same = {k: v for k, v in body.items() if k != "stream"}
+    digest = hashlib.sha256(orjson.dumps(same, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    purpose = request.headers.get("x-compaction-proxy-purpose", "").strip().lower()
+    summary = summarise(body, counter) if purpose == SUMMARY_PURPOSE else None
+    answer = plan_answer(body, script, counter, digest[24:], text_override=summary)
+    head = {
+        "id": f"msg_{digest[:24]}",
+        "type": "message",
+        "role": "assistant",
+        "model": body["model"],
+    }
+    if streaming:
+        return await _stream(request, head, usage, answer, script, fault)
+    return await _respond(request, head, usage, answer, script, fault)
+
+
+def _final_usage(usage: dict[str, Any], answer: Answer) -> dict[str, Any]:
+    return {**usage, "output_tokens": answer.output_tokens, "service_tier": "standard"}
+
+
+async def _respond(
+    request: web.Request,
+    head: dict[str, Any],
+    usage: dict[str, Any],
+    answer: Answer,
+    script: Script,
+    fault: str | None,
+) -> web.StreamResponse:
+    message = {
+        **head,
+        "content": answer.content,
+        "stop_reason": answer.stop_reason,
+        "stop_sequence": None,
+        "usage": _final_usage(usage, answer),
+    }
+    payload = orjson.dumps(message)
+    if fault is None:
+        return web.Response(body=payload, content_type="application/json")
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    response.content_length = len(payload)
+    await response.prepare(request)
+    if fault == "eof":
+        await response.write(payload[: len(payload) // 2])
+        _cut(request)
+        return response
+    await _stall(request, script.stall_seconds)
+    await response.write(payload)
+    await response.write_eof()
+    return response
+
+
+def _cut(request: web.Request) -> None:
+    """End the connection mid-body (what a dropped upstream looks like)."""
+    record = request.get("record")
+    if isinstance(record, RecordedRequest):
+        record.outcome = "cut"
+    if request.transport is not None:
+        request.transport.close()
+
+
+async def _stall(request: web.Request, seconds: float) -> None:
+    """Send nothing for a while; stop early if the client has gone."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            record = request.get("record")
+            if isinstance(record, RecordedRequest):
+                record.outcome = "cancelled"
+            raise ConnectionResetError("the client went away during a stall")
+        await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def _text_pieces(text: str, words_per_piece: int) -> Iterator[str]:
+    words = text.split(" ")
+    for i in range(0, len(words), words_per_piece):
+        piece = " ".join(words[i : i + words_per_piece])
+        yield piece if i + words_per_piece >= len(words) else piece + " "
+
+
+def _delta(index: int, delta: dict[str, Any]) -> tuple[str, bytes]:
+    return "delta", _sse(
+        "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+    )
+
+
+def _block_events(index: int, block: dict[str, Any], script: Script) -> Iterator[tuple[str, bytes]]:
+    kind = block["type"]
+    if kind == "text":
+        start: dict[str, Any] = {"type": "text", "text": ""}
+    elif kind == "thinking":
+        start = {"type": "thinking", "thinking": "", "signature": ""}
+    else:
+        start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+    yield (
+        "block",
+        _sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": index, "content_block": start},
+        ),
+    )
+    if kind == "text":
+        for piece in _text_pieces(block["text"], script.chunk_tokens):
+            yield _delta(index, {"type": "text_delta", "text": piece})
+    elif kind == "thinking":
+        for piece in _text_pieces(block["thinking"], script.chunk_tokens):
+            yield _delta(index, {"type": "thinking_delta", "thinking": piece})
+        yield _delta(index, {"type": "signature_delta", "signature": block["signature"]})
+    else:  # tool_use: the input arrives as JSON text in pieces, the first one empty
+        text = orjson.dumps(block["input"]).decode()
+        yield _delta(index, {"type": "input_json_delta", "partial_json": ""})
+        for i in range(0, len(text), JSON_PIECE_CHARS):
+            piece = text[i : i + JSON_PIECE_CHARS]
+            yield _delta(index, {"type": "input_json_delta", "partial_json": piece})
+    yield "block", _sse("content_block_stop", {"type": "content_block_stop", "index": index})
+
+
+def _events(
+    head: dict[str, Any], usage: dict[str, Any], answer: Answer, script: Script
+) -> Iterator[tuple[str, bytes]]:
+    """(kind, bytes) of the stream; kind marks where faults and delays apply."""
+    start = {**head, "content": [], "stop_reason": None, "stop_sequence": None}
+    start["usage"] = {**usage, "output_tokens": 1, "service_tier": "standard"}
+    yield "start", _sse("message_start", {"type": "message_start", "message": start})
+    yield "ping", _sse("ping", {"type": "ping"})
+    for index, block in enumerate(answer.content):
+        yield from _block_events(index, block, script)
+    yield "ping", _sse("ping", {"type": "ping"})
+    final = _final_usage(usage, answer)
+    del final["service_tier"], final["cache_creation"]
+    delta = {"stop_reason": answer.stop_reason, "stop_sequence": None}
+    yield "end", _sse("message_delta", {"type": "message_delta", "delta": delta, "usage": final})
+    yield "end", _sse("message_stop", {"type": "message_stop"})
+
+
+async def _stream(
+    request: web.Request,
+    head: dict[str, Any],
+    usage: dict[str, Any],
+    answer: Answer,
+    script: Script,
+    fault: str | None,
+) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    deltas = 0
+    for kind, event in _events(head, usage, answer, script):
+        if kind == "delta":
+            if deltas and script.token_delay:
+                await asyncio.sleep(script.token_delay)
+            deltas += 1
+        elif kind == "end" and fault in ("stream_error", "eof"):
+            break  # the answer had no delta to cut after
+        await response.write(event)
+        if kind == "start" and fault == "stall":
+            await _stall(request, script.stall_seconds)
+        if kind == "delta" and deltas == 1 and fault in ("stream_error", "eof"):
+            break
+    if fault == "stream_error":
+        error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+        await response.write(_sse("error", error))
+    elif fault == "eof":
+        _cut(request)
+        return response
+    await response.write_eof()
+    return response
+
+
+def create_app(options: StandInOptions | None = None) -> web.Application:
+    options = options or StandInOptions()
+    app = web.Application(middlewares=[_api_shell], client_max_size=options.max_body_bytes)
+    app[OPTIONS] = options
+    app[RECORDED] = []
+    app[CACHE] = PromptCache(options.cache_ttl_seconds, options.cache_min_tokens)
+    app[FAULT_COUNTS] = Counter()
+    app[COUNTER] = default_counter()
+    app.on_response_prepare.append(_add_request_id)
+    app.router.add_post("/v1/messages", handle_messages)
+    app.router.add_post("/v1/messages/count_tokens", handle_count_tokens)
+    app.router.add_get("/v1/models", handle_models)
+    app.router.add_get("/v1/models/{model_id}", handle_model)
+    return app
+
+
+def run(host: str, port: int, options: StandInOptions) -> None:
+    """Serve the stand-in until interrupted (the `compaction-proxy stand-in` command)."""
+    web.run_app(
+        create_app(options),
+        host=host,
+        port=port,
+        handler_cancellation=True,
+        shutdown_timeout=1.0,
+        print=lambda *_: print(f"stand-in upstream listening on http://{host}:{port}", flush=True),
+    )
