@@ -30,10 +30,12 @@ class Shape:
     tokens: int
     calls: tuple[str, ...] = ()  # ids of the tool calls this message makes
     answers: tuple[str, ...] = ()  # ids of the tool calls this message answers
+    made_here: bool = False  # a summary or note this proxy wrote into the history
 
 
 class GroupKind(StrEnum):
     PINNED = "pinned"
+    SUMMARY = "summary"  # what an earlier rewrite left: folded first, dropped first
     PAIR = "pair"
     SINGLE = "single"
     MALFORMED = "malformed"
@@ -47,8 +49,8 @@ class Group:
 
     @property
     def label(self) -> str:
-        """A label that stays the same as the conversation grows (its first message)."""
-        return f"m{self.members[0]}"
+        """The plan_compaction label: "summary" for an earlier summary, else its first index."""
+        return "summary" if self.kind is GroupKind.SUMMARY else f"m{self.members[0]}"
 
 
 ORDINARY_ROLES = frozenset({"user", "assistant"})
@@ -60,7 +62,10 @@ def group_history(shapes: Sequence[Shape]) -> list[Group]:
     i = 0
     while i < len(shapes):
         shape = shapes[i]
-        if shape.role not in ORDINARY_ROLES:
+        if shape.made_here:
+            groups.append(_group(GroupKind.SUMMARY, [i], shapes))
+            i += 1
+        elif shape.role not in ORDINARY_ROLES:
             groups.append(_group(GroupKind.PINNED, [i], shapes))
             i += 1
         elif shape.calls:
@@ -127,7 +132,7 @@ def pack_messages(groups: Sequence[Group], shapes: Sequence[Shape]) -> list[list
             tokens = shapes[m].tokens
             if group.kind is GroupKind.PINNED:
                 out[m] = ["system", tokens, ""]
-            elif group.kind is GroupKind.SINGLE:
+            elif group.kind in (GroupKind.SINGLE, GroupKind.SUMMARY):
                 out[m] = ["assistant", tokens, ""]
             elif group.kind is GroupKind.PAIR:
                 role = "call" if m == group.members[0] else "result"
@@ -140,8 +145,13 @@ def pack_messages(groups: Sequence[Group], shapes: Sequence[Shape]) -> list[list
 
 
 def compaction_turns(groups: Sequence[Group]) -> list[tuple[str, int]]:
-    """The foldable groups as `plan_compaction` turns: ordinary groups, oldest first."""
-    return [(g.label, g.tokens) for g in groups if g.kind in (GroupKind.PAIR, GroupKind.SINGLE)]
+    """The foldable groups as `plan_compaction` turns, oldest first.
+
+    An earlier summary (or drop note) is labelled "summary"; the proxy always places it
+    before every ordinary group it keeps, so it is the first turn, as seed 000 expects.
+    """
+    foldable = (GroupKind.SUMMARY, GroupKind.PAIR, GroupKind.SINGLE)
+    return [(g.label, g.tokens) for g in groups if g.kind in foldable]
 
 
 def pinned_tokens(groups: Sequence[Group]) -> int:

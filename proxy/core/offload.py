@@ -1,0 +1,166 @@
+"""Offload: a large tool result becomes a stub, and the model can read the rest back.
+
+The stub keeps the head of the text and says, in words the model can act on, how long
+the whole is and how to call the injected `read_result` tool for more. Refs are named by
+a hash of the content, so the same result gives the same stub on every replica and
+every request (the upstream prompt cache depends on it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+TOOL_NAMES = ("read_result", "compaction_proxy_read_result")
+MAX_READ_CHARS = 32_000
+
+
+def choose_tool_name(tools: object) -> str | None:
+    """The name to inject under: the first of TOOL_NAMES the client does not use itself.
+
+    A client tool already called `read_result` is the client's; we never shadow it. When
+    every name is taken, offloading is off for the request (None).
+    """
+    taken = set()
+    if isinstance(tools, list):
+        taken = {t.get("name") for t in tools if isinstance(t, dict)}
+    return next((name for name in TOOL_NAMES if name not in taken), None)
+
+
+def read_result_tool(name: str) -> dict[str, Any]:
+    """The injected tool's definition: the same bytes every time, so caching holds."""
+    return {
+        "name": name,
+        "description": (
+            "Read part of a tool result that was offloaded to save context. The stub that"
+            " replaced the result names its ref and its length in characters. Returns the"
+            " characters from start, at most length of them."
+        ),
+        "input_schema": {
+            "type": "object",
+            "properties": {
+                "ref": {"type": "string", "description": "The ref named in the stub."},
+                "start": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "Offset of the first character to read.",
+                },
+                "length": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_READ_CHARS,
+                    "description": "How many characters to read.",
+                },
+            },
+            "required": ["ref"],
+        },
+    }
+
+
+def result_text(block: Mapping[str, Any]) -> str | None:
+    """The text of a tool_result block, or None if it holds anything but text."""
+    content = block.get("content")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        return None
+    parts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") != "text":
+            return None  # images, documents: not ours to cut
+        parts.append(str(part.get("text", "")))
+    return "\n".join(parts)
+
+
+def ref_for(text: str) -> str:
+    return "r_" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def stub_text(text: str, ref: str, tool: str, head_chars: int, read_length: int) -> str:
+    head = _head(text, head_chars)
+    shown = len(head)
+    return (
+        f"{head}\n[compaction-proxy: tool result offloaded to save context: {len(text):,}"
+        f" characters in all, the first {shown:,} shown above. Call"
+        f' {tool}(ref="{ref}", start={shown}, length={min(read_length, MAX_READ_CHARS)})'
+        " to read more.]"
+    )
+
+
+def _head(text: str, limit: int) -> str:
+    """The first `limit` characters, cut at a line end when one is near the limit."""
+    if len(text) <= limit:
+        return text
+    cut = text.rfind("\n", int(limit * 0.8), limit)
+    return text[: cut if cut > 0 else limit]
+
+
+@dataclass(frozen=True, slots=True)
+class Stub:
+    """Where a stub goes: message index, block index, its ref and head length."""
+
+    message: int
+    block: int
+    ref: str
+    head_chars: int
+
+
+def stubbed_message(
+    message: Mapping[str, Any], stubs: Sequence[Stub], tool: str, read_length: int
+) -> dict[str, Any]:
+    """A copy of a user message with the named tool_result blocks replaced by stubs.
+
+    Every other field of each block (is_error, cache_control, unknown ones) is kept.
+    """
+    content = list(message["content"])
+    for stub in stubs:
+        block = dict(content[stub.block])
+        text = result_text(block)
+        if text is None:
+            continue
+        body = stub_text(text, stub.ref, tool, stub.head_chars, read_length)
+        original = block.get("content")
+        block["content"] = body if isinstance(original, str) else [{"type": "text", "text": body}]
+        content[stub.block] = block
+    return {**message, "content": content}
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRequest:
+    ref: str
+    start: int
+    length: int
+
+
+def parse_read_args(arguments: object, default_length: int) -> ReadRequest | str:
+    """A read_result call's input, checked; a string is the error to give the model."""
+    if not isinstance(arguments, dict):
+        return "read_result needs an object with ref, start and length."
+    ref = arguments.get("ref")
+    start = arguments.get("start", 0)
+    length = arguments.get("length", default_length)
+    if not isinstance(ref, str) or not ref:
+        return "read_result needs the ref named in the stub, as a string."
+    if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+        return "start must be a whole number of characters, 0 or more."
+    if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+        return "length must be a whole number of characters, 1 or more."
+    return ReadRequest(ref, start, min(length, MAX_READ_CHARS))
+
+
+def read_slice(text: str, request: ReadRequest) -> str:
+    """The slice the model asked for, framed so it knows where it is in the whole."""
+    total = len(text)
+    if request.start >= total:
+        return f"start {request.start:,} is past the end: the result has {total:,} characters."
+    end = min(total, request.start + request.length)
+    more = f" Call again with start={end} for more." if end < total else " That is the end."
+    frame = f"[characters {request.start:,} to {end:,} of {total:,}.{more}]"
+    return f"{frame}\n{text[request.start : end]}"
+
+
+def unknown_ref(ref: str) -> str:
+    # The same words for "missing" and "not yours" (DESIGN invariant 8).
+    return f"No offloaded result {ref!r} is available in this conversation."

@@ -1,0 +1,105 @@
+"""Context policy: per-model numbers that decide when and how a history is rewritten.
+
+All sizes are in tokens of the message history (system prompt and tools excluded), as
+in seed 000: a rewrite starts when the history crosses `trigger` and brings it down to
+`target`, so compactions are many turns apart (the hysteresis that keeps the upstream
+prompt cache warm). The window bounds the whole request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from fnmatch import fnmatchcase
+from typing import Any
+
+
+class PolicyError(ValueError):
+    """A policy setting is wrong; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    match: str = "*"  # glob on the request's `model`
+    window: int = 200_000  # the model's context window, whole request
+    trigger: int = 0  # history size that starts a rewrite; 0 = 70% of the window
+    target: int = 0  # history size after a rewrite; 0 = 30% of the window
+    keep_last: int = 6  # newest groups that stay verbatim when folding
+    note_cost: int = 48  # tokens reserved for a "history was dropped" note
+    offload_threshold: int = 2_000  # tool results above this many tokens may be offloaded
+    keep_results: int = 3  # the newest tool results are never offloaded
+    stub_head_chars: int = 1_200  # how much of an offloaded result stays in the stub
+    read_length: int = 8_000  # default slice length read_result suggests
+    summariser_model: str = ""  # empty = the request's own model
+    summary_max_tokens: int = 8_000  # cap on the summary, below the slot
+    max_read_rounds: int = 4  # read_result round trips per client request
+
+    @property
+    def trigger_tokens(self) -> int:
+        return self.trigger or int(self.window * 0.7)
+
+    @property
+    def target_tokens(self) -> int:
+        return self.target or int(self.window * 0.3)
+
+    def validate(self) -> Policy:
+        where = f"policy {self.match!r}"
+        positive = ("window", "note_cost", "offload_threshold", "stub_head_chars", "read_length")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise PolicyError(f"{where}: {name} must be a positive number of tokens")
+        for name in ("trigger", "target", "keep_last", "keep_results", "max_read_rounds"):
+            if getattr(self, name) < 0:
+                raise PolicyError(f"{where}: {name} must not be negative")
+        if self.summary_max_tokens <= 0:
+            raise PolicyError(f"{where}: summary_max_tokens must be positive")
+        if self.trigger_tokens > self.window:
+            raise PolicyError(f"{where}: trigger ({self.trigger_tokens}) exceeds the window")
+        if self.target_tokens >= self.trigger_tokens:
+            raise PolicyError(
+                f"{where}: target ({self.target_tokens}) must be below trigger"
+                f" ({self.trigger_tokens}), or every request would compact"
+            )
+        return self
+
+
+FIELD_TYPES = {f.name: f.type for f in fields(Policy)}
+
+
+def parse_policies(raw: Sequence[Mapping[str, Any]]) -> list[Policy]:
+    """Policies from config tables, in order; the first whose `match` fits a model wins."""
+    out = []
+    for n, table in enumerate(raw):
+        if not isinstance(table, Mapping):
+            raise PolicyError(f"policy #{n + 1} must be a table")
+        unknown = set(table) - set(FIELD_TYPES)
+        if unknown:
+            raise PolicyError(f"policy #{n + 1}: unknown setting(s) {sorted(unknown)}")
+        for key, value in table.items():
+            want = str if FIELD_TYPES[key] == "str" else int
+            if not isinstance(value, want) or isinstance(value, bool):
+                raise PolicyError(f"policy #{n + 1}: {key} must be {want.__name__}")
+        out.append(Policy(**table).validate())
+    return out
+
+
+def policy_for(
+    model: str, policies: Sequence[Policy], override: Mapping[str, Any] | None = None
+) -> Policy:
+    """The first policy whose glob matches the model (a default when none does).
+
+    `override` (a key's or team's own window/trigger/target) replaces fields of it.
+    """
+    chosen = next((p for p in policies if fnmatchcase(model, p.match)), Policy())
+    if override:
+        chosen = replace(chosen, **override).validate()
+    return chosen
+
+
+DEFAULT_POLICIES = [
+    # Today's Claude models: a 200k window by default (1M only with a beta header).
+    Policy(match="claude-*", window=200_000, trigger=140_000, target=60_000),
+    # OpenAI-format models served through the Chat adapter.
+    Policy(match="gpt-*", window=128_000, trigger=90_000, target=38_000),
+    Policy(match="*"),
+]
