@@ -55,7 +55,7 @@ def find_redis_server() -> str:
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
-def _parent_death_signal() -> None:
+def die_with_parent() -> None:
     """Runs in the child between fork and exec: SIGTERM (a saving shutdown) if we die.
 
     Linux ties this to the thread that forked, so start the server from a long-lived
@@ -199,7 +199,7 @@ class EmbeddedRedis:
                         stdout=stderr,
                         stderr=stderr,
                         start_new_session=True,  # a Ctrl-C in the terminal is ours to handle
-                        preexec_fn=_parent_death_signal,
+                        preexec_fn=die_with_parent,
                     )
                 except OSError as error:
                     raise EmbeddedRedisError(f"cannot run {command[0]}: {error}") from error
@@ -248,7 +248,7 @@ class EmbeddedRedis:
 
     async def start(self) -> str:
         """Like ``start_sync``; the process is forked from the event loop's thread, which
-        lives as long as the server should (see ``_parent_death_signal``)."""
+        lives as long as the server should (see ``die_with_parent``)."""
         self._spawn()
         deadline = time.monotonic() + self.startup_timeout
         try:

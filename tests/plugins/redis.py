@@ -9,6 +9,8 @@ Fixtures:
   (same prefix by default, e.g. two replicas sharing state).
 - ``embedded_redis``: a factory of private, started ``EmbeddedRedis`` servers a test may
   stop and start again on the same socket ("Redis down" tests); stopped at teardown.
+- ``redis_cluster_url`` (session): a private three-master Redis Cluster on loopback
+  ports (``?cluster=1`` URL), started on first use.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import redis
 
 from proxy.store import EmbeddedRedis, Store
 from proxy.store.keys import scan_pattern
+from tests.plugins.redis_cluster import LocalRedisCluster
 
 
 def delete_keys(url: str, prefix: str) -> int:
@@ -105,3 +108,12 @@ def embedded_redis(tmp_path: Path) -> Iterator[Callable[[], EmbeddedRedis]]:
     yield start
     for server in servers:
         server.stop_sync()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    cluster = LocalRedisCluster(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()

@@ -1,0 +1,73 @@
+"""The same Store against a three-master Redis Cluster: one conversation, one slot."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from proxy.store import Store
+from proxy.store.keys import scan_pattern
+
+
+@pytest.fixture
+async def cluster_store(
+    make_store: Callable[..., Store], redis_cluster_url: str
+) -> AsyncIterator[Store]:
+    yield make_store(redis_cluster_url)
+
+
+def node_of_each_key(cluster_url: str, prefix: str) -> dict[str, int]:
+    """Which master (by port) holds each key under ``prefix``."""
+    client = redis.RedisCluster.from_url(cluster_url.split("?")[0])
+    try:
+        placement = {}
+        for node in client.get_primaries():
+            for key in node.redis_connection.scan_iter(match=scan_pattern(prefix)):
+                placement[key.decode()] = node.port
+        return placement
+    finally:
+        client.close()
+
+
+async def test_url_option_selects_the_cluster_client(cluster_store: Store) -> None:
+    assert cluster_store.is_cluster
+    assert await cluster_store.ping() is True
+
+
+async def test_every_operation_works_on_a_cluster(
+    cluster_store: Store, redis_cluster_url: str
+) -> None:
+    conversations = [f"conv{i}" for i in range(24)]
+    for conversation in conversations:
+        store = cluster_store
+        await store.put_blob("t", conversation, "ref", b"0123456789")
+        assert await store.get_blob("t", conversation, "ref") == b"0123456789"
+        assert await store.get_blob_slice("t", conversation, "ref", 7, 10) == (b"789", 10)
+        assert await store.get_blob_slice("t", conversation, "ref", 0, 0) == (b"", 10)
+        await store.put_json("t", conversation, "checkpoint", "current", {"c": conversation})
+        assert await store.get_json("t", conversation, "checkpoint", "current") == {
+            "c": conversation
+        }
+        token = await store.acquire_lock("t", conversation, "summary", 10_000)
+        assert token is not None
+        assert await store.acquire_lock("t", conversation, "summary", 10_000) is None
+        assert await store.extend_lock("t", conversation, "summary", token, 20_000) is True
+        assert await store.release_lock("t", conversation, "summary", token) is True
+    for model in ("model-a", "model-b", "model-c"):
+        await cluster_store.put_global_json("calibration", model, {"m": model})
+        assert await cluster_store.get_global_json("calibration", model) == {"m": model}
+        assert await cluster_store.update_global_mean("calibration-mean", model, 1.5) == (1.5, 1)
+        assert await cluster_store.get_global_mean("calibration-mean", model) == (1.5, 1)
+
+    placement = node_of_each_key(redis_cluster_url, cluster_store.prefix)
+    # Every key of one conversation sits on one node (one slot); the fleet's
+    # conversations spread over all three masters.
+    for conversation in conversations:
+        tagged = {k: n for k, n in placement.items() if f"{{t:{conversation}}}" in k}
+        assert len(tagged) == 2  # the blob and the checkpoint; the lock was released
+        assert len({key_slot(k.encode()) for k in tagged}) == 1
+        assert len(set(tagged.values())) == 1
+    assert len(set(placement.values())) == 3
