@@ -16,17 +16,18 @@ _RESPONSE_DROP = HOP_BY_HOP | {"content-length"}
 _NOTHING: frozenset[str] = frozenset()
 
 
-def _named_in_connection(value: str | None) -> frozenset[str]:
-    """Headers the sender declared hop-by-hop by listing them in Connection."""
-    if not value:
+def _named_in_connection(headers: MultiMapping[str]) -> frozenset[str]:
+    """Headers the sender declared hop-by-hop by listing them in Connection (which may
+    appear more than once)."""
+    values = headers.getall("Connection", ())
+    if not values:
         return _NOTHING
-    return frozenset(name.strip().lower() for name in value.split(","))
+    return frozenset(name.strip().lower() for value in values for name in value.split(","))
 
 
 def _keep(
-    pairs: Iterable[tuple[str, str]], drop: frozenset[str], connection: str | None
+    pairs: Iterable[tuple[str, str]], drop: frozenset[str], extra: frozenset[str]
 ) -> Iterator[tuple[str, str]]:
-    extra = _named_in_connection(connection)
     for name, value in pairs:
         lower = name.lower()
         if lower in drop or lower in extra or lower.startswith("proxy-"):
@@ -36,10 +37,10 @@ def _keep(
 
 def upstream_request_headers(headers: MultiMapping[str]) -> list[tuple[str, str]]:
     """The client's end-to-end headers, to send upstream as they came."""
-    return list(_keep(headers.items(), _REQUEST_DROP, headers.get("Connection")))
+    return list(_keep(headers.items(), _REQUEST_DROP, _named_in_connection(headers)))
 
 
 def client_response_headers(headers: MultiMapping[str]) -> CIMultiDict[str]:
     """The upstream's end-to-end response headers, to send to the client as they came.
     Content-Encoding stays: bodies are relayed compressed, exactly as received."""
-    return CIMultiDict(_keep(headers.items(), _RESPONSE_DROP, headers.get("Connection")))
+    return CIMultiDict(_keep(headers.items(), _RESPONSE_DROP, _named_in_connection(headers)))

@@ -1,0 +1,78 @@
+"""The proxy on a real loopback port, in front of a real upstream.
+
+- `make_proxy(upstream_url, **settings)`: start a proxy in the test's event loop
+  (settings by dotted name, e.g. `**{"server.max_body_bytes": 1000}`); stopped after.
+- `make_proxy_thread(upstream_url, **settings)`: the same in a background thread with its
+  own loop, for sync clients. Both use the session's Redis unless `store.redis_url` is
+  given ("" starts the proxy's own embedded Redis under `store.state_dir`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from proxy.config import Settings, load_settings
+from proxy.server.app import RunningProxy, start
+
+
+def proxy_settings(upstream_url: str, redis_url: str, **settings: Any) -> Settings:
+    overrides: dict[str, Any] = {
+        "server.port": 0,
+        "upstream.url": upstream_url,
+        "store.redis_url": redis_url,
+    }
+    overrides.update(settings)
+    return load_settings(None, environ={}, overrides=overrides)
+
+
+MakeProxy = Callable[..., Awaitable[RunningProxy]]
+
+
+@pytest.fixture
+async def make_proxy(redis_url: str) -> AsyncIterator[MakeProxy]:
+    started: list[RunningProxy] = []
+
+    async def make(upstream_url: str, **settings: Any) -> RunningProxy:
+        started.append(await start(proxy_settings(upstream_url, redis_url, **settings)))
+        return started[-1]
+
+    yield make
+    for running in started:
+        await running.stop()
+
+
+class ThreadedProxy:
+    """A proxy whose event loop runs in a daemon thread."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.running = self.call(start(settings))
+
+    def call(self, coroutine: Awaitable[Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=60)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        self.call(self.running.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+        self.loop.close()
+
+
+@pytest.fixture
+def make_proxy_thread(redis_url: str) -> Iterator[Callable[..., RunningProxy]]:
+    started: list[ThreadedProxy] = []
+
+    def make(upstream_url: str, **settings: Any) -> RunningProxy:
+        started.append(ThreadedProxy(proxy_settings(upstream_url, redis_url, **settings)))
+        return started[-1].running
+
+    yield make
+    for proxy in started:
+        proxy.stop()
