@@ -269,13 +269,14 @@ def _pack(
     dropped = sum(_stands_for(seg) for n, seg in enumerate(work.segments) if n not in keep)
     segments: list[Segment] = []
     pending_note = False
+    noted = not result["note"]
     for n, seg in enumerate(work.segments):
         if n not in keep:
-            pending_note = result["note"]
+            pending_note = not noted
             continue
-        if pending_note:
+        if pending_note:  # one note, where the dropped history began
             segments.append(["note", note_text(dropped)])
-            pending_note = False
+            pending_note, noted = False, True
         segments.append(seg)
     done = _working(segments, inp)
     strategy = "offload+pack" if blobs else "pack"
