@@ -92,6 +92,8 @@ OPTIONS: web.AppKey[StandInOptions] = web.AppKey("standin_options", StandInOptio
 CACHE: web.AppKey[PromptCache] = web.AppKey("standin_cache", PromptCache)
 FAULT_COUNTS: web.AppKey[Counter[str]] = web.AppKey("standin_fault_counts", Counter)
 COUNTER: web.AppKey[TokenCounter] = web.AppKey("standin_counter", TokenCounter)
+REQUEST_ID: web.RequestKey[str] = web.RequestKey("standin_request_id", str)
+RECORD: web.RequestKey[RecordedRequest] = web.RequestKey("standin_record", RecordedRequest)
 
 
 def api_error(
@@ -104,9 +106,9 @@ def api_error(
 
 
 def _request_id(request: web.Request) -> str:
-    rid = request.get("request_id")
-    if not isinstance(rid, str):
-        rid = request["request_id"] = "req_" + secrets.token_hex(12)
+    rid = request.get(REQUEST_ID)
+    if rid is None:
+        rid = request[REQUEST_ID] = "req_" + secrets.token_hex(12)
     return rid
 
 
@@ -121,7 +123,7 @@ async def _api_shell(request: web.Request, handler: Any) -> web.StreamResponse:
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.raw_headers}
     record = RecordedRequest(request.method, request.path_qs, headers, b"")
     request.app[RECORDED].append(record)
-    request["record"] = record
+    request[RECORD] = record
     try:
         try:
             record.body = await request.read()
@@ -327,8 +329,8 @@ async def _respond(
 
 def _cut(request: web.Request) -> None:
     """End the connection mid-body (what a dropped upstream looks like)."""
-    record = request.get("record")
-    if isinstance(record, RecordedRequest):
+    record = request.get(RECORD)
+    if record is not None:
         record.outcome = "cut"
     if request.transport is not None:
         request.transport.close()
@@ -340,8 +342,8 @@ async def _stall(request: web.Request, seconds: float) -> None:
     while time.monotonic() < deadline:
         transport = request.transport
         if transport is None or transport.is_closing():
-            record = request.get("record")
-            if isinstance(record, RecordedRequest):
+            record = request.get(RECORD)
+            if record is not None:
                 record.outcome = "cancelled"
             raise ConnectionResetError("the client went away during a stall")
         await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))

@@ -35,7 +35,7 @@ async def _start(options: StandInOptions) -> tuple[RunningStandIn, web.AppRunner
     app = create_app(options)
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, shutdown_timeout=1.0)
+    site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     host, port = runner.addresses[0][:2]
     return RunningStandIn(f"http://{host}:{port}", app, options), runner
