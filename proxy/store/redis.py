@@ -18,7 +18,7 @@ from typing import Any, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -118,11 +118,14 @@ class Store:
         op_timeout: float = 0.5,
         default_ttl: int = DEFAULT_TTL,
         cluster: bool | None = None,
+        max_connections: int = 64,
     ) -> Store:
         """Connect lazily to ``redis://``, ``rediss://`` or ``unix://`` URLs.
 
         ``cluster`` (or ``?cluster=1`` in the URL) selects Redis Cluster; the argument wins
-        over the URL. No connection is made until the first call.
+        over the URL. No connection is made until the first call. Beyond
+        ``max_connections`` concurrent calls wait for a free connection (within the
+        timeout) instead of failing, as redis-py's default pool would at 100.
         """
         url, flagged = _split_cluster_flag(url)
         options: dict[str, Any] = {
@@ -136,7 +139,10 @@ class Store:
         if cluster if cluster is not None else flagged:
             client = RedisCluster.from_url(url, **options)
         else:
-            client = Redis.from_url(url, **options)
+            pool = BlockingConnectionPool.from_url(
+                url, max_connections=max_connections, timeout=op_timeout, **options
+            )
+            client = Redis.from_pool(pool)  # the client owns the pool and closes it
         return cls(client, prefix=prefix, op_timeout=op_timeout, default_ttl=default_ttl)
 
     # -- plumbing ---------------------------------------------------------------------

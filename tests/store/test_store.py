@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -200,8 +201,6 @@ async def test_running_mean_keeps_full_precision(store: Store) -> None:
 
 
 async def test_running_mean_is_atomic_under_concurrency(make_store) -> None:
-    import asyncio
-
     replicas = [make_store() for _ in range(4)]
     await asyncio.gather(
         *(r.update_global_mean("calibration", "m", 2.0, max_samples=1000) for r in replicas * 25)
@@ -220,3 +219,15 @@ async def test_invalid_ids_raise_before_any_io(store: Store) -> None:
         await store.put_blob("bad tenant", C, "r", b"x")
     with pytest.raises(ValueError, match="conversation"):
         await store.get_json(T, "{conv}", "checkpoint", "c")
+
+
+async def test_more_concurrent_calls_than_connections_wait_instead_of_failing(
+    make_store,
+) -> None:
+    # redis-py's default pool raises "Too many connections" past its size; a burst of
+    # requests must queue for a connection instead (the generous timeout keeps a slow
+    # machine from turning the wait into StoreUnavailable).
+    store = make_store(max_connections=4, op_timeout=10.0)
+    await store.put_blob(T, C, "r", b"0123456789")
+    replies = await asyncio.gather(*(store.get_blob_slice(T, C, "r", 2, 3) for _ in range(500)))
+    assert replies == [(b"234", 10)] * 500
