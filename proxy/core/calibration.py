@@ -50,3 +50,13 @@ def _sane(factor: float, samples: int) -> tuple[float, int]:
 
 def _clamp(factor: float) -> float:
     return min(MAX_FACTOR, max(MIN_FACTOR, factor))
+
+
+def sample_ratio(estimated: int, reported: int) -> float | None:
+    """One observation's ratio, clamped like update_factor's, or None for junk counts.
+
+    For stores that keep the running mean themselves (atomically, fleet-wide).
+    """
+    if estimated <= 0 or reported <= 0:
+        return None
+    return _clamp(reported / estimated)

@@ -1,0 +1,62 @@
+"""Who is asking and in which conversation, as ids safe to put in store keys.
+
+The tenant is a keyed hash of the credential (never the credential itself, DESIGN
+invariant 9). The conversation id comes from what the client says, in this order: the
+`x-conversation-id` header, Claude Code's `x-claude-code-session-id`, the session id
+Claude Code puts inside `metadata.user_id` (a JSON string), and otherwise a hash of the
+tenant, the system prompt and the first message, which stay fixed as a conversation
+grows. Every id is hashed again, so keys never hold client text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+_TENANT_KEY = b"compaction-proxy/tenant/v1"
+_CONVERSATION_KEY = b"compaction-proxy/conversation/v1"
+
+
+def credential(headers: Mapping[str, str]) -> str:
+    """The credential the client sent: x-api-key, else the bearer token, else ""."""
+    key = headers.get("x-api-key")
+    if key:
+        return key.strip()
+    auth = headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else auth.strip()
+
+
+def tenant_of(headers: Mapping[str, str]) -> str:
+    secret = credential(headers)
+    return "t" + hashlib.blake2b(secret.encode(), key=_TENANT_KEY, digest_size=10).hexdigest()
+
+
+def conversation_of(headers: Mapping[str, str], body: Mapping[str, Any], tenant: str) -> str:
+    source = _client_id(headers, body)
+    if source is None:
+        messages = body.get("messages")
+        first = messages[0] if isinstance(messages, list) and messages else None
+        source = "h:" + orjson.dumps([tenant, body.get("system"), first]).decode()
+    digest = hashlib.blake2b(source.encode(), key=_CONVERSATION_KEY, digest_size=12)
+    return "c" + digest.hexdigest()
+
+
+def _client_id(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
+    for name in ("x-conversation-id", "x-claude-code-session-id"):
+        value = headers.get(name)
+        if value:
+            return f"{name}:{value}"
+    metadata = body.get("metadata")
+    user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+    if isinstance(user_id, str) and user_id.startswith("{"):
+        try:
+            session = orjson.loads(user_id).get("session_id")
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+        if isinstance(session, str) and session:
+            return f"session:{session}"
+    return None
