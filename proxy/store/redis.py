@@ -66,6 +66,14 @@ return {text, n}
 """
 
 
+# Reset the expiry of several keys of one conversation (one slot); counts those that exist.
+_TOUCH = """
+local found = 0
+for _, key in ipairs(KEYS) do found = found + redis.call('EXPIRE', key, ARGV[1]) end
+return found
+"""
+
+
 class StoreUnavailable(Exception):
     """Redis is unreachable, too slow, or refused the operation; the caller degrades."""
 
@@ -83,6 +91,9 @@ def _split_cluster_flag(url: str) -> tuple[str, bool]:
 
 
 def _positive(label: str, value: int) -> int:
+    # Redis rejects "EX 60.0"; catch a float here, not as a StoreUnavailable on every write.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{label} must be an int, got {value!r}")
     if value <= 0:
         raise ValueError(f"{label} must be positive, got {value}")
     return value
@@ -108,6 +119,7 @@ class Store:
         self._release = client.register_script(_RELEASE)
         self._extend = client.register_script(_EXTEND)
         self._mean = client.register_script(_MEAN)
+        self._touch = client.register_script(_TOUCH)
 
     @classmethod
     def from_url(
@@ -244,6 +256,17 @@ class Store:
     async def get_json(self, tenant: str, conversation: str, kind: str, name: str) -> object | None:
         key = self._key(tenant, conversation, kind, name)
         return self._decode(key, await self._get(key))
+
+    async def refresh_ttl(
+        self, tenant: str, conversation: str, kind: str, names: list[str], ttl: int | None = None
+    ) -> int:
+        """Give existing keys a fresh TTL (e.g. the blobs a frozen prefix still points
+        to, whose first TTL was set at an older crossing); returns how many exist."""
+        if not names:
+            return 0
+        found = [self._key(tenant, conversation, kind, name) for name in names]
+        seconds = self._ttl(ttl)
+        return int(await self._call(lambda: self._touch(keys=found, args=[seconds])))
 
     # -- locks ---------------------------------------------------------------------------
 

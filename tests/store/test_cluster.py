@@ -47,6 +47,9 @@ async def test_every_operation_works_on_a_cluster(
         assert await store.get_blob("t", conversation, "ref") == b"0123456789"
         assert await store.get_blob_slice("t", conversation, "ref", 7, 10) == (b"789", 10)
         assert await store.get_blob_slice("t", conversation, "ref", 0, 0) == (b"", 10)
+        # A multi-key script: legal because every key shares the conversation's slot.
+        await store.put_blob("t", conversation, "ref2", b"x")
+        assert await store.refresh_ttl("t", conversation, "blob", ["ref", "ref2", "no"]) == 2
         await store.put_json("t", conversation, "checkpoint", "current", {"c": conversation})
         assert await store.get_json("t", conversation, "checkpoint", "current") == {
             "c": conversation
@@ -67,7 +70,7 @@ async def test_every_operation_works_on_a_cluster(
     # conversations spread over all three masters.
     for conversation in conversations:
         tagged = {k: n for k, n in placement.items() if f"{{t:{conversation}}}" in k}
-        assert len(tagged) == 2  # the blob and the checkpoint; the lock was released
+        assert len(tagged) == 3  # two blobs and the checkpoint; the lock was released
         assert len({key_slot(k.encode()) for k in tagged}) == 1
         assert len(set(tagged.values())) == 1
     assert len(set(placement.values())) == 3

@@ -132,6 +132,13 @@ async def test_non_positive_ttl_is_rejected(store: Store, ttl: int) -> None:
         await store.put_blob(T, C, "r", b"x", ttl=ttl)
 
 
+async def test_ttl_must_be_whole_seconds(store: Store, make_store) -> None:
+    with pytest.raises(TypeError, match="ttl"):
+        await store.put_json(T, C, "checkpoint", "c", 1, ttl=1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="default_ttl"):
+        make_store(default_ttl=86400.0)
+
+
 async def test_keys_carry_prefix_and_hash_tag(store: Store, raw: redis.asyncio.Redis) -> None:
     await store.put_blob(T, C, "ref9", b"x")
     await store.put_global_json("calibration", "m", 1)
@@ -231,3 +238,16 @@ async def test_more_concurrent_calls_than_connections_wait_instead_of_failing(
     await store.put_blob(T, C, "r", b"0123456789")
     replies = await asyncio.gather(*(store.get_blob_slice(T, C, "r", 2, 3) for _ in range(500)))
     assert replies == [(b"234", 10)] * 500
+
+
+async def test_refresh_ttl_renews_existing_keys_of_one_conversation(
+    store: Store, raw: redis.asyncio.Redis
+) -> None:
+    await store.put_blob(T, C, "old1", b"x", ttl=60)
+    await store.put_blob(T, C, "old2", b"y", ttl=60)
+    assert await store.refresh_ttl(T, C, "blob", ["old1", "old2", "gone"], ttl=3600) == 2
+    assert await store.refresh_ttl(T, C, "blob", []) == 0
+    ttls = [await raw.pttl(key) for key in await keys_under(raw, store.prefix)]
+    assert len(ttls) == 2
+    assert all(3_500_000 < ttl <= 3_600_000 for ttl in ttls)
+    assert await store.get_blob(T, C, "gone") is None  # refreshing never creates a key

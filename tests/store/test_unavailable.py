@@ -30,6 +30,7 @@ def every_data_call(store: Store) -> list[Callable[[], object]]:
         lambda: store.get_global_json("calibration", "m"),
         lambda: store.update_global_mean("calibration", "m", 1.0),
         lambda: store.get_global_mean("calibration", "m"),
+        lambda: store.refresh_ttl(T, C, "blob", ["r"]),
     ]
 
 
