@@ -34,6 +34,7 @@ from typing import Any
 import orjson
 
 from proxy.core.tokens import TokenCounter
+from proxy.testing.validate import cache_control_count
 
 LOOKBACK_UNITS = 20
 ONE_HOUR = 3600.0
@@ -84,8 +85,13 @@ def _ttl_of(block: Any) -> str | None:
 
 
 def prompt_units(body: dict[str, Any], counter: TokenCounter) -> list[Unit]:
-    """The prompt's units in prefix order; see the module docstring."""
+    """The prompt's units in prefix order; see the module docstring.
+
+    A prompt without any cache_control has no use for them: it gets none.
+    """
     units: list[Unit] = []
+    if not cache_control_count(body):
+        return units
     digest = hashlib.sha256(b"model\0" + str(body.get("model")).encode()).digest()
 
     def add(tag: bytes, block: Any, cumulative: int) -> None:
@@ -95,8 +101,13 @@ def prompt_units(body: dict[str, Any], counter: TokenCounter) -> list[Unit]:
         units.append(Unit(digest, cumulative, ttl, ttl is not None))
 
     tools = body.get("tools") or []
-    for k, tool in enumerate(tools):
-        add(b"tool", tool, counter.count_tools(tools[: k + 1]))
+    if tools:
+        # count_tools is a preamble plus a cost per tool: one call per tool, not per prefix.
+        running = counter.count_tools(tools[:1])
+        add(b"tool", tools[0], running)
+        for tool in tools[1:]:
+            running += counter.count_tools([tool, tool]) - counter.count_tools([tool])
+            add(b"tool", tool, running)
     base = counter.count_tools(tools)
 
     system = body.get("system")
@@ -115,12 +126,13 @@ def prompt_units(body: dict[str, Any], counter: TokenCounter) -> list[Unit]:
         running = base + counter.count_message({"role": role, "content": []})
         tag = f"message\0{i}\0{role}".encode()
         if isinstance(content, str):
-            add(tag, {"type": "text", "text": content}, base + counter.count_message(message))
+            running = base + counter.count_message(message)
+            add(tag, {"type": "text", "text": content}, running)
         elif isinstance(content, list):
             for block in content:
                 running += counter.count_block(block)
                 add(tag, block, running)
-        base += counter.count_message(message)
+        base = running
 
     if body.get("cache_control") and units:
         last = units[-1]
