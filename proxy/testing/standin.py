@@ -83,7 +83,9 @@ class RecordedRequest:
     path_qs: str
     headers: dict[str, str]  # as received, original case
     body: bytes
-    outcome: str = "open"  # then "complete", "cancelled" (client went away) or "error"
+    # "open", then "complete", "cancelled" (the client went away), "cut" (an eof fault)
+    # or "error"
+    outcome: str = "open"
     ended_at: float | None = None  # time.monotonic() when the stand-in was done with it
 
 
@@ -140,7 +142,7 @@ async def _api_shell(request: web.Request, handler: Any) -> web.StreamResponse:
         if record.outcome == "open":
             record.outcome = "complete"
         return response
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, ConnectionResetError):  # the client went away
         record.outcome = "cancelled"
         raise
     except Exception:

@@ -451,6 +451,13 @@ async def test_stall_then_the_rest_of_the_stream(standin: RunningStandIn) -> Non
     assert names[0] == "message_start" and names[-1] == "message_stop"
 
 
+async def test_stall_of_a_plain_answer(standin: RunningStandIn, client: MakeClient) -> None:
+    headers = script(fault="stall", stall_seconds=0.2)
+    answer = await client(standin).messages.create(**hello(), extra_headers=headers)
+    assert answer.stop_reason == "end_turn"
+    assert standin.recorded[0].outcome == "complete"
+
+
 async def test_client_leaving_a_stall_is_recorded_as_cancelled(standin: RunningStandIn) -> None:
     async with aiohttp.ClientSession() as session:
         headers = {**HEADERS, **script(fault="stall", stall_seconds=60)}

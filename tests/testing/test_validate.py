@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from proxy.testing.validate import (
     thinking_signature,
@@ -204,6 +206,10 @@ REJECTED = {
         request([user("x"), assistant([call("toolu_1")]), user([text("here"), result("toolu_1")])]),
         "immediately after: toolu_1.",
     ),
+    "result after text in a merged user message": (
+        request([user("x"), assistant([call("toolu_1")]), user("here"), user([result("toolu_1")])]),
+        "immediately after: toolu_1.",
+    ),
     "result without a call": (
         request([user("x"), assistant("ok"), user([result("toolu_9")])]),
         "messages.2: unexpected `tool_use_id` found in `tool_result` blocks: toolu_9. Each "
@@ -376,3 +382,68 @@ def test_count_tokens_request_needs_no_max_tokens() -> None:
 def test_window() -> None:
     assert window_error(200_000, 200_000) is None
     assert window_error(219_898, 200_000) == "prompt is too long: 219898 tokens > 200000 maximum"
+
+
+# -- properties: well-formed conversations pass, and losing any result is caught ---------
+
+GROUP = st.one_of(
+    st.just("say"),  # an assistant text answer, then a user text
+    st.integers(min_value=1, max_value=3),  # an assistant with n calls, then their results
+)
+
+
+def conversation(groups: list[str | int], system_every: int) -> list[dict[str, Any]]:
+    messages = [user("start")]
+    ids = (f"toolu_{i:03d}" for i in range(1000))
+    for g, group in enumerate(groups):
+        if system_every and g % system_every == 0:
+            messages.append({"role": "system", "content": f"note {g}"})
+        if group == "say":
+            messages += [assistant("ok"), user("next")]
+            continue
+        calls = [call(next(ids)) for _ in range(int(group))]
+        messages += [assistant([text("Running."), *calls]), user([result(c["id"]) for c in calls])]
+    return messages
+
+
+@given(st.lists(GROUP, max_size=8), st.integers(min_value=0, max_value=3))
+def test_generated_conversations_are_accepted(groups: list[str | int], every: int) -> None:
+    assert validate_messages_request(request(conversation(groups, every))) is None
+
+
+@given(st.lists(GROUP, min_size=1, max_size=8), st.integers(min_value=0, max_value=3), st.data())
+def test_dropping_any_result_is_rejected(
+    groups: list[str | int], every: int, data: st.DataObject
+) -> None:
+    messages = conversation(groups, every)
+    holders = [
+        (i, j)
+        for i, m in enumerate(messages)
+        if isinstance(m["content"], list)
+        for j, b in enumerate(m["content"])
+        if b["type"] == "tool_result"
+    ]
+    assume(holders)
+    i, j = data.draw(st.sampled_from(holders))
+    del messages[i]["content"][j]
+    if not messages[i]["content"]:
+        messages[i]["content"] = "continue"
+    error = validate_messages_request(request(messages))
+    assert error is not None and "without `tool_result` blocks immediately after" in error
+
+
+@given(st.lists(GROUP, min_size=1, max_size=8), st.data())
+def test_dropping_any_call_is_rejected(groups: list[str | int], data: st.DataObject) -> None:
+    messages = conversation(groups, 0)
+    holders = [
+        (i, j)
+        for i, m in enumerate(messages)
+        if isinstance(m["content"], list)
+        for j, b in enumerate(m["content"])
+        if b["type"] == "tool_use"
+    ]
+    assume(holders)
+    i, j = data.draw(st.sampled_from(holders))
+    del messages[i]["content"][j]
+    error = validate_messages_request(request(messages))
+    assert error is not None and "unexpected `tool_use_id`" in error
