@@ -45,7 +45,7 @@ def history_shapes(
     return [message_shape(m, count_message(m)) for m in messages]
 
 
-def request_messages(body: Mapping[str, Any]) -> list[Message]:
+def request_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The request's messages, or [] when the field is absent or not a list."""
     messages = body.get("messages")
     if not isinstance(messages, list):

@@ -1,0 +1,291 @@
+"""Carry out compaction for one Messages request: the effects of the pure plan.
+
+The order of work keeps the common case cheap: count the history (cached per block);
+when even the calibrated count is under the trigger, no checkpoint can apply (one is only
+made when the history crossed), so the original bytes go out without a Redis call. Only
+above the trigger does the proxy read the conversation's checkpoint, plan, store blobs,
+summaries and the new checkpoint, and encode the rewritten body. Any failure of its own
+parts degrades: no store means pack without offload or summary; an error in planning
+means the request goes out untouched (DESIGN invariant 7).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.core.calibration import sample_ratio
+from proxy.core.checkpoint import message_digest
+from proxy.core.identity import conversation_of, tenant_of
+from proxy.core.offload import choose_tool_name, read_result_tool
+from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies, policy_for
+from proxy.core.rewrite import (
+    NeedSummary,
+    PlanInput,
+    Refuse,
+    Rewrite,
+    Untouched,
+    finish_with_summary,
+    plan_request,
+)
+from proxy.core.tokens import TokenCounter, default_counter
+from proxy.server.summariser import SummariserSettings, obtain_summary
+from proxy.store import Store, StoreUnavailable
+from proxy.wire.anthropic import encode_request, request_messages
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = ("checkpoint", "current")
+CALIBRATION = "calibration"
+CALIBRATION_REFRESH = 30.0  # seconds a replica trusts its copy of a model's factor
+CALIBRATION_SAMPLES = 20
+
+
+@dataclass(slots=True)
+class Interception:
+    """What the read_result loop needs to answer calls and ask again."""
+
+    tool: str
+    tenant: str
+    conversation: str
+    body: dict[str, Any]  # the rewritten request, as sent
+    policy: Policy
+
+
+@dataclass(slots=True)
+class Prepared:
+    """The outcome for the handler: bytes to send, or an error to answer with."""
+
+    body: bytes
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    interception: Interception | None = None
+    refusal: str | None = None
+    estimate: int = 0  # estimated input tokens of what is sent, for calibration
+    model: str = ""
+
+
+@dataclass(slots=True)
+class _Factor:
+    value: float = 1.0
+    fetched: float = float("-inf")
+    refreshing: bool = False
+
+
+class Compactor:
+    """Per-process compaction state: policies, the counter, calibration factors."""
+
+    def __init__(
+        self,
+        raw_policies: Sequence[Mapping[str, Any]] = (),
+        *,
+        counter: TokenCounter | None = None,
+        summariser: SummariserSettings | None = None,
+    ) -> None:
+        self.policies = [*parse_policies(raw_policies), *DEFAULT_POLICIES]
+        self.counter = counter or default_counter()
+        self.summariser = summariser or SummariserSettings()
+        self._factors: dict[str, _Factor] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- calibration ---------------------------------------------------------------------
+
+    def factor(self, model: str, store: Store | None) -> float:
+        """The model's calibration factor as this replica knows it; refreshed in the
+        background from the fleet's shared value, never waited for."""
+        entry = self._factors.setdefault(model, _Factor())
+        stale = time.monotonic() - entry.fetched > CALIBRATION_REFRESH
+        if store is not None and stale and not entry.refreshing:
+            entry.refreshing = True
+            self._spawn(self._refresh(model, entry, store))
+        return entry.value
+
+    async def _refresh(self, model: str, entry: _Factor, store: Store) -> None:
+        try:
+            found = await store.get_global_mean(CALIBRATION, model)
+            if found is not None and found[0] > 0:
+                entry.value = found[0]
+        except StoreUnavailable:
+            pass
+        finally:
+            entry.fetched = time.monotonic()
+            entry.refreshing = False
+
+    def record_usage(self, model: str, estimate: int, usage: Mapping[str, Any], store: Any) -> None:
+        """Fold one response's reported input into the model's factor (fleet-wide)."""
+        reported = sum(
+            int(usage.get(k) or 0)
+            for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        )
+        ratio = sample_ratio(estimate, reported)
+        if ratio is None or not model:
+            return
+        entry = self._factors.setdefault(model, _Factor())
+        if store is None:
+            entry.value += (ratio - entry.value) / CALIBRATION_SAMPLES
+            return
+        self._spawn(self._record(model, ratio, entry, store))
+
+    async def _record(self, model: str, ratio: float, entry: _Factor, store: Store) -> None:
+        try:
+            entry.value, _ = await store.update_global_mean(
+                CALIBRATION, model, ratio, max_samples=CALIBRATION_SAMPLES
+            )
+            entry.fetched = time.monotonic()
+        except StoreUnavailable:
+            entry.value += (ratio - entry.value) / CALIBRATION_SAMPLES
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- one request ---------------------------------------------------------------------
+
+    async def prepare(
+        self,
+        body_bytes: bytes,
+        body: dict[str, Any],
+        headers: Mapping[str, str],
+        *,
+        store: Store | None,
+        upstream_url: str,
+    ) -> Prepared:
+        messages = request_messages(body)
+        model = str(body.get("model", ""))
+        if not messages:
+            return Prepared(body_bytes, model=model)
+        policy = policy_for(model, self.policies)
+        counter = self.counter
+        tools = body.get("tools")
+        fixed = counter.count_system(body.get("system")) + counter.count_tools(tools)
+        history = sum(counter.count_message(m) for m in messages)
+        factor = self.factor(model, store)
+        if (
+            history + fixed
+        ) * factor <= policy.window and history * factor <= policy.trigger_tokens:
+            return Prepared(body_bytes, estimate=history + fixed, model=model)
+
+        tenant = tenant_of(headers)
+        conversation = conversation_of(headers, body, tenant)
+        checkpoint, store_ok = None, store is not None
+        if store is not None:
+            try:
+                found = await store.get_json(tenant, conversation, *CHECKPOINT)
+                checkpoint = found if isinstance(found, dict) else None
+            except StoreUnavailable:
+                store_ok = False
+        tool = choose_tool_name(tools)
+        tool_list = tools if isinstance(tools, list) else []
+        tool_tokens = 0
+        if tool:
+            tool_tokens = counter.count_tools([*tool_list, read_result_tool(tool)]) - (
+                counter.count_tools(tool_list)
+            )
+        inp = PlanInput(
+            messages=messages,
+            digests=[message_digest(m) for m in messages],
+            checkpoint=checkpoint,
+            policy=policy,
+            counter=counter,
+            fixed_tokens=fixed,
+            tool_tokens=tool_tokens,
+            tool=tool,
+            factor=factor,
+            store_ok=store_ok,
+        )
+        outcome = plan_request(inp)
+        if isinstance(outcome, NeedSummary):
+            assert store is not None  # a summary is only asked for with a store
+            got = await obtain_summary(
+                outcome,
+                store=store,
+                tenant=tenant,
+                conversation=conversation,
+                model=model,
+                headers=dict(headers),
+                base_url=upstream_url,
+                settings=self.summariser,
+            )
+            if got.failure:
+                log.info("no summary (%s); packing instead", got.failure)
+            outcome = finish_with_summary(outcome, got.text, reused=got.reused)
+        if isinstance(outcome, Untouched):
+            return Prepared(body_bytes, estimate=history + fixed, model=model)
+        if isinstance(outcome, Refuse):
+            return Prepared(body_bytes, refusal=outcome.message, model=model)
+        if store is not None and not await self._store_effects(
+            store, tenant, conversation, outcome
+        ):
+            # Blobs that cannot be stored cannot be read back: plan again without them.
+            inp = PlanInput(**{**_fields(inp), "store_ok": False, "checkpoint": None})
+            fallback = plan_request(inp)
+            if not isinstance(fallback, Rewrite):
+                return Prepared(body_bytes, estimate=history + fixed, model=model)
+            outcome = fallback
+        return self._encode(body, outcome, tenant, conversation, policy, fixed, tool_tokens, model)
+
+    async def _store_effects(
+        self, store: Store, tenant: str, conversation: str, rewrite: Rewrite
+    ) -> bool:
+        try:
+            writes = [
+                store.put_blob(tenant, conversation, ref, text.encode())
+                for ref, text in rewrite.blobs
+            ]
+            await asyncio.gather(*writes)
+            if rewrite.checkpoint is not None:
+                await store.put_json(tenant, conversation, *CHECKPOINT, rewrite.checkpoint)
+            return True
+        except StoreUnavailable:
+            return not rewrite.blobs
+
+    def _encode(
+        self,
+        body: dict[str, Any],
+        rewrite: Rewrite,
+        tenant: str,
+        conversation: str,
+        policy: Policy,
+        fixed: int,
+        tool_tokens: int,
+        model: str,
+    ) -> Prepared:
+        tools = body.get("tools")
+        replace: dict[str, Any] = {"messages": rewrite.messages}
+        if rewrite.tool:
+            replace["tools"] = [
+                *(tools if isinstance(tools, list) else []),
+                read_result_tool(rewrite.tool),
+            ]
+        sent = {**body, **replace}
+        headers = [
+            ("x-compaction-strategy", rewrite.strategy),
+            ("x-compaction-tokens-before", str(rewrite.tokens_before)),
+            ("x-compaction-tokens-after", str(rewrite.tokens_after)),
+            ("x-compaction-offloaded", str(len(rewrite.refs))),
+            ("x-compaction-summary", rewrite.summary or "none"),
+        ]
+        interception = None
+        if rewrite.tool:
+            interception = Interception(rewrite.tool, tenant, conversation, sent, policy)
+        estimate = fixed + sum(self.counter.count_message(m) for m in rewrite.messages)
+        return Prepared(
+            encode_request(body, **replace),
+            headers=headers,
+            interception=interception,
+            estimate=estimate + (tool_tokens if rewrite.tool else 0),
+            model=model,
+        )
+
+
+def _fields(inp: PlanInput) -> dict[str, Any]:
+    return {name: getattr(inp, name) for name in inp.__dataclass_fields__}

@@ -1,0 +1,264 @@
+"""read_result rounds on the Messages API, sans I/O.
+
+When the model calls the injected `read_result` tool, the proxy answers it and asks
+again; the client sees one ordinary message. This module holds the pure parts:
+
+- `StreamMerger` turns the SSE events of several upstream rounds into one client stream:
+  read_result blocks are held back, every other block is passed on with its index
+  shifted to follow the blocks already sent, and one `message_delta`/`message_stop`
+  closes the message with the usage of all rounds summed. With one round and nothing
+  held, every event goes out as the very bytes that came in.
+- `split_message` / `merge_messages` do the same for non-streaming answers.
+- `continue_messages` appends a round's assistant turn and the read results to a request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.core.sse import Event, encode_event
+
+USAGE_SUMS = (
+    "input_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "output_tokens",
+)
+
+
+@dataclass(slots=True)
+class Round:
+    """What one upstream answer held."""
+
+    content: list[dict[str, Any]] = field(default_factory=list)  # every block, in order
+    reads: list[dict[str, Any]] = field(default_factory=list)  # read_result tool_use blocks
+    client_calls: int = 0  # client tool_use blocks
+    stop_reason: str | None = None
+    stop_sequence: str | None = None
+    usage: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def wants_reads_only(self) -> bool:
+        """Continue with another round: the model asked to read and nothing else waits."""
+        return bool(self.reads) and not self.client_calls and self.stop_reason == "tool_use"
+
+
+def add_usage(total: dict[str, int], usage: object) -> None:
+    if not isinstance(usage, dict):
+        return
+    for key in USAGE_SUMS:
+        value = usage.get(key)
+        if isinstance(value, int):
+            total[key] = total.get(key, 0) + value
+
+
+class StreamMerger:
+    def __init__(self, tool: str) -> None:
+        self._tool = tool
+        self._next_index = 0
+        self._rounds = 0
+        self._total: dict[str, int] = {}
+        self._round = Round()
+        self._index_map: dict[int, int | None] = {}  # upstream index -> client index (None: held)
+        self._blocks: dict[int, dict[str, Any]] = {}
+        self._partial: dict[int, str] = {}
+        self._last_delta: Event | None = None
+        self._last_stop: Event | None = None
+
+    def begin_round(self) -> None:
+        self._rounds += 1
+        self._round = Round()
+        self._index_map.clear()
+        self._blocks.clear()
+        self._partial.clear()
+        self._last_delta = self._last_stop = None
+
+    @property
+    def rounds(self) -> int:
+        return self._rounds
+
+    def feed(self, event: Event) -> list[bytes]:
+        """The bytes to send the client for one upstream event (often the event itself)."""
+        name = event.name
+        if name in ("", "ping", "error") or not event.data:
+            return [event.raw]
+        if name == "message_start":
+            data = orjson.loads(event.data)
+            message = data.get("message") or {}
+            self._round.usage = dict(message.get("usage") or {})
+            return [event.raw] if self._rounds == 1 else []
+        if name == "content_block_start":
+            return self._block_start(event)
+        if name in ("content_block_delta", "content_block_stop"):
+            return self._block_event(event)
+        if name == "message_delta":
+            data = orjson.loads(event.data)
+            delta = data.get("delta") or {}
+            self._round.stop_reason = delta.get("stop_reason")
+            self._round.stop_sequence = delta.get("stop_sequence")
+            self._round.usage.update(data.get("usage") or {})
+            self._last_delta = event
+            return []
+        if name == "message_stop":
+            self._last_stop = event
+            return []
+        return [event.raw]  # an event type we do not know: pass it on as it came
+
+    def end_round(self) -> Round:
+        """The round just finished (after its message_stop, or after the stream ended)."""
+        for index in sorted(self._blocks):
+            block = self._blocks[index]
+            if index in self._partial:
+                block["input"] = _parse_input(self._partial[index])
+            self._round.content.append(block)
+            if block.get("type") == "tool_use":
+                if self._index_map.get(index) is None:
+                    self._round.reads.append(block)
+                else:
+                    self._round.client_calls += 1
+        add_usage(self._total, self._round.usage)
+        return self._round
+
+    def finish(self, stop_reason: str | None = None) -> list[bytes]:
+        """The closing events: the upstream's own when one round held nothing back."""
+        last = self._round
+        if (
+            self._rounds == 1
+            and not last.reads
+            and stop_reason is None
+            and self._last_delta is not None
+            and self._last_stop is not None
+        ):
+            return [self._last_delta.raw, self._last_stop.raw]
+        reason = stop_reason or last.stop_reason
+        if reason == "tool_use" and not last.client_calls:
+            reason = "end_turn"  # the held read_result call is not the client's to answer
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": last.stop_sequence},
+            "usage": dict(self._total),
+        }
+        stop = {"type": "message_stop"}
+        return [
+            encode_event("message_delta", orjson.dumps(delta)),
+            encode_event("message_stop", orjson.dumps(stop)),
+        ]
+
+    def _block_start(self, event: Event) -> list[bytes]:
+        data = orjson.loads(event.data)
+        index = int(data.get("index", 0))
+        block = dict(data.get("content_block") or {})
+        self._blocks[index] = block
+        if block.get("type") == "tool_use" and block.get("name") == self._tool:
+            self._index_map[index] = None
+            return []
+        client = self._next_index
+        self._next_index += 1
+        self._index_map[index] = client
+        return [_with_index(event, data, client)]
+
+    def _block_event(self, event: Event) -> list[bytes]:
+        data = orjson.loads(event.data)
+        index = int(data.get("index", 0))
+        if event.name == "content_block_delta":
+            _apply_delta(self._blocks.setdefault(index, {}), self._partial, index, data)
+        client = self._index_map.get(index)
+        if client is None:
+            return []  # a held read_result block
+        return [_with_index(event, data, client)]
+
+
+def _with_index(event: Event, data: dict[str, Any], client: int) -> bytes:
+    if data.get("index") == client:
+        return event.raw
+    data["index"] = client
+    return encode_event(event.name, orjson.dumps(data))
+
+
+def _apply_delta(
+    block: dict[str, Any], partial: dict[int, str], index: int, data: dict[str, Any]
+) -> None:
+    delta = data.get("delta") or {}
+    kind = delta.get("type")
+    if kind == "text_delta":
+        block["text"] = block.get("text", "") + delta.get("text", "")
+    elif kind == "input_json_delta":
+        partial[index] = partial.get(index, "") + delta.get("partial_json", "")
+    elif kind == "thinking_delta":
+        block["thinking"] = block.get("thinking", "") + delta.get("thinking", "")
+    elif kind == "signature_delta":
+        block["signature"] = delta.get("signature", "")
+    elif kind == "citations_delta":
+        block.setdefault("citations", []).append(delta.get("citation"))
+
+
+def _parse_input(partial: str) -> Any:
+    if not partial:
+        return {}
+    try:
+        return orjson.loads(partial)
+    except orjson.JSONDecodeError:
+        return {}
+
+
+# -- non-streaming ------------------------------------------------------------------------
+
+
+def split_message(message: dict[str, Any], tool: str) -> Round:
+    content = [b for b in message.get("content") or [] if isinstance(b, dict)]
+    reads = [b for b in content if b.get("type") == "tool_use" and b.get("name") == tool]
+    calls = sum(1 for b in content if b.get("type") == "tool_use" and b.get("name") != tool)
+    return Round(
+        content=content,
+        reads=reads,
+        client_calls=calls,
+        stop_reason=message.get("stop_reason"),
+        stop_sequence=message.get("stop_sequence"),
+        usage=dict(message.get("usage") or {}),
+    )
+
+
+def merge_messages(messages: Sequence[dict[str, Any]], tool: str) -> dict[str, Any]:
+    """One message for the client from every round's answer: read_result calls removed,
+    content joined, usage summed, the last round's stop."""
+    first, last = messages[0], messages[-1]
+    content = [
+        b
+        for m in messages
+        for b in m.get("content") or []
+        if not (isinstance(b, dict) and b.get("type") == "tool_use" and b.get("name") == tool)
+    ]
+    usage = dict(first.get("usage") or {})
+    total: dict[str, int] = {}
+    for m in messages:
+        add_usage(total, m.get("usage"))
+    usage.update(total)
+    stop = last.get("stop_reason")
+    if stop == "tool_use" and not any(b.get("type") == "tool_use" for b in content):
+        stop = "end_turn"
+    return {
+        **first,
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": last.get("stop_sequence"),
+        "usage": usage,
+    }
+
+
+def continue_messages(
+    messages: Sequence[Any], round_: Round, results: Sequence[tuple[str, str, bool]]
+) -> list[Any]:
+    """The request's messages plus the round's assistant turn and the read results."""
+    answers = [
+        {"type": "tool_result", "tool_use_id": call_id, "content": text, "is_error": error}
+        for call_id, text, error in results
+    ]
+    return [
+        *messages,
+        {"role": "assistant", "content": round_.content},
+        {"role": "user", "content": answers},
+    ]
