@@ -20,6 +20,7 @@ from typing import Any
 
 ROLES = ("user", "assistant", "system")
 MAX_CACHE_BREAKPOINTS = 4
+MIN_THINKING_BUDGET = 1024
 # Prefix of the signatures the stand-in puts on the thinking blocks it writes: those it can
 # verify, so a proxy that edits the latest assistant turn's thinking gets the API's error.
 STANDIN_SIGNATURE_PREFIX = "standin1."
@@ -50,7 +51,24 @@ def validate_messages_request(body: Any) -> str | None:
         return "max_tokens: Input should be greater than or equal to 1"
     if "stream" in body and not isinstance(body["stream"], bool):
         return "stream: Input should be a valid boolean"
-    return _validate_prompt(body)
+    return _thinking_budget_error(body) or _validate_prompt(body)
+
+
+def _thinking_budget_error(body: dict[str, Any]) -> str | None:
+    thinking = body.get("thinking")
+    if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
+        return None
+    budget = thinking.get("budget_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        return "thinking.enabled.budget_tokens: Field required"
+    if budget < MIN_THINKING_BUDGET:
+        return (
+            "thinking.enabled.budget_tokens: Input should be greater than or equal to "
+            f"{MIN_THINKING_BUDGET}"
+        )
+    if budget >= body["max_tokens"]:
+        return "`max_tokens` must be greater than `thinking.budget_tokens`"
+    return None
 
 
 def validate_count_tokens_request(body: Any) -> str | None:

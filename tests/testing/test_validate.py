@@ -42,7 +42,7 @@ def text(value: str, **extra: Any) -> dict[str, Any]:
 
 
 def request(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {"model": "claude-sonnet-4-5", "max_tokens": 1024, "messages": messages, **extra}
+    return {"model": "claude-sonnet-4-5", "max_tokens": 4096, "messages": messages, **extra}
 
 
 TOOLS = [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]
@@ -307,6 +307,14 @@ REJECTED = {
         ),
         "`thinking` or `redacted_thinking` blocks in the latest assistant message cannot be "
         "modified.",
+    ),
+    "thinking budget under the minimum": (
+        request([user("x")], thinking={"type": "enabled", "budget_tokens": 100}),
+        "budget_tokens: Input should be greater than or equal to 1024",
+    ),
+    "thinking budget not under max_tokens": (
+        request([user("x")], max_tokens=2000, thinking={"type": "enabled", "budget_tokens": 2000}),
+        "`max_tokens` must be greater than `thinking.budget_tokens`",
     ),
     "duplicate tool names": (
         request([user("x")], tools=[TOOLS[0], TOOLS[0]]),
