@@ -68,6 +68,9 @@ class StandInOptions:
     cache_ttl_seconds: float = 300
     cache_min_tokens: int = 1024
     max_body_bytes: int = MAX_BODY_BYTES
+    # app[RECORDED] keeps only the newest requests (bodies included): a long benchmark or
+    # a stand-in left running must not grow without bound. None keeps everything.
+    max_recorded: int | None = 256
 
     def window_for(self, model: str) -> int:
         """The exact model's window, else the longest matching glob's, else 200,000."""
@@ -126,7 +129,11 @@ async def _api_shell(request: web.Request, handler: Any) -> web.StreamResponse:
     rid = _request_id(request)
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.raw_headers}
     record = RecordedRequest(request.method, request.path_qs, headers, b"")
-    request.app[RECORDED].append(record)
+    recorded = request.app[RECORDED]
+    recorded.append(record)
+    limit = request.app[OPTIONS].max_recorded
+    if limit is not None and len(recorded) > limit:
+        del recorded[: len(recorded) - limit]
     request[RECORD] = record
     try:
         try:

@@ -561,3 +561,14 @@ async def test_summary_purpose(standin: RunningStandIn, client: MakeClient) -> N
     for name in ("proxy/server/relay.py", "IDLE_TIMEOUT", "300", "StreamRelay"):
         assert name in text
     assert plain.usage.output_tokens <= 300
+
+
+async def test_recorded_requests_are_bounded(make_standin: Any) -> None:
+    standin = await make_standin(StandInOptions(max_recorded=3))
+    for n in range(5):
+        await post(standin, hello(messages=[{"role": "user", "content": f"question {n}"}]))
+    assert [orjson.loads(r.body)["messages"][0]["content"] for r in standin.recorded] == [
+        "question 2",
+        "question 3",
+        "question 4",
+    ]
