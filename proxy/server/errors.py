@@ -59,6 +59,12 @@ def invalid_request(message: str) -> web.Response:
     return error_response(400, "invalid_request_error", message)
 
 
+def not_a_path(target: str) -> web.Response:
+    # An absolute-form target (`POST http://host/...`) would let a request pick the
+    # upstream; the upstream comes only from the configuration.
+    return invalid_request(f"The request target must be a path, got {target[:200]!r}.")
+
+
 def request_too_large(limit: int) -> web.Response:
     return error_response(
         413,

@@ -10,8 +10,9 @@ from multidict import CIMultiDict, MultiMapping
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade"}
 )
-# The proxy sets Host from the upstream URL and recomputes Content-Length.
-_REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
+# The proxy sets Host from the upstream URL and recomputes Content-Length; it answers
+# `Expect: 100-continue` itself (aiohttp does), so the upstream gets the body at once.
+_REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "expect"}
 _RESPONSE_DROP = HOP_BY_HOP | {"content-length"}
 _NOTHING: frozenset[str] = frozenset()
 

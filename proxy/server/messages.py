@@ -44,6 +44,8 @@ def _wants_stream(payload: dict[str, Any] | None, body: bytes) -> bool:
 
 
 async def _handle(request: web.Request, route: pipeline.Route) -> web.StreamResponse:
+    if request.raw_path[:1] != "/":
+        return errors.not_a_path(request.raw_path)
     app = request.app
     settings = app[SETTINGS]
     limit = settings.server.max_body_bytes

@@ -12,6 +12,8 @@ from proxy.server.state import UPSTREAM
 
 
 async def handle_passthrough(request: web.Request) -> web.StreamResponse:
+    if request.raw_path[:1] != "/":
+        return errors.not_a_path(request.raw_path)
     upstream = request.app[UPSTREAM]
     headers = upstream_request_headers(request.headers)
     data = None

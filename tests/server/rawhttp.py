@@ -39,12 +39,13 @@ def request_head(
 
 
 async def read_response(reader: asyncio.StreamReader) -> RawResponse:
-    status_line = await reader.readline()
-    status = int(status_line.split()[1])
-    headers: list[tuple[str, str]] = []
-    while (line := await reader.readline()) not in (b"\r\n", b""):
-        name, _, value = line.decode("latin-1").partition(":")
-        headers.append((name, value.strip()))
+    status = 100
+    while 100 <= status < 200:  # skip interim answers (100 Continue)
+        status = int((await reader.readline()).split()[1])
+        headers: list[tuple[str, str]] = []
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers.append((name, value.strip()))
     response = RawResponse(status, headers, b"", True)
     length = response.header("content-length")
     try:

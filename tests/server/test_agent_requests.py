@@ -13,6 +13,7 @@ from tests.server.rawhttp import send
 
 AGENT_REQUESTS = sorted((Path(__file__).parents[1] / "fixtures" / "agent-requests").glob("*.json"))
 HOP_BY_HOP = {"connection", "keep-alive", "host", "content-length", "te", "trailer", "upgrade"}
+NOT_FORWARDED = HOP_BY_HOP | {"x-hop", "proxy-authorization", "expect"}
 
 
 @pytest.mark.parametrize("path", AGENT_REQUESTS, ids=lambda p: p.stem)
@@ -35,6 +36,7 @@ async def test_agent_request_reaches_upstream_unchanged(
         ("X-Hop", "only for the proxy"),
         ("Proxy-Authorization", "Basic cHJveHk="),
         ("TE", "trailers"),
+        ("Expect", "100-continue"),
     ]
     proxy = await make_proxy(standin.url)
 
@@ -44,9 +46,7 @@ async def test_agent_request_reaches_upstream_unchanged(
     seen = standin.recorded[-1]
     assert seen.body == body
     assert seen.path_qs == recorded["path"]
-    expected = [
-        (k, v) for k, v in headers if k.lower() not in HOP_BY_HOP | {"x-hop", "proxy-authorization"}
-    ]
+    expected = [(k, v) for k, v in headers if k.lower() not in NOT_FORWARDED]
     forwarded = [(k, v) for k, v in seen.headers.items() if k.lower() not in HOP_BY_HOP]
     assert forwarded == expected
     assert seen.headers["Host"] == standin.url.removeprefix("http://")

@@ -97,3 +97,17 @@ async def test_compressed_answers_stay_compressed(make_proxy: MakeProxy) -> None
         assert response.body == answer
     finally:
         await runner.cleanup()
+
+
+async def test_an_absolute_target_cannot_pick_the_upstream(
+    standin: RunningStandIn, make_proxy: MakeProxy
+) -> None:
+    proxy = await make_proxy(standin.url)
+    for method, target in (
+        ("GET", "http://elsewhere.example/v1/models"),
+        ("POST", "http://elsewhere.example/v1/messages"),
+    ):
+        response = await send(proxy.url, method, target, HEADERS, b"{}")
+        assert response.status == 400
+        assert orjson.loads(response.body)["error"]["type"] == "invalid_request_error"
+    assert standin.recorded == []
