@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from proxy.server.errors import for_upstream_failure, stream_error_event
 from proxy.server.headers import client_response_headers
@@ -82,11 +83,11 @@ def _at_event_boundary(last: bytes, before: bytes) -> bool:
 async def _relay_stream(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
-    headers: object,
+    headers: CIMultiDict[str],
     *,
     events: bool,
 ) -> web.StreamResponse:
-    out = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)  # type: ignore[arg-type]
+    out = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     if not events and upstream.content_length is not None:
         out.content_length = upstream.content_length
     await out.prepare(request)
@@ -106,8 +107,10 @@ async def _relay_stream(
         _cut(request)
         return out
     except ConnectionResetError:
-        # The client went away (before handler cancellation noticed): stop the upstream.
+        # Mostly the client going away before handler cancellation noticed; either way
+        # neither side gets a clean end.
         upstream.close()
+        _cut(request)
         return out
     except aiohttp.ClientError as e:
         upstream.close()
