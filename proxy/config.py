@@ -116,8 +116,13 @@ def _http_url(value: str) -> str | None:
 def _redis_url(value: str) -> str | None:
     if value == "":
         return None
-    if urlsplit(value).scheme not in ("redis", "rediss", "unix"):
+    parts = urlsplit(value)
+    if parts.scheme not in ("redis", "rediss", "unix"):
         return "must be empty (embedded Redis) or a redis://, rediss:// or unix:// URL"
+    try:
+        parts.port  # noqa: B018 (raises on a malformed port)
+    except ValueError as e:
+        return f"has a bad port ({e})"
     return None
 
 

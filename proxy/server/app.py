@@ -44,14 +44,18 @@ async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
             state.problem = f"embedded Redis did not start: {e}"
             await embedded.stop()
     if url:
-        state.store = Store.from_url(
-            url,
-            prefix=settings.store.key_prefix,
-            op_timeout=settings.store.op_timeout,
-            default_ttl=settings.store.ttl,
-        )
-        if not await state.store.ping():
-            log.warning("Redis at %s does not answer; forwarding without it for now", url)
+        try:
+            state.store = Store.from_url(
+                url,
+                prefix=settings.store.key_prefix,
+                op_timeout=settings.store.op_timeout,
+                default_ttl=settings.store.ttl,
+            )
+        except Exception as e:  # the URL passed validation; redis-py may still refuse it
+            log.warning("cannot use Redis at %s (%s); running without a store", url, e)
+            state.problem = f"cannot use the Redis URL: {e}"
+    if state.store is not None and not await state.store.ping():
+        log.warning("Redis at %s does not answer; forwarding without it for now", url)
     yield
     if state.store is not None:
         await state.store.close()

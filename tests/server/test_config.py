@@ -78,6 +78,7 @@ def test_policies_pass_through_raw(tmp_path: Path) -> None:
         ("[upstream]\nstream_idle_timeout = 0\n", {}, {}, "upstream.stream_idle_timeout"),
         ('[store]\nredis_url = "mysql://x"\n', {}, {}, "store.redis_url"),
         ('[store]\nkey_prefix = "a{b}"\n', {}, {}, "store.key_prefix"),
+        ("", {"REDIS_URL": "redis://host:port/0"}, {}, "store.redis_url: has a bad port"),
         ("[server\n", {}, {}, "not valid TOML"),
     ],
 )

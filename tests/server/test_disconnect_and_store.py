@@ -102,3 +102,20 @@ async def test_proxy_starts_with_redis_unreachable(
         body = orjson.dumps({**REQUEST, "stream": False})
         async with client.post(f"{proxy.url}/v1/messages", data=body, headers=HEADERS) as r:
             assert r.status == 200
+
+
+async def test_proxy_forwards_when_the_embedded_redis_cannot_start(
+    standin: RunningStandIn, make_proxy: MakeProxy, tmp_path: Path
+) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    proxy = await make_proxy(
+        standin.url, **{"store.redis_url": "", "store.state_dir": str(not_a_dir)}
+    )
+    async with aiohttp.ClientSession() as client:
+        async with client.get(f"{proxy.url}/readyz") as ready:
+            assert ready.status == 503
+            assert (await ready.json())["store"].startswith("unavailable: embedded Redis")
+        body = orjson.dumps({**REQUEST, "stream": False})
+        async with client.post(f"{proxy.url}/v1/messages", data=body, headers=HEADERS) as r:
+            assert r.status == 200
