@@ -57,7 +57,9 @@ async def _handle(request: web.Request, route: pipeline.Route) -> web.StreamResp
         return errors.invalid_request("The request body ended before its Content-Length.")
 
     payload: dict[str, Any] | None = None
-    if pipeline.must_parse(len(body), settings):
+    # A compressed body is forwarded as sent, uninspected (the server does not decompress).
+    compressed = request.headers.get("Content-Encoding", "identity").lower() != "identity"
+    if not compressed and pipeline.must_parse(len(body), settings):
         try:
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError as e:

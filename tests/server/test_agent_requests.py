@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -52,3 +53,18 @@ async def test_agent_request_reaches_upstream_unchanged(
     assert seen.headers["Host"] == standin.url.removeprefix("http://")
     assert seen.headers["Content-Length"] == str(len(body))
     assert response.header("request-id") is not None
+
+
+async def test_a_compressed_request_is_forwarded_as_sent(
+    standin: RunningStandIn, make_proxy: MakeProxy
+) -> None:
+    recorded = json.loads(AGENT_REQUESTS[0].read_bytes())
+    body = gzip.compress(json.dumps(recorded["body"]).encode())
+    headers = [*recorded["headers"].items(), ("x-api-key", "k"), ("Content-Encoding", "gzip")]
+    proxy = await make_proxy(standin.url)
+    response = await send(proxy.url, "POST", recorded["path"], headers, body)
+    assert response.status == 200, response.body
+    # The stand-in (aiohttp) decompresses what it receives: the proxy sent the gzip bytes.
+    assert standin.recorded[-1].body == gzip.decompress(body)
+    assert standin.recorded[-1].headers["Content-Encoding"] == "gzip"
+    assert standin.recorded[-1].headers["Content-Length"] == str(len(body))
