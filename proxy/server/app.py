@@ -12,7 +12,7 @@ from aiohttp import web
 
 from proxy.config import Settings
 from proxy.server.health import handle_healthz, handle_readyz
-from proxy.server.messages import handle_count_tokens, handle_messages
+from proxy.server.messages import expect_within_limit, handle_count_tokens, handle_messages
 from proxy.server.passthrough import handle_passthrough
 from proxy.server.state import SETTINGS, STORE, UPSTREAM, StoreState
 from proxy.server.upstream import Upstream
@@ -71,8 +71,10 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_store_lifetime)
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)
-    app.router.add_post("/v1/messages", handle_messages)
-    app.router.add_post("/v1/messages/count_tokens", handle_count_tokens)
+    app.router.add_post("/v1/messages", handle_messages, expect_handler=expect_within_limit)
+    app.router.add_post(
+        "/v1/messages/count_tokens", handle_count_tokens, expect_handler=expect_within_limit
+    )
     app.router.add_route("*", "/{tail:.*}", handle_passthrough)
     return app
 

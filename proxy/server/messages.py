@@ -37,6 +37,21 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+async def expect_within_limit(request: web.Request) -> web.StreamResponse | None:
+    """Answer `Expect: 100-continue`: go on only when the announced body fits, so a client
+    with a body over the limit gets its 413 before uploading it."""
+    limit = request.app[SETTINGS].server.max_body_bytes
+    length = request.content_length
+    if length is not None and length > limit:
+        return errors.request_too_large(limit)
+    if request.headers.get("Expect", "").lower() != "100-continue":
+        return errors.error_response(417, "invalid_request_error", "Unsupported Expect header.")
+    if request.version >= (1, 1):
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the real response has not started
+    return None
+
+
 def _wants_stream(payload: dict[str, Any] | None, body: bytes) -> bool:
     if payload is not None:
         return payload.get("stream") is True

@@ -138,6 +138,32 @@ async def test_too_large_by_content_length_is_refused_before_reading(
     assert standin.recorded == []
 
 
+async def test_too_large_with_expect_is_refused_before_the_upload(
+    standin: RunningStandIn, make_proxy: MakeProxy
+) -> None:
+    proxy = await make_proxy(standin.url, **{"server.max_body_bytes": 1000})
+    reader, writer = await open_connection(proxy.url)
+    headers = [*HEADERS, ("content-length", "1001"), ("expect", "100-continue")]
+    writer.write(request_head(proxy.url, "POST", "/v1/messages", headers))
+    await writer.drain()
+    first_line = await reader.readline()
+    assert first_line.split()[1] == b"413"  # no 100 Continue first
+    writer.close()
+
+    reader, writer = await open_connection(proxy.url)
+    body = orjson.dumps(REQUEST)
+    headers = [*HEADERS, ("content-length", str(len(body))), ("expect", "100-continue")]
+    writer.write(request_head(proxy.url, "POST", "/v1/messages", headers))
+    await writer.drain()
+    assert (await reader.readline()).split()[1] == b"100"
+    await reader.readline()
+    writer.write(body)
+    response = await read_response(reader)
+    writer.close()
+    assert response.status == 200
+    assert standin.recorded[-1].body == body
+
+
 async def test_too_large_chunked_is_refused_once_over(
     standin: RunningStandIn, make_proxy: MakeProxy
 ) -> None:
