@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from proxy.core.policy import PolicyError, parse_policies
+
 ENV_PREFIX = "COMPACTION_PROXY_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
 DEFAULT_CONFIG_PATH = Path("config/proxy.toml")
@@ -276,6 +278,11 @@ def load_settings(
             problem = check(value) if check else None
             if problem:
                 raise ConfigError(f"{name}: {problem}, got {value!r} ({sources[name]})")
+
+    try:
+        parse_policies(policies)
+    except PolicyError as e:
+        raise ConfigError(f"{e} ({source if path is not None else 'built-in'})") from None
 
     return Settings(
         server=ServerSettings(**values["server"]),

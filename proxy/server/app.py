@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from proxy.config import Settings
+from proxy.server.compaction import Compactor
 from proxy.server.health import handle_healthz, handle_readyz
 from proxy.server.messages import expect_within_limit, handle_count_tokens, handle_messages
 from proxy.server.passthrough import handle_passthrough
-from proxy.server.state import SETTINGS, STORE, UPSTREAM, StoreState
+from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM, StoreState
 from proxy.server.upstream import Upstream
 from proxy.store import EmbeddedRedis, Store
 
@@ -63,12 +64,18 @@ async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
         await state.embedded.stop()
 
 
+async def _close_compactor(app: web.Application) -> None:
+    await app[COMPACTOR].close()
+
+
 def create_app(settings: Settings) -> web.Application:
     app = web.Application()
     app[SETTINGS] = settings
     app[STORE] = StoreState()
+    app[COMPACTOR] = Compactor(settings.policies)
     app.cleanup_ctx.append(_upstream_lifetime)
     app.cleanup_ctx.append(_store_lifetime)
+    app.on_cleanup.append(_close_compactor)
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)
     app.router.add_post("/v1/messages", handle_messages, expect_handler=expect_within_limit)

@@ -12,7 +12,7 @@ from aiohttp import web
 from proxy.server import errors, pipeline
 from proxy.server.headers import upstream_request_headers
 from proxy.server.relay import relay
-from proxy.server.state import SETTINGS, STORE, UPSTREAM
+from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM
 
 
 class BodyTooLarge(Exception):
@@ -93,6 +93,7 @@ async def _handle(request: web.Request, route: pipeline.Route) -> web.StreamResp
         settings=settings,
         upstream=upstream,
         store=app[STORE].store,
+        compactor=app[COMPACTOR],
     )
     forward = await pipeline.prepare(ctx)
     if forward.reply is not None:
@@ -103,7 +104,7 @@ async def _handle(request: web.Request, route: pipeline.Route) -> web.StreamResp
         response = await upstream.send(
             request.method,
             request.raw_path,
-            upstream_request_headers(request.headers),
+            forward.upstream_headers or upstream_request_headers(request.headers),
             forward.body,
             stream=stream,
         )
@@ -118,6 +119,7 @@ async def _handle(request: web.Request, route: pipeline.Route) -> web.StreamResp
         forward.response_headers,
         base_url=upstream.base_url,
         read_timeout=upstream.timeout_for(stream),
+        observe=forward.observe,
     )
 
 

@@ -1,14 +1,13 @@
 """The seam between the transparent relay and compaction.
 
 The Messages handlers read and parse the request, then call `prepare(ctx)`; whatever it
-returns is what goes upstream. Today nothing is rewritten: `prepare` returns the
-original bytes untouched (invariant 1, "fits means untouched"). Compaction (issue 4)
-replaces the body of `prepare` and, when it injects `read_result`, sets
-`Forward.intercept_read_result` so the handler calls `intercept` with the upstream
-response instead of relaying its bytes.
+returns is what goes upstream. A request that fits goes out as its original bytes
+(invariant 1); one over its trigger is rewritten by the Compactor. When the rewrite
+injects `read_result`, `Forward.intercept_read_result` is set and the handler passes the
+upstream response to `intercept`, which answers read_result calls itself.
 
 Contract for `prepare`:
-- It must not raise for anything about the request or the store: on any failure of its
+- It never raises for anything about the request or the store: on any failure of its
   own parts it returns `Forward(ctx.body)` (degrade, never fail). Refusals that the API
   itself would give (nothing fits) are returned as `Forward.reply`.
 - `Forward.body` is sent as is; the Content-Length is recomputed from it.
@@ -16,6 +15,9 @@ Contract for `prepare`:
 
 from __future__ import annotations
 
+import logging
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,8 +26,13 @@ from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from proxy.config import Settings
-from proxy.server.relay import relay
+from proxy.server import errors
+from proxy.server.compaction import Compactor, Interception
+from proxy.server.headers import upstream_request_headers
+from proxy.server.read_result import ReadLoop
 from proxy.server.upstream import Upstream
+
+log = logging.getLogger(__name__)
 
 Route = Literal["messages", "count_tokens"]
 
@@ -42,6 +49,7 @@ class RequestContext:
     settings: Settings
     upstream: Upstream  # for the pipeline's own upstream calls (the summariser)
     store: Any  # proxy.store Store, or None when no store could be started
+    compactor: Compactor | None = None
 
 
 @dataclass(slots=True)
@@ -52,18 +60,49 @@ class Forward:
     response_headers: tuple[tuple[str, str], ...] = ()  # added to the client's response
     intercept_read_result: bool = False  # answer read_result calls via `intercept`
     reply: web.StreamResponse | None = None  # answer the client directly, send nothing
+    upstream_headers: list[tuple[str, str]] | None = None  # None: the client's, as sent
+    interception: Interception | None = None
+    observe: Callable[[bytes], None] | None = None  # sees the answer's first bytes
 
 
 def must_parse(body_length: int, settings: Settings) -> bool:
-    """Hook: False lets the handler skip JSON parsing when the byte length alone proves
-    the request is under every trigger (then invalid JSON is left to the upstream to
-    reject). Always True until policies exist."""
+    """Hook: False would let the handler skip JSON parsing when the byte length alone
+    proves the request is under every trigger. Parsing a body costs far less than
+    counting it, and invalid JSON deserves the proxy's own clear 400, so: always."""
     return True
 
 
 async def prepare(ctx: RequestContext) -> Forward:
-    """Decide what goes upstream. Now: the original bytes, untouched."""
-    return Forward(ctx.body)
+    """Decide what goes upstream: the original bytes, a rewrite, or a refusal."""
+    compactor = ctx.compactor
+    if ctx.route != "messages" or ctx.payload is None or compactor is None:
+        return Forward(ctx.body)
+    try:
+        prepared = await compactor.prepare(
+            ctx.body, ctx.payload, ctx.headers, store=ctx.store, upstream_url=ctx.upstream.base_url
+        )
+    except Exception:  # never fail a request for our own parts: forward it untouched
+        log.exception("compaction failed; forwarding the request untouched")
+        return Forward(ctx.body)
+    if prepared.refusal is not None:
+        return Forward(ctx.body, reply=errors.invalid_request(prepared.refusal))
+    observe = _usage_observer(compactor, prepared.model, prepared.estimate, ctx.store)
+    if prepared.interception is None:
+        return Forward(prepared.body, tuple(prepared.headers), observe=observe)
+    # Answers we read ourselves must arrive uncompressed.
+    headers = [
+        (name, value)
+        for name, value in upstream_request_headers(ctx.headers)
+        if name.lower() != "accept-encoding"
+    ]
+    headers.append(("Accept-Encoding", "identity"))
+    return Forward(
+        prepared.body,
+        tuple(prepared.headers),
+        intercept_read_result=True,
+        upstream_headers=headers,
+        interception=prepared.interception,
+    )
 
 
 async def intercept(
@@ -72,6 +111,51 @@ async def intercept(
     forward: Forward,
     upstream_response: aiohttp.ClientResponse,
 ) -> web.StreamResponse:
-    """Answer the client from an upstream response that may call read_result. Now: a
-    plain relay (nothing is ever injected yet)."""
-    return await relay(request, upstream_response, forward.response_headers)
+    """Answer the client from an upstream response that may call read_result."""
+    assert forward.interception is not None and ctx.compactor is not None
+    loop = ReadLoop(
+        request,
+        forward.interception,
+        ctx.upstream,
+        ctx.store,
+        ctx.compactor,
+        forward.response_headers,
+        forward.upstream_headers or upstream_request_headers(ctx.headers),
+        estimate=_estimate_of(ctx, forward),
+    )
+    if upstream_response.headers.get("Content-Type", "").startswith("text/event-stream"):
+        return await loop.stream(upstream_response)
+    return await loop.whole(upstream_response)
+
+
+def _estimate_of(ctx: RequestContext, forward: Forward) -> int:
+    assert ctx.compactor is not None
+    return (
+        ctx.compactor.counter.count_request(forward.interception.body)
+        if forward.interception
+        else 0
+    )
+
+
+_USAGE_FIELD = re.compile(
+    rb'"(input_tokens|cache_creation_input_tokens|cache_read_input_tokens)"\s*:\s*(\d+)'
+)
+
+
+def _usage_observer(
+    compactor: Compactor, model: str, estimate: int, store: Any
+) -> Callable[[bytes], None] | None:
+    """Calibration from answers relayed as bytes: the input counts in the first chunk
+    (a stream's message_start, or the whole body), found without parsing it all."""
+    if estimate <= 0 or not model:
+        return None
+
+    def observe(first: bytes) -> None:
+        head = first[:8192] if first.startswith(b"event:") else first[-4096:]
+        usage: dict[str, int] = {}
+        for name, value in _USAGE_FIELD.findall(head):
+            usage.setdefault(name.decode(), int(value))
+        if usage:
+            compactor.record_usage(model, estimate, usage, store)
+
+    return observe

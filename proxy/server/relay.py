@@ -15,7 +15,7 @@ raise a clear error; inside a half-sent event by closing the connection.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import aiohttp
 from aiohttp import web
@@ -42,16 +42,22 @@ async def relay(
     *,
     base_url: str = "upstream",
     read_timeout: float = 0.0,
+    observe: Callable[[bytes], None] | None = None,
 ) -> web.StreamResponse:
     """Answer `request` with `upstream`'s status, headers and body. Releases `upstream`
-    when done, and closes its connection if the relay did not finish."""
+    when done, and closes its connection if the relay did not finish.
+
+    `observe`, when given, sees the first chunk of a successful answer (a whole body, or
+    a stream's first bytes, where message_start carries the usage) after it is sent."""
+    if upstream.status != 200:
+        observe = None
     headers = client_response_headers(upstream.headers)
     for name, value in extra_headers:
         headers.add(name, value)
     done = False
     try:
         if is_event_stream(upstream):
-            out = await _relay_stream(request, upstream, headers, events=True)
+            out = await _relay_stream(request, upstream, headers, events=True, observe=observe)
         else:
             length = upstream.content_length
             if (length is not None and length <= WHOLE_BODY_LIMIT) or request.method == "HEAD":
@@ -62,6 +68,8 @@ async def relay(
                 out = web.Response(
                     status=upstream.status, reason=upstream.reason, headers=headers, body=body
                 )
+                if observe is not None:
+                    observe(body)
             else:
                 out = await _relay_stream(request, upstream, headers, events=False)
         done = True
@@ -86,6 +94,7 @@ async def _relay_stream(
     headers: CIMultiDict[str],
     *,
     events: bool,
+    observe: Callable[[bytes], None] | None = None,
 ) -> web.StreamResponse:
     out = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     if not events and upstream.content_length is not None:
@@ -96,6 +105,9 @@ async def _relay_stream(
         async for chunk in upstream.content.iter_any():
             await out.write(chunk)
             before, last = last, chunk
+            if observe is not None:
+                observe(chunk)
+                observe = None
     except TimeoutError:
         upstream.close()
         log.warning("upstream stream idle too long; ending the client stream")

@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.config import Settings
+from proxy.server.compaction import Compactor
 from proxy.server.upstream import Upstream
 
 
@@ -23,3 +24,4 @@ class StoreState:
 SETTINGS = web.AppKey("settings", Settings)
 UPSTREAM = web.AppKey("upstream", Upstream)
 STORE = web.AppKey("store", StoreState)
+COMPACTOR = web.AppKey("compactor", Compactor)

@@ -58,10 +58,13 @@ def test_config_file_from_the_environment(tmp_path: Path) -> None:
     assert settings.upstream.url == "http://127.0.0.1:1"
 
 
-def test_policies_pass_through_raw(tmp_path: Path) -> None:
-    text = '[[policy]]\nmodel = "claude-*"\ntrigger = 105000\n[[policy]]\nmodel = "x"\n'
+def test_policies_are_kept_and_checked(tmp_path: Path) -> None:
+    text = '[[policy]]\nmatch = "claude-*"\ntrigger = 105000\ntarget = 37000\n[[policy]]\nmatch = "x"\n'
     settings = load_settings(write(tmp_path, text), environ={})
-    assert settings.policies == ({"model": "claude-*", "trigger": 105000}, {"model": "x"})
+    assert settings.policies == (
+        {"match": "claude-*", "trigger": 105000, "target": 37000},
+        {"match": "x"},
+    )
 
 
 @pytest.mark.parametrize(
@@ -70,6 +73,8 @@ def test_policies_pass_through_raw(tmp_path: Path) -> None:
         ("[server]\nprot = 1\n", {}, {}, "server.prot: unknown setting"),
         ("[serve]\nport = 1\n", {}, {}, "serve: unknown section"),
         ("policy = 3\n", {}, {}, "policy: must be [[policy]] tables"),
+        ('[[policy]]\nmodel = "x"\n', {}, {}, "policy #1: unknown setting"),
+        ("[[policy]]\ntrigger = 9\ntarget = 10\n", {}, {}, "must be below trigger"),
         ('[server]\nport = "80"\n', {}, {}, "server.port: expected int"),
         ("[server]\nport = true\n", {}, {}, "server.port: expected int"),
         ("[server]\nport = 70000\n", {}, {}, "server.port: must be a port number"),
