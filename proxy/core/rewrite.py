@@ -33,6 +33,7 @@ from proxy.core.checkpoint import (
     segments_for,
 )
 from proxy.core.compaction import plan_compaction
+from proxy.core.dialect import Dialect
 from proxy.core.history import (
     Group,
     GroupKind,
@@ -45,8 +46,8 @@ from proxy.core.history import (
 from proxy.core.offload import ref_for, result_text
 from proxy.core.pack import pack_context
 from proxy.core.policy import Policy
-from proxy.core.summary import note_text, render_transcript
-from proxy.wire.anthropic import message_shape
+from proxy.core.summary import note_text
+from proxy.wire.anthropic import ANTHROPIC
 
 Message = Mapping[str, Any]
 
@@ -68,6 +69,7 @@ class PlanInput:
     tool: str | None  # the name read_result goes by; None = offload is off
     factor: float = 1.0  # calibration: real tokens / estimated tokens
     store_ok: bool = True  # blobs and summaries can be stored
+    dialect: Dialect = ANTHROPIC  # the wire format of the messages
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +138,8 @@ def plan_request(inp: PlanInput) -> Untouched | Rewrite | Refuse | NeedSummary:
         segments, applied = segments_for(None, inp.digests)  # the client took the name
     work = _working(segments, inp)
     limits = _limits(inp)
-    before = _real(work.tokens, inp.factor)
+    # What the client sent, not what an earlier rewrite made of it.
+    before = _real(sum(inp.counter.count_message(dict(m)) for m in inp.messages), inp.factor)
     if work.tokens <= limits.trigger:
         if not applied:
             return Untouched(before)
@@ -160,7 +163,7 @@ def plan_request(inp: PlanInput) -> Untouched | Rewrite | Refuse | NeedSummary:
         slot = min(_real(plan[2], inp.factor), inp.policy.summary_max_tokens)
         return NeedSummary(
             key=key,
-            transcript=render_transcript(folded),
+            transcript=inp.dialect.render_transcript(folded),
             slot=slot,
             model=inp.policy.summariser_model,
             _inp=inp,
@@ -222,12 +225,9 @@ def _offload(work: _Working, inp: PlanInput) -> tuple[_Working, list[tuple[str, 
         if seg[0] not in ("m", "s"):
             continue
         done = {block for block, _, _ in seg[2]} if seg[0] == "s" else set()
-        content = work.messages[n].get("content")
-        if work.messages[n].get("role") != "user" or not isinstance(content, list):
-            continue
-        for b, block in enumerate(content):
-            if isinstance(block, dict) and block.get("type") == "tool_result" and b not in done:
-                candidates.append((n, b, block))
+        for b, block in inp.dialect.tool_results(work.messages[n]):
+            if b not in done:
+                candidates.append((n, b, dict(block)))
     # The newest results stay, and so does every result given in the same message as one.
     newest = candidates[len(candidates) - policy.keep_results :] if policy.keep_results else []
     protected = {n for n, _, _ in newest}
@@ -332,10 +332,12 @@ def _rewrite(
 
 
 def _working(segments: list[Segment], inp: PlanInput) -> _Working:
-    messages = materialise(segments, inp.messages, inp.tool, inp.policy.read_length)
+    messages = materialise(
+        segments, inp.messages, inp.tool, inp.policy.read_length, dialect=inp.dialect
+    )
     shapes = []
     for seg, message in zip(segments, messages, strict=True):
-        shape = message_shape(message, inp.counter.count_message(message))
+        shape = inp.dialect.message_shape(message, inp.counter.count_message(message))
         if made_here(seg):
             shape = Shape(shape.role, shape.tokens, made_here=True)
         shapes.append(shape)

@@ -211,7 +211,7 @@ class Compactor:
                 tenant=tenant,
                 conversation=conversation,
                 model=model,
-                headers=dict(headers),
+                headers=headers,
                 base_url=upstream_url,
                 settings=self.summariser,
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import anthropic
@@ -46,7 +47,7 @@ async def obtain_summary(
     tenant: str,
     conversation: str,
     model: str,
-    headers: dict[str, str],
+    headers: Mapping[str, str],
     base_url: str,
     settings: SummariserSettings,
 ) -> SummaryOutcome:
@@ -73,7 +74,7 @@ async def obtain_summary(
     except StoreUnavailable as e:
         return SummaryOutcome(None, failure=f"store unavailable: {e}")
     except anthropic.APIError as e:
-        log.warning("summariser call failed: %s", type(e).__name__)
+        log.warning("summariser call failed: %s (%r)", type(e).__name__, e.__cause__)
         return SummaryOutcome(None, failure=f"summariser failed: {type(e).__name__}")
     finally:
         with contextlib.suppress(StoreUnavailable):  # else it expires by itself
@@ -97,7 +98,7 @@ async def _wait_for_other(
 
 
 async def call_summariser(
-    need: NeedSummary, *, model: str, headers: dict[str, str], base_url: str, seconds: float
+    need: NeedSummary, *, model: str, headers: Mapping[str, str], base_url: str, seconds: float
 ) -> str:
     """One Messages call through the anthropic SDK, with the caller's own credential."""
     secret = credential(headers)

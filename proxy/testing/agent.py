@@ -1,0 +1,136 @@
+"""A scripted tool-using agent, driven through the real anthropic SDK.
+
+It behaves like a coding agent: one task, then turn after turn the model (the stand-in,
+scripted by the `x-stand-in` header) calls a client tool and the agent answers with a
+large, log-like tool result. Like Claude Code it marks the system prompt and its newest
+message with `cache_control`, moving that breakpoint forward every turn. Tests and
+benchmarks use it to replay the same long conversation with and without the proxy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anthropic
+import orjson
+
+TASK = "The build fails in src/build/pipeline.py; find out why and fix it."
+SYSTEM = [
+    {
+        "type": "text",
+        "text": "You are a careful coding agent. " + "Follow the repository rules. " * 200,
+        "cache_control": {"type": "ephemeral"},
+    },
+]
+TOOLS = [
+    {
+        "name": "Bash",
+        "description": "Run a shell command in the repository and return its output.",
+        "input_schema": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    }
+]
+
+
+def tool_output(turn: int, chars: int) -> str:
+    """A deterministic build log of about `chars` characters, full of identifiers."""
+    lines = []
+    size = 0
+    i = 0
+    while size < chars:
+        line = (
+            f"2026-11-29T10:{turn % 60:02d}:{i % 60:02d}Z INFO step={i} turn={turn}"
+            f" src/build/module_{turn}_{i % 17}.py:{i * 7 + 3} elapsed_ms={i * 13 % 997}"
+            f" cache_key=k{turn:03d}{i:05d}\n"
+        )
+        lines.append(line)
+        size += len(line)
+        i += 1
+    return "".join(lines)[:chars]
+
+
+@dataclass
+class Turn:
+    message: Any  # the SDK's Message
+    headers: dict[str, str] = field(default_factory=dict)  # the proxy's x-compaction-* headers
+
+
+def _with_breakpoint(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with cache_control on the newest block only (as Claude Code does)."""
+    out = [dict(m) for m in messages]
+    last = dict(out[-1])
+    content = last["content"]
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    content = [dict(b) for b in content]
+    content[-1]["cache_control"] = {"type": "ephemeral"}
+    last["content"] = content
+    out[-1] = last
+    return out
+
+
+async def run_agent(
+    client: anthropic.AsyncAnthropic,
+    *,
+    turns: int,
+    result_chars: int,
+    model: str = "claude-test-1",
+    stream: bool = False,
+    read_every: int = 0,
+    conversation: str | None = None,
+    max_tokens: int = 1024,
+    on_turn: Callable[[int, Turn], Awaitable[None]] | None = None,
+) -> list[Turn]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
+    done: list[Turn] = []
+    for t in range(turns):
+        script: dict[str, Any] = {"tool": {"name": "Bash", "input": {"command": f"make step-{t}"}}}
+        if read_every and t % read_every == read_every - 1:
+            script["read_result"] = True
+        headers = {"x-stand-in": orjson.dumps(script).decode()}
+        if conversation:
+            headers["x-conversation-id"] = conversation
+        request: dict[str, Any] = {
+            "model": model,
+            "max_tokens": max_tokens,
+            "system": SYSTEM,
+            "tools": TOOLS,
+            "messages": _with_breakpoint(messages),
+        }
+        if stream:
+            async with client.messages.stream(**request, extra_headers=headers) as s:
+                message = await s.get_final_message()
+                raw_headers = s.response.headers
+        else:
+            raw = await client.messages.with_raw_response.create(**request, extra_headers=headers)
+            message = await raw.parse()
+            raw_headers = raw.headers
+        turn = Turn(message, {k: v for k, v in raw_headers.items() if k.startswith("x-compaction")})
+        done.append(turn)
+        if on_turn is not None:
+            await on_turn(t, turn)
+        content = [b.model_dump(exclude_none=True) for b in message.content]
+        messages.append({"role": "assistant", "content": content})
+        calls = [b for b in message.content if b.type == "tool_use"]
+        if not calls:
+            messages.append({"role": "user", "content": "Go on."})
+            continue
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": c.id,
+                        "content": tool_output(t, result_chars),
+                    }
+                    for c in calls
+                ],
+            }
+        )
+    return done

@@ -1,0 +1,288 @@
+"""Compaction in transit, end to end: the anthropic SDK -> the proxy -> the strict stand-in.
+
+A scripted agent (proxy/testing/agent.py) runs a long tool-using conversation with large
+results against a small window. Every upstream request must be accepted by the stand-in
+and fit the window; the rewritten prefix must stay byte-identical between crossings, so
+the stand-in's prompt cache keeps reading it; summaries must stay few; read_result round
+trips must be invisible to the SDK.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anthropic
+import orjson
+import pytest
+
+from proxy.core.checkpoint import message_digest
+from proxy.core.tokens import default_counter
+from proxy.server.app import RunningProxy, start
+from proxy.testing.agent import run_agent, tool_output
+from proxy.testing.standin import RecordedRequest, StandInOptions
+from tests.server.conftest import proxy_settings
+
+WINDOW = 30_000
+POLICY = {
+    "match": "*",
+    "window": WINDOW,
+    "trigger": 20_000,
+    "target": 8_000,
+    "keep_last": 4,
+    "keep_results": 1,
+    "offload_threshold": 500,
+    "stub_head_chars": 600,
+    "summary_max_tokens": 1_500,
+}
+TURNS = 60
+RESULT_CHARS = 8_000
+PURPOSE = "x-compaction-proxy-purpose"
+
+MakeStandIn = Callable[[StandInOptions], Awaitable[Any]]
+
+
+@pytest.fixture
+async def make_compacting_proxy(
+    redis_url: str, redis_key_prefix: str
+) -> AsyncIterator[Callable[..., Awaitable[RunningProxy]]]:
+    started: list[RunningProxy] = []
+
+    async def make(upstream: str, *, redis: str | None = None, **policy: Any) -> RunningProxy:
+        settings = proxy_settings(
+            upstream,
+            redis if redis is not None else redis_url,
+            **{"store.key_prefix": redis_key_prefix},
+        )
+        settings = dataclasses.replace(settings, policies=({**POLICY, **policy},))
+        started.append(await start(settings))
+        return started[-1]
+
+    yield make
+    for running in started:
+        await running.stop()
+
+
+def client_for(proxy: RunningProxy) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-test-e2e", max_retries=0)
+
+
+def turn_requests(recorded: list[RecordedRequest]) -> list[dict[str, Any]]:
+    """The upstream requests that began a client turn: no summaries, no read rounds."""
+    out = []
+    for r in recorded:
+        if r.path_qs.split("?")[0] != "/v1/messages" or r.headers.get(PURPOSE):
+            continue
+        body = orjson.loads(r.body)
+        last = body["messages"][-1]["content"]
+        reads = {
+            b["id"]
+            for m in body["messages"]
+            if m["role"] == "assistant"
+            for b in m["content"]
+            if b.get("type") == "tool_use" and b["name"] == "read_result"
+        }
+        if isinstance(last, list) and any(b.get("tool_use_id") in reads for b in last):
+            continue  # a read_result round, asked by the proxy itself
+        out.append(body)
+    return out
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_a_long_conversation_stays_valid_cached_and_cheap(
+    make_standin: MakeStandIn,
+    make_compacting_proxy: Callable[..., Awaitable[RunningProxy]],
+    stream: bool,
+) -> None:
+    standin = await make_standin(StandInOptions(windows={"*": WINDOW}, max_recorded=None))
+    proxy = await make_compacting_proxy(standin.url)
+    turns = await run_agent(
+        client_for(proxy),
+        turns=TURNS,
+        result_chars=RESULT_CHARS,
+        stream=stream,
+        read_every=5,
+        conversation=f"e2e-{uuid.uuid4().hex}",
+    )
+    assert len(turns) == TURNS
+
+    # Every upstream request was accepted and fits the window.
+    assert {r.outcome for r in standin.recorded} == {"complete"}
+    counter = default_counter()
+    for r in standin.recorded:
+        assert counter.count_request(orjson.loads(r.body)) <= WINDOW
+
+    # read_result rounds happened, and the SDK never saw one.
+    for t in turns:
+        assert all(b.type != "tool_use" or b.name != "read_result" for b in t.message.content)
+        assert t.message.stop_reason == "tool_use"
+    read_rounds = [
+        r for r in standin.recorded if b'"tool_use_id"' in r.body and b"characters 0 to" in r.body
+    ]
+    assert len(read_rounds) >= TURNS // 5 - 2, "the stand-in's read_result calls were answered"
+
+    # Hysteresis: a crossing brings the history to the target and each turn adds about
+    # `growth` tokens, so crossings are at least (trigger - target) / growth turns apart.
+    strategies = [t.headers.get("x-compaction-strategy") for t in turns]
+    crossings = [s for s in strategies if s and s != "checkpoint"]
+    growth = counter.count_text(tool_output(1, RESULT_CHARS)) + 60
+    bound = math.ceil(TURNS * growth / (POLICY["trigger"] - POLICY["target"])) + 1
+    summaries = [r for r in standin.recorded if r.headers.get(PURPOSE) == "summary"]
+    assert 1 <= len(summaries) <= len(crossings) <= bound
+    assert sum(1 for t in turns if t.headers.get("x-compaction-summary") == "made") == len(
+        summaries
+    )
+
+    # Between crossings the rewritten prefix is byte-identical (cache_control aside).
+    requests = turn_requests(standin.recorded)
+    assert len(requests) == TURNS
+    for n in range(1, TURNS):
+        if strategies[n] != "checkpoint":
+            continue
+        before, after = requests[n - 1]["messages"], requests[n]["messages"]
+        assert [message_digest(m) for m in before] == [
+            message_digest(m) for m in after[: len(before)]
+        ], f"turn {n}: the prefix moved between crossings"
+        assert requests[n]["tools"] == requests[n - 1]["tools"]
+
+    # ...so the stand-in reads it from its prompt cache.
+    steady = [t for t, s in zip(turns, strategies, strict=True) if s == "checkpoint"]
+    assert steady and all(t.message.usage.cache_read_input_tokens > 0 for t in steady)
+    reads = sum(t.message.usage.cache_read_input_tokens for t in turns)
+    total = sum(
+        t.message.usage.input_tokens
+        + t.message.usage.cache_read_input_tokens
+        + t.message.usage.cache_creation_input_tokens
+        for t in turns
+    )
+    assert reads / total >= 0.6
+
+
+async def test_nothing_fits_is_refused_in_the_api_shape(
+    make_standin: MakeStandIn, make_compacting_proxy: Callable[..., Awaitable[RunningProxy]]
+) -> None:
+    standin = await make_standin(StandInOptions(windows={"*": WINDOW}))
+    proxy = await make_compacting_proxy(standin.url)
+    huge = tool_output(0, 200_000)
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await client_for(proxy).messages.create(
+            model="claude-test-1", max_tokens=100, messages=[{"role": "user", "content": huge}]
+        )
+    assert caught.value.status_code == 400
+    error = caught.value.body["error"]  # type: ignore[index]
+    assert error["type"] == "invalid_request_error"
+    assert "prompt is too long even after compaction" in error["message"]
+    assert standin.recorded == [], "nothing was sent upstream"
+
+
+async def test_redis_stopped_mid_run_falls_back_to_packing(
+    make_standin: MakeStandIn,
+    make_compacting_proxy: Callable[..., Awaitable[RunningProxy]],
+    embedded_redis: Callable[[], Any],
+) -> None:
+    redis = embedded_redis()
+    standin = await make_standin(StandInOptions(windows={"*": WINDOW}, max_recorded=None))
+    proxy = await make_compacting_proxy(standin.url, redis=redis.url)
+    client = client_for(proxy)
+    conversation = f"down-{uuid.uuid4().hex}"
+    first = await run_agent(client, turns=10, result_chars=RESULT_CHARS, conversation=conversation)
+    assert any(t.headers.get("x-compaction-strategy") for t in first)
+    redis.stop_sync()
+    later = await run_agent(client, turns=14, result_chars=RESULT_CHARS, conversation=conversation)
+    assert {r.outcome for r in standin.recorded} == {"complete"}
+    assert {t.headers.get("x-compaction-strategy") for t in later[7:]} <= {"pack", None}
+    assert "pack" in {t.headers.get("x-compaction-strategy") for t in later}
+
+
+async def test_two_replicas_agree_byte_for_byte_and_share_refs(
+    make_standin: MakeStandIn, make_compacting_proxy: Callable[..., Awaitable[RunningProxy]]
+) -> None:
+    standin = await make_standin(StandInOptions(windows={"*": WINDOW}, max_recorded=None))
+    a = await make_compacting_proxy(standin.url)
+    b = await make_compacting_proxy(standin.url)
+    conversation = f"fleet-{uuid.uuid4().hex}"
+
+    # Turns alternate between the replicas, as behind a load balancer.
+    clients = [client_for(a), client_for(b)]
+    calls = 0
+
+    class Alternating:
+        @property
+        def messages(self) -> Any:
+            nonlocal calls
+            calls += 1
+            return clients[calls % 2].messages
+
+    turns = await run_agent(
+        Alternating(),  # type: ignore[arg-type]
+        turns=16,
+        result_chars=RESULT_CHARS,
+        read_every=3,
+        conversation=conversation,
+    )
+    assert {r.outcome for r in standin.recorded} == {"complete"}
+    assert "offload" in {t.headers.get("x-compaction-strategy") for t in turns}
+    # A ref stubbed by one replica was read through the other: every read answered.
+    answered = [r for r in standin.recorded if b"characters 0 to" in r.body]
+    assert answered and not [r for r in standin.recorded if b"No offloaded result" in r.body]
+
+    # The same request through either replica reaches the upstream as the same bytes,
+    # with a fresh conversation (each plans it) and with a shared one (checkpoint reused).
+    history = synthetic_history(12)
+    for conversation_id in (None, f"same-{uuid.uuid4().hex}"):
+        sent = []
+        for client in clients:
+            before = len(standin.recorded)
+            headers = {"x-stand-in": '{"text": "ok"}'}
+            headers["x-conversation-id"] = conversation_id or f"fresh-{uuid.uuid4().hex}"
+            await client.messages.create(
+                model="claude-test-1", max_tokens=64, messages=history, extra_headers=headers
+            )
+            (request,) = standin.recorded[before:]
+            sent.append(request.body)
+        assert sent[0] == sent[1]
+        assert b"tool result offloaded" in sent[0]
+
+
+def synthetic_history(turns: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the build."}]
+    for t in range(turns):
+        call = {"type": "tool_use", "id": f"toolu_s{t}", "name": "Bash", "input": {"n": t}}
+        result = {
+            "type": "tool_result",
+            "tool_use_id": f"toolu_s{t}",
+            "content": tool_output(t, RESULT_CHARS),
+        }
+        messages += [
+            {"role": "assistant", "content": [call]},
+            {"role": "user", "content": [result]},
+        ]
+    return messages
+
+
+async def test_a_client_tool_named_read_result_is_respected(
+    make_standin: MakeStandIn, make_compacting_proxy: Callable[..., Awaitable[RunningProxy]]
+) -> None:
+    standin = await make_standin(StandInOptions(windows={"*": WINDOW}))
+    proxy = await make_compacting_proxy(standin.url)
+    own = {
+        "name": "read_result",
+        "description": "The client's own tool.",
+        "input_schema": {"type": "object", "properties": {}},
+    }
+    raw = await client_for(proxy).messages.with_raw_response.create(
+        model="claude-test-1",
+        max_tokens=64,
+        tools=[own],
+        messages=synthetic_history(12),
+        extra_headers={"x-stand-in": '{"text": "ok"}'},
+    )
+    assert raw.headers["x-compaction-strategy"].startswith("offload")
+    (request,) = standin.recorded
+    sent = orjson.loads(request.body)
+    assert [t["name"] for t in sent["tools"]] == ["read_result", "compaction_proxy_read_result"]
+    assert sent["tools"][0] == own
+    assert b'compaction_proxy_read_result(ref=\\"r_' in request.body
