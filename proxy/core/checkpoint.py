@@ -22,8 +22,9 @@ from typing import Any
 
 import orjson
 
-from proxy.core.offload import Stub, stubbed_message
-from proxy.core.summary import note_message, summary_message
+from proxy.core.dialect import Dialect
+from proxy.core.offload import Stub
+from proxy.wire.anthropic import ANTHROPIC
 
 Segment = list[Any]
 VERSION = 1
@@ -81,6 +82,8 @@ def materialise(
     messages: Sequence[Mapping[str, Any]],
     tool: str | None,
     read_length: int,
+    *,
+    dialect: Dialect = ANTHROPIC,
 ) -> list[dict[str, Any]]:
     """The wire messages the segments stand for, built from this request's messages."""
     out: list[dict[str, Any]] = []
@@ -90,11 +93,12 @@ def materialise(
             out.append(dict(messages[seg[1]]))
         elif kind == "s":
             stubs = [Stub(seg[1], block, ref, head) for block, ref, head in seg[2]]
-            out.append(stubbed_message(messages[seg[1]], stubs, tool or "read_result", read_length))
+            name = tool or "read_result"
+            out.append(dialect.stubbed_message(messages[seg[1]], stubs, name, read_length))
         elif kind == "summary":
-            out.append(summary_message(seg[1], seg[2]))
+            out.append(dialect.summary_message(seg[1], seg[2]))
         elif kind == "note":
-            out.append(note_message(seg[1]))
+            out.append(dialect.note_message(seg[1]))
         else:
             raise ValueError(f"unknown checkpoint segment {kind!r}")
     return out

@@ -13,7 +13,9 @@ from typing import Any
 
 import orjson
 
+from proxy.core import offload, summary
 from proxy.core.history import Shape
+from proxy.core.offload import Stub
 
 Message = Mapping[str, Any]
 
@@ -66,3 +68,43 @@ def encode_request(body: Mapping[str, Any], **replace: Any) -> bytes:
         else:
             out[key] = value
     return orjson.dumps(out)
+
+
+class AnthropicDialect:
+    """The planner's view of Messages requests (see proxy/core/dialect.py)."""
+
+    name = "anthropic"
+
+    def message_shape(self, message: Message, tokens: int) -> Shape:
+        return message_shape(message, tokens)
+
+    def tool_results(self, message: Message) -> list[tuple[int, Mapping[str, Any]]]:
+        """tool_result blocks of a user message, by block index."""
+        content = message.get("content")
+        if message.get("role") != "user" or not isinstance(content, list):
+            return []
+        return [
+            (b, block)
+            for b, block in enumerate(content)
+            if isinstance(block, dict) and block.get("type") == "tool_result"
+        ]
+
+    def stubbed_message(
+        self, message: Message, stubs: Sequence[Stub], tool: str, read_length: int
+    ) -> dict[str, Any]:
+        return offload.stubbed_message(message, stubs, tool, read_length)
+
+    def summary_message(self, text: str, folded: int) -> dict[str, Any]:
+        return summary.summary_message(text, folded)
+
+    def note_message(self, text: str) -> dict[str, Any]:
+        return summary.note_message(text)
+
+    def render_transcript(self, messages: Sequence[Message]) -> str:
+        return summary.render_transcript(messages)
+
+    def read_result_tool(self, name: str) -> dict[str, Any]:
+        return offload.read_result_tool(name)
+
+
+ANTHROPIC = AnthropicDialect()
