@@ -68,6 +68,7 @@ class PlanInput:
     tool_tokens: int  # the read_result definition, estimated
     tool: str | None  # the name read_result goes by; None = offload is off
     factor: float = 1.0  # calibration: real tokens / estimated tokens
+    counts: Sequence[int] = ()  # count_message of each message, when the caller has them
     store_ok: bool = True  # blobs and summaries can be stored
     dialect: Dialect = ANTHROPIC  # the wire format of the messages
 
@@ -93,6 +94,7 @@ class Rewrite:
     checkpoint: dict[str, Any] | None = None  # to store; None: the stored one holds
     refs: list[str] = field(default_factory=list)  # every stub in the history
     summary: str = ""  # "made", "reused" or ""
+    estimate: int = 0  # the rewritten history in estimated tokens (for calibration)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +141,7 @@ def plan_request(inp: PlanInput) -> Untouched | Rewrite | Refuse | NeedSummary:
     work = _working(segments, inp)
     limits = _limits(inp)
     # What the client sent, not what an earlier rewrite made of it.
-    before = _real(sum(inp.counter.count_message(dict(m)) for m in inp.messages), inp.factor)
+    before = _real(sum(_original_counts(inp)), inp.factor)
     if work.tokens <= limits.trigger:
         if not applied:
             return Untouched(before)
@@ -321,6 +323,7 @@ def _rewrite(
         strategy=strategy,
         tokens_before=before,
         tokens_after=_real(work.tokens, inp.factor),
+        estimate=work.tokens,
         blobs=blobs or [],
         checkpoint=stored,
         refs=refs,
@@ -335,13 +338,21 @@ def _working(segments: list[Segment], inp: PlanInput) -> _Working:
     messages = materialise(
         segments, inp.messages, inp.tool, inp.policy.read_length, dialect=inp.dialect
     )
+    counts = _original_counts(inp)
     shapes = []
     for seg, message in zip(segments, messages, strict=True):
-        shape = inp.dialect.message_shape(message, inp.counter.count_message(message))
+        counted = counts[seg[1]] if seg[0] == "m" else inp.counter.count_message(message)
+        shape = inp.dialect.message_shape(message, counted)
         if made_here(seg):
             shape = Shape(shape.role, shape.tokens, made_here=True)
         shapes.append(shape)
     return _Working(segments, messages, shapes, group_history(shapes))
+
+
+def _original_counts(inp: PlanInput) -> Sequence[int]:
+    if len(inp.counts) == len(inp.messages):
+        return inp.counts
+    return [inp.counter.count_message(dict(m)) for m in inp.messages]
 
 
 def _limits(inp: PlanInput) -> _Limits:

@@ -33,6 +33,7 @@ from proxy.core.rewrite import (
     plan_request,
 )
 from proxy.core.tokens import TokenCounter, default_counter
+from proxy.server import observe
 from proxy.server.summariser import SummariserSettings, obtain_summary
 from proxy.store import Store, StoreUnavailable
 from proxy.wire.anthropic import encode_request, request_messages
@@ -167,7 +168,8 @@ class Compactor:
         counter = self.counter
         tools = body.get("tools")
         fixed = counter.count_system(body.get("system")) + counter.count_tools(tools)
-        history = sum(counter.count_message(m) for m in messages)
+        counts = [counter.count_message(m) for m in messages]
+        history = sum(counts)
         factor = self.factor(model, store)
         if (
             history + fixed
@@ -201,6 +203,7 @@ class Compactor:
             tool=tool,
             factor=factor,
             store_ok=store_ok,
+            counts=counts,
         )
         outcome = plan_request(inp)
         if isinstance(outcome, NeedSummary):
@@ -221,6 +224,7 @@ class Compactor:
         if isinstance(outcome, Untouched):
             return Prepared(body_bytes, estimate=history + fixed, model=model)
         if isinstance(outcome, Refuse):
+            observe.refused()
             return Prepared(body_bytes, refusal=outcome.message, model=model)
         if store is not None and not await self._store_effects(
             store, tenant, conversation, outcome
@@ -231,6 +235,13 @@ class Compactor:
             if not isinstance(fallback, Rewrite):
                 return Prepared(body_bytes, estimate=history + fixed, model=model)
             outcome = fallback
+        observe.rewrite(
+            outcome.strategy,
+            outcome.tokens_before,
+            outcome.tokens_after,
+            len(outcome.blobs),
+            outcome.summary,
+        )
         return self._encode(body, outcome, tenant, conversation, policy, fixed, tool_tokens, model)
 
     async def _store_effects(
@@ -277,7 +288,7 @@ class Compactor:
         interception = None
         if rewrite.tool:
             interception = Interception(rewrite.tool, tenant, conversation, sent, policy)
-        estimate = fixed + sum(self.counter.count_message(m) for m in rewrite.messages)
+        estimate = fixed + rewrite.estimate
         return Prepared(
             encode_request(body, **replace),
             headers=headers,
