@@ -44,6 +44,7 @@ CHECKPOINT = ("checkpoint", "current")
 CALIBRATION = "calibration"
 CALIBRATION_REFRESH = 30.0  # seconds a replica trusts its copy of a model's factor
 CALIBRATION_SAMPLES = 20
+COUNT_OFF_LOOP_BYTES = 256 * 1024
 
 
 @dataclass(slots=True)
@@ -168,7 +169,12 @@ class Compactor:
         counter = self.counter
         tools = body.get("tools")
         fixed = counter.count_system(body.get("system")) + counter.count_tools(tools)
-        counts = [counter.count_message(m) for m in messages]
+        if len(body_bytes) > COUNT_OFF_LOOP_BYTES:
+            # A cold count of a big history takes tens of ms: keep the loop free meanwhile
+            # (tiktoken encodes without the GIL).
+            counts = await asyncio.to_thread(_count_all, counter, messages)
+        else:
+            counts = _count_all(counter, messages)
         history = sum(counts)
         factor = self.factor(model, store)
         if (
@@ -296,6 +302,10 @@ class Compactor:
             estimate=estimate + (tool_tokens if rewrite.tool else 0),
             model=model,
         )
+
+
+def _count_all(counter: TokenCounter, messages: Sequence[dict[str, Any]]) -> list[int]:
+    return [counter.count_message(m) for m in messages]
 
 
 def _fields(inp: PlanInput) -> dict[str, Any]:
