@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import hashlib
+import math
 import secrets
 import time
 from collections import Counter
@@ -71,6 +72,9 @@ class StandInOptions:
     # app[RECORDED] keeps only the newest requests (bodies included): a long benchmark or
     # a stand-in left running must not grow without bound. None keeps everything.
     max_recorded: int | None = 256
+    # The real tokenizer is not ours: input counts (window check, usage, count_tokens) are
+    # the project counter's times this, so the proxy's calibration has something to learn.
+    token_scale: float = 1.0
 
     def window_for(self, model: str) -> int:
         """The exact model's window, else the longest matching glob's, else 200,000."""
@@ -232,7 +236,7 @@ async def handle_count_tokens(request: web.Request) -> web.Response:
     message = validate_count_tokens_request(body)
     if message:
         return _invalid(request, message)
-    tokens = request.app[COUNTER].count_request(body)
+    tokens = _scaled(request.app[COUNTER].count_request(body), request.app[OPTIONS])
     return web.Response(
         body=orjson.dumps({"input_tokens": tokens}), content_type="application/json"
     )
@@ -272,7 +276,7 @@ def _analyse(raw: bytes, script: Script, purpose: str, app: web.Application) -> 
         return _Analysis(message)
     counter = app[COUNTER]
     total = counter.count_request(body)
-    message = window_error(total, app[OPTIONS].window_for(body["model"]))
+    message = window_error(_scaled(total, app[OPTIONS]), app[OPTIONS].window_for(body["model"]))
     if message:
         return _Analysis(message)
     # Streamed or not, the same request gets the same message.
@@ -327,9 +331,16 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
     fault = _take_fault(app, script, stream_kinds)
     tenant = _tenant(request)
     usage = app[CACHE].account(tenant, list(analysis.units), analysis.total).as_usage()
+    if app[OPTIONS].token_scale != 1.0:
+        for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"):
+            usage[key] = _scaled(usage[key], app[OPTIONS])
     if analysis.streaming:
         return await _stream(request, analysis.head, usage, analysis.answer, script, fault)
     return await _respond(request, analysis.head, usage, analysis.answer, script, fault)
+
+
+def _scaled(tokens: int, options: StandInOptions) -> int:
+    return tokens if options.token_scale == 1.0 else math.ceil(tokens * options.token_scale)
 
 
 def _final_usage(usage: dict[str, Any], answer: Answer) -> dict[str, Any]:

@@ -9,6 +9,7 @@ trips must be invisible to the SDK.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 import uuid
@@ -286,3 +287,35 @@ async def test_a_client_tool_named_read_result_is_respected(
     assert [t["name"] for t in sent["tools"]] == ["read_result", "compaction_proxy_read_result"]
     assert sent["tools"][0] == own
     assert b'compaction_proxy_read_result(ref=\\"r_' in request.body
+
+
+async def test_calibration_learns_the_upstream_tokenizer(
+    make_standin: MakeStandIn,
+    make_compacting_proxy: Callable[..., Awaitable[RunningProxy]],
+    make_store: Callable[..., Any],
+    redis_key_prefix: str,
+) -> None:
+    """The stand-in counts 1.3x what we estimate; the fleet-wide factor learns it, and
+    rewrites then start earlier (counts compared with the policy are calibrated)."""
+    first_crossing = {}
+    for scale in (1.0, 1.3):
+        standin = await make_standin(
+            StandInOptions(windows={"*": WINDOW}, token_scale=scale, max_recorded=None)
+        )
+        proxy = await make_compacting_proxy(standin.url)
+        turns = await run_agent(
+            client_for(proxy),
+            turns=12,
+            result_chars=RESULT_CHARS,
+            model=f"claude-scale-{scale}",
+            conversation=f"cal-{uuid.uuid4().hex}",
+        )
+        assert {r.outcome for r in standin.recorded} == {"complete"}
+        strategies = [t.headers.get("x-compaction-strategy") for t in turns]
+        first_crossing[scale] = next(n for n, s in enumerate(strategies) if s)
+        await asyncio.sleep(0.2)  # the last sample is written in the background
+        store = make_store(prefix=redis_key_prefix)
+        factor, samples = await store.get_global_mean("calibration", f"claude-scale-{scale}")
+        assert samples >= 10
+        assert factor == pytest.approx(scale, abs=0.03)
+    assert first_crossing[1.3] < first_crossing[1.0]
