@@ -59,7 +59,10 @@ def test_config_file_from_the_environment(tmp_path: Path) -> None:
 
 
 def test_policies_are_kept_and_checked(tmp_path: Path) -> None:
-    text = '[[policy]]\nmatch = "claude-*"\ntrigger = 105000\ntarget = 37000\n[[policy]]\nmatch = "x"\n'
+    text = (
+        '[[policy]]\nmatch = "claude-*"\ntrigger = 105000\ntarget = 37000\n'
+        '[[policy]]\nmatch = "x"\n'
+    )
     settings = load_settings(write(tmp_path, text), environ={})
     assert settings.policies == (
         {"match": "claude-*", "trigger": 105000, "target": 37000},
