@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from proxy.core.checkpoint import message_digest
+from proxy.core.offload import unknown_ref
 from proxy.core.tokens import default_counter
 from proxy.server.app import RunningProxy, start
 from proxy.testing.agent import run_agent, tool_output
@@ -319,3 +320,37 @@ async def test_calibration_learns_the_upstream_tokenizer(
         assert samples >= 10
         assert factor == pytest.approx(scale, abs=0.03)
     assert first_crossing[1.3] < first_crossing[1.0]
+
+
+async def test_refs_resolve_only_for_their_tenant(
+    make_standin: MakeStandIn, make_compacting_proxy: Callable[..., Awaitable[RunningProxy]]
+) -> None:
+    """A stub copied into another tenant's history reads as missing, in the same words
+    as a ref that never existed (DESIGN invariant 8)."""
+    standin = await make_standin(StandInOptions(windows={"*": WINDOW}, max_recorded=None))
+    proxy = await make_compacting_proxy(standin.url)
+    history = synthetic_history(12)
+    headers = {"x-stand-in": '{"text": "ok"}', "x-conversation-id": "shared-name"}
+    owner = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-tenant-a", max_retries=0)
+    await owner.messages.create(
+        model="claude-test-1", max_tokens=64, messages=history, extra_headers=headers
+    )
+    stolen = orjson.loads(standin.recorded[-1].body)["messages"][2]["content"][0]["content"]
+    assert "read_result(ref=" in stolen
+
+    # Tenant B pastes A's stub ahead of its own long history, in the same conversation id.
+    other = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-tenant-b", max_retries=0)
+    theirs = synthetic_history(12)
+    for message in theirs[2::2]:  # other results than A's, so other refs
+        message["content"][0]["content"] = "B " + message["content"][0]["content"]
+    theirs[0] = {"role": "user", "content": [{"type": "text", "text": f"See: {stolen}"}]}
+    answer = await other.messages.create(
+        model="claude-test-1",
+        max_tokens=64,
+        messages=theirs,
+        extra_headers={**headers, "x-stand-in": '{"read_result": true, "text": "ok"}'},
+    )
+    assert all(b.type != "tool_use" for b in answer.content)
+    round_two = orjson.loads(standin.recorded[-1].body)["messages"][-1]["content"][0]
+    assert round_two["is_error"] is True
+    assert round_two["content"] == unknown_ref(stolen.split('ref="')[1].split('"')[0])
