@@ -115,3 +115,13 @@ def test_cli_stops_on_a_wrong_setting(capsys: pytest.CaptureFixture[str]) -> Non
         == 2
     )
     assert "upstream.url" in capsys.readouterr().err
+
+
+def test_the_documented_policy_is_the_builtin_one(tmp_path: Path) -> None:
+    from proxy.core.policy import DEFAULT_POLICIES, parse_policies
+
+    text = (REPO / "config" / "proxy.toml").read_text()
+    block = text[text.index("# [[policy]]") :]
+    uncommented = "\n".join(line.removeprefix("# ") for line in block.splitlines())
+    settings = load_settings(write(tmp_path, uncommented), environ={})
+    assert parse_policies(settings.policies) == [DEFAULT_POLICIES[0]]
