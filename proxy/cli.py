@@ -55,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _serve(args: argparse.Namespace) -> int:
     from proxy.server.app import serve
+    from proxy.server.logs import configure as configure_logging
 
     try:
         settings = load_settings(
@@ -69,6 +70,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"compaction-proxy: bad setting: {e}", file=sys.stderr)
         return 2
+    configure_logging(settings.server.log_format, args.log_level)
     asyncio.run(serve(settings))
     return 0
 

@@ -40,6 +40,10 @@ class ServerSettings:
     port: int = 8080
     # Largest request body accepted (the API's own limit is 32 MB).
     max_body_bytes: int = 32 * MIB
+    # Log lines: "human" (key=value) or "json" (one object per line).
+    log_format: str = "human"
+    # Seconds open requests (streams) may run on after SIGTERM before the proxy stops.
+    drain_timeout: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +138,10 @@ def _key_prefix(value: str) -> str | None:
     return None
 
 
+def _log_format(value: str) -> str | None:
+    return None if value in ("human", "json") else 'must be "human" or "json"'
+
+
 def _not_empty(value: str) -> str | None:
     return None if value.strip() else "must not be empty"
 
@@ -142,6 +150,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "server.host": _not_empty,
     "server.port": _port,
     "server.max_body_bytes": _positive,
+    "server.log_format": _log_format,
+    "server.drain_timeout": _non_negative,
     "upstream.url": _http_url,
     "upstream.connect_timeout": _positive,
     "upstream.stream_idle_timeout": _positive,

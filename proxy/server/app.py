@@ -13,7 +13,10 @@ from aiohttp import web
 from proxy.config import Settings
 from proxy.server.compaction import Compactor
 from proxy.server.health import handle_healthz, handle_readyz
+from proxy.server.lifecycle import LIFECYCLE, Lifecycle
+from proxy.server.logs import REQUEST_LOG, RequestLog
 from proxy.server.messages import expect_within_limit, handle_count_tokens, handle_messages
+from proxy.server.metrics import METRICS, Metrics, handle_metrics, observe_requests
 from proxy.server.passthrough import handle_passthrough
 from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM, StoreState
 from proxy.server.upstream import Upstream
@@ -55,6 +58,8 @@ async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
         except Exception as e:  # the URL passed validation; redis-py may still refuse it
             log.warning("cannot use Redis at %s (%s); running without a store", url, e)
             state.problem = f"cannot use the Redis URL: {e}"
+    if state.store is not None:
+        state.store.on_error = app[METRICS].store_errors.inc
     if state.store is not None and not await state.store.ping():
         log.warning("Redis at %s does not answer; forwarding without it for now", url)
     yield
@@ -69,8 +74,11 @@ async def _close_compactor(app: web.Application) -> None:
 
 
 def create_app(settings: Settings) -> web.Application:
-    app = web.Application()
+    app = web.Application(middlewares=[observe_requests])
     app[SETTINGS] = settings
+    app[METRICS] = Metrics()
+    app[LIFECYCLE] = Lifecycle()
+    app[REQUEST_LOG] = RequestLog(settings.server.log_format)
     app[STORE] = StoreState()
     app[COMPACTOR] = Compactor(settings.policies)
     app.cleanup_ctx.append(_upstream_lifetime)
@@ -78,6 +86,7 @@ def create_app(settings: Settings) -> web.Application:
     app.on_cleanup.append(_close_compactor)
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)
+    app.router.add_get("/metrics", handle_metrics)
     app.router.add_post("/v1/messages", handle_messages, expect_handler=expect_within_limit)
     app.router.add_post(
         "/v1/messages/count_tokens", handle_count_tokens, expect_handler=expect_within_limit
@@ -106,6 +115,8 @@ async def start(settings: Settings) -> RunningProxy:
         # Request bodies are forwarded as sent, compressed or not.
         auto_decompress=False,
         access_log=None,
+        # serve() drains first (server.drain_timeout); what is left then is closed soon.
+        shutdown_timeout=1.0,
         max_field_size=65536,
         max_line_size=65536,
     )
@@ -119,7 +130,8 @@ async def start(settings: Settings) -> RunningProxy:
 
 
 async def serve(settings: Settings) -> None:
-    """Run until SIGINT or SIGTERM."""
+    """Run until SIGINT or SIGTERM; then drain (readiness fails, open requests finish
+    within server.drain_timeout) and stop."""
     running = await start(settings)
     log.info("compaction-proxy listening on %s, upstream %s", running.url, settings.upstream.url)
     stop = asyncio.Event()
@@ -128,5 +140,9 @@ async def serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
+        running.app[METRICS].draining.set(1)
+        log.info("draining: readiness fails; waiting for open requests")
+        if not await running.app[LIFECYCLE].drain(settings.server.drain_timeout):
+            log.warning("drain timeout: closing the requests still open")
     finally:
         await running.stop()

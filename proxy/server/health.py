@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
+from proxy.server.lifecycle import LIFECYCLE
 from proxy.server.state import STORE, UPSTREAM
 
 
@@ -21,8 +22,11 @@ async def handle_readyz(request: web.Request) -> web.Response:
         store = "ok"
     else:
         store = "unreachable"
-    ready = store == "ok" and bool(upstream)
+    draining = request.app[LIFECYCLE].draining
+    ready = store == "ok" and bool(upstream) and not draining
     body = {"ready": ready, "store": store, "upstream": upstream or "not configured"}
+    if draining:
+        body["draining"] = True
     return web.Response(
         status=200 if ready else 503, body=orjson.dumps(body), content_type="application/json"
     )

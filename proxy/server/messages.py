@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.server import errors, pipeline
+from proxy.server import errors, observe, pipeline
 from proxy.server.headers import upstream_request_headers
 from proxy.server.relay import relay
 from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM
@@ -100,6 +100,7 @@ async def _handle(request: web.Request, route: pipeline.Route) -> web.StreamResp
         return forward.reply
 
     stream = _wants_stream(payload, body)
+    observe.upstream_sending()
     try:
         response = await upstream.send(
             request.method,
@@ -110,6 +111,7 @@ async def _handle(request: web.Request, route: pipeline.Route) -> web.StreamResp
         )
     except (aiohttp.ClientError, TimeoutError) as e:
         return errors.for_upstream_failure(e, upstream.base_url, upstream.timeout_for(stream))
+    observe.upstream_answered(response.headers.get("request-id", ""))
 
     if forward.intercept_read_result:
         return await pipeline.intercept(request, ctx, forward, response)

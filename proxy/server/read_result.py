@@ -12,6 +12,7 @@ from what the client sees, so nothing is left unanswered in its history.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,6 +23,7 @@ from multidict import CIMultiDict
 
 from proxy.core.offload import parse_read_args, read_slice, unknown_ref
 from proxy.core.sse import SSEDecoder
+from proxy.server import observe
 from proxy.server.compaction import Compactor, Interception
 from proxy.server.errors import stream_error_event
 from proxy.server.headers import client_response_headers
@@ -92,10 +94,13 @@ class ReadLoop:
         self.rounds_used = 0
 
     async def _ask_again(self, round_: Round, stream: bool) -> aiohttp.ClientResponse:
+        began = time.perf_counter()
         results = await answer_reads(round_.reads, self.store, self.i)
         self.messages = continue_messages(self.messages, round_, results)
         self.rounds_used += 1
         body = encode_request(self.i.body, messages=self.messages)
+        observe.read_round()
+        observe.interception(time.perf_counter() - began)
         return await self.upstream.send(
             "POST", self.request.raw_path, self.upstream_headers, body, stream=stream
         )
@@ -120,6 +125,7 @@ class ReadLoop:
                 response.release()
             answers.append(message)
             round_ = split_message(message, self.i.tool)
+            observe.add_usage(round_.usage)
             if not answers[1:]:
                 self._calibrate(round_.usage)
             if not round_.wants_reads_only or self.rounds_used >= self.i.policy.max_read_rounds:
@@ -157,6 +163,7 @@ class ReadLoop:
                     _cut(self.request)
                     return out
                 round_ = merger.end_round()
+                observe.add_usage(round_.usage)
                 if merger.rounds == 1:
                     self._calibrate(round_.usage)
                 more = round_.wants_reads_only

@@ -21,6 +21,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.server import observe as observe_usage
 from proxy.server.errors import for_upstream_failure, stream_error_event
 from proxy.server.headers import client_response_headers
 
@@ -70,6 +71,8 @@ async def relay(
                 )
                 if observe is not None:
                     observe(body)
+                if upstream.status == 200:
+                    observe_usage.relayed_head(body)
             else:
                 out = await _relay_stream(request, upstream, headers, events=False)
         done = True
@@ -101,6 +104,7 @@ async def _relay_stream(
         out.content_length = upstream.content_length
     await out.prepare(request)
     last = before = b""
+    first = events and upstream.status == 200
     try:
         async for chunk in upstream.content.iter_any():
             await out.write(chunk)
@@ -108,6 +112,9 @@ async def _relay_stream(
             if observe is not None:
                 observe(chunk)
                 observe = None
+            if first:
+                observe_usage.relayed_head(chunk)
+                first = False
     except TimeoutError:
         upstream.close()
         log.warning("upstream stream idle too long; ending the client stream")
@@ -129,6 +136,8 @@ async def _relay_stream(
         log.info("upstream stream broke (%s); closing the client stream too", type(e).__name__)
         _cut(request)
         return out
+    if events and upstream.status == 200:
+        observe_usage.relayed_tail(before[-4096:] + last[-8192:])
     await out.write_eof()
     return out
 

@@ -19,6 +19,7 @@ import anthropic
 from proxy.core.identity import credential
 from proxy.core.rewrite import NeedSummary
 from proxy.core.summary import INSTRUCTION
+from proxy.server import observe
 from proxy.store import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -64,16 +65,19 @@ async def obtain_summary(
     if token is None:
         return await _wait_for_other(store, tenant, conversation, key, settings)
     try:
+        observe.summariser_call()
         text = await call_summariser(
             need, model=model, headers=headers, base_url=base_url, seconds=settings.timeout
         )
         if not text.strip():
+            observe.summariser_call(failed=True)
             return SummaryOutcome(None, failure="the summariser answered with no text")
         await store.put_json(tenant, conversation, "summary", key, text)
         return SummaryOutcome(text)
     except StoreUnavailable as e:
         return SummaryOutcome(None, failure=f"store unavailable: {e}")
     except anthropic.APIError as e:
+        observe.summariser_call(failed=True)
         log.warning("summariser call failed: %s (%r)", type(e).__name__, e.__cause__)
         return SummaryOutcome(None, failure=f"summariser failed: {type(e).__name__}")
     finally:

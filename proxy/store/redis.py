@@ -102,6 +102,8 @@ def _positive(label: str, value: int) -> int:
 class Store:
     """Conversation-scoped blobs, JSON values and locks, plus a few global values."""
 
+    on_error: Callable[[], object] | None = None  # told of every failed call (metrics)
+
     def __init__(
         self,
         client: Redis | RedisCluster,
@@ -164,6 +166,8 @@ class Store:
             async with asyncio.timeout(self.op_timeout):
                 return await operation()
         except (RedisError, OSError, TimeoutError) as error:
+            if self.on_error is not None:
+                self.on_error()
             raise StoreUnavailable(f"redis: {type(error).__name__}: {error}") from error
 
     async def _get(self, key: str) -> bytes | None:

@@ -1,0 +1,111 @@
+"""One structured log line per request, and the process's log format.
+
+`server.log_format` picks "human" (`key=value` pairs after the usual time, level and
+logger) or "json" (one JSON object per line, for log shippers; then every log line of
+the process is JSON). A request line holds ids, the route, status, strategy, token counts
+and timings: numbers and fixed words only, never prompt text, headers or credentials.
+Health probes and /metrics scrapes are logged at DEBUG so they do not drown the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.server.observe import RequestRecord
+
+REQUEST_LOGGER = "compaction_proxy.requests"
+FORMATS = ("human", "json")
+_PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+def request_fields(record: RequestRecord, status: int, ended: float) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "request_id": record.request_id,
+        "method": record.method,
+        "route": record.route,
+        "status": status,
+        "duration_ms": round((ended - record.started) * 1000, 2),
+    }
+    if record.route in _PROBES:
+        return fields
+    fields["proxy_ms"] = round(record.own_seconds(ended) * 1000, 2)
+    if record.upstream_sent is not None and record.upstream_answered is not None:
+        fields["upstream_ms"] = round((record.upstream_answered - record.upstream_sent) * 1000, 2)
+    if record.upstream_request_id:
+        fields["upstream_request_id"] = record.upstream_request_id
+    fields["strategy"] = record.strategy or "none"
+    if record.strategy and record.strategy != "refuse":
+        fields["tokens_before"] = record.tokens_before
+        fields["tokens_after"] = record.tokens_after
+    if record.offloaded:
+        fields["offloaded"] = record.offloaded
+    if record.summary:
+        fields["summary"] = record.summary
+    if record.read_rounds:
+        fields["read_rounds"] = record.read_rounds
+    for key, value in record.usage.items():
+        fields[key] = value
+    if record.summariser_calls or record.summariser_failures:
+        fields["summariser_calls"] = record.summariser_calls
+        fields["summariser_failures"] = record.summariser_failures
+    return fields
+
+
+class RequestLog:
+    def __init__(self, fmt: str = "human") -> None:
+        self.format = fmt
+        self.logger = logging.getLogger(REQUEST_LOGGER)
+
+    def emit(self, record: RequestRecord, status: int, ended: float) -> None:
+        level = logging.DEBUG if record.route in _PROBES else logging.INFO
+        if not self.logger.isEnabledFor(level):
+            return
+        fields = request_fields(record, status, ended)
+        if self.format == "json":
+            # The JSON formatter puts these fields at the top level of the line.
+            self.logger.log(level, "request", extra={"fields": fields})
+        else:
+            text = " ".join(f"{k}={v}" for k, v in fields.items())
+            self.logger.log(level, "request %s", text, extra={"fields": fields})
+
+
+REQUEST_LOG = web.AppKey("request_log", RequestLog)
+
+
+class JSONFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and a request's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            line.update(fields)
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(line).decode()
+
+
+def configure(fmt: str, level: str | int = "INFO") -> None:
+    """Set up the root logger for `serve` (stderr, the chosen format)."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JSONFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)

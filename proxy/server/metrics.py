@@ -1,0 +1,206 @@
+"""Prometheus metrics: one registry per app, fed once per request by a middleware.
+
+The middleware opens the request's record (observe.py), runs the handler, then turns
+the record into metric updates and one log line. Labels are only the route (the matched
+path pattern), the status and fixed words (strategy, outcome, reason): never a tenant,
+a conversation, a model or anything the client chose.
+
+For other modules: `count_budget_rejection(app, reason)` counts a request refused by a
+budget or key check (`compaction_proxy_budget_rejections_total{reason}`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from proxy.server import observe
+from proxy.server.lifecycle import LIFECYCLE
+from proxy.server.logs import REQUEST_LOG
+from proxy.server.observe import RequestRecord
+
+NS = "compaction_proxy"
+# Latency buckets from a fraction of a millisecond (the proxy's own work) to minutes
+# (long streams).
+_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+            30, 60, 120, 300)  # fmt: skip
+_PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+class Metrics:
+    """Every metric the proxy exports, registered in a registry of its own."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            f"{NS}_requests", "Requests answered, by route and status.", ["route", "status"],
+            registry=r,
+        )  # fmt: skip
+        self.duration = Histogram(
+            f"{NS}_request_duration_seconds",
+            "Whole request time as the proxy saw it (a stream: until its end).",
+            ["route"], buckets=_SECONDS, registry=r,
+        )  # fmt: skip
+        self.upstream_latency = Histogram(
+            f"{NS}_upstream_latency_seconds",
+            "From sending the upstream request to its response headers (first round).",
+            ["route"], buckets=_SECONDS, registry=r,
+        )  # fmt: skip
+        self.overhead = Histogram(
+            f"{NS}_proxy_overhead_seconds",
+            "The proxy's own time: before the upstream request was sent, plus the work "
+            "between read_result rounds.",
+            ["route"], buckets=_SECONDS, registry=r,
+        )  # fmt: skip
+        self.input_tokens = Counter(
+            f"{NS}_input_tokens", "Uncached input tokens the upstream reported.", registry=r
+        )
+        self.output_tokens = Counter(
+            f"{NS}_output_tokens", "Output tokens the upstream reported.", registry=r
+        )
+        self.cache_read = Counter(
+            f"{NS}_cache_read_tokens", "Input tokens read from the prompt cache.", registry=r
+        )
+        self.cache_write = Counter(
+            f"{NS}_cache_write_tokens", "Input tokens written to the prompt cache.", registry=r
+        )
+        self.rewrites = Counter(
+            f"{NS}_rewrites",
+            "Requests sent rewritten, by strategy (checkpoint = a frozen rewrite reapplied).",
+            ["strategy"], registry=r,
+        )  # fmt: skip
+        self.compactions = Counter(
+            f"{NS}_compactions",
+            "Crossings of the trigger that made a new rewrite, by strategy.",
+            ["strategy"], registry=r,
+        )  # fmt: skip
+        self.saved = Counter(
+            f"{NS}_tokens_saved",
+            "History tokens removed from requests (before - after), by strategy.",
+            ["strategy"], registry=r,
+        )  # fmt: skip
+        self.refusals = Counter(
+            f"{NS}_refusals", "Requests refused because nothing fit the window.", registry=r
+        )
+        self.offloads = Counter(f"{NS}_offloads", "Tool results newly offloaded.", registry=r)
+        self.read_rounds = Counter(
+            f"{NS}_read_result_rounds", "read_result round trips answered by the proxy.",
+            registry=r,
+        )  # fmt: skip
+        self.summaries = Counter(
+            f"{NS}_summaries", "Summaries used, by outcome (made or reused).", ["outcome"],
+            registry=r,
+        )  # fmt: skip
+        self.summariser_calls = Counter(
+            f"{NS}_summariser_calls", "Summariser calls made upstream.", registry=r
+        )
+        self.summariser_failures = Counter(
+            f"{NS}_summariser_failures",
+            "Summariser calls that failed or gave no text (the proxy packed instead).",
+            registry=r,
+        )
+        self.store_errors = Counter(
+            f"{NS}_store_errors", "Redis calls that failed or timed out.", registry=r
+        )
+        self.budget_rejections = Counter(
+            f"{NS}_budget_rejections", "Requests refused by a budget or key check, by reason.",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.in_flight = Gauge(f"{NS}_requests_in_flight", "Requests being handled.", registry=r)
+        self.draining = Gauge(
+            f"{NS}_draining", "1 while shutting down (readiness fails).", registry=r
+        )
+
+    def record(self, rec: RequestRecord, status: int, ended: float) -> None:
+        route = rec.route
+        self.requests.labels(route, str(status)).inc()
+        self.duration.labels(route).observe(ended - rec.started)
+        if route in _PROBES:
+            return
+        self.overhead.labels(route).observe(rec.own_seconds(ended))
+        if rec.upstream_sent is not None and rec.upstream_answered is not None:
+            self.upstream_latency.labels(route).observe(rec.upstream_answered - rec.upstream_sent)
+        usage = rec.usage
+        if usage:
+            self.input_tokens.inc(usage.get("input_tokens", 0))
+            self.output_tokens.inc(usage.get("output_tokens", 0))
+            self.cache_read.inc(usage.get("cache_read_input_tokens", 0))
+            self.cache_write.inc(usage.get("cache_creation_input_tokens", 0))
+        if rec.strategy == "refuse":
+            self.refusals.inc()
+        elif rec.strategy:
+            self.rewrites.labels(rec.strategy).inc()
+            if rec.strategy != "checkpoint":
+                self.compactions.labels(rec.strategy).inc()
+            if rec.tokens_before > rec.tokens_after:
+                self.saved.labels(rec.strategy).inc(rec.tokens_before - rec.tokens_after)
+        if rec.offloaded:
+            self.offloads.inc(rec.offloaded)
+        if rec.summary:
+            self.summaries.labels(rec.summary).inc()
+        if rec.read_rounds:
+            self.read_rounds.inc(rec.read_rounds)
+        if rec.summariser_calls:
+            self.summariser_calls.inc(rec.summariser_calls)
+        if rec.summariser_failures:
+            self.summariser_failures.inc(rec.summariser_failures)
+
+
+METRICS = web.AppKey("metrics", Metrics)
+
+
+def count_budget_rejection(app: web.Application, reason: str) -> None:
+    """For the budget and key checks: `reason` must be a fixed word (e.g. "tokens",
+    "requests", "key"), never something the client sent."""
+    app[METRICS].budget_rejections.labels(reason).inc()
+
+
+def route_of(request: web.Request) -> str:
+    """The matched path pattern: a small fixed set, whatever the client asks for."""
+    info = request.match_info
+    resource = info.route.resource if info.route is not None else None
+    canonical = resource.canonical if resource is not None else ""
+    return canonical if canonical.startswith("/") and "{" not in canonical else "other"
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def observe_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+    app = request.app
+    record = RequestRecord(secrets.token_hex(8), route_of(request), request.method)
+    token = observe.begin(record)
+    lifecycle = app[LIFECYCLE]
+    lifecycle.started()
+    metrics = app[METRICS]
+    metrics.in_flight.inc()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as e:
+        status = e.status
+        raise
+    except asyncio.CancelledError:
+        status = 499  # the client went away (nginx's word for it)
+        raise
+    finally:
+        ended = time.perf_counter()
+        observe.end(token)
+        lifecycle.finished()
+        metrics.in_flight.dec()
+        metrics.record(record, status, ended)
+        app[REQUEST_LOG].emit(record, status, ended)
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,127 @@
+"""No prompt text or credential leaves the proxy through its logs, metrics or key names.
+
+Unique canary strings go into the prompt, the tool results, `x-api-key` and
+`Authorization`; the request is big enough to be offloaded and summarised, and the
+stand-in reads an offloaded result back (a read_result round). Then every log line of
+the process (the proxy's own loggers at DEBUG, everything else at the default INFO, in
+both formats), /metrics and every Redis key name under the test's prefix are searched.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+
+import aiohttp
+import anthropic
+import orjson
+import pytest
+import redis
+
+from proxy.server.logs import JSONFormatter
+from proxy.store.keys import scan_pattern
+from proxy.testing.standin import StandInOptions
+from tests.server.test_metrics import (  # the fixture, for this module too
+    MakeProxy,
+    MakeStandIn,
+    long_history,
+    make_small_window_proxy,  # noqa: F401
+)
+
+
+class Everything(logging.Handler):
+    """Every record, rendered by both of the proxy's formats."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+        self.human = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.json = JSONFormatter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.human.format(record))
+        self.lines.append(self.json.format(record))
+        if record.exc_info:
+            self.lines.append(self.human.formatException(record.exc_info))
+
+
+@pytest.fixture
+def all_logs() -> Iterator[Everything]:
+    handler = Everything()
+    root = logging.getLogger()
+    ours = [logging.getLogger(n) for n in ("proxy", "compaction_proxy", "aiohttp", "redis")]
+    saved = root.level, [lg.level for lg in ours]
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    for lg in ours:
+        lg.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved[0])
+        for lg, level in zip(ours, saved[1], strict=True):
+            lg.setLevel(level)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_canaries_appear_in_no_log_metric_or_key_name(
+    make_standin: MakeStandIn,
+    make_small_window_proxy: MakeProxy,  # noqa: F811
+    redis_url: str,
+    redis_key_prefix: str,
+    all_logs: Everything,
+    stream: bool,
+) -> None:
+    canaries = {
+        "prompt": f"CANARY-PROMPT-{uuid.uuid4().hex}",
+        "key": f"sk-CANARY-KEY-{uuid.uuid4().hex}",
+        "bearer": f"CANARY-BEARER-{uuid.uuid4().hex}",
+    }
+    standin = await make_standin(StandInOptions(windows={"*": 30_000}, max_recorded=None))
+    proxy = await make_small_window_proxy(standin.url)
+    client = anthropic.AsyncAnthropic(
+        base_url=proxy.url,
+        api_key=canaries["key"],
+        default_headers={"Authorization": f"Bearer {canaries['bearer']}"},
+        max_retries=0,
+    )
+    request = {
+        "model": "claude-test-1",
+        "max_tokens": 64,
+        "messages": long_history(turns=10, chars=6_000, chat_chars=150, marker=canaries["prompt"]),
+        "extra_headers": {"x-stand-in": orjson.dumps({"read_result": True}).decode()},
+    }
+    if stream:
+        async with client.messages.stream(**request) as s:  # type: ignore[arg-type]
+            await s.get_final_message()
+            headers = s.response.headers
+    else:
+        raw = await client.messages.with_raw_response.create(**request)  # type: ignore[arg-type]
+        headers = raw.headers
+
+    # The request really went through every part that handles the canaries.
+    assert headers["x-compaction-strategy"] == "offload+summary"
+    assert headers["x-compaction-summary"] == "made"
+    bodies = [r.body for r in standin.recorded]
+    assert any(b"characters 0 to" in b for b in bodies), "a read_result round was answered"
+    assert any(canaries["prompt"].encode() in b for b in bodies)
+    assert any("x-compaction-proxy-purpose" in r.headers for r in standin.recorded)
+
+    async with aiohttp.ClientSession() as session, session.get(f"{proxy.url}/metrics") as r:
+        metrics = await r.text()
+    client_redis = redis.Redis.from_url(redis_url)
+    try:
+        keys = [k.decode() for k in client_redis.scan_iter(match=scan_pattern(redis_key_prefix))]
+    finally:
+        client_redis.close()
+
+    request_lines = [line for line in all_logs.lines if "compaction_proxy.requests" in line]
+    assert len(request_lines) >= 2 and keys and "compaction_proxy_requests_total" in metrics
+    for name, canary in canaries.items():
+        for line in all_logs.lines:
+            assert canary not in line, f"the {name} canary is in a log line"
+        assert canary not in metrics, f"the {name} canary is in /metrics"
+        for key in keys:
+            assert canary not in key, f"the {name} canary is in a Redis key name"

@@ -1,0 +1,272 @@
+"""/metrics and the request log, read the way an operator reads them: over HTTP, after
+real traffic from the anthropic SDK through the proxy to the stand-in."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import anthropic
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.server.app import RunningProxy, start
+from proxy.server.logs import REQUEST_LOGGER, JSONFormatter
+from proxy.server.metrics import METRICS, count_budget_rejection
+from proxy.testing.agent import run_agent
+from proxy.testing.standin import StandInOptions
+from tests.server.conftest import proxy_settings
+
+POLICY = {
+    "match": "*",
+    "window": 30_000,
+    "trigger": 20_000,
+    "target": 8_000,
+    "keep_last": 4,
+    "keep_results": 1,
+    "offload_threshold": 500,
+    "stub_head_chars": 600,
+    "summary_max_tokens": 1_500,
+}
+MakeStandIn = Callable[[StandInOptions], Awaitable[Any]]
+MakeProxy = Callable[..., Awaitable[RunningProxy]]
+
+
+@pytest.fixture
+async def make_small_window_proxy(
+    redis_url: str, redis_key_prefix: str
+) -> AsyncIterator[MakeProxy]:
+    started: list[RunningProxy] = []
+
+    async def make(upstream: str, redis: str | None = None, **settings: Any) -> RunningProxy:
+        base = proxy_settings(
+            upstream,
+            redis if redis is not None else redis_url,
+            **{"store.key_prefix": redis_key_prefix, **settings},
+        )
+        started.append(await start(dataclasses.replace(base, policies=(POLICY,))))
+        return started[-1]
+
+    yield make
+    for running in started:
+        await running.stop()
+
+
+async def scrape(proxy: RunningProxy) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of /metrics, by name and labels."""
+    async with aiohttp.ClientSession() as session, session.get(f"{proxy.url}/metrics") as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/plain")
+        text = await r.text()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def total(samples: dict[Any, float], name: str) -> float:
+    return sum(v for (n, _), v in samples.items() if n == name)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_metrics_count_what_the_conversation_did(
+    make_standin: MakeStandIn, make_small_window_proxy: MakeProxy, stream: bool
+) -> None:
+    standin = await make_standin(StandInOptions(windows={"*": 30_000}, max_recorded=None))
+    proxy = await make_small_window_proxy(standin.url)
+    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-metrics", max_retries=0)
+    turns = await run_agent(
+        client,
+        turns=24,
+        result_chars=8_000,
+        stream=stream,
+        read_every=5,
+        conversation=f"metrics-{uuid.uuid4().hex}",
+    )
+    m = await scrape(proxy)
+    p = "compaction_proxy_"
+
+    assert value(m, p + "requests_total", route="/v1/messages", status="200") == len(turns)
+    assert value(m, p + "request_duration_seconds_count", route="/v1/messages") == len(turns)
+    assert value(m, p + "upstream_latency_seconds_count", route="/v1/messages") == len(turns)
+    assert value(m, p + "proxy_overhead_seconds_count", route="/v1/messages") == len(turns)
+    assert value(m, p + "proxy_overhead_seconds_sum", route="/v1/messages") > 0
+
+    # Tokens: what the SDK saw as usage, summed (read_result rounds included).
+    usage = [t.message.usage for t in turns]
+    assert value(m, p + "input_tokens_total") == sum(u.input_tokens for u in usage)
+    assert value(m, p + "output_tokens_total") == sum(u.output_tokens for u in usage)
+    assert value(m, p + "cache_read_tokens_total") == sum(
+        u.cache_read_input_tokens or 0 for u in usage
+    )
+    assert value(m, p + "cache_write_tokens_total") == sum(
+        u.cache_creation_input_tokens or 0 for u in usage
+    )
+    assert value(m, p + "cache_read_tokens_total") > 0
+
+    # Rewrites and savings: what the x-compaction-* headers said, turn by turn.
+    strategies = [t.headers.get("x-compaction-strategy") for t in turns]
+    for strategy in {s for s in strategies if s}:
+        said = [t for t in turns if t.headers.get("x-compaction-strategy") == strategy]
+        saved = sum(
+            int(t.headers["x-compaction-tokens-before"])
+            - int(t.headers["x-compaction-tokens-after"])
+            for t in said
+        )
+        assert value(m, p + "rewrites_total", strategy=strategy) == len(said)
+        assert value(m, p + "tokens_saved_total", strategy=strategy) == saved
+    crossings = [s for s in strategies if s and s != "checkpoint"]
+    assert total(m, p + "compactions_total") == len(crossings) >= 1
+    assert value(m, p + "offloads_total") >= 1
+    made = sum(1 for t in turns if t.headers.get("x-compaction-summary") == "made")
+    assert value(m, p + "summaries_total", outcome="made") == made >= 1
+    assert value(m, p + "summariser_calls_total") == made
+    assert value(m, p + "summariser_failures_total") == 0
+    assert value(m, p + "read_result_rounds_total") >= 1
+    assert value(m, p + "requests_in_flight") == 1  # the scrape itself
+
+
+async def test_summariser_failures_store_errors_and_budget_rejections(
+    make_standin: MakeStandIn, make_small_window_proxy: MakeProxy, embedded_redis: Any
+) -> None:
+    # Every request the stand-in gets fails with 500, except those that override the
+    # fault: the client's do, the proxy's summariser call does not.
+    standin = await make_standin(
+        StandInOptions(windows={"*": 30_000}, script={"fault": "500"}, max_recorded=None)
+    )
+    redis = embedded_redis()
+    proxy = await make_small_window_proxy(standin.url, redis=redis.url)
+    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-fail", max_retries=0)
+    messages = long_history(turns=10, chars=6_000, chat_chars=150)
+    ok = {"x-stand-in": '{"fault": null}', "x-conversation-id": uuid.uuid4().hex}
+    raw = await client.messages.with_raw_response.create(
+        model="claude-test-1", max_tokens=64, messages=messages, extra_headers=ok
+    )
+    assert raw.headers["x-compaction-strategy"] in ("pack", "offload+pack")
+    m = await scrape(proxy)
+    assert value(m, "compaction_proxy_summariser_calls_total") == 1
+    assert value(m, "compaction_proxy_summariser_failures_total") == 1
+    assert value(m, "compaction_proxy_store_errors_total") == 0
+
+    redis.stop_sync()
+    other = {**ok, "x-conversation-id": uuid.uuid4().hex}
+    raw = await client.messages.with_raw_response.create(
+        model="claude-test-1", max_tokens=64, messages=messages, extra_headers=other
+    )
+    assert raw.headers["x-compaction-strategy"] == "pack"
+    m = await scrape(proxy)
+    assert value(m, "compaction_proxy_store_errors_total") >= 1
+
+    count_budget_rejection(proxy.app, "tokens")
+    m = await scrape(proxy)
+    assert value(m, "compaction_proxy_budget_rejections_total", reason="tokens") == 1
+
+
+def long_history(turns: int, chars: int, chat_chars: int, marker: str = "") -> list[dict[str, Any]]:
+    """A tool-using conversation: large results and some long assistant text, so
+    offloading alone cannot reach the target and old turns must be folded."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"Fix the build. {marker}"}]
+    for t in range(turns):
+        call = f"toolu_{t:04d}"
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": f"Step {t}: {marker} " + "reasoning " * chat_chars},
+                    {"type": "tool_use", "id": call, "name": "Bash", "input": {"cmd": f"ls {t}"}},
+                ],
+            }
+        )
+        body = f"{marker} line {t}\n" + "".join(f"file_{t}_{i}.py ok\n" for i in range(chars // 14))
+        messages.append(
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": call, "content": body}],
+            }
+        )
+    messages.append({"role": "assistant", "content": "Looked at everything."})
+    messages.append({"role": "user", "content": f"Now summarise what you found. {marker}"})
+    return messages
+
+
+async def test_each_app_has_its_own_registry(make_standin: MakeStandIn, make_proxy: Any) -> None:
+    standin = await make_standin(StandInOptions())
+    first, second = await make_proxy(standin.url), await make_proxy(standin.url)
+    client = anthropic.AsyncAnthropic(base_url=first.url, api_key="sk-one", max_retries=0)
+    await client.messages.create(
+        model="claude-test-1", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
+    )
+    a, b = await scrape(first), await scrape(second)
+    assert value(a, "compaction_proxy_requests_total", route="/v1/messages", status="200") == 1
+    assert value(b, "compaction_proxy_requests_total", route="/v1/messages", status="200") == 0
+    assert first.app[METRICS].registry is not second.app[METRICS].registry
+
+
+async def test_routes_are_patterns_not_paths(make_standin: MakeStandIn, make_proxy: Any) -> None:
+    standin = await make_standin(StandInOptions())
+    proxy = await make_proxy(standin.url)
+    async with aiohttp.ClientSession() as session:
+        for path in ("/v1/models", "/v1/models/a-model", "/v1/anything/else"):
+            async with session.get(proxy.url + path) as r:
+                await r.read()
+        async with session.get(proxy.url + "/healthz") as r:
+            assert r.status == 200
+    m = await scrape(proxy)
+    assert value(m, "compaction_proxy_requests_total", route="other", status="401") == 2
+    assert value(m, "compaction_proxy_requests_total", route="other", status="404") == 1
+    assert value(m, "compaction_proxy_requests_total", route="/healthz", status="200") == 1
+    routes = {dict(labels).get("route") for (_, labels) in m if dict(labels).get("route")}
+    assert routes <= {"/v1/messages", "/v1/messages/count_tokens", "/healthz", "/metrics",
+                      "/readyz", "other"}  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", ["human", "json"])
+async def test_one_log_line_per_request(
+    make_standin: MakeStandIn,
+    make_small_window_proxy: MakeProxy,
+    caplog: pytest.LogCaptureFixture,
+    fmt: str,
+) -> None:
+    standin = await make_standin(StandInOptions(windows={"*": 30_000}))
+    proxy = await make_small_window_proxy(standin.url, **{"server.log_format": fmt})
+    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-log", max_retries=0)
+    caplog.set_level(logging.INFO, logger=REQUEST_LOGGER)
+    raw = await client.messages.with_raw_response.create(
+        model="claude-test-1",
+        max_tokens=64,
+        messages=long_history(turns=12, chars=4_000, chat_chars=10),
+        extra_headers={"x-conversation-id": uuid.uuid4().hex},
+    )
+    await client.messages.create(
+        model="claude-test-1", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
+    )
+    lines = [r for r in caplog.records if r.name == REQUEST_LOGGER]
+    assert len(lines) == 2
+    rewritten, plain = (r.fields for r in lines)  # type: ignore[attr-defined]
+    assert rewritten["route"] == "/v1/messages" and rewritten["status"] == 200
+    assert rewritten["strategy"] == raw.headers["x-compaction-strategy"]
+    assert rewritten["tokens_before"] == int(raw.headers["x-compaction-tokens-before"])
+    assert rewritten["tokens_after"] == int(raw.headers["x-compaction-tokens-after"])
+    assert rewritten["input_tokens"] == (await raw.parse()).usage.input_tokens
+    assert rewritten["upstream_request_id"] == raw.headers["request-id"]
+    for key in ("request_id", "duration_ms", "proxy_ms", "upstream_ms"):
+        assert key in rewritten
+    assert plain["strategy"] == "none" and "tokens_before" not in plain
+    assert rewritten["request_id"] != plain["request_id"]
+    if fmt == "json":
+        line = orjson.loads(JSONFormatter().format(lines[0]))
+        assert line["level"] == "info" and line["request_id"] == rewritten["request_id"]
+        assert line["strategy"] == rewritten["strategy"]
+    else:
+        text = lines[0].getMessage()
+        assert f"request_id={rewritten['request_id']}" in text and "status=200" in text
