@@ -170,6 +170,19 @@ class Store:
                 self.on_error()
             raise StoreUnavailable(f"redis: {type(error).__name__}: {error}") from error
 
+    def register_script(self, source: str) -> Any:
+        """A Lua script on this store's client, for other store modules (run it with
+        ``run`` so it gets the timeout and StoreUnavailable like every call)."""
+        return self._client.register_script(source)
+
+    async def run(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """Any client call under the store's timeout; failures are StoreUnavailable."""
+        return await self._call(operation)
+
+    @property
+    def client(self) -> Redis | RedisCluster:
+        return self._client
+
     async def _get(self, key: str) -> bytes | None:
         # Replies are bytes: the client is built without decode_responses.
         return cast("bytes | None", await self._call(lambda: self._client.get(key)))

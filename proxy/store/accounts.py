@@ -1,0 +1,240 @@
+"""Proxy keys, teams, their budgets and usage counters in Redis.
+
+Key names (each scope is one Redis Cluster hash tag, so one slot):
+
+    {prefix}{pk:<key id>}:key                  the key's record (hash): digest, team, ...
+    {prefix}{pk:<key id>}:conf                 its limits and policy override (hash)
+    {prefix}{pk:<key id>}:use:<period>:<bucket>  its counters for one period (hash)
+    {prefix}{team:<name>}:conf / :use:...      the same for a team
+    {prefix}g:keys:index                       the ids of every key (a set)
+
+Reserving is one Lua script per scope: it reads the scope's limits and counters and, only
+if every limited amount still fits, adds the reservation, all within one slot and so
+atomic on a single Redis and on a Cluster alike. A request of a key in a team runs it on
+the key's slot, then on the team's; if the team refuses, the key's reservation is taken
+back. Between those two steps the key holds a reservation it may not keep, which can make
+a concurrent request of the same key be refused: the split errs towards refusing, never
+towards admitting more (see README, "The bound on over-admission").
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+from proxy.core import proxy_keys
+from proxy.core.budget import METRICS, PERIODS, Amounts, Bucket, bucket
+from proxy.store.redis import Store
+
+# KEYS[1] the scope's conf, KEYS[2..] the counters of each period (minute, day, month);
+# ARGV[1..3] the amounts wanted (input, output, weighted), ARGV[4..] each counter's TTL.
+# Returns {1, periods touched...} when admitted, {0, period, metric, used, limit} when not.
+_RESERVE = """
+local metrics = {'input', 'output', 'weighted'}
+local periods = {'minute', 'day', 'month'}
+local want = {tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])}
+local conf = redis.call('HGETALL', KEYS[1])
+local limits = {}
+for i = 1, #conf, 2 do limits[conf[i]] = tonumber(conf[i + 1]) end
+local touched = {}
+for p = 1, 3 do
+  local limited = false
+  for m = 1, 3 do
+    local limit = limits[periods[p] .. ':' .. metrics[m]]
+    if limit then
+      limited = true
+      local used = tonumber(redis.call('HGET', KEYS[p + 1], metrics[m]) or '0')
+      if used + want[m] > limit then return {0, p, m, used, limit} end
+    end
+  end
+  if limited then touched[#touched + 1] = p end
+end
+for _, p in ipairs(touched) do
+  for m = 1, 3 do
+    if want[m] ~= 0 then redis.call('HINCRBY', KEYS[p + 1], metrics[m], want[m]) end
+  end
+  redis.call('EXPIRE', KEYS[p + 1], ARGV[3 + p])
+end
+local reply = {1}
+for _, p in ipairs(touched) do reply[#reply + 1] = p end
+return reply
+"""
+
+# KEYS: counters a reservation touched; ARGV[1..3]: what to add (negative: give back).
+# A counter that expired meanwhile (a stream longer than its period) is left alone.
+_SETTLE = """
+local metrics = {'input', 'output', 'weighted'}
+for _, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 then
+    for m = 1, 3 do
+      local delta = tonumber(ARGV[m])
+      if delta ~= 0 then redis.call('HINCRBY', key, metrics[m], delta) end
+    end
+  end
+end
+return #KEYS
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    kind: str  # "key" or "team"
+    name: str
+
+    @property
+    def tag(self) -> str:
+        return f"pk:{self.name}" if self.kind == "key" else f"team:{self.name}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A reservation that was admitted: what it holds and where."""
+
+    scope: Scope
+    counters: tuple[str, ...]  # the counter keys it was added to
+    amounts: Amounts
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    scope: Scope
+    period: str
+    metric: str
+    used: int
+    limit: int
+    retry_after: int  # seconds until the period's bucket closes
+
+
+def _text(mapping: dict[Any, Any]) -> dict[str, str]:
+    return {
+        (k.decode() if isinstance(k, bytes) else str(k)): (
+            v.decode() if isinstance(v, bytes) else str(v)
+        )
+        for k, v in mapping.items()
+    }
+
+
+class Accounts:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.prefix = store.prefix
+        self._reserve = store.register_script(_RESERVE)
+        self._settle = store.register_script(_SETTLE)
+
+    # -- key names ---------------------------------------------------------------------
+
+    def _key(self, scope: Scope, rest: str) -> str:
+        return f"{self.prefix}{{{scope.tag}}}:{rest}"
+
+    def _index(self) -> str:
+        return f"{self.prefix}g:keys:index"
+
+    def _counter(self, scope: Scope, b: Bucket) -> str:
+        return self._key(scope, f"use:{b.period}:{b.name}")
+
+    # -- keys ----------------------------------------------------------------------------
+
+    async def create_key(
+        self, *, team: str, upstream_env: str, upstream_scheme: str = "x-api-key", name: str = ""
+    ) -> tuple[str, dict[str, str]]:
+        """A new key: its text (shown once, never stored) and its record."""
+        proxy_keys.check_team(team)
+        proxy_keys.check_env_name(upstream_env)
+        proxy_keys.check_scheme(upstream_scheme)
+        key_id = secrets.token_hex(6)
+        text = proxy_keys.format_key(key_id, secrets.token_urlsafe(32))
+        record = {
+            "id": key_id,
+            "digest": proxy_keys.digest(text),
+            "team": team,
+            "upstream_env": upstream_env,
+            "upstream_scheme": upstream_scheme,
+            "name": name,
+            "created": str(int(time.time())),
+            "revoked": "0",
+        }
+        scope = Scope("key", key_id)
+        client = self.store.client
+        mapping: dict[Any, Any] = dict(record)
+        await self.store.run(lambda: client.hset(self._key(scope, "key"), mapping=mapping))
+        await self.store.run(lambda: client.sadd(self._index(), key_id))
+        return text, record
+
+    async def get_key(self, key_id: str) -> dict[str, str] | None:
+        client = self.store.client
+        found = await self.store.run(lambda: client.hgetall(self._key(Scope("key", key_id), "key")))
+        return _text(found) if found else None
+
+    async def list_keys(self) -> list[dict[str, str]]:
+        client = self.store.client
+        ids = await self.store.run(lambda: client.smembers(self._index()))
+        records = []
+        for raw in sorted(ids):
+            record = await self.get_key(raw.decode() if isinstance(raw, bytes) else str(raw))
+            if record is not None:
+                records.append(record)
+        return records
+
+    async def revoke_key(self, key_id: str) -> bool:
+        record_key = self._key(Scope("key", key_id), "key")
+        client = self.store.client
+        if not await self.store.run(lambda: client.exists(record_key)):
+            return False
+        await self.store.run(lambda: client.hset(record_key, "revoked", "1"))
+        return True
+
+    # -- limits and policy ---------------------------------------------------------------
+
+    async def get_conf(self, scope: Scope) -> dict[str, str]:
+        client = self.store.client
+        return _text(await self.store.run(lambda: client.hgetall(self._key(scope, "conf"))))
+
+    async def set_conf(self, scope: Scope, values: dict[str, int | None]) -> dict[str, str]:
+        """Set fields (`minute:input`, `policy:window`, ...); None removes one."""
+        conf_key = self._key(scope, "conf")
+        client = self.store.client
+        keep: dict[Any, Any] = {k: str(v) for k, v in values.items() if v is not None}
+        drop = [k for k, v in values.items() if v is None]
+        if keep:
+            await self.store.run(lambda: client.hset(conf_key, mapping=keep))
+        if drop:
+            await self.store.run(lambda: client.hdel(conf_key, *drop))
+        return await self.get_conf(scope)
+
+    # -- reservations --------------------------------------------------------------------
+
+    async def reserve(self, scope: Scope, want: Amounts, now: float) -> Held | Refused:
+        buckets = [bucket(p, now) for p in PERIODS]
+        counters = [self._counter(scope, b) for b in buckets]
+        keys = [self._key(scope, "conf"), *counters]
+        args = [*want.as_tuple(), *(b.ttl for b in buckets)]
+        reply = await self.store.run(lambda: self._reserve(keys=keys, args=args))
+        reply = [int(x) for x in cast("list[Any]", reply)]
+        if reply[0] == 1:
+            return Held(scope, tuple(counters[p - 1] for p in reply[1:]), want)
+        _, p, m, used, limit = reply
+        return Refused(scope, PERIODS[p - 1], METRICS[m - 1], used, limit, buckets[p - 1].ends_in)
+
+    async def settle(self, held: Held, actual: Amounts) -> None:
+        """Replace what `held` reserved by what was actually used (0: a refund)."""
+        delta = actual.minus(held.amounts)
+        if not held.counters or delta == Amounts():
+            return
+        keys = list(held.counters)
+        await self.store.run(lambda: self._settle(keys=keys, args=list(delta.as_tuple())))
+
+    async def usage(self, scope: Scope, now: float) -> dict[str, dict[str, int]]:
+        """Used (and still reserved) amounts of the current bucket of each period."""
+        client = self.store.client
+        out: dict[str, dict[str, int]] = {}
+        for period in PERIODS:
+            counter = self._counter(scope, bucket(period, now))
+            found = _text(await self.store.run(lambda c=counter: client.hgetall(c)))  # type: ignore[misc]
+            out[period] = {m: int(found.get(m, "0")) for m in METRICS}
+        return out

@@ -1,0 +1,88 @@
+"""Keys, limits and reservations on a real Redis and on a real three-master Cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import pytest
+
+from proxy.core import proxy_keys
+from proxy.core.budget import Amounts
+from proxy.store import Store
+from proxy.store.accounts import Accounts, Held, Refused, Scope
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+def url(request: pytest.FixtureRequest) -> str:
+    return str(
+        request.getfixturevalue("redis_cluster_url" if request.param == "cluster" else "redis_url")
+    )
+
+
+@pytest.fixture
+def accounts(url: str, make_store: Callable[..., Store]) -> Accounts:
+    return Accounts(make_store(url))
+
+
+async def test_keys_are_stored_hashed_listed_and_revoked(accounts: Accounts) -> None:
+    text, record = await accounts.create_key(team="red", upstream_env="UPSTREAM_A", name="ci")
+    key_id = proxy_keys.key_id_of(text)
+    assert key_id == record["id"]
+    stored = await accounts.get_key(key_id)
+    assert stored is not None and text not in stored.values()
+    assert proxy_keys.matches(text, stored["digest"])
+    assert stored["team"] == "red" and stored["upstream_env"] == "UPSTREAM_A"
+    assert [r["id"] for r in await accounts.list_keys()] == [key_id]
+    assert await accounts.revoke_key(key_id)
+    assert (await accounts.get_key(key_id) or {})["revoked"] == "1"
+    assert not await accounts.revoke_key("000000000000")
+
+
+async def test_reserve_refuses_past_the_limit_and_settles_to_actual(accounts: Accounts) -> None:
+    team = Scope("team", "blue")
+    await accounts.set_conf(team, {"minute:output": 100, "day:input": 1000})
+    now = time.time()
+    first = await accounts.reserve(team, Amounts(10, 60, 12), now)
+    assert isinstance(first, Held) and len(first.counters) == 2
+    second = await accounts.reserve(team, Amounts(10, 60, 12), now)
+    assert isinstance(second, Refused)
+    assert (second.period, second.metric, second.used, second.limit) == (
+        "minute",
+        "output",
+        60,
+        100,
+    )
+    assert 1 <= second.retry_after <= 60
+    await accounts.settle(first, Amounts(8, 5, 9))  # the answer used less: give back
+    used = await accounts.usage(team, now)
+    assert used["minute"] == {"input": 8, "output": 5, "weighted": 9}
+    assert used["day"]["input"] == 8 and used["month"]["input"] == 0  # month: no limit
+    third = await accounts.reserve(team, Amounts(10, 60, 12), now)
+    assert isinstance(third, Held)
+    await accounts.settle(third, Amounts())  # a refund
+    assert (await accounts.usage(team, now))["minute"]["output"] == 5
+
+
+async def test_no_limits_holds_nothing(accounts: Accounts) -> None:
+    held = await accounts.reserve(Scope("key", "0123456789ab"), Amounts(1, 1, 1), time.time())
+    assert isinstance(held, Held) and held.counters == ()
+
+
+async def test_concurrent_reservations_never_pass_the_limit(
+    accounts: Accounts, url: str, make_store: Callable[..., Store]
+) -> None:
+    """Many clients (three stores: three replicas' connections) race for one budget."""
+    scope = Scope("key", "abcdefabcdef")
+    await accounts.set_conf(scope, {"day:output": 1000})
+    replicas = [Accounts(accounts.store)] + [Accounts(make_store(url)) for _ in range(2)]
+    for replica in replicas:  # as a proxy does at start (a cold cluster client races)
+        assert await replica.store.ping()
+    now = time.time()
+    outcomes = await asyncio.gather(
+        *(replicas[i % 3].reserve(scope, Amounts(0, 30, 0), now) for i in range(120))
+    )
+    admitted = sum(isinstance(o, Held) for o in outcomes)
+    assert admitted == 1000 // 30
+    assert (await accounts.usage(scope, now))["day"]["output"] == admitted * 30
