@@ -515,6 +515,9 @@ def create_app(options: StandInOptions | None = None) -> web.Application:
     app.router.add_post("/v1/messages/count_tokens", handle_count_tokens)
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/v1/models/{model_id}", handle_model)
+    from proxy.testing.chat_standin import add_routes  # it builds on this module
+
+    add_routes(app)  # POST /v1/chat/completions
     return app
 
 
