@@ -49,6 +49,9 @@ class ServerSettings:
 @dataclass(frozen=True, slots=True)
 class UpstreamSettings:
     url: str = "https://api.anthropic.com"
+    # Where OpenAI-format traffic goes (/v1/chat/completions and the other OpenAI paths;
+    # see proxy/server/routing.py): OpenAI itself or any compatible server.
+    openai_url: str = "https://api.openai.com"
     # Seconds to open a new TCP/TLS connection to the upstream.
     connect_timeout: float = 10.0
     # Seconds a stream may stay silent before the proxy ends it (no total stream timeout).
@@ -153,6 +156,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "server.log_format": _log_format,
     "server.drain_timeout": _non_negative,
     "upstream.url": _http_url,
+    "upstream.openai_url": _http_url,
     "upstream.connect_timeout": _positive,
     "upstream.stream_idle_timeout": _positive,
     "upstream.response_timeout": _positive,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from proxy.config import Settings
+from proxy.server.chat import expect_chat, handle_chat_completions
 from proxy.server.compaction import Compactor
 from proxy.server.health import handle_healthz, handle_readyz
 from proxy.server.lifecycle import LIFECYCLE, Lifecycle
@@ -18,6 +19,7 @@ from proxy.server.logs import REQUEST_LOG, RequestLog
 from proxy.server.messages import expect_within_limit, handle_count_tokens, handle_messages
 from proxy.server.metrics import METRICS, Metrics, handle_metrics, observe_requests
 from proxy.server.passthrough import handle_passthrough
+from proxy.server.routing import openai_upstream_lifetime
 from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM, StoreState
 from proxy.server.upstream import Upstream
 from proxy.store import EmbeddedRedis, Store
@@ -82,6 +84,7 @@ def create_app(settings: Settings) -> web.Application:
     app[STORE] = StoreState()
     app[COMPACTOR] = Compactor(settings.policies)
     app.cleanup_ctx.append(_upstream_lifetime)
+    app.cleanup_ctx.append(openai_upstream_lifetime)
     app.cleanup_ctx.append(_store_lifetime)
     app.on_cleanup.append(_close_compactor)
     app.router.add_get("/healthz", handle_healthz)
@@ -91,6 +94,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_post(
         "/v1/messages/count_tokens", handle_count_tokens, expect_handler=expect_within_limit
     )
+    app.router.add_post("/v1/chat/completions", handle_chat_completions, expect_handler=expect_chat)
     app.router.add_route("*", "/{tail:.*}", handle_passthrough)
     return app
 

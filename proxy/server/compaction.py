@@ -21,7 +21,6 @@ from typing import Any
 from proxy.core.calibration import sample_ratio
 from proxy.core.checkpoint import message_digest
 from proxy.core.identity import conversation_of, tenant_of
-from proxy.core.offload import choose_tool_name, read_result_tool
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies, policy_for
 from proxy.core.rewrite import (
     NeedSummary,
@@ -35,6 +34,7 @@ from proxy.core.rewrite import (
 from proxy.core.tokens import TokenCounter, default_counter
 from proxy.server import observe
 from proxy.server.summariser import SummariserSettings, obtain_summary
+from proxy.server.wires import ANTHROPIC_WIRE, Wire
 from proxy.store import Store, StoreUnavailable
 from proxy.wire.anthropic import encode_request, request_messages
 
@@ -56,6 +56,7 @@ class Interception:
     conversation: str
     body: dict[str, Any]  # the rewritten request, as sent
     policy: Policy
+    wire: Wire = ANTHROPIC_WIRE
 
 
 @dataclass(slots=True)
@@ -160,15 +161,16 @@ class Compactor:
         *,
         store: Store | None,
         upstream_url: str,
+        wire: Wire = ANTHROPIC_WIRE,
     ) -> Prepared:
         messages = request_messages(body)
         model = str(body.get("model", ""))
         if not messages:
             return Prepared(body_bytes, model=model)
         policy = policy_for(model, self.policies)
-        counter = self.counter
+        counter = wire.counter(self.counter)
         tools = body.get("tools")
-        fixed = counter.count_system(body.get("system")) + counter.count_tools(tools)
+        fixed = wire.fixed_tokens(counter, body)
         if len(body_bytes) > COUNT_OFF_LOOP_BYTES:
             # A cold count of a big history takes tens of ms: keep the loop free meanwhile
             # (tiktoken encodes without the GIL).
@@ -183,7 +185,7 @@ class Compactor:
             return Prepared(body_bytes, estimate=history + fixed, model=model)
 
         tenant = tenant_of(headers)
-        conversation = conversation_of(headers, body, tenant)
+        conversation = conversation_of(headers, wire.identity_view(body), tenant)
         checkpoint, store_ok = None, store is not None
         if store is not None:
             try:
@@ -191,11 +193,12 @@ class Compactor:
                 checkpoint = found if isinstance(found, dict) else None
             except StoreUnavailable:
                 store_ok = False
-        tool = choose_tool_name(tools)
+        tool = wire.tool_name(body)
         tool_list = tools if isinstance(tools, list) else []
         tool_tokens = 0
         if tool:
-            tool_tokens = counter.count_tools([*tool_list, read_result_tool(tool)]) - (
+            injected = wire.dialect.read_result_tool(tool)
+            tool_tokens = counter.count_tools([*tool_list, injected]) - (
                 counter.count_tools(tool_list)
             )
         inp = PlanInput(
@@ -210,6 +213,7 @@ class Compactor:
             factor=factor,
             store_ok=store_ok,
             counts=counts,
+            dialect=wire.dialect,
         )
         outcome = plan_request(inp)
         if isinstance(outcome, NeedSummary):
@@ -223,6 +227,7 @@ class Compactor:
                 headers=headers,
                 base_url=upstream_url,
                 settings=self.summariser,
+                call=wire.summarise,
             )
             if got.failure:
                 log.info("no summary (%s); packing instead", got.failure)
@@ -248,7 +253,9 @@ class Compactor:
             len(outcome.blobs),
             outcome.summary,
         )
-        return self._encode(body, outcome, tenant, conversation, policy, fixed, tool_tokens, model)
+        return self._encode(
+            body, outcome, tenant, conversation, policy, fixed, tool_tokens, model, wire
+        )
 
     async def _store_effects(
         self, store: Store, tenant: str, conversation: str, rewrite: Rewrite
@@ -275,13 +282,14 @@ class Compactor:
         fixed: int,
         tool_tokens: int,
         model: str,
+        wire: Wire,
     ) -> Prepared:
         tools = body.get("tools")
         replace: dict[str, Any] = {"messages": rewrite.messages}
         if rewrite.tool:
             replace["tools"] = [
                 *(tools if isinstance(tools, list) else []),
-                read_result_tool(rewrite.tool),
+                wire.dialect.read_result_tool(rewrite.tool),
             ]
         sent = {**body, **replace}
         headers = [
@@ -293,7 +301,7 @@ class Compactor:
         ]
         interception = None
         if rewrite.tool:
-            interception = Interception(rewrite.tool, tenant, conversation, sent, policy)
+            interception = Interception(rewrite.tool, tenant, conversation, sent, policy, wire)
         estimate = fixed + rewrite.estimate
         return Prepared(
             encode_request(body, **replace),

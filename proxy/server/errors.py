@@ -112,3 +112,49 @@ def for_upstream_failure(exc: BaseException, upstream: str, read_timeout: float)
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return upstream_unreachable(upstream, "the connection closed before an answer")
     return upstream_unreachable(upstream, type(exc).__name__)
+
+
+# -- OpenAI Chat Completions: the same errors in `{"error": {message, type, param, code}}` --
+
+_OPENAI_TYPES = {"api_error": "server_error", "overloaded_error": "server_error"}
+
+
+def openai_error(
+    status: int,
+    message: str,
+    error_type: str,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+    retry: bool | None = None,
+    close: bool = False,
+) -> web.Response:
+    request_id = new_request_id()
+    body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    response = web.Response(
+        status=status,
+        body=orjson.dumps(body),
+        content_type="application/json",
+        headers={"x-request-id": request_id},
+    )
+    if retry is not None:
+        response.headers["x-should-retry"] = "true" if retry else "false"
+    if close:
+        response.force_close()
+    return response
+
+
+def as_openai(response: web.Response) -> web.Response:
+    """One of the proxy's own (Messages-shaped) errors above, in OpenAI's shape."""
+    assert isinstance(response.body, bytes)
+    error = orjson.loads(response.body)["error"]
+    kind = str(error.get("type", "api_error"))
+    retry = response.headers.get("x-should-retry")
+    return openai_error(
+        response.status,
+        str(error.get("message", "")),
+        _OPENAI_TYPES.get(kind, kind),
+        code=kind if kind == "request_too_large" else None,
+        retry=None if retry is None else retry == "true",
+        close=response.keep_alive is False,
+    )

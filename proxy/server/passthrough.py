@@ -1,4 +1,5 @@
-"""Every other path and method: forwarded unchanged, streamed both ways."""
+"""Every other path and method: forwarded unchanged, streamed both ways, to the upstream
+proxy/server/routing.py picks (Anthropic, or OpenAI-format)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ from aiohttp import web
 from proxy.server import errors
 from proxy.server.headers import upstream_request_headers
 from proxy.server.relay import relay
+from proxy.server.routing import OPENAI_UPSTREAM, upstream_for
 from proxy.server.state import UPSTREAM
 
 
 async def handle_passthrough(request: web.Request) -> web.StreamResponse:
     if request.raw_path[:1] != "/":
         return errors.not_a_path(request.raw_path)
-    upstream = request.app[UPSTREAM]
+    # The path (and for paths both APIs have, the client's headers) picks the upstream.
+    openai = upstream_for(request.path, request.headers) == "openai"
+    upstream = request.app[OPENAI_UPSTREAM if openai else UPSTREAM]
     headers = upstream_request_headers(request.headers)
     data = None
     if request.body_exists:

@@ -16,7 +16,6 @@ Contract for `prepare`:
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,15 +25,16 @@ from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from proxy.config import Settings
-from proxy.server import errors
 from proxy.server.compaction import Compactor, Interception
 from proxy.server.headers import upstream_request_headers
 from proxy.server.read_result import ReadLoop
 from proxy.server.upstream import Upstream
+from proxy.server.wires import ANTHROPIC_WIRE, Wire
 
 log = logging.getLogger(__name__)
 
-Route = Literal["messages", "count_tokens"]
+Route = Literal["messages", "count_tokens", "chat"]
+COMPACTED_ROUTES = ("messages", "chat")
 
 
 @dataclass(slots=True)
@@ -50,6 +50,7 @@ class RequestContext:
     upstream: Upstream  # for the pipeline's own upstream calls (the summariser)
     store: Any  # proxy.store Store, or None when no store could be started
     compactor: Compactor | None = None
+    wire: Wire = ANTHROPIC_WIRE  # the request's format: Messages, or OpenAI Chat
 
 
 @dataclass(slots=True)
@@ -75,18 +76,23 @@ def must_parse(body_length: int, settings: Settings) -> bool:
 async def prepare(ctx: RequestContext) -> Forward:
     """Decide what goes upstream: the original bytes, a rewrite, or a refusal."""
     compactor = ctx.compactor
-    if ctx.route != "messages" or ctx.payload is None or compactor is None:
+    if ctx.route not in COMPACTED_ROUTES or ctx.payload is None or compactor is None:
         return Forward(ctx.body)
     try:
         prepared = await compactor.prepare(
-            ctx.body, ctx.payload, ctx.headers, store=ctx.store, upstream_url=ctx.upstream.base_url
+            ctx.body,
+            ctx.payload,
+            ctx.headers,
+            store=ctx.store,
+            upstream_url=ctx.upstream.base_url,
+            wire=ctx.wire,
         )
     except Exception:  # never fail a request for our own parts: forward it untouched
         log.exception("compaction failed; forwarding the request untouched")
         return Forward(ctx.body)
     if prepared.refusal is not None:
-        return Forward(ctx.body, reply=errors.invalid_request(prepared.refusal))
-    observe = _usage_observer(compactor, prepared.model, prepared.estimate, ctx.store)
+        return Forward(ctx.body, reply=ctx.wire.refusal(prepared.refusal))
+    observe = _usage_observer(compactor, prepared.model, prepared.estimate, ctx.store, ctx.wire)
     if prepared.interception is None:
         return Forward(prepared.body, tuple(prepared.headers), observe=observe)
     # Answers we read ourselves must arrive uncompressed.
@@ -130,20 +136,14 @@ async def intercept(
 
 def _estimate_of(ctx: RequestContext, forward: Forward) -> int:
     assert ctx.compactor is not None
-    return (
-        ctx.compactor.counter.count_request(forward.interception.body)
-        if forward.interception
-        else 0
-    )
-
-
-_USAGE_FIELD = re.compile(
-    rb'"(input_tokens|cache_creation_input_tokens|cache_read_input_tokens)"\s*:\s*(\d+)'
-)
+    if forward.interception is None:
+        return 0
+    counter = ctx.wire.counter(ctx.compactor.counter)
+    return int(counter.count_request(forward.interception.body))
 
 
 def _usage_observer(
-    compactor: Compactor, model: str, estimate: int, store: Any
+    compactor: Compactor, model: str, estimate: int, store: Any, wire: Wire = ANTHROPIC_WIRE
 ) -> Callable[[bytes], None] | None:
     """Calibration from answers relayed as bytes: the input counts in the first chunk
     (a stream's message_start, or the whole body), found without parsing it all."""
@@ -153,9 +153,9 @@ def _usage_observer(
     def observe(first: bytes) -> None:
         head = first[:8192] if first.startswith(b"event:") else first[-4096:]
         usage: dict[str, int] = {}
-        for name, value in _USAGE_FIELD.findall(head):
+        for name, value in wire.usage_field.findall(head):
             usage.setdefault(name.decode(), int(value))
         if usage:
-            compactor.record_usage(model, estimate, usage, store)
+            compactor.record_usage(model, estimate, wire.usage_input(usage), store)
 
     return observe

@@ -5,8 +5,9 @@ the byte relay. If the model called read_result (and nothing the client must ans
 the proxy reads the slices from the store, appends the call and its results, and asks
 the upstream again, up to the policy's number of rounds. The client gets one message:
 in a stream, read_result blocks are held back and later rounds continue the same message
-(see proxy/wire/anthropic_rounds.py); a call mixed with client tool calls is removed
-from what the client sees, so nothing is left unanswered in its history.
+(see proxy/wire/anthropic_rounds.py, and openai_rounds.py for Chat; the request's Wire
+picks them); a call mixed with client tool calls is removed from what the client sees,
+so nothing is left unanswered in its history.
 """
 
 from __future__ import annotations
@@ -25,19 +26,12 @@ from proxy.core.offload import parse_read_args, read_slice, unknown_ref
 from proxy.core.sse import SSEDecoder
 from proxy.server import observe
 from proxy.server.compaction import Compactor, Interception
-from proxy.server.errors import stream_error_event
 from proxy.server.headers import client_response_headers
 from proxy.server.relay import relay
 from proxy.server.upstream import Upstream
+from proxy.server.wires import Wire
 from proxy.store import Store, StoreUnavailable
 from proxy.wire.anthropic import encode_request
-from proxy.wire.anthropic_rounds import (
-    Round,
-    StreamMerger,
-    continue_messages,
-    merge_messages,
-    split_message,
-)
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +87,10 @@ class ReadLoop:
         self.messages: list[Any] = list(interception.body["messages"])
         self.rounds_used = 0
 
-    async def _ask_again(self, round_: Round, stream: bool) -> aiohttp.ClientResponse:
+    async def _ask_again(self, round_: Any, stream: bool) -> aiohttp.ClientResponse:
         began = time.perf_counter()
         results = await answer_reads(round_.reads, self.store, self.i)
-        self.messages = continue_messages(self.messages, round_, results)
+        self.messages = self.i.wire.continue_messages(self.messages, round_, results)
         self.rounds_used += 1
         body = encode_request(self.i.body, messages=self.messages)
         observe.read_round()
@@ -108,7 +102,10 @@ class ReadLoop:
     def _calibrate(self, usage: dict[str, Any]) -> None:
         if self.rounds_used == 0:  # later rounds carry text we did not estimate
             self.compactor.record_usage(
-                str(self.i.body.get("model", "")), self.estimate, usage, self.store
+                str(self.i.body.get("model", "")),
+                self.estimate,
+                self.i.wire.usage_input(usage),
+                self.store,
             )
 
     # -- not streaming -------------------------------------------------------------------
@@ -124,7 +121,7 @@ class ReadLoop:
             finally:
                 response.release()
             answers.append(message)
-            round_ = split_message(message, self.i.tool)
+            round_ = self.i.wire.split(message, self.i.tool)
             observe.add_usage(round_.usage)
             if not answers[1:]:
                 self._calibrate(round_.usage)
@@ -133,7 +130,7 @@ class ReadLoop:
             response = await self._ask_again(round_, stream=False)
             if response.status != 200:
                 return await relay(self.request, response, self.extra_headers)
-        merged = merge_messages(answers, self.i.tool)
+        merged = self.i.wire.merge(answers, self.i.tool)
         out = CIMultiDict(headers)
         out.popall("Content-Encoding", None)
         for name, value in self.extra_headers:
@@ -151,7 +148,7 @@ class ReadLoop:
             headers.add(name, value)
         out = web.StreamResponse(status=200, headers=headers)
         await out.prepare(self.request)
-        merger = StreamMerger(self.i.tool)
+        merger = self.i.wire.merger(self.i.tool)
         try:
             while True:
                 merger.begin_round()
@@ -172,7 +169,7 @@ class ReadLoop:
                 response = await self._ask_again(round_, stream=True)
                 if response.status != 200:
                     # Too late for a status: end the stream with the upstream's error.
-                    await out.write(await _error_event(response))
+                    await out.write(await _error_event(response, self.i.wire))
                     await out.write_eof()
                     return out
             for chunk in merger.finish():
@@ -187,32 +184,34 @@ class ReadLoop:
             response.close()
 
     async def _relay_round(
-        self, response: aiohttp.ClientResponse, merger: StreamMerger, out: web.StreamResponse
+        self, response: aiohttp.ClientResponse, merger: Any, out: web.StreamResponse
     ) -> str:
         decoder = SSEDecoder()
         stopped = False
+        round_event = self.i.wire.round_event
         try:
             async for chunk in response.content.iter_any():
                 for event in decoder.feed(chunk):
                     for piece in merger.feed(event):
                         await out.write(piece)
-                    if event.name == "error":
+                    seen = round_event(merger, event)
+                    if seen == "error":
                         return "error"
-                    stopped = stopped or event.name == "message_stop"
+                    stopped = stopped or seen == "stop"
         finally:
             response.release()
         return "done" if stopped else "cut"
 
 
-async def _error_event(response: aiohttp.ClientResponse) -> bytes:
+async def _error_event(response: aiohttp.ClientResponse, wire: Wire) -> bytes:
+    """The upstream's error answer as an in-stream error of the wire's format."""
     try:
-        payload = orjson.loads(await response.read())
-        error = payload.get("error") or {}
-        return stream_error_event(str(error.get("type", "api_error")), str(error.get("message")))
-    except (orjson.JSONDecodeError, aiohttp.ClientError, AttributeError):
-        return stream_error_event("api_error", f"upstream answered {response.status}")
+        payload: Any = orjson.loads(await response.read())
+    except (orjson.JSONDecodeError, aiohttp.ClientError):
+        payload = None
     finally:
         response.release()
+    return wire.error_event(payload, response.status)
 
 
 def _cut(request: web.Request) -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import anthropic
+import openai
 
 from proxy.core.identity import credential
 from proxy.core.rewrite import NeedSummary
@@ -51,6 +52,7 @@ async def obtain_summary(
     headers: Mapping[str, str],
     base_url: str,
     settings: SummariserSettings,
+    call: Callable[..., Awaitable[str]] | None = None,
 ) -> SummaryOutcome:
     key = need.key
     try:
@@ -66,7 +68,7 @@ async def obtain_summary(
         return await _wait_for_other(store, tenant, conversation, key, settings)
     try:
         observe.summariser_call()
-        text = await call_summariser(
+        text = await (call or call_summariser)(
             need, model=model, headers=headers, base_url=base_url, seconds=settings.timeout
         )
         if not text.strip():
@@ -76,7 +78,7 @@ async def obtain_summary(
         return SummaryOutcome(text)
     except StoreUnavailable as e:
         return SummaryOutcome(None, failure=f"store unavailable: {e}")
-    except anthropic.APIError as e:
+    except (anthropic.APIError, openai.APIError) as e:
         observe.summariser_call(failed=True)
         log.warning("summariser call failed: %s (%r)", type(e).__name__, e.__cause__)
         return SummaryOutcome(None, failure=f"summariser failed: {type(e).__name__}")

@@ -1,0 +1,77 @@
+"""Which upstream a request goes to: the Anthropic one or the OpenAI-format one.
+
+The rule, in order:
+1. `/v1/messages` and everything under it: the Anthropic upstream (`upstream.url`).
+2. Paths only OpenAI's API serves (`/v1/chat/completions`, `/v1/completions`,
+   `/v1/embeddings`, `/v1/responses`, ... see OPENAI_ONLY): the OpenAI upstream
+   (`upstream.openai_url`).
+3. Any other path (`/v1/models`, `/v1/files`, unknown ones): the OpenAI upstream when the
+   request looks like an OpenAI client's (an `Authorization: Bearer` credential and no
+   `anthropic-version` header, which the anthropic SDK and Claude Code always send),
+   else the Anthropic upstream.
+
+Only the path (never the query) and two headers decide, so the rule is cheap and a
+client cannot name an upstream that is not configured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Literal
+
+from aiohttp import web
+from multidict import MultiMapping
+
+from proxy.server.state import SETTINGS
+from proxy.server.upstream import Upstream
+
+Target = Literal["anthropic", "openai"]
+
+OPENAI_ONLY = (
+    "/v1/chat/",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/moderations",
+    "/v1/audio/",
+    "/v1/images/",
+    "/v1/batches",
+    "/v1/fine_tuning/",
+    "/v1/assistants",
+    "/v1/threads",
+    "/v1/vector_stores",
+    "/v1/uploads",
+    "/v1/realtime",
+    "/v1/conversations",
+    "/v1/evals",
+    "/v1/containers",
+    "/v1/videos",
+)
+
+OPENAI_UPSTREAM = web.AppKey("openai_upstream", Upstream)
+
+
+def _under(path: str, prefix: str) -> bool:
+    if prefix.endswith("/"):
+        return path.startswith(prefix)
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def upstream_for(path: str, headers: MultiMapping[str]) -> Target:
+    if _under(path, "/v1/messages"):
+        return "anthropic"
+    if any(_under(path, prefix) for prefix in OPENAI_ONLY):
+        return "openai"
+    bearer = headers.get("Authorization", "")[:7].lower() == "bearer "
+    if bearer and "anthropic-version" not in headers:
+        return "openai"
+    return "anthropic"
+
+
+async def openai_upstream_lifetime(app: web.Application) -> AsyncIterator[None]:
+    """The OpenAI-format upstream: its own pool, the same timeouts as the Anthropic one."""
+    settings = app[SETTINGS].upstream
+    app[OPENAI_UPSTREAM] = Upstream(replace(settings, url=settings.openai_url))
+    yield
+    await app[OPENAI_UPSTREAM].close()
