@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from proxy.config import ConfigError, load_settings
+from proxy.ops.commands import add_commands as add_ops_commands
 
 STANDIN_DEFAULT_PORT = 8081
 
@@ -50,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     standin.add_argument(
         "--window", type=int, help="context window of every model, in tokens (default 200000)"
     )
+    add_ops_commands(commands)  # audit, plan, replay
     return parser
 
 
@@ -93,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if getattr(args, "ops_run", None) is not None:
+        return int(args.ops_run(args))
     if args.command == "serve":
         return _serve(args)
     return _stand_in(args)

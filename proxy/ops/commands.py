@@ -1,0 +1,113 @@
+"""The `audit`, `plan` and `replay` commands of `compaction-proxy`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from proxy.config import ConfigError, load_settings
+from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies
+from proxy.core.tokens import default_counter
+from proxy.ops.requests import RequestFileError, load_request, load_trace, trace_length
+
+CONFIG_HELP = (
+    "TOML settings file whose [[policy]] tables apply (default: $COMPACTION_PROXY_CONFIG,"
+    " else ./config/proxy.toml if present, else built-in defaults)"
+)
+
+
+def add_commands(commands: Any) -> None:
+    audit = commands.add_parser(
+        "audit",
+        help="where a saved request's context window goes",
+        description="Tokens of a saved request by part (system prompt, tools, each role,"
+        " tool calls and results per tool), largest first.",
+    )
+    audit.add_argument("file", type=Path, help="a JSON Messages body or a recorded request")
+    audit.add_argument("--config", type=Path, help=CONFIG_HELP)
+    audit.set_defaults(ops_run=run_audit)
+
+    plan = commands.add_parser(
+        "plan",
+        help="dry run: what the proxy would do with a saved request",
+        description="What the proxy would do with the request under the current settings"
+        " (strategy, what is offloaded, folded or dropped, tokens before and after),"
+        " computed by the planner alone: nothing is called or stored.",
+    )
+    plan.add_argument("file", type=Path, help="a JSON Messages body or a recorded request")
+    plan.add_argument("--config", type=Path, help=CONFIG_HELP)
+    plan.set_defaults(ops_run=run_plan)
+
+    replay = commands.add_parser(
+        "replay",
+        help="bill a saved conversation with and without the proxy; write a report",
+        description="Replay a conversation (a JSONL file of requests, or a directory of"
+        " request files) through the planner and the stand-in's prompt-cache cost model,"
+        " and write an HTML report of context size and billed cost per turn.",
+    )
+    replay.add_argument("trace", type=Path, help="JSONL of requests, or a directory of them")
+    replay.add_argument("--config", type=Path, help=CONFIG_HELP)
+    replay.add_argument(
+        "--out", type=Path, default=Path("replay-report.html"), help="the report (HTML)"
+    )
+    replay.set_defaults(ops_run=run_replay)
+
+
+def _policies(config: Path | None) -> list[Policy]:
+    settings = load_settings(config)
+    return [*parse_policies(settings.policies), *DEFAULT_POLICIES]
+
+
+def _guarded(run: Any) -> Any:
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            return int(run(args))
+        except ConfigError as e:
+            print(f"compaction-proxy: bad setting: {e}", file=sys.stderr)
+        except RequestFileError as e:
+            print(f"compaction-proxy: {e}", file=sys.stderr)
+        return 2
+
+    return wrapped
+
+
+@_guarded
+def run_audit(args: argparse.Namespace) -> int:
+    from proxy.ops.audit import render_audit
+
+    policies = _policies(args.config)
+    print(render_audit(load_request(args.file), default_counter(), policies))
+    return 0
+
+
+@_guarded
+def run_plan(args: argparse.Namespace) -> int:
+    from proxy.ops.plan import plan_text
+
+    policies = _policies(args.config)
+    print(plan_text(load_request(args.file), default_counter(), policies))
+    return 0
+
+
+@_guarded
+def run_replay(args: argparse.Namespace) -> int:
+    from proxy.ops.progress import Progress
+    from proxy.ops.replay import replay, summary_lines
+    from proxy.ops.report import render_report
+
+    policies = _policies(args.config)
+    if not args.trace.exists():
+        raise RequestFileError(f"{args.trace}: no such file or directory")
+    progress = Progress(trace_length(args.trace), "replay")
+    try:
+        result = replay(load_trace(args.trace), policies, default_counter(), progress)
+    finally:
+        progress.close()
+    if not result.turns:
+        raise RequestFileError(f"{args.trace}: no requests in the trace")
+    args.out.write_text(render_report(result, args.trace.name), encoding="utf-8")
+    print("\n".join(summary_lines(result)))
+    print(f"report: {args.out}")
+    return 0

@@ -1,0 +1,82 @@
+"""Reading saved requests: a Messages body, a recorded request, or a trace of them.
+
+A request file is either a JSON Messages body (an object with `messages`) or a recorded
+request `{"method", "path", "headers", "body"}` as in tests/fixtures/agent-requests/
+(the body an object, or a JSON string of one). A trace is a JSONL file with one such
+request per line, or a directory of request files taken in natural name order
+(turn2.json before turn10.json).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+class RequestFileError(ValueError):
+    """A file that holds no Messages request; the message says where and why."""
+
+
+def body_of(value: Any, where: str) -> dict[str, Any]:
+    """The Messages body of a parsed request file or trace line."""
+    if isinstance(value, dict) and "messages" not in value and "body" in value:
+        value = value["body"]
+        if isinstance(value, (str, bytes)):
+            try:
+                value = orjson.loads(value)
+            except orjson.JSONDecodeError as e:
+                raise RequestFileError(f"{where}: the recorded body is not JSON: {e}") from None
+    if not isinstance(value, dict) or not isinstance(value.get("messages"), list):
+        raise RequestFileError(
+            f"{where}: not a Messages request (a JSON object with a `messages` list, or a"
+            " recorded request with such a `body`)"
+        )
+    return value
+
+
+def load_request(path: Path) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise RequestFileError(f"{path}: {e.strerror or e}") from None
+    try:
+        return body_of(orjson.loads(raw), str(path))
+    except orjson.JSONDecodeError as e:
+        raise RequestFileError(f"{path}: not valid JSON: {e}") from None
+
+
+def _natural(path: Path) -> list[Any]:
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path.name)]
+
+
+def trace_length(path: Path) -> int:
+    """How many requests a trace holds (for a progress bar), without parsing them."""
+    if path.is_dir():
+        return sum(1 for p in path.iterdir() if p.suffix == ".json")
+    with path.open("rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def load_trace(path: Path) -> Iterator[dict[str, Any]]:
+    """The trace's request bodies, in order, one at a time (a trace can be large)."""
+    if not path.exists():
+        raise RequestFileError(f"{path}: no such file or directory")
+    if path.is_dir():
+        files = sorted((p for p in path.iterdir() if p.suffix == ".json"), key=_natural)
+        if not files:
+            raise RequestFileError(f"{path}: no .json request files in this directory")
+        for file in files:
+            yield load_request(file)
+        return
+    with path.open("rb") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield body_of(orjson.loads(line), f"{path}:{n}")
+            except orjson.JSONDecodeError as e:
+                raise RequestFileError(f"{path}:{n}: not valid JSON: {e}") from None

@@ -1,0 +1,206 @@
+"""The proxy's decisions for saved requests, without calling anything.
+
+`Simulator.step(body)` does what the Compactor does for one Anthropic Messages request
+(count, trigger check, checkpoint, the pure planner, summary, encode) with the effects
+kept in memory: the conversation's checkpoint, the stored summaries (a placeholder text
+of the slot's size stands in for the summariser's answer), the offloaded blobs. Steps
+on one Simulator form one conversation, as the replica fleet would see it. Calibration
+is fixed (factor 1.0 unless given): the local count is taken as the real one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.core.checkpoint import message_digest
+from proxy.core.offload import choose_tool_name, read_result_tool, ref_for, result_text
+from proxy.core.policy import Policy, policy_for
+from proxy.core.rewrite import (
+    NeedSummary,
+    PlanInput,
+    Refuse,
+    Rewrite,
+    Untouched,
+    finish_with_summary,
+    plan_request,
+)
+from proxy.core.summary import INSTRUCTION
+from proxy.core.tokens import TokenCounter
+from proxy.wire.anthropic import request_messages
+
+
+@dataclass(frozen=True, slots=True)
+class Offloaded:
+    ref: str
+    tool: str  # the name of the tool whose result it was
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Summarise:
+    """A summary the step needed: made (a summariser call) or reused from the store."""
+
+    messages: int  # client messages folded into it
+    slot: int  # the output cap, tokens
+    reused: bool
+    input_tokens: int  # the summariser call's prompt (instruction + transcript)
+
+
+@dataclass(slots=True)
+class Step:
+    body: dict[str, Any]  # what would go upstream
+    policy: Policy
+    kind: str  # "untouched", "rewrite" or "refuse"
+    strategy: str = ""  # the rewrite's strategy ("checkpoint": a frozen one reapplied)
+    tokens_before: int = 0  # history, as the client sent it
+    tokens_after: int = 0  # history, as sent
+    fixed_tokens: int = 0  # system prompt and tools (read_result's definition included)
+    offloaded: list[Offloaded] = field(default_factory=list)  # newly offloaded results
+    stubs: int = 0  # offloaded results in the history sent (new and earlier)
+    folded: int = 0  # client messages behind the summary
+    dropped: int = 0  # client messages behind a drop note
+    summary: Summarise | None = None
+    pack_fallback: Rewrite | Refuse | None = None  # what a failed summariser would give
+    refusal: str = ""
+
+
+def placeholder_summary(slot: int, key: str) -> str:
+    """Text of about `slot` tokens (one per word) standing in for a real summary."""
+    words = max(1, slot - 12)
+    return f"[placeholder summary {key[:12]}] " + "note " * words
+
+
+def _tool_names(messages: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    names = {}
+    for m in messages:
+        content = m.get("content")
+        for b in content if isinstance(content, list) else []:
+            if isinstance(b, dict) and b.get("type") == "tool_use":
+                names[str(b.get("id"))] = str(b.get("name", "?"))
+    return names
+
+
+def _result_owners(messages: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """ref -> tool name, for every tool result in the history."""
+    names = _tool_names(messages)
+    owners = {}
+    for m in messages:
+        content = m.get("content")
+        for b in content if isinstance(content, list) else []:
+            if isinstance(b, dict) and b.get("type") == "tool_result":
+                text = result_text(b)
+                if text is not None:
+                    owners[ref_for(text)] = names.get(str(b.get("tool_use_id")), "?")
+    return owners
+
+
+class Simulator:
+    def __init__(
+        self, policies: Sequence[Policy], counter: TokenCounter, *, factor: float = 1.0
+    ) -> None:
+        self.policies = list(policies)
+        self.counter = counter
+        self.factor = factor
+        self.checkpoint: dict[str, Any] | None = None
+        self.summaries: dict[str, str] = {}  # key -> text, as the store would keep them
+        self.blobs: dict[str, int] = {}  # ref -> length in characters
+
+    def step(self, body: dict[str, Any]) -> Step:
+        counter = self.counter
+        messages = request_messages(body)
+        model = str(body.get("model", ""))
+        policy = policy_for(model, self.policies)
+        tools = body.get("tools")
+        fixed = counter.count_system(body.get("system")) + counter.count_tools(tools)
+        counts = [counter.count_message(m) for m in messages]
+        history = sum(counts)
+        fits = (history + fixed) * self.factor <= policy.window
+        if not messages or (fits and history * self.factor <= policy.trigger_tokens):
+            return Step(body, policy, "untouched", tokens_before=history, tokens_after=history,
+                        fixed_tokens=fixed)  # fmt: skip
+        tool = choose_tool_name(tools)
+        tool_list = tools if isinstance(tools, list) else []
+        tool_tokens = 0
+        if tool:
+            with_tool = counter.count_tools([*tool_list, read_result_tool(tool)])
+            tool_tokens = with_tool - counter.count_tools(tool_list)
+        inp = PlanInput(
+            messages=messages,
+            digests=[message_digest(m) for m in messages],
+            checkpoint=self.checkpoint,
+            policy=policy,
+            counter=counter,
+            fixed_tokens=fixed,
+            tool_tokens=tool_tokens,
+            tool=tool,
+            factor=self.factor,
+            counts=counts,
+        )
+        outcome = plan_request(inp)
+        summary: Summarise | None = None
+        fallback: Rewrite | Refuse | None = None
+        if isinstance(outcome, NeedSummary):
+            need = outcome
+            stored = self.summaries.get(need.key)
+            text = stored or placeholder_summary(need.slot, need.key)
+            prompt = counter.count_text(INSTRUCTION) + counter.count_text(need.transcript)
+            fallback = finish_with_summary(need, None, reused=False)
+            outcome = finish_with_summary(need, text, reused=stored is not None)
+            if isinstance(outcome, Rewrite) and outcome.summary:
+                self.summaries[need.key] = text
+                summary = Summarise(0, need.slot, stored is not None, prompt)
+        if isinstance(outcome, Untouched):
+            return Step(body, policy, "untouched", tokens_before=history, tokens_after=history,
+                        fixed_tokens=fixed)  # fmt: skip
+        if isinstance(outcome, Refuse):
+            return Step(body, policy, "refuse", tokens_before=history, fixed_tokens=fixed,
+                        refusal=outcome.message)  # fmt: skip
+        return self._rewritten(body, outcome, policy, history, fixed, tool_tokens, summary,
+                               fallback)  # fmt: skip
+
+    def _rewritten(
+        self,
+        body: dict[str, Any],
+        rewrite: Rewrite,
+        policy: Policy,
+        history: int,
+        fixed: int,
+        tool_tokens: int,
+        summary: Summarise | None,
+        fallback: Rewrite | Refuse | None,
+    ) -> Step:
+        if rewrite.checkpoint is not None:
+            self.checkpoint = rewrite.checkpoint
+        segments = (self.checkpoint or {}).get("segments") or []
+        kept = sum(1 for s in segments if s[0] in ("m", "s"))
+        folded = sum(int(s[2]) for s in segments if s[0] == "summary")
+        total = int((self.checkpoint or {}).get("n", 0))
+        owners = _result_owners(request_messages(body))
+        offloaded = []
+        for ref, text in rewrite.blobs:
+            self.blobs[ref] = len(text)
+            offloaded.append(Offloaded(ref, owners.get(ref, "?"), self.counter.count_text(text)))
+        if summary is not None:
+            summary = Summarise(folded, summary.slot, summary.reused, summary.input_tokens)
+        replace: dict[str, Any] = {"messages": rewrite.messages}
+        tools = body.get("tools")
+        if rewrite.tool:
+            replace["tools"] = [*(tools if isinstance(tools, list) else []),
+                                read_result_tool(rewrite.tool)]  # fmt: skip
+        return Step(
+            {**body, **replace},
+            policy,
+            "rewrite",
+            strategy=rewrite.strategy,
+            tokens_before=rewrite.tokens_before,
+            tokens_after=rewrite.tokens_after,
+            fixed_tokens=fixed + (tool_tokens if rewrite.tool else 0),
+            offloaded=offloaded,
+            stubs=len(rewrite.refs),
+            folded=folded,
+            dropped=max(0, total - kept - folded),
+            summary=summary,
+            pack_fallback=fallback,
+        )
