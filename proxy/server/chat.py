@@ -14,7 +14,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.server import errors, pipeline
+from proxy.server import errors, observe, pipeline
 from proxy.server.headers import upstream_request_headers
 from proxy.server.messages import BodyTooLarge, expect_within_limit, read_body
 from proxy.server.relay import relay
@@ -75,6 +75,7 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
         return forward.reply
 
     stream = payload.get("stream") is True if payload is not None else b'"stream"' in body
+    observe.upstream_sending()
     try:
         response = await upstream.send(
             request.method,
@@ -86,6 +87,7 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
     except (aiohttp.ClientError, TimeoutError) as e:
         failure = errors.for_upstream_failure(e, upstream.base_url, upstream.timeout_for(stream))
         return errors.as_openai(failure)
+    observe.upstream_answered(response.headers.get("x-request-id", ""))
 
     if forward.intercept_read_result:
         return await pipeline.intercept(request, ctx, forward, response)

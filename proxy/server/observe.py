@@ -116,30 +116,48 @@ def summariser_call(failed: bool = False) -> None:
             record.summariser_calls += 1
 
 
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def normalised(usage: Mapping[str, Any]) -> dict[str, int]:
+    """Anthropic usage as it is; OpenAI usage (prompt_tokens with cached_tokens inside,
+    completion_tokens) in Anthropic's terms: uncached input, cache reads, output."""
+    if "prompt_tokens" not in usage and "completion_tokens" not in usage:
+        return {k: _count(usage[k]) for k in USAGE_KEYS if k in usage}
+    details = usage.get("prompt_tokens_details")
+    cached = _count(details.get("cached_tokens")) if isinstance(details, Mapping) else 0
+    return {
+        "input_tokens": max(0, _count(usage.get("prompt_tokens")) - cached),
+        "cache_read_input_tokens": cached,
+        "output_tokens": _count(usage.get("completion_tokens")),
+    }
+
+
 def add_usage(usage: Mapping[str, Any] | None) -> None:
     """Add one upstream answer's usage (a round of a read_result loop is one answer)."""
     record = _current.get()
     if record is None or not isinstance(usage, Mapping):
         return
-    for key in USAGE_KEYS:
-        value = usage.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            record.usage[key] = record.usage.get(key, 0) + value
+    for key, value in normalised(usage).items():
+        record.usage[key] = record.usage.get(key, 0) + value
 
 
 _USAGE_FIELD = re.compile(
-    rb'"(input_tokens|output_tokens|cache_creation_input_tokens|cache_read_input_tokens)"'
-    rb"\s*:\s*(\d+)"
+    rb'"(input_tokens|output_tokens|cache_creation_input_tokens|cache_read_input_tokens'
+    rb'|prompt_tokens|completion_tokens|cached_tokens)"\s*:\s*(\d+)'
 )
 
 
 def usage_in(data: bytes) -> dict[str, int]:
     """The usage numbers in a piece of a relayed answer, found without parsing it (the
     first occurrence of each: a message's own `usage` comes before nested ones)."""
-    found: dict[str, int] = {}
+    found: dict[str, Any] = {}
     for name, value in _USAGE_FIELD.findall(data):
         found.setdefault(name.decode(), int(value))
-    return found
+    if "cached_tokens" in found:  # OpenAI's, nested in prompt_tokens_details
+        found["prompt_tokens_details"] = {"cached_tokens": found.pop("cached_tokens")}
+    return normalised(found)
 
 
 def relayed_head(chunk: bytes) -> None:
@@ -148,7 +166,9 @@ def relayed_head(chunk: bytes) -> None:
     record = _current.get()
     if record is None:
         return
-    if chunk.startswith(b"event:") or chunk.startswith(b"data:"):
+    if chunk.startswith(b"data:"):
+        return  # an OpenAI stream: usage, if asked for, comes in the last chunk
+    if chunk.startswith(b"event:"):  # Anthropic's message_start
         found = usage_in(chunk[:8192])
         found.pop("output_tokens", None)
     else:
@@ -163,7 +183,10 @@ def relayed_tail(tail: bytes) -> None:
     if record is None:
         return
     at = tail.rfind(b"message_delta")
-    if at < 0:
+    if at < 0:  # an OpenAI stream: usage, if asked for, comes in the last chunk
+        at = tail.rfind(b'"usage":{')
+        if at >= 0:
+            add_usage(usage_in(tail[at:]))
         return
     found = usage_in(tail[at:])
     for key, value in found.items():

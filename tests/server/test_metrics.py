@@ -270,3 +270,35 @@ async def test_one_log_line_per_request(
     else:
         text = lines[0].getMessage()
         assert f"request_id={rewritten['request_id']}" in text and "status=200" in text
+
+
+async def test_chat_completions_are_counted_in_the_same_terms(
+    make_standin: MakeStandIn, make_proxy: Any
+) -> None:
+    import openai
+
+    standin = await make_standin(StandInOptions())
+    proxy = await make_proxy(standin.url, **{"upstream.openai_url": standin.url})
+    client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-chat", max_retries=0)
+    ask = {"model": "gpt-test-1", "messages": [{"role": "user", "content": "Say hi."}]}
+    whole = await client.chat.completions.create(**ask)
+    stream = await client.chat.completions.create(
+        **ask, stream=True, stream_options={"include_usage": True}
+    )
+    last = [chunk async for chunk in stream][-1]
+    plain = await client.chat.completions.create(**ask, stream=True)
+    assert [chunk async for chunk in plain]  # no usage asked for: none counted
+    m = await scrape(proxy)
+    route = "/v1/chat/completions"
+    assert value(m, "compaction_proxy_requests_total", route=route, status="200") == 3
+    assert value(m, "compaction_proxy_upstream_latency_seconds_count", route=route) == 3
+    usages = [whole.usage, last.usage]
+    assert all(u is not None for u in usages)
+    prompt = sum(u.prompt_tokens for u in usages if u)
+    counted = value(m, "compaction_proxy_input_tokens_total") + value(
+        m, "compaction_proxy_cache_read_tokens_total"
+    )
+    assert counted == prompt
+    assert value(m, "compaction_proxy_output_tokens_total") == sum(
+        u.completion_tokens for u in usages if u
+    )
