@@ -102,14 +102,15 @@ async def test_a_long_chat_conversation_stays_valid_cached_and_cheap(
 ) -> None:
     standin = await make_standin(StandInOptions(windows={"*": WINDOW}, max_recorded=None))
     proxy = await make_chat_proxy(standin.url)
-    turns = await run_openai_agent(
-        client_for(proxy),
-        turns=TURNS,
-        result_chars=RESULT_CHARS,
-        stream=stream,
-        read_every=5,
-        conversation=f"chat-e2e-{uuid.uuid4().hex}",
-    )
+    async with client_for(proxy) as client:
+        turns = await run_openai_agent(
+            client,
+            turns=TURNS,
+            result_chars=RESULT_CHARS,
+            stream=stream,
+            read_every=5,
+            conversation=f"chat-e2e-{uuid.uuid4().hex}",
+        )
     assert len(turns) == TURNS
 
     # Every upstream request passes OpenAI's rules and fits the window.
@@ -185,10 +186,11 @@ async def test_nothing_fits_is_refused_in_openai_shape(
     standin = await make_standin(StandInOptions(windows={"*": WINDOW}))
     proxy = await make_chat_proxy(standin.url)
     huge = tool_output(0, 200_000)
-    with pytest.raises(openai.BadRequestError) as caught:
-        await client_for(proxy).chat.completions.create(
-            model="gpt-test-1", messages=[{"role": "user", "content": huge}]
-        )
+    async with client_for(proxy) as client:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.chat.completions.create(
+                model="gpt-test-1", messages=[{"role": "user", "content": huge}]
+            )
     assert caught.value.status_code == 400
     assert caught.value.code == "context_length_exceeded"
     assert caught.value.type == "invalid_request_error"
