@@ -15,7 +15,7 @@ from proxy.server.chat import expect_chat, handle_chat_completions
 from proxy.server.compaction import Compactor
 from proxy.server.health import handle_healthz, handle_readyz
 from proxy.server.lifecycle import LIFECYCLE, Lifecycle
-from proxy.server.logs import REQUEST_LOG, RequestLog
+from proxy.server.logs import REQUEST_LOG, RequestLog, redacted_url
 from proxy.server.messages import expect_within_limit, handle_count_tokens, handle_messages
 from proxy.server.metrics import METRICS, Metrics, handle_metrics, observe_requests
 from proxy.server.passthrough import handle_passthrough
@@ -58,12 +58,14 @@ async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
                 default_ttl=settings.store.ttl,
             )
         except Exception as e:  # the URL passed validation; redis-py may still refuse it
-            log.warning("cannot use Redis at %s (%s); running without a store", url, e)
+            log.warning(
+                "cannot use Redis at %s (%s); running without a store", redacted_url(url), e
+            )
             state.problem = f"cannot use the Redis URL: {e}"
     if state.store is not None:
         state.store.on_error = app[METRICS].store_errors.inc
     if state.store is not None and not await state.store.ping():
-        log.warning("Redis at %s does not answer; forwarding without it for now", url)
+        log.warning("Redis at %s does not answer; forwarding without it for now", redacted_url(url))
     yield
     if state.store is not None:
         await state.store.close()

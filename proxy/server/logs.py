@@ -13,6 +13,7 @@ import logging
 import sys
 import time
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 from aiohttp import web
@@ -109,3 +110,15 @@ def configure(fmt: str, level: str | int = "INFO") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+
+
+def redacted_url(url: str) -> str:
+    """A URL fit for a log line: any password in it replaced by `***`."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

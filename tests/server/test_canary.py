@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 import anthropic
@@ -125,3 +126,16 @@ async def test_canaries_appear_in_no_log_metric_or_key_name(
         assert canary not in metrics, f"the {name} canary is in /metrics"
         for key in keys:
             assert canary not in key, f"the {name} canary is in a Redis key name"
+
+
+async def test_a_redis_password_is_not_logged(
+    make_standin: MakeStandIn, make_proxy: Any, all_logs: Everything, unused_tcp_port: int
+) -> None:
+    secret = f"CANARY-REDIS-{uuid.uuid4().hex}"
+    standin = await make_standin(StandInOptions())
+    url = f"redis://user:{secret}@127.0.0.1:{unused_tcp_port}/0"  # nothing listens there
+    proxy = await make_proxy(standin.url, **{"store.redis_url": url})
+    async with aiohttp.ClientSession() as session, session.get(f"{proxy.url}/readyz") as r:
+        assert r.status == 503
+    assert any("does not answer" in line and "user:***@" in line for line in all_logs.lines)
+    assert not any(secret in line for line in all_logs.lines)
