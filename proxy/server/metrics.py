@@ -15,6 +15,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -116,22 +117,45 @@ class Metrics:
         self.draining = Gauge(
             f"{NS}_draining", "1 while shutting down (readiness fails).", registry=r
         )
+        # Labelled children, looked up once: labels() takes a lock and builds a key.
+        self._counted: dict[tuple[str, int], Any] = {}
+        self._timed: dict[str, tuple[Any, Any, Any]] = {}
+        self._by_usage = (
+            ("input_tokens", self.input_tokens),
+            ("output_tokens", self.output_tokens),
+            ("cache_read_input_tokens", self.cache_read),
+            ("cache_creation_input_tokens", self.cache_write),
+        )
+
+    def _route(self, route: str) -> tuple[Any, Any, Any]:
+        timed = self._timed.get(route)
+        if timed is None:
+            probe = route in _PROBES  # only timed as a whole
+            timed = self._timed[route] = (
+                self.duration.labels(route),
+                None if probe else self.overhead.labels(route),
+                None if probe else self.upstream_latency.labels(route),
+            )
+        return timed
 
     def record(self, rec: RequestRecord, status: int, ended: float) -> None:
         route = rec.route
-        self.requests.labels(route, str(status)).inc()
-        self.duration.labels(route).observe(ended - rec.started)
+        counted = self._counted.get((route, status))
+        if counted is None:
+            counted = self._counted[(route, status)] = self.requests.labels(route, str(status))
+        counted.inc()
+        duration, overhead, latency = self._route(route)
+        duration.observe(ended - rec.started)
         if route in _PROBES:
             return
-        self.overhead.labels(route).observe(rec.own_seconds(ended))
+        overhead.observe(rec.own_seconds(ended))
         if rec.upstream_sent is not None and rec.upstream_answered is not None:
-            self.upstream_latency.labels(route).observe(rec.upstream_answered - rec.upstream_sent)
+            latency.observe(rec.upstream_answered - rec.upstream_sent)
         usage = rec.usage
         if usage:
-            self.input_tokens.inc(usage.get("input_tokens", 0))
-            self.output_tokens.inc(usage.get("output_tokens", 0))
-            self.cache_read.inc(usage.get("cache_read_input_tokens", 0))
-            self.cache_write.inc(usage.get("cache_creation_input_tokens", 0))
+            for key, counter in self._by_usage:
+                if usage.get(key):
+                    counter.inc(usage[key])
         if rec.strategy == "refuse":
             self.refusals.inc()
         elif rec.strategy:
