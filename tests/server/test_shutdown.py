@@ -24,12 +24,15 @@ WORDS = 30
 
 
 @contextmanager
-def serve(upstream: str, redis_url: str, drain: float) -> Iterator[tuple[subprocess.Popen, str]]:  # type: ignore[type-arg]
+def serve(
+    upstream: str, redis_url: str, drain: float, log_format: str = "human"
+) -> Iterator[tuple[subprocess.Popen, str]]:  # type: ignore[type-arg]
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
     env.update(
         COMPACTION_PROXY_SERVER_PORT="0",
         COMPACTION_PROXY_UPSTREAM_URL=upstream,
         COMPACTION_PROXY_SERVER_DRAIN_TIMEOUT=str(drain),
+        COMPACTION_PROXY_SERVER_LOG_FORMAT=log_format,
         REDIS_URL=redis_url,
     )
     child = subprocess.Popen(
@@ -110,7 +113,7 @@ def until_not_ready(url: str) -> tuple[int, dict[str, object]]:
 def test_sigterm_fails_readiness_and_lets_the_stream_finish(
     standin_thread: RunningStandIn, redis_url: str
 ) -> None:
-    with serve(standin_thread.url, redis_url, drain=60) as (child, url):
+    with serve(standin_thread.url, redis_url, drain=60, log_format="json") as (child, url):
         assert readiness(url)[0] == 200
         response, first = open_slow_stream(url, delay=0.1)
         assert b"message_start" in first
@@ -122,6 +125,12 @@ def test_sigterm_fails_readiness_and_lets_the_stream_finish(
         text = (first + rest).decode()
         assert all(f"w{i}" in text for i in range(WORDS)), "every delta arrived"
         assert child.wait(timeout=60) == 0
+        assert child.stderr is not None
+        lines = [orjson.loads(line) for line in child.stderr.read().splitlines() if line]
+        stream = [x for x in lines if x.get("route") == "/v1/messages"]
+        assert len(stream) == 1 and stream[0]["status"] == 200
+        assert stream[0]["output_tokens"] > 0 and stream[0]["duration_ms"] > 0
+        assert any("draining" in x["message"] for x in lines)
 
 
 def test_a_stream_longer_than_the_drain_is_closed(
