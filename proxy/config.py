@@ -79,10 +79,27 @@ class StoreSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AuthSettings:
+    # "off": forward the caller's own credential (its hash is the tenant); "required":
+    # only proxy-issued keys (`compaction-proxy keys create`) are let through.
+    keys: str = "off"
+    # Seconds a replica trusts its copy of a key record or a budget's limits.
+    cache_seconds: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetSettings:
+    # While Redis is unreachable: "open" admits requests uncounted, "closed" refuses them.
+    on_store_down: str = "open"
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    budgets: BudgetSettings = field(default_factory=BudgetSettings)
     # Raw `[[policy]]` tables, parsed into per-model policies elsewhere.
     policies: tuple[dict[str, Any], ...] = ()
 
@@ -98,6 +115,8 @@ _SECTIONS: dict[str, type] = {
     "server": ServerSettings,
     "upstream": UpstreamSettings,
     "store": StoreSettings,
+    "auth": AuthSettings,
+    "budgets": BudgetSettings,
 }
 
 
@@ -145,6 +164,13 @@ def _log_format(value: str) -> str | None:
     return None if value in ("human", "json") else 'must be "human" or "json"'
 
 
+def _one_of(*choices: str) -> Callable[[str], str | None]:
+    def check(value: str) -> str | None:
+        return None if value in choices else "must be " + " or ".join(f'"{c}"' for c in choices)
+
+    return check
+
+
 def _not_empty(value: str) -> str | None:
     return None if value.strip() else "must not be empty"
 
@@ -167,6 +193,9 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "store.key_prefix": _key_prefix,
     "store.op_timeout": _positive,
     "store.ttl": _positive,
+    "auth.keys": _one_of("off", "required"),
+    "auth.cache_seconds": _non_negative,
+    "budgets.on_store_down": _one_of("open", "closed"),
 }
 
 # Environment aliases: conventional names accepted besides COMPACTION_PROXY_*.
@@ -302,5 +331,7 @@ def load_settings(
         server=ServerSettings(**values["server"]),
         upstream=UpstreamSettings(**values["upstream"]),
         store=StoreSettings(**values["store"]),
+        auth=AuthSettings(**values["auth"]),
+        budgets=BudgetSettings(**values["budgets"]),
         policies=policies,
     )

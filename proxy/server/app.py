@@ -12,6 +12,7 @@ from aiohttp import web
 
 from proxy.config import Settings
 from proxy.server.chat import expect_chat, handle_chat_completions
+from proxy.server import fleet
 from proxy.server.compaction import Compactor
 from proxy.server.health import handle_healthz, handle_readyz
 from proxy.server.lifecycle import LIFECYCLE, Lifecycle
@@ -85,6 +86,7 @@ def create_app(settings: Settings) -> web.Application:
     app[REQUEST_LOG] = RequestLog(settings.server.log_format)
     app[STORE] = StoreState()
     app[COMPACTOR] = Compactor(settings.policies)
+    fleet.install(app)  # proxy keys and budgets (a no-op middleware with keys off)
     app.cleanup_ctx.append(_upstream_lifetime)
     app.cleanup_ctx.append(openai_upstream_lifetime)
     app.cleanup_ctx.append(_store_lifetime)

@@ -14,7 +14,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.server import errors, observe, pipeline
+from proxy.server import budgets, errors, observe, pipeline
+from proxy.server.auth import caller_of
 from proxy.server.headers import upstream_request_headers
 from proxy.server.messages import BodyTooLarge, expect_within_limit, read_body
 from proxy.server.relay import relay
@@ -58,6 +59,7 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
         payload = parsed
 
     upstream = app[OPENAI_UPSTREAM]
+    caller = caller_of(request)
     ctx = pipeline.RequestContext(
         route="chat",
         path_qs=request.raw_path,
@@ -69,10 +71,15 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
         store=app[STORE].store,
         compactor=app[COMPACTOR],
         wire=CHAT_WIRE,
+        tenant=caller.tenant,
+        policy_override=caller.policy,
     )
     forward = await pipeline.prepare(ctx)
     if forward.reply is not None:
         return forward.reply
+    refusal = await budgets.reserve(request, ctx, forward)
+    if refusal is not None:
+        return refusal
 
     stream = payload.get("stream") is True if payload is not None else b'"stream"' in body
     observe.upstream_sending()

@@ -45,6 +45,11 @@ CALIBRATION = "calibration"
 CALIBRATION_REFRESH = 30.0  # seconds a replica trusts its copy of a model's factor
 CALIBRATION_SAMPLES = 20
 COUNT_OFF_LOOP_BYTES = 256 * 1024
+# Once the factor has settled, one response in this many feeds it: each sample costs a
+# Redis round trip, and a ratio that changes slowly needs few of them.
+CALIBRATION_EVERY = 16
+# Estimated tokens a body can hold beyond one per byte (the tools preamble and such).
+BYTE_BOUND_SLACK = 1024
 
 
 @dataclass(slots=True)
@@ -76,6 +81,8 @@ class _Factor:
     value: float = 1.0
     fetched: float = float("-inf")
     refreshing: bool = False
+    seen: int = 0  # requests of this model
+    samples: int = 0  # of them, fed to calibration
 
 
 class Compactor:
@@ -117,6 +124,12 @@ class Compactor:
             entry.fetched = time.monotonic()
             entry.refreshing = False
 
+    def wants_sample(self, model: str) -> bool:
+        """Whether this request's usage should feed the model's calibration."""
+        entry = self._factors.setdefault(model, _Factor())
+        entry.seen += 1
+        return entry.samples < CALIBRATION_SAMPLES or entry.seen % CALIBRATION_EVERY == 0
+
     def record_usage(self, model: str, estimate: int, usage: Mapping[str, Any], store: Any) -> None:
         """Fold one response's reported input into the model's factor (fleet-wide)."""
         reported = sum(
@@ -127,6 +140,7 @@ class Compactor:
         if ratio is None or not model:
             return
         entry = self._factors.setdefault(model, _Factor())
+        entry.samples += 1
         if store is None:
             entry.value += (ratio - entry.value) / CALIBRATION_SAMPLES
             return
@@ -162,14 +176,22 @@ class Compactor:
         store: Store | None,
         upstream_url: str,
         wire: Wire = ANTHROPIC_WIRE,
+        tenant: str | None = None,
+        policy_override: Mapping[str, int] | None = None,
     ) -> Prepared:
+        """`tenant` and `policy_override` come from a proxy key when keys are required
+        (else the tenant is the hash of the forwarded credential)."""
         messages = request_messages(body)
         model = str(body.get("model", ""))
         if not messages:
             return Prepared(body_bytes, model=model)
-        policy = policy_for(model, self.policies)
+        policy = policy_for(model, self.policies, policy_override)
         counter = wire.counter(self.counter)
         tools = body.get("tools")
+        factor = self.factor(model, store)
+        sample = self.wants_sample(model)
+        if not sample and _cannot_cross(body_bytes, policy, factor):
+            return Prepared(body_bytes, model=model)  # not even counted
         fixed = wire.fixed_tokens(counter, body)
         if len(body_bytes) > COUNT_OFF_LOOP_BYTES:
             # A cold count of a big history takes tens of ms: keep the loop free meanwhile
@@ -178,13 +200,12 @@ class Compactor:
         else:
             counts = _count_all(counter, messages)
         history = sum(counts)
-        factor = self.factor(model, store)
         if (
             history + fixed
         ) * factor <= policy.window and history * factor <= policy.trigger_tokens:
-            return Prepared(body_bytes, estimate=history + fixed, model=model)
+            return Prepared(body_bytes, estimate=history + fixed if sample else 0, model=model)
 
-        tenant = tenant_of(headers)
+        tenant = tenant or tenant_of(headers)
         conversation = conversation_of(headers, wire.identity_view(body), tenant)
         checkpoint, store_ok = None, store is not None
         if store is not None:
@@ -310,6 +331,20 @@ class Compactor:
             estimate=estimate + (tool_tokens if rewrite.tool else 0),
             model=model,
         )
+
+
+def _cannot_cross(body: bytes, policy: Policy, factor: float) -> bool:
+    """Whether the body's size alone proves it is under the trigger and the window.
+
+    Every estimated token of text stands for at least one byte of the JSON body, and the
+    fixed overheads (per message, per block) are smaller than the JSON around them; only
+    the tools preamble needs slack. Images and documents are the exception (a small PDF
+    is charged per page, a URL image a flat amount), so a body with a `source` is counted.
+    """
+    if b'"source"' in body:
+        return False
+    bound = (len(body) + BYTE_BOUND_SLACK) * factor
+    return bound <= policy.trigger_tokens and bound <= policy.window
 
 
 def _count_all(counter: TokenCounter, messages: Sequence[dict[str, Any]]) -> list[int]:

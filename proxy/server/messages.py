@@ -9,7 +9,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.server import errors, observe, pipeline
+from proxy.server import budgets, errors, observe, pipeline
+from proxy.server.auth import caller_of
 from proxy.server.headers import upstream_request_headers
 from proxy.server.relay import relay
 from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM
@@ -84,6 +85,7 @@ async def _handle(request: web.Request, route: pipeline.Route) -> web.StreamResp
         payload = parsed
 
     upstream = app[UPSTREAM]
+    caller = caller_of(request)
     ctx = pipeline.RequestContext(
         route=route,
         path_qs=request.raw_path,
@@ -94,10 +96,15 @@ async def _handle(request: web.Request, route: pipeline.Route) -> web.StreamResp
         upstream=upstream,
         store=app[STORE].store,
         compactor=app[COMPACTOR],
+        tenant=caller.tenant,
+        policy_override=caller.policy,
     )
     forward = await pipeline.prepare(ctx)
     if forward.reply is not None:
         return forward.reply
+    refusal = await budgets.reserve(request, ctx, forward)
+    if refusal is not None:
+        return refusal
 
     stream = _wants_stream(payload, body)
     observe.upstream_sending()

@@ -51,6 +51,8 @@ class RequestContext:
     store: Any  # proxy.store Store, or None when no store could be started
     compactor: Compactor | None = None
     wire: Wire = ANTHROPIC_WIRE  # the request's format: Messages, or OpenAI Chat
+    tenant: str | None = None  # a proxy key's tenant; None: the credential's hash
+    policy_override: dict[str, int] | None = None  # a key's or team's window/trigger/target
 
 
 @dataclass(slots=True)
@@ -86,6 +88,8 @@ async def prepare(ctx: RequestContext) -> Forward:
             store=ctx.store,
             upstream_url=ctx.upstream.base_url,
             wire=ctx.wire,
+            tenant=ctx.tenant,
+            policy_override=ctx.policy_override,
         )
     except Exception:  # never fail a request for our own parts: forward it untouched
         log.exception("compaction failed; forwarding the request untouched")

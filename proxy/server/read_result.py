@@ -24,7 +24,7 @@ from multidict import CIMultiDict
 
 from proxy.core.offload import parse_read_args, read_slice, unknown_ref
 from proxy.core.sse import SSEDecoder
-from proxy.server import observe
+from proxy.server import charges, observe
 from proxy.server.compaction import Compactor, Interception
 from proxy.server.headers import client_response_headers
 from proxy.server.relay import relay
@@ -117,7 +117,9 @@ class ReadLoop:
         answers: list[dict[str, Any]] = []
         while True:
             try:
-                message = orjson.loads(await response.read())
+                raw = await response.read()
+                charges.upstream_body(raw)
+                message = orjson.loads(raw)
             finally:
                 response.release()
             answers.append(message)
@@ -191,6 +193,7 @@ class ReadLoop:
         round_event = self.i.wire.round_event
         try:
             async for chunk in response.content.iter_any():
+                charges.upstream_chunk(chunk)
                 for event in decoder.feed(chunk):
                     for piece in merger.feed(event):
                         await out.write(piece)

@@ -21,6 +21,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.server import charges
 from proxy.server import observe as observe_usage
 from proxy.server.errors import for_upstream_failure, stream_error_event
 from proxy.server.headers import client_response_headers
@@ -73,6 +74,7 @@ async def relay(
                     observe(body)
                 if upstream.status == 200:
                     observe_usage.relayed_head(body)
+                    charges.upstream_body(body)
             else:
                 out = await _relay_stream(request, upstream, headers, events=False)
         done = True
@@ -105,10 +107,13 @@ async def _relay_stream(
     await out.prepare(request)
     last = before = b""
     first = events and upstream.status == 200
+    metered = first  # budgets: every chunk of a 200 stream
     try:
         async for chunk in upstream.content.iter_any():
             await out.write(chunk)
             before, last = last, chunk
+            if metered:
+                charges.upstream_chunk(chunk)
             if observe is not None:
                 observe(chunk)
                 observe = None

@@ -20,7 +20,7 @@ import openai
 from proxy.core.identity import credential
 from proxy.core.rewrite import NeedSummary
 from proxy.core.summary import INSTRUCTION
-from proxy.server import observe
+from proxy.server import charges, observe
 from proxy.store import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -124,4 +124,5 @@ async def call_summariser(
             system=INSTRUCTION,
             messages=[{"role": "user", "content": need.transcript}],
         )
+    charges.summariser_usage(message.usage.model_dump())  # the caller's budget pays
     return "".join(b.text for b in message.content if b.type == "text")

@@ -19,12 +19,13 @@ import orjson
 
 from proxy.core.dialect import Dialect
 from proxy.core.identity import credential
+from proxy.core.meter import openai_usage
 from proxy.core.offload import choose_tool_name
 from proxy.core.rewrite import NeedSummary
 from proxy.core.sse import Event
 from proxy.core.summary import INSTRUCTION
 from proxy.core.tokens import TokenCounter
-from proxy.server import errors
+from proxy.server import charges, errors
 from proxy.server.summariser import PURPOSE_HEADER, call_summariser
 from proxy.wire import anthropic_rounds, openai_rounds
 from proxy.wire import openai as chat
@@ -139,6 +140,8 @@ async def call_chat_summariser(
                 {"role": "user", "content": need.transcript},
             ],
         )
+    if completion.usage is not None:  # the caller's budget pays
+        charges.summariser_usage(openai_usage(completion.usage.model_dump()))
     if not completion.choices:
         return ""
     return completion.choices[0].message.content or ""

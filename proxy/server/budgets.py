@@ -1,0 +1,235 @@
+"""Budget admission for one request: reserve before forwarding, settle after.
+
+The key-check middleware (proxy/server/auth.py) wraps every handler of a key's request
+in a `Ticket`; the Messages and Chat handlers make one call, after compaction and before
+forwarding:
+
+    refusal = await budgets.reserve(request, ctx, forward)
+    if refusal is not None:
+        return refusal
+
+While the handler runs, the ticket's meter is current (proxy.server.charges), so the
+relay, the read_result rounds and the summariser report what the upstream used. When the
+handler ends, however it ends (an answer, an upstream error, an exception, a client that
+disconnects and cancels it), the reservation is settled to the metered usage in a
+background task that cancellation cannot stop. An upstream error reports no usage, so it
+settles to nothing: a refund.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from types import TracebackType
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.core.budget import Amounts, over_limit_message, reservation
+from proxy.core.meter import UsageMeter
+from proxy.server import charges, errors
+from proxy.server.auth import Caller, count_rejection, shaped
+from proxy.server.fleet import FLEET, Fleet
+from proxy.server.state import SETTINGS
+from proxy.store import StoreUnavailable
+from proxy.store.accounts import Held, Refused
+
+log = logging.getLogger(__name__)
+
+STORE_DOWN_RETRY_AFTER = 2  # seconds a fail-closed refusal asks the client to wait
+# A settlement that fails (Redis slow or away) is tried again after these pauses; after
+# the last, the reservation stands (counted high, never low) until its bucket expires.
+SETTLE_RETRIES = (0.2, 1.0, 3.0, None)
+
+
+class Ticket:
+    def __init__(self, request: web.Request, caller: Caller) -> None:
+        self.request = request
+        self.caller = caller
+        self.meter = UsageMeter()
+        self.held: list[Held] = []
+        self.reserved = Amounts()
+        self._token: object = None
+
+    @property
+    def _fleet(self) -> Fleet:
+        return self.request.app[FLEET]
+
+    async def reserve(
+        self, estimated_input: int, max_tokens: int, *, one_hour_cache: bool = False
+    ) -> web.Response | None:
+        """Hold the estimate in every budget of the caller; None when admitted, else
+        the answer to give (429 over budget, 503 when failing closed)."""
+        caller = self.caller
+        if not caller.scopes and not caller.limits_unknown:
+            return None
+        want = reservation(estimated_input, max_tokens, one_hour_cache=one_hour_cache)
+        self.reserved = want
+        fleet = self._fleet
+        accounts = fleet.accounts()
+        if accounts is None or caller.limits_unknown:
+            return self._store_down()
+        now = time.time()
+        # The key's and the team's scripts run at once (one slot each): a refusal by
+        # either gives back what the other took, so neither is ever over-admitted.
+        outcomes = await asyncio.gather(
+            *(fleet.call(lambda s=s: accounts.reserve(s, want, now)) for s in caller.scopes),  # type: ignore[misc]
+            return_exceptions=True,
+        )
+        self.held = [o for o in outcomes if isinstance(o, Held)]
+        refused = next((o for o in outcomes if isinstance(o, Refused)), None)
+        failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if refused is not None or failed is not None:
+            self._give_back()
+            if refused is not None:
+                return self._over_budget(refused, want)
+            if not isinstance(failed, StoreUnavailable):
+                raise failed  # type: ignore[misc]
+            return self._store_down()
+        return None
+
+    def _give_back(self) -> None:
+        held, self.held = self.held, []
+        if held:  # in the background: the answer (429 or 503) does not wait for it
+            self._fleet.spawn(self._settle(held, Amounts()))
+
+    def _over_budget(self, refused: Refused, want: Amounts) -> web.Response:
+        count_rejection(self.request.app, "tokens")
+        wanted = dict(zip(("input", "output", "weighted"), want.as_tuple(), strict=True))
+        message = over_limit_message(
+            refused.scope.label,
+            refused.period,
+            refused.metric,
+            refused.used,
+            wanted[refused.metric],
+            refused.limit,
+        )
+        response = errors.error_response(429, "rate_limit_error", message)
+        response.headers["retry-after"] = str(refused.retry_after)
+        return shaped(self.request, response)
+
+    def _store_down(self) -> web.Response | None:
+        fleet = self._fleet
+        if self.request.app[SETTINGS].budgets.on_store_down == "open":
+            fleet.unaccounted += 1
+            return None
+        count_rejection(self.request.app, "store_unavailable")
+        response = errors.error_response(
+            503,
+            "api_error",
+            "compaction-proxy cannot check budgets right now (its store is unreachable);"
+            " retry shortly",
+            retry=True,
+        )
+        response.headers["retry-after"] = str(STORE_DOWN_RETRY_AFTER)
+        return shaped(self.request, response)
+
+    async def _settle(self, held: list[Held], actual: Amounts) -> None:
+        await asyncio.gather(*(self._settle_one(h, actual) for h in held))
+
+    async def _settle_one(self, h: Held, actual: Amounts) -> None:
+        fleet = self._fleet
+        accounts = fleet.accounts()
+        if accounts is None:
+            return
+        for pause in SETTLE_RETRIES:
+            try:
+                await fleet.call(lambda: accounts.settle(h, actual))
+                return
+            except StoreUnavailable:
+                if pause is None:
+                    log.info("could not settle for %s; its reservation stands", h.scope.label)
+                else:
+                    await asyncio.sleep(pause)
+
+    # -- the block -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Ticket:
+        self._token = charges.begin(self.meter)
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        charges.end(self._token)  # type: ignore[arg-type]
+        if self.held:
+            held, self.held = self.held, []
+            self._fleet.spawn(self._settle(held, self.meter.cost(self.reserved)))
+        elif self.meter.extra and self.caller.scopes:
+            # Nothing was reserved (refused, or a compaction refusal) but a summary was
+            # made for the request: charge it to the caller anyway.
+            self._fleet.spawn(self._charge_only(self.meter.cost(Amounts())))
+
+    async def _charge_only(self, amounts: Amounts) -> None:
+        fleet = self._fleet
+        accounts = fleet.accounts()
+        if accounts is None:
+            return
+        now = time.time()
+        for scope in self.caller.scopes:
+            try:
+                held = await fleet.call(lambda s=scope: accounts.reserve(s, Amounts(), now))  # type: ignore[misc]
+                if isinstance(held, Held):
+                    await fleet.call(lambda h=held: accounts.settle(h, amounts))  # type: ignore[misc]
+            except StoreUnavailable:
+                return
+
+
+TICKET = web.RequestKey("compaction_proxy_ticket", Ticket)
+DEFAULT_MAX_OUTPUT = 4_096  # reserved when a Chat request names no output cap
+_ONE_HOUR = re.compile(rb'"ttl"\s*:\s*"1h"')
+
+
+def admission(request: web.Request, caller: Caller) -> Ticket:
+    return Ticket(request, caller)
+
+
+def estimate_input(ctx: Any, forward: Any) -> int:
+    """Input tokens of what goes upstream, calibrated: the same counts the compactor
+    made (cached per block, so counting again costs a hash per block)."""
+    compactor = ctx.compactor
+    payload = ctx.payload
+    if forward.body is not ctx.body:
+        try:
+            payload = orjson.loads(forward.body)
+        except orjson.JSONDecodeError:
+            payload = None
+    if compactor is None or not isinstance(payload, dict):
+        return len(forward.body) // 4  # unparsed (compressed): about 4 bytes a token
+    counter = ctx.wire.counter(compactor.counter)
+    messages = payload.get("messages")
+    tokens = ctx.wire.fixed_tokens(counter, payload) + sum(
+        counter.count_message(m) for m in (messages if isinstance(messages, list) else [])
+    )
+    factor = compactor.factor(str(payload.get("model", "")), ctx.store)
+    return int(tokens * max(1.0, factor) + 0.999)
+
+
+def _max_output(payload: Any) -> int:
+    if isinstance(payload, dict):
+        for name in ("max_tokens", "max_completion_tokens"):
+            value = payload.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return DEFAULT_MAX_OUTPUT
+
+
+async def reserve(request: web.Request, ctx: Any, forward: Any) -> web.Response | None:
+    """The handlers' one budget hook, after compaction and before forwarding: None to go
+    on, else the refusal to answer with. Free for callers without budgets."""
+    ticket: Ticket | None = request.get(TICKET)
+    if ticket is None or ctx.route == "count_tokens":
+        return None
+    if not ticket.caller.scopes and not ticket.caller.limits_unknown:
+        return None
+    return await ticket.reserve(
+        estimate_input(ctx, forward),
+        _max_output(ctx.payload),
+        one_hour_cache=_ONE_HOUR.search(forward.body) is not None,
+    )
