@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     standin.add_argument(
         "--window", type=int, help="context window of every model, in tokens (default 200000)"
     )
+    from proxy.admin import add_commands
+
+    add_commands(commands)  # keys, budgets
     add_ops_commands(commands)  # audit, plan, replay
     return parser
 
@@ -99,4 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.ops_run(args))
     if args.command == "serve":
         return _serve(args)
+    if args.command in ("keys", "budgets"):
+        from proxy.admin import run
+
+        return run(args)
     return _stand_in(args)
