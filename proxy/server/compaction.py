@@ -36,11 +36,12 @@ from proxy.server import observe
 from proxy.server.summariser import SummariserSettings, obtain_summary
 from proxy.server.wires import ANTHROPIC_WIRE, Wire
 from proxy.store import Store, StoreUnavailable
+from proxy.store.keys import BLOB
 from proxy.wire.anthropic import encode_request, request_messages
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT = ("checkpoint", "current")
+CHECKPOINT = "checkpoint"
 CALIBRATION = "calibration"
 CALIBRATION_REFRESH = 30.0  # seconds a replica trusts its copy of a model's factor
 CALIBRATION_SAMPLES = 20
@@ -207,10 +208,14 @@ class Compactor:
 
         tenant = tenant or tenant_of(headers)
         conversation = conversation_of(headers, wire.identity_view(body), tenant)
+        digests = [message_digest(m) for m in messages]
+        # One checkpoint per first message: agents that share a session id between
+        # their sub-agents (Claude Code does) keep one frozen prefix each.
+        slot = digests[0].hex()[:16]
         checkpoint, store_ok = None, store is not None
         if store is not None:
             try:
-                found = await store.get_json(tenant, conversation, *CHECKPOINT)
+                found = await store.get_json(tenant, conversation, CHECKPOINT, slot)
                 checkpoint = found if isinstance(found, dict) else None
             except StoreUnavailable:
                 store_ok = False
@@ -224,7 +229,7 @@ class Compactor:
             )
         inp = PlanInput(
             messages=messages,
-            digests=[message_digest(m) for m in messages],
+            digests=digests,
             checkpoint=checkpoint,
             policy=policy,
             counter=counter,
@@ -259,7 +264,7 @@ class Compactor:
             observe.refused()
             return Prepared(body_bytes, refusal=outcome.message, model=model)
         if store is not None and not await self._store_effects(
-            store, tenant, conversation, outcome
+            store, tenant, conversation, slot, outcome
         ):
             # Blobs that cannot be stored cannot be read back: plan again without them.
             inp = PlanInput(**{**_fields(inp), "store_ok": False, "checkpoint": None})
@@ -279,7 +284,7 @@ class Compactor:
         )
 
     async def _store_effects(
-        self, store: Store, tenant: str, conversation: str, rewrite: Rewrite
+        self, store: Store, tenant: str, conversation: str, slot: str, rewrite: Rewrite
     ) -> bool:
         try:
             writes = [
@@ -288,7 +293,11 @@ class Compactor:
             ]
             await asyncio.gather(*writes)
             if rewrite.checkpoint is not None:
-                await store.put_json(tenant, conversation, *CHECKPOINT, rewrite.checkpoint)
+                await store.put_json(tenant, conversation, CHECKPOINT, slot, rewrite.checkpoint)
+                # Stubs kept from earlier crossings must live as long as the new checkpoint.
+                new = {ref for ref, _ in rewrite.blobs}
+                kept = [ref for ref in rewrite.refs if ref not in new]
+                await store.refresh_ttl(tenant, conversation, BLOB, kept)
             return True
         except StoreUnavailable:
             return not rewrite.blobs

@@ -354,3 +354,32 @@ async def test_refs_resolve_only_for_their_tenant(
     round_two = orjson.loads(standin.recorded[-1].body)["messages"][-1]["content"][0]
     assert round_two["is_error"] is True
     assert round_two["content"] == unknown_ref(stolen.split('ref="')[1].split('"')[0])
+
+
+async def test_sub_agents_sharing_a_session_keep_their_own_checkpoints(
+    make_standin: MakeStandIn, make_compacting_proxy: Callable[..., Awaitable[RunningProxy]]
+) -> None:
+    """Claude Code gives its sub-agents the parent's session id: interleaved requests of
+    two histories in one conversation must not overwrite each other's frozen prefix."""
+    standin = await make_standin(StandInOptions(windows={"*": WINDOW}, max_recorded=None))
+    proxy = await make_compacting_proxy(standin.url)
+    client = client_for(proxy)
+    session = {"x-claude-code-session-id": f"s-{uuid.uuid4().hex}", "x-stand-in": '{"text": "ok"}'}
+    histories = [synthetic_history(12), synthetic_history(12)]
+    histories[1][0] = {"role": "user", "content": "A sub-agent's own task."}
+    seen: list[list[str]] = [[], []]
+    for step in range(3):
+        for n, history in enumerate(histories):
+            grown = [
+                *history,
+                {"role": "assistant", "content": f"step {step}"},
+                {"role": "user", "content": f"go on {step}"},
+            ]
+            raw = await client.messages.with_raw_response.create(
+                model="claude-test-1", max_tokens=64, messages=grown, extra_headers=session
+            )
+            seen[n].append(raw.headers["x-compaction-strategy"])
+            histories[n] = grown
+    for strategies in seen:
+        assert strategies[0].startswith("offload")
+        assert strategies[1:] == ["checkpoint", "checkpoint"]
