@@ -40,9 +40,6 @@ from proxy.store.accounts import Held, Refused
 log = logging.getLogger(__name__)
 
 STORE_DOWN_RETRY_AFTER = 2  # seconds a fail-closed refusal asks the client to wait
-# A settlement that fails (Redis slow or away) is tried again after these pauses; after
-# the last, the reservation stands (counted high, never low) until its bucket expires.
-SETTLE_RETRIES = (0.2, 1.0, 3.0, None)
 
 
 class Ticket:
@@ -94,7 +91,7 @@ class Ticket:
     def _give_back(self) -> None:
         held, self.held = self.held, []
         if held:  # in the background: the answer (429 or 503) does not wait for it
-            self._fleet.spawn(self._settle(held, Amounts()))
+            self._settle(held, Amounts())
 
     def _over_budget(self, refused: Refused, want: Amounts) -> web.Response:
         count_rejection(self.request.app, "tokens")
@@ -127,23 +124,9 @@ class Ticket:
         response.headers["retry-after"] = str(STORE_DOWN_RETRY_AFTER)
         return shaped(self.request, response)
 
-    async def _settle(self, held: list[Held], actual: Amounts) -> None:
-        await asyncio.gather(*(self._settle_one(h, actual) for h in held))
-
-    async def _settle_one(self, h: Held, actual: Amounts) -> None:
-        fleet = self._fleet
-        accounts = fleet.accounts()
-        if accounts is None:
-            return
-        for pause in SETTLE_RETRIES:
-            try:
-                await fleet.call(lambda: accounts.settle(h, actual))
-                return
-            except StoreUnavailable:
-                if pause is None:
-                    log.info("could not settle for %s; its reservation stands", h.scope.label)
-                else:
-                    await asyncio.sleep(pause)
+    def _settle(self, held: list[Held], actual: Amounts) -> None:
+        for h in held:
+            self._fleet.settle_later(h.counters, actual.minus(h.amounts))
 
     # -- the block -----------------------------------------------------------------------
 
@@ -160,7 +143,7 @@ class Ticket:
         charges.end(self._token)  # type: ignore[arg-type]
         if self.held:
             held, self.held = self.held, []
-            self._fleet.spawn(self._settle(held, self.meter.cost(self.reserved)))
+            self._settle(held, self.meter.cost(self.reserved))
         elif self.meter.extra and self.caller.scopes:
             # Nothing was reserved (refused, or a compaction refusal) but a summary was
             # made for the request: charge it to the caller anyway.

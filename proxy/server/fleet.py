@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from proxy.core.budget import Amounts
 from proxy.server.state import SETTINGS, STORE
 from proxy.store import StoreUnavailable
 from proxy.store.accounts import Accounts, Scope
@@ -27,6 +28,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 CACHE_LIMIT = 10_000  # entries per cache; the oldest go first
+# Settlements wait this long to be sent together; one that fails (Redis slow or away) is
+# tried again after these pauses, then the reservation stands until its bucket expires.
+SETTLE_BATCH = 0.02
+SETTLE_RETRIES = (0.2, 1.0, 3.0, None)
 OUTAGE_QUIET = 2.0  # seconds without a failed call before an outage counts as over
 FLAP_WINDOW = 30.0  # a failure this soon after a recovery is the same outage
 
@@ -45,6 +50,8 @@ class Fleet:
         self._keys: dict[str, _Entry] = {}
         self._confs: dict[Scope, _Entry] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pending: dict[tuple[str, ...], Amounts] = {}
+        self._flushing = False
         self.outage = False
         self._last_failure = float("-inf")
         self._recovered_at = float("-inf")
@@ -137,6 +144,42 @@ class Fleet:
             self._confs, scope, lambda: accounts.get_conf(scope)
         )
         return found
+
+    # -- settlements ---------------------------------------------------------------------
+
+    def settle_later(self, counters: tuple[str, ...], delta: Amounts) -> None:
+        """Queue a settlement. Those of one scope and bucket are summed and sent together
+        every SETTLE_BATCH seconds: one script call for many requests. Until then the
+        reservations stay counted (high, never low)."""
+        if not counters or delta == Amounts():
+            return
+        self._pending[counters] = self._pending.get(counters, Amounts()).plus(delta)
+        if not self._flushing:
+            self._flushing = True
+            self.spawn(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            await asyncio.sleep(SETTLE_BATCH)
+        finally:
+            pending, self._pending = self._pending, {}
+            self._flushing = False
+            accounts = self.accounts()
+            if accounts is not None:
+                await asyncio.gather(*(self._apply(accounts, c, d) for c, d in pending.items()))
+
+    async def _apply(self, accounts: Accounts, counters: tuple[str, ...], delta: Amounts) -> None:
+        for pause in SETTLE_RETRIES:
+            try:
+                await self.call(lambda: accounts.add(counters, delta))
+                return
+            except StoreUnavailable:
+                if pause is None:
+                    log.info(
+                        "could not settle %d counters; their reservations stand", len(counters)
+                    )
+                else:
+                    await asyncio.sleep(pause)
 
     # -- background work -----------------------------------------------------------------
 

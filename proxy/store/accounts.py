@@ -223,10 +223,13 @@ class Accounts:
 
     async def settle(self, held: Held, actual: Amounts) -> None:
         """Replace what `held` reserved by what was actually used (0: a refund)."""
-        delta = actual.minus(held.amounts)
-        if not held.counters or delta == Amounts():
+        await self.add(held.counters, actual.minus(held.amounts))
+
+    async def add(self, counters: tuple[str, ...], delta: Amounts) -> None:
+        """Add `delta` to counters of one scope (those a reservation touched)."""
+        if not counters or delta == Amounts():
             return
-        keys = list(held.counters)
+        keys = list(counters)
         await self.store.run(lambda: self._settle(keys=keys, args=list(delta.as_tuple())))
 
     async def usage(self, scope: Scope, now: float) -> dict[str, dict[str, int]]:

@@ -21,6 +21,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -204,6 +205,18 @@ def settled_usage(fleet: Fleet, scope: Scope, check: Callable[[dict[str, int]], 
     return False
 
 
+def quiet_usage(fleet: Fleet, scope: Scope) -> dict[str, int]:
+    """The day's usage once settlements in flight have landed (two equal reads)."""
+    last = usage(fleet, scope)["day"]
+    for _ in range(100):
+        time.sleep(0.3)
+        now = usage(fleet, scope)["day"]
+        if now == last:
+            return now
+        last = now
+    raise AssertionError("usage kept changing")
+
+
 def metric(url: str, name: str) -> float:
     import urllib.request
 
@@ -376,7 +389,7 @@ def test_a_summary_is_made_once_for_the_fleet_and_charged_to_the_caller(fleet: F
 
 
 async def _load(
-    urls: list[str], key: str, stop: asyncio.Event, seen: list[tuple[float, int]]
+    urls: list[str], key: str, stop: threading.Event, seen: list[tuple[float, int]]
 ) -> None:
     async def worker(n: int) -> None:
         client = anthropic.AsyncAnthropic(base_url=urls[n % len(urls)], api_key=key, max_retries=0)
@@ -409,26 +422,25 @@ def test_killing_redis_under_load_follows_the_policy_and_recovers(
     fleet.replicas = replicas
     marks: dict[str, float] = {}
     seen: list[tuple[float, int]] = []
-
-    async def scenario() -> None:
-        stop = asyncio.Event()
-        load = asyncio.create_task(_load(fleet.urls, key, stop, seen))
-        await asyncio.sleep(1.0)
+    stop = threading.Event()
+    # The load runs in its own thread; Redis is killed and restarted from this one, which
+    # outlives the restarted server (it dies with the thread that started it).
+    load = threading.Thread(target=lambda: asyncio.run(_load(fleet.urls, key, stop, seen)))
+    try:
+        load.start()
+        time.sleep(1.0)
         marks["kill"] = time.monotonic()
         assert redis.pid is not None
         os.kill(redis.pid, signal.SIGKILL)
-        await asyncio.to_thread(redis.stop_sync)
-        await asyncio.sleep(2.0)  # past auth.cache_seconds: cached keys go stale
+        redis.stop_sync()
+        time.sleep(2.0)  # past auth.cache_seconds: cached keys go stale
         marks["restart"] = time.monotonic()
-        await asyncio.to_thread(redis.start_sync)
+        redis.start_sync()
         marks["back"] = time.monotonic()
-        await asyncio.sleep(2.0)
+        time.sleep(2.0)
         stop.set()
-        await load
-
-    try:
-        asyncio.run(scenario())
-        counted_before = usage(fleet, Scope("key", key_id))["day"]["output"]
+        load.join(60)
+        counted_before = quiet_usage(fleet, Scope("key", key_id))["output"]
         with anthropic.Anthropic(base_url=fleet.urls[0], api_key=key, max_retries=0) as client:
             message = client.messages.create(**REQUEST)
         assert settled_usage(
