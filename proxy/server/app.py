@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from proxy.config import Settings
-from proxy.server.chat import expect_chat, handle_chat_completions
 from proxy.server import fleet
+from proxy.server.chat import expect_chat, handle_chat_completions
 from proxy.server.compaction import Compactor
 from proxy.server.health import handle_healthz, handle_readyz
 from proxy.server.lifecycle import LIFECYCLE, Lifecycle
@@ -78,6 +78,12 @@ async def _close_compactor(app: web.Application) -> None:
     await app[COMPACTOR].close()
 
 
+async def _load_tokenizer(app: web.Application) -> None:
+    """Load the encoding before the first request (it takes a few hundred ms), in a
+    thread, so no request stalls the event loop waiting for it."""
+    await asyncio.to_thread(app[COMPACTOR].counter.count_text, "warm up")
+
+
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(middlewares=[observe_requests])
     app[SETTINGS] = settings
@@ -90,6 +96,7 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_upstream_lifetime)
     app.cleanup_ctx.append(openai_upstream_lifetime)
     app.cleanup_ctx.append(_store_lifetime)
+    app.on_startup.append(_load_tokenizer)
     app.on_cleanup.append(_close_compactor)
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)
