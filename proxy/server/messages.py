@@ -1,8 +1,15 @@
-"""POST /v1/messages and /v1/messages/count_tokens: read, check, prepare, forward, relay."""
+"""POST /v1/messages and /v1/messages/count_tokens: read, check, prepare, forward, relay.
+
+`handle_json_route` is the one request path of every route that carries a conversation;
+/v1/chat/completions (proxy/server/chat.py) runs it with the Chat wire and OpenAI's
+error shape.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -14,6 +21,8 @@ from proxy.server.auth import caller_of
 from proxy.server.headers import upstream_request_headers
 from proxy.server.relay import relay
 from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM
+from proxy.server.upstream import Upstream
+from proxy.server.wires import ANTHROPIC_WIRE, Wire
 
 
 class BodyTooLarge(Exception):
@@ -59,18 +68,37 @@ def _wants_stream(payload: dict[str, Any] | None, body: bytes) -> bool:
     return b'"stream"' in body  # unparsed: err towards the stream (idle) timeout
 
 
-async def _handle(request: web.Request, route: pipeline.Route) -> web.StreamResponse:
+@dataclass(frozen=True, slots=True)
+class JsonRoute:
+    """What differs between the API routes that carry a conversation."""
+
+    route: pipeline.Route
+    upstream: web.AppKey[Upstream]
+    wire: Wire = ANTHROPIC_WIRE
+    # The proxy's own errors are made in the Messages shape, then put in the route's own.
+    shape: Callable[[web.Response], web.Response] = lambda response: response
+    bad_json: str = "The request body is not valid JSON"
+    request_id_header: str = "request-id"
+
+
+MESSAGES = JsonRoute("messages", UPSTREAM)
+COUNT_TOKENS = JsonRoute("count_tokens", UPSTREAM)
+
+
+async def handle_json_route(request: web.Request, spec: JsonRoute) -> web.StreamResponse:
+    """Read, check, prepare (compaction), reserve (budgets), forward, relay or intercept."""
     if request.raw_path[:1] != "/":
-        return errors.not_a_path(request.raw_path)
+        return spec.shape(errors.not_a_path(request.raw_path))
     app = request.app
     settings = app[SETTINGS]
     limit = settings.server.max_body_bytes
     try:
         body = await read_body(request, limit)
     except BodyTooLarge:
-        return errors.request_too_large(limit)
+        return spec.shape(errors.request_too_large(limit))
     except asyncio.IncompleteReadError:
-        return errors.invalid_request("The request body ended before its Content-Length.")
+        message = "The request body ended before its Content-Length."
+        return spec.shape(errors.invalid_request(message))
 
     payload: dict[str, Any] | None = None
     # A compressed body is forwarded as sent, uninspected (the server does not decompress).
@@ -79,15 +107,15 @@ async def _handle(request: web.Request, route: pipeline.Route) -> web.StreamResp
         try:
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError as e:
-            return errors.invalid_request(f"The request body is not valid JSON: {e}")
+            return spec.shape(errors.invalid_request(f"{spec.bad_json}: {e}"))
         if not isinstance(parsed, dict):
-            return errors.invalid_request("The request body must be a JSON object.")
+            return spec.shape(errors.invalid_request("The request body must be a JSON object."))
         payload = parsed
 
-    upstream = app[UPSTREAM]
+    upstream = app[spec.upstream]
     caller = caller_of(request)
     ctx = pipeline.RequestContext(
-        route=route,
+        route=spec.route,
         path_qs=request.raw_path,
         headers=request.headers,
         body=body,
@@ -96,6 +124,7 @@ async def _handle(request: web.Request, route: pipeline.Route) -> web.StreamResp
         upstream=upstream,
         store=app[STORE].store,
         compactor=app[COMPACTOR],
+        wire=spec.wire,
         tenant=caller.tenant,
         policy_override=caller.policy,
     )
@@ -117,8 +146,9 @@ async def _handle(request: web.Request, route: pipeline.Route) -> web.StreamResp
             stream=stream,
         )
     except (aiohttp.ClientError, TimeoutError) as e:
-        return errors.for_upstream_failure(e, upstream.base_url, upstream.timeout_for(stream))
-    observe.upstream_answered(response.headers.get("request-id", ""))
+        failure = errors.for_upstream_failure(e, upstream.base_url, upstream.timeout_for(stream))
+        return spec.shape(failure)
+    observe.upstream_answered(response.headers.get(spec.request_id_header, ""))
 
     if forward.intercept_read_result:
         return await pipeline.intercept(request, ctx, forward, response)
@@ -133,8 +163,8 @@ async def _handle(request: web.Request, route: pipeline.Route) -> web.StreamResp
 
 
 async def handle_messages(request: web.Request) -> web.StreamResponse:
-    return await _handle(request, "messages")
+    return await handle_json_route(request, MESSAGES)
 
 
 async def handle_count_tokens(request: web.Request) -> web.StreamResponse:
-    return await _handle(request, "count_tokens")
+    return await handle_json_route(request, COUNT_TOKENS)
