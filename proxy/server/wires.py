@@ -1,9 +1,10 @@
 """The wire formats the pipeline serves: what differs between them in the shell.
 
 The pure planner gets a `Dialect`; the server's parts (the Compactor, the read_result
-loop, the summariser, the error answers) get a `Wire`, which holds that dialect and the
-few format-specific steps around it: counting a request, picking the read_result name,
-identifying the conversation, calling the summariser, reading usage, and the round
+loop, the summariser, the error answers) get a `Wire`, which holds the format's pure
+steps (a `Format`, proxy/wire/formats.py: the dialect, counting a request, picking the
+read_result name, identifying the conversation; shared with the ops simulator) and the
+shell's format-specific steps: calling the summariser, reading usage, and the round
 merging of read_result. `ANTHROPIC_WIRE` is the Messages API, `CHAT_WIRE` OpenAI Chat.
 """
 
@@ -20,7 +21,6 @@ import orjson
 from proxy.core.dialect import Dialect
 from proxy.core.identity import credential
 from proxy.core.meter import openai_usage
-from proxy.core.offload import choose_tool_name
 from proxy.core.rewrite import NeedSummary
 from proxy.core.sse import Event
 from proxy.core.summary import INSTRUCTION
@@ -29,19 +29,14 @@ from proxy.server import charges, errors
 from proxy.server.summariser import PURPOSE_HEADER, call_summariser
 from proxy.wire import anthropic_rounds, openai_rounds
 from proxy.wire import openai as chat
-from proxy.wire.anthropic import ANTHROPIC
+from proxy.wire.formats import ANTHROPIC_FORMAT, CHAT_FORMAT, Format
 
 SummariserCall = Callable[..., Awaitable[str]]
 
 
 @dataclass(frozen=True, slots=True)
 class Wire:
-    name: str
-    dialect: Dialect
-    counter: Callable[[TokenCounter], Any]  # the counter for this format's messages
-    fixed_tokens: Callable[[Any, Mapping[str, Any]], int]  # system prompt + tools
-    tool_name: Callable[[Mapping[str, Any]], str | None]  # read_result's name; None: off
-    identity_view: Callable[[Mapping[str, Any]], Mapping[str, Any]]  # for conversation_of
+    format: Format  # the pure steps: counting, read_result's name, the identity view
     summarise: SummariserCall
     usage_input: Callable[[Mapping[str, Any]], dict[str, Any]]  # usage as calibration reads it
     usage_field: re.Pattern[bytes]  # input counts in relayed bytes
@@ -56,12 +51,32 @@ class Wire:
     invalid_request: Callable[[str], Any]
     refusal: Callable[[str], Any]
 
+    @property
+    def name(self) -> str:
+        return self.format.name
+
+    @property
+    def dialect(self) -> Dialect:
+        return self.format.dialect
+
+    @property
+    def counter(self) -> Callable[[TokenCounter], Any]:
+        return self.format.counter
+
+    @property
+    def fixed_tokens(self) -> Callable[[Any, Mapping[str, Any]], int]:
+        return self.format.fixed_tokens
+
+    @property
+    def tool_name(self) -> Callable[[Mapping[str, Any]], str | None]:
+        return self.format.tool_name
+
+    @property
+    def identity_view(self) -> Callable[[Mapping[str, Any]], Mapping[str, Any]]:
+        return self.format.identity_view
+
 
 # -- Anthropic Messages ---------------------------------------------------------------------
-
-
-def _anthropic_fixed(counter: Any, body: Mapping[str, Any]) -> int:
-    return int(counter.count_system(body.get("system")) + counter.count_tools(body.get("tools")))
 
 
 def _anthropic_round_event(merger: Any, event: Event) -> str | None:
@@ -78,12 +93,7 @@ def _anthropic_error_event(payload: Any, status: int) -> bytes:
 
 
 ANTHROPIC_WIRE = Wire(
-    name="anthropic",
-    dialect=ANTHROPIC,
-    counter=lambda base: base,
-    fixed_tokens=_anthropic_fixed,
-    tool_name=lambda body: choose_tool_name(body.get("tools")),
-    identity_view=lambda body: body,
+    format=ANTHROPIC_FORMAT,
     summarise=call_summariser,
     usage_input=dict,
     usage_field=re.compile(
@@ -101,13 +111,6 @@ ANTHROPIC_WIRE = Wire(
 
 
 # -- OpenAI Chat Completions ----------------------------------------------------------------
-
-
-def _chat_tool_name(body: Mapping[str, Any]) -> str | None:
-    n = body.get("n")
-    if n not in (None, 1):
-        return None  # several choices: the rounds follow one, so offload stays off
-    return chat.choose_tool_name(body.get("tools"))
 
 
 async def call_chat_summariser(
@@ -161,12 +164,7 @@ def _chat_error_event(payload: Any, status: int) -> bytes:
 
 
 CHAT_WIRE = Wire(
-    name="openai",
-    dialect=chat.OPENAI,
-    counter=chat.ChatCounter,
-    fixed_tokens=lambda counter, body: int(counter.count_tools(body.get("tools"))),
-    tool_name=_chat_tool_name,
-    identity_view=chat.identity_view,
+    format=CHAT_FORMAT,
     summarise=call_chat_summariser,
     usage_input=chat.usage_as_input,
     usage_field=re.compile(rb'"(prompt_tokens)"\s*:\s*(\d+)'),
