@@ -19,8 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.core.calibration import sample_ratio
-from proxy.core.checkpoint import message_digest
 from proxy.core.identity import conversation_of, tenant_of
+from proxy.core.intake import (
+    Planning,
+    cannot_cross,
+    checkpoint_slot,
+    count_request,
+    digests_of,
+    plan_input,
+    replaced_fields,
+)
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies, policy_for
 from proxy.core.rewrite import (
     NeedSummary,
@@ -49,8 +57,6 @@ COUNT_OFF_LOOP_BYTES = 256 * 1024
 # Once the factor has settled, one response in this many feeds it: each sample costs a
 # Redis round trip, and a ratio that changes slowly needs few of them.
 CALIBRATION_EVERY = 16
-# Estimated tokens a body can hold beyond one per byte (the tools preamble and such).
-BYTE_BOUND_SLACK = 1024
 
 
 @dataclass(slots=True)
@@ -187,31 +193,26 @@ class Compactor:
         if not messages:
             return Prepared(body_bytes, model=model)
         policy = policy_for(model, self.policies, policy_override)
-        counter = wire.counter(self.counter)
-        tools = body.get("tools")
+        fmt = wire.format
+        counter = fmt.counter(self.counter)
         factor = self.factor(model, store)
         sample = self.wants_sample(model)
-        if not sample and _cannot_cross(body_bytes, policy, factor):
+        if not sample and cannot_cross(body_bytes, policy, factor):
             return Prepared(body_bytes, model=model)  # not even counted
-        fixed = wire.fixed_tokens(counter, body)
         if len(body_bytes) > COUNT_OFF_LOOP_BYTES:
             # A cold count of a big history takes tens of ms: keep the loop free meanwhile
             # (tiktoken encodes without the GIL).
-            counts = await asyncio.to_thread(_count_all, counter, messages)
+            counted = await asyncio.to_thread(count_request, fmt, counter, body, messages)
         else:
-            counts = _count_all(counter, messages)
-        history = sum(counts)
-        if (
-            history + fixed
-        ) * factor <= policy.window and history * factor <= policy.trigger_tokens:
-            return Prepared(body_bytes, estimate=history + fixed if sample else 0, model=model)
+            counted = count_request(fmt, counter, body, messages)
+        estimate = counted.history + counted.fixed
+        if counted.fits(policy, factor):
+            return Prepared(body_bytes, estimate=estimate if sample else 0, model=model)
 
         tenant = tenant or tenant_of(headers)
-        conversation = conversation_of(headers, wire.identity_view(body), tenant)
-        digests = [message_digest(m) for m in messages]
-        # One checkpoint per first message: agents that share a session id between
-        # their sub-agents (Claude Code does) keep one frozen prefix each.
-        slot = digests[0].hex()[:16]
+        conversation = conversation_of(headers, fmt.identity_view(body), tenant)
+        digests = digests_of(messages)
+        slot = checkpoint_slot(digests)
         checkpoint, store_ok = None, store is not None
         if store is not None:
             try:
@@ -219,28 +220,19 @@ class Compactor:
                 checkpoint = found if isinstance(found, dict) else None
             except StoreUnavailable:
                 store_ok = False
-        tool = wire.tool_name(body)
-        tool_list = tools if isinstance(tools, list) else []
-        tool_tokens = 0
-        if tool:
-            injected = wire.dialect.read_result_tool(tool)
-            tool_tokens = counter.count_tools([*tool_list, injected]) - (
-                counter.count_tools(tool_list)
-            )
-        inp = PlanInput(
-            messages=messages,
-            digests=digests,
-            checkpoint=checkpoint,
+        planning = plan_input(
+            fmt,
+            counter,
+            body,
+            messages,
+            counted,
+            digests,
             policy=policy,
-            counter=counter,
-            fixed_tokens=fixed,
-            tool_tokens=tool_tokens,
-            tool=tool,
             factor=factor,
+            checkpoint=checkpoint,
             store_ok=store_ok,
-            counts=counts,
-            dialect=wire.dialect,
         )
+        inp = planning.inp
         outcome = plan_request(inp)
         if isinstance(outcome, NeedSummary):
             assert store is not None  # a summary is only asked for with a store
@@ -259,7 +251,7 @@ class Compactor:
                 log.info("no summary (%s); packing instead", got.failure)
             outcome = finish_with_summary(outcome, got.text, reused=got.reused)
         if isinstance(outcome, Untouched):
-            return Prepared(body_bytes, estimate=history + fixed, model=model)
+            return Prepared(body_bytes, estimate=estimate, model=model)
         if isinstance(outcome, Refuse):
             observe.refused()
             return Prepared(body_bytes, refusal=outcome.message, model=model)
@@ -270,7 +262,7 @@ class Compactor:
             inp = PlanInput(**{**_fields(inp), "store_ok": False, "checkpoint": None})
             fallback = plan_request(inp)
             if not isinstance(fallback, Rewrite):
-                return Prepared(body_bytes, estimate=history + fixed, model=model)
+                return Prepared(body_bytes, estimate=estimate, model=model)
             outcome = fallback
         observe.rewrite(
             outcome.strategy,
@@ -279,9 +271,7 @@ class Compactor:
             len(outcome.blobs),
             outcome.summary,
         )
-        return self._encode(
-            body, outcome, tenant, conversation, policy, fixed, tool_tokens, model, wire
-        )
+        return self._encode(body, outcome, tenant, conversation, policy, planning, model, wire)
 
     async def _store_effects(
         self, store: Store, tenant: str, conversation: str, slot: str, rewrite: Rewrite
@@ -309,19 +299,11 @@ class Compactor:
         tenant: str,
         conversation: str,
         policy: Policy,
-        fixed: int,
-        tool_tokens: int,
+        planning: Planning,
         model: str,
         wire: Wire,
     ) -> Prepared:
-        tools = body.get("tools")
-        replace: dict[str, Any] = {"messages": rewrite.messages}
-        if rewrite.tool:
-            replace["tools"] = [
-                *(tools if isinstance(tools, list) else []),
-                wire.dialect.read_result_tool(rewrite.tool),
-            ]
-        sent = {**body, **replace}
+        replace = replaced_fields(wire.format, body, rewrite)
         headers = [
             ("x-compaction-strategy", rewrite.strategy),
             ("x-compaction-tokens-before", str(rewrite.tokens_before)),
@@ -331,33 +313,15 @@ class Compactor:
         ]
         interception = None
         if rewrite.tool:
+            sent = {**body, **replace}
             interception = Interception(rewrite.tool, tenant, conversation, sent, policy, wire)
-        estimate = fixed + rewrite.estimate
         return Prepared(
             encode_request(body, **replace),
             headers=headers,
             interception=interception,
-            estimate=estimate + (tool_tokens if rewrite.tool else 0),
+            estimate=planning.fixed_sent(rewrite) + rewrite.estimate,
             model=model,
         )
-
-
-def _cannot_cross(body: bytes, policy: Policy, factor: float) -> bool:
-    """Whether the body's size alone proves it is under the trigger and the window.
-
-    Every estimated token of text stands for at least one byte of the JSON body, and the
-    fixed overheads (per message, per block) are smaller than the JSON around them; only
-    the tools preamble needs slack. Images and documents are the exception (a small PDF
-    is charged per page, a URL image a flat amount), so a body with a `source` is counted.
-    """
-    if b'"source"' in body:
-        return False
-    bound = (len(body) + BYTE_BOUND_SLACK) * factor
-    return bound <= policy.trigger_tokens and bound <= policy.window
-
-
-def _count_all(counter: TokenCounter, messages: Sequence[dict[str, Any]]) -> list[int]:
-    return [counter.count_message(m) for m in messages]
 
 
 def _fields(inp: PlanInput) -> dict[str, Any]:
