@@ -1,11 +1,14 @@
 """The proxy's decisions for saved requests, without calling anything.
 
-`Simulator.step(body)` does what the Compactor does for one Anthropic Messages request
-(count, trigger check, checkpoint, the pure planner, summary, encode) with the effects
-kept in memory: the conversation's checkpoint, the stored summaries (a placeholder text
-of the slot's size stands in for the summariser's answer), the offloaded blobs. Steps
-on one Simulator form one conversation, as the replica fleet would see it. Calibration
-is fixed (factor 1.0 unless given): the local count is taken as the real one.
+`Simulator.step(body)` does what the Compactor does for one request of its format
+(Anthropic Messages unless given): the same pure steps (proxy/core/intake.py: count,
+trigger check, checkpoint slot, the planner's input, the body to send) around the pure
+planner, with the effects kept in memory: the conversation's checkpoints (one per first
+message), the stored summaries (a placeholder text of the slot's size stands in for the
+summariser's answer), the offloaded blobs. Steps on one Simulator form one conversation,
+as the replica fleet would see it. Calibration is fixed (factor 1.0 unless given, no
+sampling): the local count is taken as the real one, and every request is counted (the
+Compactor's byte-size shortcut only skips counts that could not change the decision).
 """
 
 from __future__ import annotations
@@ -14,12 +17,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.core.checkpoint import message_digest
-from proxy.core.offload import choose_tool_name, read_result_tool, ref_for, result_text
+from proxy.core.intake import (
+    Planning,
+    checkpoint_slot,
+    count_request,
+    digests_of,
+    plan_input,
+    replaced_fields,
+)
+from proxy.core.offload import ref_for, result_text
 from proxy.core.policy import Policy, policy_for
 from proxy.core.rewrite import (
     NeedSummary,
-    PlanInput,
     Refuse,
     Rewrite,
     Untouched,
@@ -29,6 +38,7 @@ from proxy.core.rewrite import (
 from proxy.core.summary import INSTRUCTION
 from proxy.core.tokens import TokenCounter
 from proxy.wire.anthropic import request_messages
+from proxy.wire.formats import ANTHROPIC_FORMAT, Format
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,54 +108,55 @@ def _result_owners(messages: Sequence[Mapping[str, Any]]) -> dict[str, str]:
 
 class Simulator:
     def __init__(
-        self, policies: Sequence[Policy], counter: TokenCounter, *, factor: float = 1.0
+        self,
+        policies: Sequence[Policy],
+        counter: TokenCounter,
+        *,
+        factor: float = 1.0,
+        fmt: Format = ANTHROPIC_FORMAT,
     ) -> None:
         self.policies = list(policies)
         self.counter = counter
         self.factor = factor
-        self.checkpoint: dict[str, Any] | None = None
+        self.format = fmt
+        self.checkpoints: dict[str, dict[str, Any]] = {}  # slot -> checkpoint, as stored
         self.summaries: dict[str, str] = {}  # key -> text, as the store would keep them
         self.blobs: dict[str, int] = {}  # ref -> length in characters
 
     def step(self, body: dict[str, Any]) -> Step:
-        counter = self.counter
+        fmt = self.format
+        counter = fmt.counter(self.counter)
         messages = request_messages(body)
         model = str(body.get("model", ""))
         policy = policy_for(model, self.policies)
-        tools = body.get("tools")
-        fixed = counter.count_system(body.get("system")) + counter.count_tools(tools)
-        counts = [counter.count_message(m) for m in messages]
-        history = sum(counts)
-        fits = (history + fixed) * self.factor <= policy.window
-        if not messages or (fits and history * self.factor <= policy.trigger_tokens):
+        counted = count_request(fmt, counter, body, messages)
+        history, fixed = counted.history, counted.fixed
+        if not messages or counted.fits(policy, self.factor):
             return Step(body, policy, "untouched", tokens_before=history, tokens_after=history,
                         fixed_tokens=fixed)  # fmt: skip
-        tool = choose_tool_name(tools)
-        tool_list = tools if isinstance(tools, list) else []
-        tool_tokens = 0
-        if tool:
-            with_tool = counter.count_tools([*tool_list, read_result_tool(tool)])
-            tool_tokens = with_tool - counter.count_tools(tool_list)
-        inp = PlanInput(
-            messages=messages,
-            digests=[message_digest(m) for m in messages],
-            checkpoint=self.checkpoint,
+        digests = digests_of(messages)
+        slot = checkpoint_slot(digests)
+        planning = plan_input(
+            fmt,
+            counter,
+            body,
+            messages,
+            counted,
+            digests,
             policy=policy,
-            counter=counter,
-            fixed_tokens=fixed,
-            tool_tokens=tool_tokens,
-            tool=tool,
             factor=self.factor,
-            counts=counts,
+            checkpoint=self.checkpoints.get(slot),
+            store_ok=True,
         )
-        outcome = plan_request(inp)
+        outcome = plan_request(planning.inp)
         summary: Summarise | None = None
         fallback: Rewrite | Refuse | None = None
         if isinstance(outcome, NeedSummary):
             need = outcome
             stored = self.summaries.get(need.key)
             text = stored or placeholder_summary(need.slot, need.key)
-            prompt = counter.count_text(INSTRUCTION) + counter.count_text(need.transcript)
+            base = self.counter
+            prompt = base.count_text(INSTRUCTION) + base.count_text(need.transcript)
             fallback = finish_with_summary(need, None, reused=False)
             outcome = finish_with_summary(need, text, reused=stored is not None)
             if isinstance(outcome, Rewrite) and outcome.summary:
@@ -157,26 +168,25 @@ class Simulator:
         if isinstance(outcome, Refuse):
             return Step(body, policy, "refuse", tokens_before=history, fixed_tokens=fixed,
                         refusal=outcome.message)  # fmt: skip
-        return self._rewritten(body, outcome, policy, history, fixed, tool_tokens, summary,
-                               fallback)  # fmt: skip
+        return self._rewritten(body, outcome, policy, slot, planning, summary, fallback)
 
     def _rewritten(
         self,
         body: dict[str, Any],
         rewrite: Rewrite,
         policy: Policy,
-        history: int,
-        fixed: int,
-        tool_tokens: int,
+        slot: str,
+        planning: Planning,
         summary: Summarise | None,
         fallback: Rewrite | Refuse | None,
     ) -> Step:
         if rewrite.checkpoint is not None:
-            self.checkpoint = rewrite.checkpoint
-        segments = (self.checkpoint or {}).get("segments") or []
+            self.checkpoints[slot] = rewrite.checkpoint
+        checkpoint = self.checkpoints.get(slot) or {}
+        segments = checkpoint.get("segments") or []
         kept = sum(1 for s in segments if s[0] in ("m", "s"))
         folded = sum(int(s[2]) for s in segments if s[0] == "summary")
-        total = int((self.checkpoint or {}).get("n", 0))
+        total = int(checkpoint.get("n", 0))
         owners = _result_owners(request_messages(body))
         offloaded = []
         for ref, text in rewrite.blobs:
@@ -184,11 +194,7 @@ class Simulator:
             offloaded.append(Offloaded(ref, owners.get(ref, "?"), self.counter.count_text(text)))
         if summary is not None:
             summary = Summarise(folded, summary.slot, summary.reused, summary.input_tokens)
-        replace: dict[str, Any] = {"messages": rewrite.messages}
-        tools = body.get("tools")
-        if rewrite.tool:
-            replace["tools"] = [*(tools if isinstance(tools, list) else []),
-                                read_result_tool(rewrite.tool)]  # fmt: skip
+        replace = replaced_fields(self.format, body, rewrite)
         return Step(
             {**body, **replace},
             policy,
@@ -196,7 +202,7 @@ class Simulator:
             strategy=rewrite.strategy,
             tokens_before=rewrite.tokens_before,
             tokens_after=rewrite.tokens_after,
-            fixed_tokens=fixed + (tool_tokens if rewrite.tool else 0),
+            fixed_tokens=planning.fixed_sent(rewrite),
             offloaded=offloaded,
             stubs=len(rewrite.refs),
             folded=folded,
