@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.core.calibration import sample_ratio
@@ -32,7 +32,6 @@ from proxy.core.intake import (
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies, policy_for
 from proxy.core.rewrite import (
     NeedSummary,
-    PlanInput,
     Refuse,
     Rewrite,
     Untouched,
@@ -259,7 +258,7 @@ class Compactor:
             store, tenant, conversation, slot, outcome
         ):
             # Blobs that cannot be stored cannot be read back: plan again without them.
-            inp = PlanInput(**{**_fields(inp), "store_ok": False, "checkpoint": None})
+            inp = replace(inp, store_ok=False, checkpoint=None)
             fallback = plan_request(inp)
             if not isinstance(fallback, Rewrite):
                 return Prepared(body_bytes, estimate=estimate, model=model)
@@ -303,7 +302,7 @@ class Compactor:
         model: str,
         wire: Wire,
     ) -> Prepared:
-        replace = replaced_fields(wire.format, body, rewrite)
+        changed = replaced_fields(wire.format, body, rewrite)
         headers = [
             ("x-compaction-strategy", rewrite.strategy),
             ("x-compaction-tokens-before", str(rewrite.tokens_before)),
@@ -313,16 +312,12 @@ class Compactor:
         ]
         interception = None
         if rewrite.tool:
-            sent = {**body, **replace}
+            sent = {**body, **changed}
             interception = Interception(rewrite.tool, tenant, conversation, sent, policy, wire)
         return Prepared(
-            encode_request(body, **replace),
+            encode_request(body, **changed),
             headers=headers,
             interception=interception,
             estimate=planning.fixed_sent(rewrite) + rewrite.estimate,
             model=model,
         )
-
-
-def _fields(inp: PlanInput) -> dict[str, Any]:
-    return {name: getattr(inp, name) for name in inp.__dataclass_fields__}
