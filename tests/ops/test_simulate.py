@@ -6,40 +6,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.core.policy import Policy
 from proxy.core.tokens import TokenCounter
 from proxy.ops.simulate import Simulator
 from proxy.testing.chat_validate import validate_chat_request
 from proxy.wire import openai as chat
 from proxy.wire.formats import CHAT_FORMAT
+from tests.core.test_rewrite_openai import conversation, policy, words
 
-POLICY = Policy(
-    window=20_000,
-    trigger=8_000,
-    target=4_000,
-    keep_last=2,
-    keep_results=1,
-    offload_threshold=300,
-    stub_head_chars=200,
-    note_cost=60,
-).validate()
-
-
-def words(n: int, seed: str) -> str:
-    return " ".join(f"{seed}{i % 97}" for i in range(n))
+POLICY = policy()
 
 
 def chat_request(turns: int) -> dict[str, Any]:
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a coding agent."},
-        {"role": "user", "content": "Fix the failing test in src/app.py"},
-    ]
-    for t in range(turns):
-        call = {"id": f"c{t}", "type": "function", "function": {"name": "Read", "arguments": "{}"}}
-        messages.append({"role": "assistant", "content": f"Step {t}", "tool_calls": [call]})
-        messages.append({"role": "tool", "tool_call_id": f"c{t}", "content": words(400, f"w{t}")})
     tools = [{"type": "function", "function": {"name": "Read", "parameters": {"type": "object"}}}]
-    return {"model": "gpt-test", "tools": tools, "messages": messages}
+    return {"model": "gpt-test", "tools": tools, "messages": conversation(turns)}
 
 
 def anthropic_request(task: str, turns: int) -> dict[str, Any]:
