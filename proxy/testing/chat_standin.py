@@ -23,9 +23,7 @@ request gets the same completion (streamed or not).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -39,10 +37,11 @@ from proxy.testing.chat_validate import ChatError, validate_chat_request, window
 from proxy.testing.script import (
     READ_RESULT,
     STATUS_FAULTS,
+    STUB_REF,
     Script,
     ScriptError,
-    default_text,
-    parse_script,
+    plan_call,
+    trim_to,
 )
 from proxy.testing.standin import (
     CACHE,
@@ -50,11 +49,16 @@ from proxy.testing.standin import (
     OPTIONS,
     SUMMARY_PURPOSE,
     _credential,
-    _cut,
     _scaled,
-    _stall,
     _take_fault,
+    _tenant,
     _text_pieces,
+    answer_faults,
+    request_digest,
+    retry_headers,
+    script_for,
+    send_json,
+    send_stream,
 )
 from proxy.testing.summary import summarise
 from proxy.wire.openai import ChatCounter
@@ -62,7 +66,6 @@ from proxy.wire.openai import ChatCounter
 ARGUMENT_PIECE_CHARS = 24
 CREATED = 1_764_000_000  # a fixed `created`: the same request gets the same bytes
 FINGERPRINT = "fp_standin"
-STUB_REF = re.compile(r'read_result\(ref="(r_[0-9a-f]{16,})"')
 _FAULT_STATUS = {
     "429": (429, "requests", "rate_limit_exceeded", "Rate limit reached for requests."),
     "529": (503, "server_error", None, "The engine is currently overloaded."),
@@ -139,13 +142,6 @@ def next_ref_to_read(body: dict[str, Any]) -> str | None:
     return next((ref for ref in refs if ref not in already), None)
 
 
-def _trim(text: str, budget: int, counter: TokenCounter) -> str:
-    words = text.split(" ")
-    while len(words) > 1 and counter.count_text(" ".join(words)) > budget:
-        words = words[: max(1, len(words) * 3 // 4)]
-    return " ".join(words)
-
-
 def plan_chat_answer(
     body: dict[str, Any],
     script: Script,
@@ -154,20 +150,11 @@ def plan_chat_answer(
     *,
     text_override: str | None = None,
 ) -> ChatAnswer:
-    call: dict[str, Any] | None = None
-    ref = next_ref_to_read(body) if script.read_result and text_override is None else None
-    if ref is not None:
-        read = {"ref": ref, "start": 0, "length": script.read_length}
-        call = {"name": READ_RESULT, "input": read}
-    elif script.tool is not None and text_override is None:
-        call = {"name": script.tool["name"], "input": script.tool.get("input", {})}
-    text = text_override if text_override is not None else script.text
-    if text is None and call is None:
-        text = default_text(body)
+    call, text = plan_call(body, script, next_ref_to_read, text_override)
     finish = "tool_calls" if call is not None else "stop"
     limit = body.get("max_completion_tokens") or body.get("max_tokens") or 4096
     if text and counter.count_text(text) > limit:
-        text, call, finish = _trim(text, limit, counter), None, "length"
+        text, call, finish = trim_to(text, limit, counter), None, "length"
     calls: list[dict[str, Any]] = []
     if call is not None:
         name, arguments = str(call["name"]), orjson.dumps(call["input"]).decode()
@@ -230,16 +217,13 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
             " Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
         )
     try:
-        script = parse_script(app[OPTIONS].script, request.headers.get("x-stand-in"))
-    except (ScriptError, TypeError) as exc:
+        script = script_for(request)
+    except ScriptError as exc:
         return chat_error(400, str(exc))
     fault = _take_fault(app, script, STATUS_FAULTS)
     if fault is not None:
         status, kind, code, text = _FAULT_STATUS[fault]
-        headers = {}
-        if fault == "429":
-            seconds = max(1, -(-int(script.retry_after_ms) // 1000))
-            headers = {"retry-after": str(seconds), "retry-after-ms": f"{script.retry_after_ms:g}"}
+        headers = retry_headers(script) if fault == "429" else {}
         return chat_error(status, text, kind, code=code, headers=headers)
 
     raw = await request.read()
@@ -257,17 +241,15 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
     if error:
         return _invalid(error)
 
-    same = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-    digest = hashlib.sha256(orjson.dumps(same, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    digest = request_digest(body, ("stream", "stream_options"))
     purpose = request.headers.get("x-compaction-proxy-purpose", "").strip().lower()
     summary = None
     if purpose == SUMMARY_PURPOSE:
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         summary = summarise({**body, "max_tokens": limit}, app[COUNTER])
     answer = plan_chat_answer(body, script, app[COUNTER], digest[24:], text_override=summary)
-    tenant = hashlib.sha256((_credential(request) or "").encode()).hexdigest()[:32]
     units = prompt_units(body, counter)
-    cache = app[CACHE].account(tenant, units, counter.count_request(body))
+    cache = app[CACHE].account(_tenant(request), units, counter.count_request(body))
     cached = _scaled(cache.cache_read_input_tokens, options)
     usage = _usage(total, min(cached, total), answer)
     head = {
@@ -277,13 +259,13 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
     }
     choices = int(body.get("n") or 1)
     streaming = body.get("stream") is True
-    kinds = ("stream_error", "eof", "stall") if streaming else ("eof", "stall")
-    fault = _take_fault(app, script, kinds)
+    fault = _take_fault(app, script, answer_faults(streaming))
     if streaming:
-        stream_options = body.get("stream_options") or {}
-        include_usage = bool(stream_options.get("include_usage"))
-        return await _stream(request, head, usage, answer, choices, script, fault, include_usage)
-    return await _respond(request, head, usage, answer, choices, script, fault)
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        chunks = _chunks(head, usage, answer, choices, script, include_usage)
+        return await send_stream(request, chunks, script, fault, STREAM_ERROR_CHUNK)
+    payload = orjson.dumps(_completion(head, usage, answer, choices))
+    return await send_json(request, payload, script, fault)
 
 
 def _message(answer: ChatAnswer) -> dict[str, Any]:
@@ -298,16 +280,10 @@ def _message(answer: ChatAnswer) -> dict[str, Any]:
     return message
 
 
-async def _respond(
-    request: web.Request,
-    head: dict[str, Any],
-    usage: dict[str, Any],
-    answer: ChatAnswer,
-    choices: int,
-    script: Script,
-    fault: str | None,
-) -> web.StreamResponse:
-    completion = {
+def _completion(
+    head: dict[str, Any], usage: dict[str, Any], answer: ChatAnswer, choices: int
+) -> dict[str, Any]:
+    return {
         "id": head["id"],
         "object": "chat.completion",
         "created": head["created"],
@@ -325,20 +301,6 @@ async def _respond(
         "service_tier": "default",
         "system_fingerprint": FINGERPRINT,
     }
-    payload = orjson.dumps(completion)
-    if fault is None:
-        return web.Response(body=payload, content_type="application/json")
-    response = web.StreamResponse(headers={"Content-Type": "application/json"})
-    response.content_length = len(payload)
-    await response.prepare(request)
-    if fault == "eof":
-        await response.write(payload[: len(payload) // 2])
-        _cut(request)
-        return response
-    await _stall(request, script.stall_seconds)
-    await response.write(payload)
-    await response.write_eof()
-    return response
 
 
 def _chunks(
@@ -395,42 +357,10 @@ def _chunks(
     yield "end", b"data: [DONE]\n\n"
 
 
-async def _stream(
-    request: web.Request,
-    head: dict[str, Any],
-    usage: dict[str, Any],
-    answer: ChatAnswer,
-    choices: int,
-    script: Script,
-    fault: str | None,
-    include_usage: bool,
-) -> web.StreamResponse:
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-    )
-    await response.prepare(request)
-    deltas = 0
-    for kind, data in _chunks(head, usage, answer, choices, script, include_usage):
-        if kind == "delta":
-            if deltas and script.token_delay:
-                await asyncio.sleep(script.token_delay)
-            deltas += 1
-        elif kind == "end" and fault in ("stream_error", "eof"):
-            break
-        await response.write(data)
-        if kind == "start" and fault == "stall":
-            await _stall(request, script.stall_seconds)
-        if kind == "delta" and deltas == 1 and fault in ("stream_error", "eof"):
-            break
-    if fault == "stream_error":
-        error = {"error": {"message": "The server is overloaded.", "type": "server_error",
-                           "param": None, "code": None}}  # fmt: skip
-        await response.write(b"data: " + orjson.dumps(error) + b"\n\n")
-    elif fault == "eof":
-        _cut(request)
-        return response
-    await response.write_eof()
-    return response
+STREAM_ERROR_CHUNK = b"data: " + orjson.dumps(
+    {"error": {"message": "The server is overloaded.", "type": "server_error",
+               "param": None, "code": None}}
+) + b"\n\n"  # fmt: skip
 
 
 def add_routes(app: web.Application) -> None:

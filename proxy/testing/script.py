@@ -17,6 +17,7 @@ of a request's `x-stand-in` header laid over it. Keys:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -155,11 +156,32 @@ def _thinking_on(body: dict[str, Any]) -> bool:
     return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
 
 
-def _trim_to(text: str, budget: int, counter: TokenCounter) -> str:
+def trim_to(text: str, budget: int, counter: TokenCounter) -> str:
     words = text.split(" ")
     while len(words) > 1 and counter.count_text(" ".join(words)) > budget:
         words = words[: max(1, len(words) * 3 // 4)]
     return " ".join(words)
+
+
+def plan_call(
+    body: dict[str, Any],
+    script: Script,
+    ref_to_read: Callable[[dict[str, Any]], str | None],
+    text_override: str | None,
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The tool call (`{"name", "input"}`) and the text the answer carries, either format:
+    a summary (`text_override`) never calls a tool."""
+    call: dict[str, Any] | None = None
+    ref = ref_to_read(body) if script.read_result and text_override is None else None
+    if ref is not None:
+        read = {"ref": ref, "start": 0, "length": script.read_length}
+        call = {"name": READ_RESULT, "input": read}
+    elif script.tool is not None and text_override is None:
+        call = {"name": script.tool["name"], "input": script.tool.get("input", {})}
+    text = text_override if text_override is not None else script.text
+    if text is None and call is None:
+        text = default_text(body)
+    return call, text
 
 
 def plan_answer(
@@ -178,25 +200,13 @@ def plan_answer(
             {"type": "thinking", "thinking": thought, "signature": thinking_signature(thought)}
         )
 
-    call: dict[str, Any] | None = None
-    ref = next_ref_to_read(body) if script.read_result and text_override is None else None
-    if ref is not None:
-        call = {
-            "name": READ_RESULT,
-            "input": {"ref": ref, "start": 0, "length": script.read_length},
-        }
-    elif script.tool is not None and text_override is None:
-        call = {"name": script.tool["name"], "input": script.tool.get("input", {})}
-
-    text = text_override if text_override is not None else script.text
-    if text is None and call is None:
-        text = default_text(body)
+    call, text = plan_call(body, script, next_ref_to_read, text_override)
     stop_reason = "tool_use" if call is not None else "end_turn"
 
     max_tokens = int(body.get("max_tokens") or 0) or 4096
     if text:
         if counter.count_text(text) > max_tokens:
-            text = _trim_to(text, max_tokens, counter)
+            text = trim_to(text, max_tokens, counter)
             call, stop_reason = None, "max_tokens"
         content.append({"type": "text", "text": text})
     if call is not None:

@@ -22,7 +22,7 @@ import math
 import secrets
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,6 +193,26 @@ def _tenant(request: web.Request) -> str:
     return hashlib.sha256((_credential(request) or "").encode()).hexdigest()[:32]
 
 
+def request_digest(body: dict[str, Any], ignored: tuple[str, ...]) -> str:
+    """The hash answers derive from: streamed or not, the same request gets the same one."""
+    same = {k: v for k, v in body.items() if k not in ignored}
+    return hashlib.sha256(orjson.dumps(same, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def script_for(request: web.Request) -> Script:
+    """The stand-in's default script with the request's `x-stand-in` laid over it."""
+    try:
+        return parse_script(request.app[OPTIONS].script, request.headers.get("x-stand-in"))
+    except TypeError as exc:  # a key of the wrong type
+        raise ScriptError(str(exc)) from None
+
+
+def retry_headers(script: Script) -> dict[str, str]:
+    """What a 429 fault says about when to come back."""
+    seconds = max(1, -(-int(script.retry_after_ms) // 1000))
+    return {"retry-after": str(seconds), "retry-after-ms": f"{script.retry_after_ms:g}"}
+
+
 async def _json_body(request: web.Request) -> tuple[Any, web.Response | None]:
     try:
         return orjson.loads(await request.read()), None
@@ -279,9 +299,7 @@ def _analyse(raw: bytes, script: Script, purpose: str, app: web.Application) -> 
     message = window_error(_scaled(total, app[OPTIONS]), app[OPTIONS].window_for(body["model"]))
     if message:
         return _Analysis(message)
-    # Streamed or not, the same request gets the same message.
-    same = {k: v for k, v in body.items() if k != "stream"}
-    digest = hashlib.sha256(orjson.dumps(same, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    digest = request_digest(body, ("stream",))
     summary = summarise(body, counter) if purpose == SUMMARY_PURPOSE else None
     answer = plan_answer(body, script, counter, digest[24:], text_override=summary)
     head = {"id": f"msg_{digest[:24]}", "type": "message", "role": "assistant"}
@@ -311,32 +329,35 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
         return error
     app = request.app
     try:
-        script = parse_script(app[OPTIONS].script, request.headers.get("x-stand-in"))
-    except (ScriptError, TypeError) as exc:
+        script = script_for(request)
+    except ScriptError as exc:
         return _invalid(request, str(exc))
 
     fault = _take_fault(app, script, STATUS_FAULTS)
     if fault is not None:
         status, kind, text = _FAULT_STATUS[fault]
-        retry = {}
-        if fault == "429":
-            seconds = max(1, -(-int(script.retry_after_ms) // 1000))
-            retry = {"retry-after": str(seconds), "retry-after-ms": f"{script.retry_after_ms:g}"}
+        retry = retry_headers(script) if fault == "429" else {}
         return api_error(status, kind, text, _request_id(request), retry)
 
     analysis = _analysis(request, await request.read(), script)
     if analysis.error is not None or analysis.answer is None:
         return _invalid(request, analysis.error or "")
-    stream_kinds = ("stream_error", "eof", "stall") if analysis.streaming else ("eof", "stall")
-    fault = _take_fault(app, script, stream_kinds)
+    fault = _take_fault(app, script, answer_faults(analysis.streaming))
     tenant = _tenant(request)
     usage = app[CACHE].account(tenant, list(analysis.units), analysis.total).as_usage()
     if app[OPTIONS].token_scale != 1.0:
         for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"):
             usage[key] = _scaled(usage[key], app[OPTIONS])
     if analysis.streaming:
-        return await _stream(request, analysis.head, usage, analysis.answer, script, fault)
-    return await _respond(request, analysis.head, usage, analysis.answer, script, fault)
+        events = _events(analysis.head, usage, analysis.answer, script)
+        return await send_stream(request, events, script, fault, STREAM_ERROR_EVENT)
+    payload = _message_bytes(analysis.head, usage, analysis.answer)
+    return await send_json(request, payload, script, fault)
+
+
+def answer_faults(streaming: bool) -> tuple[str, ...]:
+    """The faults that strike once the answer is under way."""
+    return ("stream_error", "eof", "stall") if streaming else ("eof", "stall")
 
 
 def _scaled(tokens: int, options: StandInOptions) -> int:
@@ -347,14 +368,7 @@ def _final_usage(usage: dict[str, Any], answer: Answer) -> dict[str, Any]:
     return {**usage, "output_tokens": answer.output_tokens, "service_tier": "standard"}
 
 
-async def _respond(
-    request: web.Request,
-    head: dict[str, Any],
-    usage: dict[str, Any],
-    answer: Answer,
-    script: Script,
-    fault: str | None,
-) -> web.StreamResponse:
+def _message_bytes(head: dict[str, Any], usage: dict[str, Any], answer: Answer) -> bytes:
     message = {
         **head,
         "content": answer.content,
@@ -362,7 +376,13 @@ async def _respond(
         "stop_sequence": None,
         "usage": _final_usage(usage, answer),
     }
-    payload = orjson.dumps(message)
+    return orjson.dumps(message)
+
+
+async def send_json(
+    request: web.Request, payload: bytes, script: Script, fault: str | None
+) -> web.StreamResponse:
+    """A JSON answer; an `eof` fault cuts it halfway, a `stall` holds it back first."""
     if fault is None:
         return web.Response(body=payload, content_type="application/json")
     response = web.StreamResponse(headers={"Content-Type": "application/json"})
@@ -466,20 +486,26 @@ def _events(
     yield "end", _sse("message_stop", {"type": "message_stop"})
 
 
-async def _stream(
+STREAM_ERROR_EVENT = _sse(
+    "error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+)
+
+
+async def send_stream(
     request: web.Request,
-    head: dict[str, Any],
-    usage: dict[str, Any],
-    answer: Answer,
+    events: Iterable[tuple[str, bytes]],
     script: Script,
     fault: str | None,
+    error_event: bytes,
 ) -> web.StreamResponse:
+    """Write (kind, bytes) events with the script's delays; a `stall` holds back after the
+    start, `stream_error` (then `error_event`) or `eof` strikes after the first delta."""
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
     deltas = 0
-    for kind, event in _events(head, usage, answer, script):
+    for kind, event in events:
         if kind == "delta":
             if deltas and script.token_delay:
                 await asyncio.sleep(script.token_delay)
@@ -492,8 +518,7 @@ async def _stream(
         if kind == "delta" and deltas == 1 and fault in ("stream_error", "eof"):
             break
     if fault == "stream_error":
-        error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
-        await response.write(_sse("error", error))
+        await response.write(error_event)
     elif fault == "eof":
         _cut(request)
         return response

@@ -36,12 +36,9 @@ def thinking_signature(thinking: str) -> str:
 
 def validate_messages_request(body: Any) -> str | None:
     """The whole `POST /v1/messages` body."""
-    if not isinstance(body, dict):
-        return "Input should be a valid dictionary"
-    if "model" not in body:
-        return "model: Field required"
-    if not isinstance(body["model"], str) or not body["model"]:
-        return "model: Input should be a valid string"
+    error = _body_and_model_error(body)
+    if error:
+        return error
     if "max_tokens" not in body:
         return "max_tokens: Field required"
     max_tokens = body["max_tokens"]
@@ -73,13 +70,18 @@ def _thinking_budget_error(body: dict[str, Any]) -> str | None:
 
 def validate_count_tokens_request(body: Any) -> str | None:
     """The `POST /v1/messages/count_tokens` body: the same prompt, no max_tokens/stream."""
+    return _body_and_model_error(body) or _validate_prompt(body)
+
+
+def _body_and_model_error(body: Any) -> str | None:
+    """Both routes want an object naming its model."""
     if not isinstance(body, dict):
         return "Input should be a valid dictionary"
     if "model" not in body:
         return "model: Field required"
     if not isinstance(body["model"], str) or not body["model"]:
         return "model: Input should be a valid string"
-    return _validate_prompt(body)
+    return None
 
 
 def window_error(input_tokens: int, window: int) -> str | None:
