@@ -9,7 +9,7 @@ benchmarks use it to replay the same long conversation with and without the prox
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +74,23 @@ def _with_breakpoint(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def turn_headers(turn: int, read_every: int, conversation: str | None) -> dict[str, str]:
+    """The request headers of a turn: the stand-in calls Bash, and every `read_every`-th
+    turn read_result first (when the proxy offers it)."""
+    script: dict[str, Any] = {"tool": {"name": "Bash", "input": {"command": f"make step-{turn}"}}}
+    if read_every and turn % read_every == read_every - 1:
+        script["read_result"] = True
+    headers = {"x-stand-in": orjson.dumps(script).decode()}
+    if conversation:
+        headers["x-conversation-id"] = conversation
+    return headers
+
+
+def proxy_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The proxy's x-compaction-* response headers."""
+    return {k: v for k, v in headers.items() if k.startswith("x-compaction")}
+
+
 async def run_agent(
     client: anthropic.AsyncAnthropic,
     *,
@@ -89,12 +106,7 @@ async def run_agent(
     messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
     done: list[Turn] = []
     for t in range(turns):
-        script: dict[str, Any] = {"tool": {"name": "Bash", "input": {"command": f"make step-{t}"}}}
-        if read_every and t % read_every == read_every - 1:
-            script["read_result"] = True
-        headers = {"x-stand-in": orjson.dumps(script).decode()}
-        if conversation:
-            headers["x-conversation-id"] = conversation
+        headers = turn_headers(t, read_every, conversation)
         request: dict[str, Any] = {
             "model": model,
             "max_tokens": max_tokens,
@@ -110,7 +122,7 @@ async def run_agent(
             raw = await client.messages.with_raw_response.create(**request, extra_headers=headers)
             message = await raw.parse()
             raw_headers = raw.headers
-        turn = Turn(message, {k: v for k, v in raw_headers.items() if k.startswith("x-compaction")})
+        turn = Turn(message, proxy_headers(raw_headers))
         done.append(turn)
         if on_turn is not None:
             await on_turn(t, turn)

@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import openai
-import orjson
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from proxy.testing.agent import TASK, tool_output
+from proxy.testing.agent import TASK, proxy_headers, tool_output, turn_headers
 
 SYSTEM = "You are a careful coding agent. " + "Follow the repository rules. " * 200
 TOOLS = [
@@ -75,12 +74,7 @@ async def run_openai_agent(
     ]
     done: list[ChatTurn] = []
     for t in range(turns):
-        script: dict[str, Any] = {"tool": {"name": "Bash", "input": {"command": f"make step-{t}"}}}
-        if read_every and t % read_every == read_every - 1:
-            script["read_result"] = True
-        headers = {"x-stand-in": orjson.dumps(script).decode()}
-        if conversation:
-            headers["x-conversation-id"] = conversation
+        headers = turn_headers(t, read_every, conversation)
         request: dict[str, Any] = {
             "model": model,
             "max_completion_tokens": max_tokens,
@@ -94,13 +88,8 @@ async def run_openai_agent(
             raw = await client.chat.completions.with_raw_response.create(
                 **request, extra_headers=headers
             )
-            completion = raw.parse()
-            raw_headers = dict(raw.headers)
-        turn = ChatTurn(
-            completion, {k: v for k, v in raw_headers.items() if k.startswith("x-compaction")}
-        )
-        if stream:
-            turn.chunks = chunks
+            completion, raw_headers, chunks = raw.parse(), dict(raw.headers), []
+        turn = ChatTurn(completion, proxy_headers(raw_headers), chunks)
         done.append(turn)
         if on_turn is not None:
             await on_turn(t, turn)
