@@ -16,16 +16,15 @@ from proxy.core.tokens import default_counter
 from proxy.ops.audit import audit
 from proxy.testing.agent import run_agent
 from proxy.testing.standin import StandInOptions
-from tests.server.test_metrics import (  # the fixture, for this module too
-    POLICY,
+from tests.server.conftest import (  # the fixture, for this module too
+    SMALL_WINDOW_POLICY,
     MakeProxy,
-    MakeStandIn,
-    long_history,
-    make_small_window_proxy,  # noqa: F401
+    make_compacting_proxy,  # noqa: F401
 )
+from tests.server.test_metrics import MakeStandIn, long_history
 
 SMALL_WINDOW_TOML = "[[policy]]\n" + "".join(
-    f"{k} = {orjson.dumps(v).decode()}\n" for k, v in POLICY.items()
+    f"{k} = {orjson.dumps(v).decode()}\n" for k, v in SMALL_WINDOW_POLICY.items()
 )
 
 
@@ -116,10 +115,10 @@ async def test_plan_predicts_what_the_proxy_does(
     tmp_path: Path,
     small_config: Path,
     make_standin: MakeStandIn,
-    make_small_window_proxy: MakeProxy,  # noqa: F811
+    make_compacting_proxy: MakeProxy,  # noqa: F811
 ) -> None:
     standin = await make_standin(StandInOptions(windows={"*": 30_000}))
-    proxy = await make_small_window_proxy(standin.url)
+    proxy = await make_compacting_proxy(standin.url)
     client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-plan", max_retries=0)
     for turns, chars, chat, strategy in [(12, 4_000, 10, "offload"),
                                          (10, 6_000, 150, "offload+summary")]:  # fmt: skip

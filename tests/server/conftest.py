@@ -5,11 +5,14 @@
 - `make_proxy_thread(upstream_url, **settings)`: the same in a background thread with its
   own loop, for sync clients. Both use the session's Redis unless `store.redis_url` is
   given ("" starts the proxy's own embedded Redis under `store.state_dir`).
+- `make_compacting_proxy(upstream_url, *, redis=None, **settings)`: a proxy with the one
+  [[policy]] SMALL_WINDOW_POLICY, its keys under the test's own Redis prefix.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -39,6 +42,39 @@ async def make_proxy(redis_url: str) -> AsyncIterator[MakeProxy]:
 
     async def make(upstream_url: str, **settings: Any) -> RunningProxy:
         started.append(await start(proxy_settings(upstream_url, redis_url, **settings)))
+        return started[-1]
+
+    yield make
+    for running in started:
+        await running.stop()
+
+
+SMALL_WINDOW = 30_000
+# Small enough that a few dozen agent turns with large tool results must be compacted.
+SMALL_WINDOW_POLICY: dict[str, Any] = {
+    "match": "*",
+    "window": SMALL_WINDOW,
+    "trigger": 20_000,
+    "target": 8_000,
+    "keep_last": 4,
+    "keep_results": 1,
+    "offload_threshold": 500,
+    "stub_head_chars": 600,
+    "summary_max_tokens": 1_500,
+}
+
+
+@pytest.fixture
+async def make_compacting_proxy(redis_url: str, redis_key_prefix: str) -> AsyncIterator[MakeProxy]:
+    started: list[RunningProxy] = []
+
+    async def make(upstream_url: str, *, redis: str | None = None, **settings: Any) -> RunningProxy:
+        base = proxy_settings(
+            upstream_url,
+            redis if redis is not None else redis_url,
+            **{"store.key_prefix": redis_key_prefix, **settings},
+        )
+        started.append(await start(dataclasses.replace(base, policies=(SMALL_WINDOW_POLICY,))))
         return started[-1]
 
     yield make

@@ -23,12 +23,8 @@ import redis
 from proxy.server.logs import JSONFormatter
 from proxy.store.keys import scan_pattern
 from proxy.testing.standin import StandInOptions
-from tests.server.test_metrics import (  # the fixture, for this module too
-    MakeProxy,
-    MakeStandIn,
-    long_history,
-    make_small_window_proxy,  # noqa: F401
-)
+from tests.server.conftest import MakeProxy
+from tests.server.test_metrics import MakeStandIn, long_history
 
 
 class Everything(logging.Handler):
@@ -69,7 +65,7 @@ def all_logs() -> Iterator[Everything]:
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 async def test_canaries_appear_in_no_log_metric_or_key_name(
     make_standin: MakeStandIn,
-    make_small_window_proxy: MakeProxy,  # noqa: F811
+    make_compacting_proxy: MakeProxy,
     redis_url: str,
     redis_key_prefix: str,
     all_logs: Everything,
@@ -81,7 +77,7 @@ async def test_canaries_appear_in_no_log_metric_or_key_name(
         "bearer": f"CANARY-BEARER-{uuid.uuid4().hex}",
     }
     standin = await make_standin(StandInOptions(windows={"*": 30_000}, max_recorded=None))
-    proxy = await make_small_window_proxy(standin.url)
+    proxy = await make_compacting_proxy(standin.url)
     client = anthropic.AsyncAnthropic(
         base_url=proxy.url,
         api_key=canaries["key"],

@@ -10,10 +10,9 @@ coming, and summaries must stay few.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import openai
@@ -22,26 +21,14 @@ import pytest
 
 from proxy.core.checkpoint import message_digest
 from proxy.core.tokens import default_counter
-from proxy.server.app import RunningProxy, start
+from proxy.server.app import RunningProxy
 from proxy.testing.agent import tool_output
 from proxy.testing.agent_openai import run_openai_agent
 from proxy.testing.chat_validate import validate_chat_request
 from proxy.testing.standin import RecordedRequest, StandInOptions
 from proxy.wire.openai import ChatCounter
-from tests.server.conftest import proxy_settings
+from tests.server.conftest import SMALL_WINDOW, SMALL_WINDOW_POLICY, MakeProxy
 
-WINDOW = 30_000
-POLICY = {
-    "match": "*",
-    "window": WINDOW,
-    "trigger": 20_000,
-    "target": 8_000,
-    "keep_last": 4,
-    "keep_results": 1,
-    "offload_threshold": 500,
-    "stub_head_chars": 600,
-    "summary_max_tokens": 1_500,
-}
 TURNS = 60
 RESULT_CHARS = 8_000
 PURPOSE = "x-compaction-proxy-purpose"
@@ -50,25 +37,11 @@ CHAT = "/v1/chat/completions"
 MakeStandIn = Callable[[StandInOptions], Awaitable[Any]]
 
 
-@pytest.fixture
-async def make_chat_proxy(
-    redis_url: str, redis_key_prefix: str
-) -> AsyncIterator[Callable[..., Awaitable[RunningProxy]]]:
-    started: list[RunningProxy] = []
-
-    async def make(upstream: str, **policy: Any) -> RunningProxy:
-        settings = proxy_settings(
-            "http://127.0.0.1:9",  # the Anthropic upstream: never used here
-            redis_url,
-            **{"store.key_prefix": redis_key_prefix, "upstream.openai_url": upstream},
-        )
-        settings = dataclasses.replace(settings, policies=({**POLICY, **policy},))
-        started.append(await start(settings))
-        return started[-1]
-
-    yield make
-    for running in started:
-        await running.stop()
+async def chat_proxy(make_compacting_proxy: MakeProxy, upstream_url: str) -> RunningProxy:
+    """A compacting proxy whose OpenAI upstream is the stand-in (the Anthropic one unused)."""
+    return await make_compacting_proxy(
+        "http://127.0.0.1:9", **{"upstream.openai_url": upstream_url}
+    )
 
 
 def client_for(proxy: RunningProxy) -> openai.AsyncOpenAI:
@@ -97,11 +70,11 @@ def turn_requests(recorded: list[RecordedRequest]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 async def test_a_long_chat_conversation_stays_valid_cached_and_cheap(
     make_standin: MakeStandIn,
-    make_chat_proxy: Callable[..., Awaitable[RunningProxy]],
+    make_compacting_proxy: MakeProxy,
     stream: bool,
 ) -> None:
-    standin = await make_standin(StandInOptions(windows={"*": WINDOW}, max_recorded=None))
-    proxy = await make_chat_proxy(standin.url)
+    standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
+    proxy = await chat_proxy(make_compacting_proxy, standin.url)
     async with client_for(proxy) as client:
         turns = await run_openai_agent(
             client,
@@ -119,7 +92,7 @@ async def test_a_long_chat_conversation_stays_valid_cached_and_cheap(
     for r in standin.recorded:
         body = orjson.loads(r.body)
         assert validate_chat_request(body) is None
-        assert counter.count_request(body) <= WINDOW
+        assert counter.count_request(body) <= SMALL_WINDOW
 
     # read_result rounds happened, and the SDK never saw one.
     for t in turns:
@@ -147,7 +120,8 @@ async def test_a_long_chat_conversation_stays_valid_cached_and_cheap(
     strategies = [t.headers.get("x-compaction-strategy") for t in turns]
     crossings = [s for s in strategies if s and s != "checkpoint"]
     growth = default_counter().count_text(tool_output(1, RESULT_CHARS)) + 60
-    bound = math.ceil(TURNS * growth / (POLICY["trigger"] - POLICY["target"])) + 1
+    gap = SMALL_WINDOW_POLICY["trigger"] - SMALL_WINDOW_POLICY["target"]
+    bound = math.ceil(TURNS * growth / gap) + 1
     summaries = [r for r in standin.recorded if r.headers.get(PURPOSE) == "summary"]
     assert 1 <= len(summaries) <= len(crossings) <= bound
     made = sum(1 for t in turns if t.headers.get("x-compaction-summary") == "made")
@@ -181,10 +155,10 @@ async def test_a_long_chat_conversation_stays_valid_cached_and_cheap(
 
 
 async def test_nothing_fits_is_refused_in_openai_shape(
-    make_standin: MakeStandIn, make_chat_proxy: Callable[..., Awaitable[RunningProxy]]
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
 ) -> None:
-    standin = await make_standin(StandInOptions(windows={"*": WINDOW}))
-    proxy = await make_chat_proxy(standin.url)
+    standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}))
+    proxy = await chat_proxy(make_compacting_proxy, standin.url)
     huge = tool_output(0, 200_000)
     async with client_for(proxy) as client:
         with pytest.raises(openai.BadRequestError) as caught:

@@ -10,10 +10,9 @@ trips must be invisible to the SDK.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anthropic
@@ -23,49 +22,16 @@ import pytest
 from proxy.core.checkpoint import message_digest
 from proxy.core.offload import unknown_ref
 from proxy.core.tokens import default_counter
-from proxy.server.app import RunningProxy, start
+from proxy.server.app import RunningProxy
 from proxy.testing.agent import run_agent, tool_output
 from proxy.testing.standin import RecordedRequest, StandInOptions
-from tests.server.conftest import proxy_settings
+from tests.server.conftest import SMALL_WINDOW, SMALL_WINDOW_POLICY, MakeProxy
 
-WINDOW = 30_000
-POLICY = {
-    "match": "*",
-    "window": WINDOW,
-    "trigger": 20_000,
-    "target": 8_000,
-    "keep_last": 4,
-    "keep_results": 1,
-    "offload_threshold": 500,
-    "stub_head_chars": 600,
-    "summary_max_tokens": 1_500,
-}
 TURNS = 60
 RESULT_CHARS = 8_000
 PURPOSE = "x-compaction-proxy-purpose"
 
 MakeStandIn = Callable[[StandInOptions], Awaitable[Any]]
-
-
-@pytest.fixture
-async def make_compacting_proxy(
-    redis_url: str, redis_key_prefix: str
-) -> AsyncIterator[Callable[..., Awaitable[RunningProxy]]]:
-    started: list[RunningProxy] = []
-
-    async def make(upstream: str, *, redis: str | None = None, **policy: Any) -> RunningProxy:
-        settings = proxy_settings(
-            upstream,
-            redis if redis is not None else redis_url,
-            **{"store.key_prefix": redis_key_prefix},
-        )
-        settings = dataclasses.replace(settings, policies=({**POLICY, **policy},))
-        started.append(await start(settings))
-        return started[-1]
-
-    yield make
-    for running in started:
-        await running.stop()
 
 
 def client_for(proxy: RunningProxy) -> anthropic.AsyncAnthropic:
@@ -96,10 +62,10 @@ def turn_requests(recorded: list[RecordedRequest]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 async def test_a_long_conversation_stays_valid_cached_and_cheap(
     make_standin: MakeStandIn,
-    make_compacting_proxy: Callable[..., Awaitable[RunningProxy]],
+    make_compacting_proxy: MakeProxy,
     stream: bool,
 ) -> None:
-    standin = await make_standin(StandInOptions(windows={"*": WINDOW}, max_recorded=None))
+    standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
     proxy = await make_compacting_proxy(standin.url)
     turns = await run_agent(
         client_for(proxy),
@@ -115,7 +81,7 @@ async def test_a_long_conversation_stays_valid_cached_and_cheap(
     assert {r.outcome for r in standin.recorded} == {"complete"}
     counter = default_counter()
     for r in standin.recorded:
-        assert counter.count_request(orjson.loads(r.body)) <= WINDOW
+        assert counter.count_request(orjson.loads(r.body)) <= SMALL_WINDOW
 
     # read_result rounds happened, and the SDK never saw one.
     for t in turns:
@@ -131,7 +97,8 @@ async def test_a_long_conversation_stays_valid_cached_and_cheap(
     strategies = [t.headers.get("x-compaction-strategy") for t in turns]
     crossings = [s for s in strategies if s and s != "checkpoint"]
     growth = counter.count_text(tool_output(1, RESULT_CHARS)) + 60
-    bound = math.ceil(TURNS * growth / (POLICY["trigger"] - POLICY["target"])) + 1
+    gap = SMALL_WINDOW_POLICY["trigger"] - SMALL_WINDOW_POLICY["target"]
+    bound = math.ceil(TURNS * growth / gap) + 1
     summaries = [r for r in standin.recorded if r.headers.get(PURPOSE) == "summary"]
     assert 1 <= len(summaries) <= len(crossings) <= bound
     assert sum(1 for t in turns if t.headers.get("x-compaction-summary") == "made") == len(
@@ -164,9 +131,9 @@ async def test_a_long_conversation_stays_valid_cached_and_cheap(
 
 
 async def test_nothing_fits_is_refused_in_the_api_shape(
-    make_standin: MakeStandIn, make_compacting_proxy: Callable[..., Awaitable[RunningProxy]]
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
 ) -> None:
-    standin = await make_standin(StandInOptions(windows={"*": WINDOW}))
+    standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}))
     proxy = await make_compacting_proxy(standin.url)
     huge = tool_output(0, 200_000)
     with pytest.raises(anthropic.BadRequestError) as caught:
@@ -182,11 +149,11 @@ async def test_nothing_fits_is_refused_in_the_api_shape(
 
 async def test_redis_stopped_mid_run_falls_back_to_packing(
     make_standin: MakeStandIn,
-    make_compacting_proxy: Callable[..., Awaitable[RunningProxy]],
+    make_compacting_proxy: MakeProxy,
     embedded_redis: Callable[[], Any],
 ) -> None:
     redis = embedded_redis()
-    standin = await make_standin(StandInOptions(windows={"*": WINDOW}, max_recorded=None))
+    standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
     proxy = await make_compacting_proxy(standin.url, redis=redis.url)
     client = client_for(proxy)
     conversation = f"down-{uuid.uuid4().hex}"
@@ -200,9 +167,9 @@ async def test_redis_stopped_mid_run_falls_back_to_packing(
 
 
 async def test_two_replicas_agree_byte_for_byte_and_share_refs(
-    make_standin: MakeStandIn, make_compacting_proxy: Callable[..., Awaitable[RunningProxy]]
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
 ) -> None:
-    standin = await make_standin(StandInOptions(windows={"*": WINDOW}, max_recorded=None))
+    standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
     a = await make_compacting_proxy(standin.url)
     b = await make_compacting_proxy(standin.url)
     conversation = f"fleet-{uuid.uuid4().hex}"
@@ -266,9 +233,9 @@ def synthetic_history(turns: int) -> list[dict[str, Any]]:
 
 
 async def test_a_client_tool_named_read_result_is_respected(
-    make_standin: MakeStandIn, make_compacting_proxy: Callable[..., Awaitable[RunningProxy]]
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
 ) -> None:
-    standin = await make_standin(StandInOptions(windows={"*": WINDOW}))
+    standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}))
     proxy = await make_compacting_proxy(standin.url)
     own = {
         "name": "read_result",
@@ -292,7 +259,7 @@ async def test_a_client_tool_named_read_result_is_respected(
 
 async def test_calibration_learns_the_upstream_tokenizer(
     make_standin: MakeStandIn,
-    make_compacting_proxy: Callable[..., Awaitable[RunningProxy]],
+    make_compacting_proxy: MakeProxy,
     make_store: Callable[..., Any],
     redis_key_prefix: str,
 ) -> None:
@@ -301,7 +268,7 @@ async def test_calibration_learns_the_upstream_tokenizer(
     first_crossing = {}
     for scale in (1.0, 1.3):
         standin = await make_standin(
-            StandInOptions(windows={"*": WINDOW}, token_scale=scale, max_recorded=None)
+            StandInOptions(windows={"*": SMALL_WINDOW}, token_scale=scale, max_recorded=None)
         )
         proxy = await make_compacting_proxy(standin.url)
         turns = await run_agent(
@@ -323,11 +290,11 @@ async def test_calibration_learns_the_upstream_tokenizer(
 
 
 async def test_refs_resolve_only_for_their_tenant(
-    make_standin: MakeStandIn, make_compacting_proxy: Callable[..., Awaitable[RunningProxy]]
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
 ) -> None:
     """A stub copied into another tenant's history reads as missing, in the same words
     as a ref that never existed (DESIGN invariant 8)."""
-    standin = await make_standin(StandInOptions(windows={"*": WINDOW}, max_recorded=None))
+    standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
     proxy = await make_compacting_proxy(standin.url)
     history = synthetic_history(12)
     headers = {"x-stand-in": '{"text": "ok"}', "x-conversation-id": "shared-name"}
@@ -357,11 +324,11 @@ async def test_refs_resolve_only_for_their_tenant(
 
 
 async def test_sub_agents_sharing_a_session_keep_their_own_checkpoints(
-    make_standin: MakeStandIn, make_compacting_proxy: Callable[..., Awaitable[RunningProxy]]
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
 ) -> None:
     """Claude Code gives its sub-agents the parent's session id: interleaved requests of
     two histories in one conversation must not overwrite each other's frozen prefix."""
-    standin = await make_standin(StandInOptions(windows={"*": WINDOW}, max_recorded=None))
+    standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
     proxy = await make_compacting_proxy(standin.url)
     client = client_for(proxy)
     session = {"x-claude-code-session-id": f"s-{uuid.uuid4().hex}", "x-stand-in": '{"text": "ok"}'}

@@ -3,10 +3,9 @@ real traffic from the anthropic SDK through the proxy to the stand-in."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -15,46 +14,14 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.server.app import RunningProxy, start
+from proxy.server.app import RunningProxy
 from proxy.server.logs import REQUEST_LOGGER, JSONFormatter
 from proxy.server.metrics import METRICS, count_budget_rejection
 from proxy.testing.agent import run_agent
 from proxy.testing.standin import StandInOptions
-from tests.server.conftest import proxy_settings
+from tests.server.conftest import MakeProxy
 
-POLICY = {
-    "match": "*",
-    "window": 30_000,
-    "trigger": 20_000,
-    "target": 8_000,
-    "keep_last": 4,
-    "keep_results": 1,
-    "offload_threshold": 500,
-    "stub_head_chars": 600,
-    "summary_max_tokens": 1_500,
-}
 MakeStandIn = Callable[[StandInOptions], Awaitable[Any]]
-MakeProxy = Callable[..., Awaitable[RunningProxy]]
-
-
-@pytest.fixture
-async def make_small_window_proxy(
-    redis_url: str, redis_key_prefix: str
-) -> AsyncIterator[MakeProxy]:
-    started: list[RunningProxy] = []
-
-    async def make(upstream: str, redis: str | None = None, **settings: Any) -> RunningProxy:
-        base = proxy_settings(
-            upstream,
-            redis if redis is not None else redis_url,
-            **{"store.key_prefix": redis_key_prefix, **settings},
-        )
-        started.append(await start(dataclasses.replace(base, policies=(POLICY,))))
-        return started[-1]
-
-    yield make
-    for running in started:
-        await running.stop()
 
 
 async def scrape(proxy: RunningProxy) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -80,10 +47,10 @@ def total(samples: dict[Any, float], name: str) -> float:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 async def test_metrics_count_what_the_conversation_did(
-    make_standin: MakeStandIn, make_small_window_proxy: MakeProxy, stream: bool
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, stream: bool
 ) -> None:
     standin = await make_standin(StandInOptions(windows={"*": 30_000}, max_recorded=None))
-    proxy = await make_small_window_proxy(standin.url)
+    proxy = await make_compacting_proxy(standin.url)
     client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-metrics", max_retries=0)
     turns = await run_agent(
         client,
@@ -137,7 +104,7 @@ async def test_metrics_count_what_the_conversation_did(
 
 
 async def test_summariser_failures_store_errors_and_budget_rejections(
-    make_standin: MakeStandIn, make_small_window_proxy: MakeProxy, embedded_redis: Any
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, embedded_redis: Any
 ) -> None:
     # Every request the stand-in gets fails with 500, except those that override the
     # fault: the client's do, the proxy's summariser call does not.
@@ -145,7 +112,7 @@ async def test_summariser_failures_store_errors_and_budget_rejections(
         StandInOptions(windows={"*": 30_000}, script={"fault": "500"}, max_recorded=None)
     )
     redis = embedded_redis()
-    proxy = await make_small_window_proxy(standin.url, redis=redis.url)
+    proxy = await make_compacting_proxy(standin.url, redis=redis.url)
     client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-fail", max_retries=0)
     messages = long_history(turns=10, chars=6_000, chat_chars=150)
     ok = {"x-stand-in": '{"fault": null}', "x-conversation-id": uuid.uuid4().hex}
@@ -233,12 +200,12 @@ async def test_routes_are_patterns_not_paths(make_standin: MakeStandIn, make_pro
 @pytest.mark.parametrize("fmt", ["human", "json"])
 async def test_one_log_line_per_request(
     make_standin: MakeStandIn,
-    make_small_window_proxy: MakeProxy,
+    make_compacting_proxy: MakeProxy,
     caplog: pytest.LogCaptureFixture,
     fmt: str,
 ) -> None:
     standin = await make_standin(StandInOptions(windows={"*": 30_000}))
-    proxy = await make_small_window_proxy(standin.url, **{"server.log_format": fmt})
+    proxy = await make_compacting_proxy(standin.url, **{"server.log_format": fmt})
     client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-log", max_retries=0)
     caplog.set_level(logging.INFO, logger=REQUEST_LOGGER)
     raw = await client.messages.with_raw_response.create(
