@@ -122,15 +122,13 @@ async def test_bad_json_is_a_400(
     assert standin.recorded == []
 
 
-async def test_too_large_by_content_length_is_refused_before_reading(
-    standin: RunningStandIn, make_proxy: MakeProxy
+SMALL_BODY_LIMIT = {"server.max_body_bytes": 1000}
+
+
+async def assert_refused_as_too_large(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, standin: RunningStandIn
 ) -> None:
-    proxy = await make_proxy(standin.url, **{"server.max_body_bytes": 1000})
-    reader, writer = await open_connection(proxy.url)
-    # Announce far more than the limit, send only a little: the answer must not wait.
-    headers = [*HEADERS, ("content-length", str(10**9))]
-    writer.write(request_head(proxy.url, "POST", "/v1/messages", headers) + b'{"model": ')
-    await writer.drain()
+    """The proxy's 413 in the API's shape, and nothing forwarded upstream."""
     response = await read_response(reader)
     writer.close()
     assert response.status == 413
@@ -138,10 +136,22 @@ async def test_too_large_by_content_length_is_refused_before_reading(
     assert standin.recorded == []
 
 
+async def test_too_large_by_content_length_is_refused_before_reading(
+    standin: RunningStandIn, make_proxy: MakeProxy
+) -> None:
+    proxy = await make_proxy(standin.url, **SMALL_BODY_LIMIT)
+    reader, writer = await open_connection(proxy.url)
+    # Announce far more than the limit, send only a little: the answer must not wait.
+    headers = [*HEADERS, ("content-length", str(10**9))]
+    writer.write(request_head(proxy.url, "POST", "/v1/messages", headers) + b'{"model": ')
+    await writer.drain()
+    await assert_refused_as_too_large(reader, writer, standin)
+
+
 async def test_too_large_with_expect_is_refused_before_the_upload(
     standin: RunningStandIn, make_proxy: MakeProxy
 ) -> None:
-    proxy = await make_proxy(standin.url, **{"server.max_body_bytes": 1000})
+    proxy = await make_proxy(standin.url, **SMALL_BODY_LIMIT)
     reader, writer = await open_connection(proxy.url)
     headers = [*HEADERS, ("content-length", "1001"), ("expect", "100-continue")]
     writer.write(request_head(proxy.url, "POST", "/v1/messages", headers))
@@ -167,7 +177,7 @@ async def test_too_large_with_expect_is_refused_before_the_upload(
 async def test_too_large_chunked_is_refused_once_over(
     standin: RunningStandIn, make_proxy: MakeProxy
 ) -> None:
-    proxy = await make_proxy(standin.url, **{"server.max_body_bytes": 1000})
+    proxy = await make_proxy(standin.url, **SMALL_BODY_LIMIT)
     reader, writer = await open_connection(proxy.url)
     writer.write(
         request_head(
@@ -177,11 +187,7 @@ async def test_too_large_chunked_is_refused_once_over(
     for _ in range(3):  # 1,200 bytes, and the body never ends
         writer.write(b"190\r\n" + b" " * 400 + b"\r\n")
     await writer.drain()
-    response = await read_response(reader)
-    writer.close()
-    assert response.status == 413
-    api_error(response.body, "request_too_large")
-    assert standin.recorded == []
+    await assert_refused_as_too_large(reader, writer, standin)
 
 
 async def test_a_body_at_the_limit_is_forwarded(

@@ -5,10 +5,8 @@ process exits 0; a stream longer than the drain time is closed when it runs out.
 from __future__ import annotations
 
 import http.client
-import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +17,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from tests.plugins.standin import RunningStandIn
+from tests.server.serve_process import serve_process
 
 WORDS = 30
 
@@ -27,30 +26,15 @@ WORDS = 30
 def serve(
     upstream: str, redis_url: str, drain: float, log_format: str = "human"
 ) -> Iterator[tuple[subprocess.Popen, str]]:  # type: ignore[type-arg]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
-    env.update(
-        COMPACTION_PROXY_SERVER_PORT="0",
-        COMPACTION_PROXY_UPSTREAM_URL=upstream,
-        COMPACTION_PROXY_SERVER_DRAIN_TIMEOUT=str(drain),
-        COMPACTION_PROXY_SERVER_LOG_FORMAT=log_format,
-        REDIS_URL=redis_url,
-    )
-    child = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve"], env=env, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert child.stderr is not None
-        url = ""
-        for line in child.stderr:
-            if "listening on " in line:
-                url = line.split("listening on ")[1].split(",")[0]
-                break
-        assert url.startswith("http://127.0.0.1:")
+    env = {
+        "COMPACTION_PROXY_SERVER_PORT": "0",
+        "COMPACTION_PROXY_UPSTREAM_URL": upstream,
+        "COMPACTION_PROXY_SERVER_DRAIN_TIMEOUT": str(drain),
+        "COMPACTION_PROXY_SERVER_LOG_FORMAT": log_format,
+        "REDIS_URL": redis_url,
+    }
+    with serve_process([], env) as (child, url):
         yield child, url
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.wait()
 
 
 def readiness(url: str) -> tuple[int, dict[str, object]]:
