@@ -22,6 +22,7 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
@@ -29,6 +30,7 @@ import orjson
 from aiohttp import web
 
 from proxy.core.budget import Amounts, over_limit_message, reservation
+from proxy.core.intake import count_request
 from proxy.core.meter import UsageMeter
 from proxy.server import charges, errors
 from proxy.server.auth import Caller, count_rejection, shaped
@@ -36,6 +38,8 @@ from proxy.server.fleet import FLEET, Fleet
 from proxy.server.state import SETTINGS
 from proxy.store import StoreUnavailable
 from proxy.store.accounts import Held, Refused
+from proxy.wire.anthropic import request_messages
+from proxy.wire.formats import Format
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +52,8 @@ class Ticket:
         self.caller = caller
         self.meter = UsageMeter()
         self.held: list[Held] = []
-        self.reserved = Amounts()
+        self.reserved = Amounts()  # summed over the reservation and its top-ups
+        self.one_hour_cache = False
         self._token: object = None
 
     @property
@@ -64,7 +69,21 @@ class Ticket:
         if not caller.scopes and not caller.limits_unknown:
             return None
         want = reservation(estimated_input, max_tokens, one_hour_cache=one_hour_cache)
-        self.reserved = want
+        self.one_hour_cache = one_hour_cache
+        return await self._hold(want, give_back_all=True)
+
+    async def top_up(self, estimated_input: int, max_tokens: int) -> bool:
+        """Hold one more upstream call of this request (a read_result round: its whole
+        input and up to `max_tokens` of output) on top of what is held; False when a
+        budget refuses it (what was held before stays held until settled)."""
+        caller = self.caller
+        if not caller.scopes and not caller.limits_unknown:
+            return True
+        want = reservation(estimated_input, max_tokens, one_hour_cache=self.one_hour_cache)
+        return await self._hold(want, give_back_all=False) is None
+
+    async def _hold(self, want: Amounts, *, give_back_all: bool) -> web.Response | None:
+        caller = self.caller
         fleet = self._fleet
         accounts = fleet.accounts()
         if accounts is None or caller.limits_unknown:
@@ -76,22 +95,22 @@ class Ticket:
             *(fleet.call(lambda s=s: accounts.reserve(s, want, now)) for s in caller.scopes),  # type: ignore[misc]
             return_exceptions=True,
         )
-        self.held = [o for o in outcomes if isinstance(o, Held)]
+        held = [o for o in outcomes if isinstance(o, Held)]
         refused = next((o for o in outcomes if isinstance(o, Refused)), None)
         failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
         if refused is not None or failed is not None:
-            self._give_back()
+            if give_back_all:
+                held, self.held = [*self.held, *held], []
+            if held:  # in the background: the answer (429 or 503) does not wait for it
+                self._settle(held, Amounts())
             if refused is not None:
                 return self._over_budget(refused, want)
             if not isinstance(failed, StoreUnavailable):
                 raise failed  # type: ignore[misc]
             return self._store_down()
+        self.held.extend(held)
+        self.reserved = self.reserved.plus(want)
         return None
-
-    def _give_back(self) -> None:
-        held, self.held = self.held, []
-        if held:  # in the background: the answer (429 or 503) does not wait for it
-            self._settle(held, Amounts())
 
     def _over_budget(self, refused: Refused, want: Amounts) -> web.Response:
         count_rejection(self.request.app, "tokens")
@@ -125,8 +144,14 @@ class Ticket:
         return shaped(self.request, response)
 
     def _settle(self, held: list[Held], actual: Amounts) -> None:
+        """Replace what `held` reserved by `actual`. A scope holds several reservations
+        once read_result rounds topped it up: its first takes the whole usage, the
+        others are given back (to their own buckets, should a period have turned)."""
+        charged: set[object] = set()
         for h in held:
-            self._fleet.settle_later(h.counters, actual.minus(h.amounts))
+            first = h.scope not in charged
+            charged.add(h.scope)
+            self._fleet.settle_later(h.counters, (actual if first else Amounts()).minus(h.amounts))
 
     # -- the block -----------------------------------------------------------------------
 
@@ -176,22 +201,23 @@ def admission(request: web.Request, caller: Caller) -> Ticket:
 def estimate_input(ctx: Any, forward: Any) -> int:
     """Input tokens of what goes upstream, calibrated: the same counts the compactor
     made (cached per block, so counting again costs a hash per block)."""
-    compactor = ctx.compactor
     payload = ctx.payload
     if forward.body is not ctx.body:
         try:
             payload = orjson.loads(forward.body)
         except orjson.JSONDecodeError:
             payload = None
-    if compactor is None or not isinstance(payload, dict):
+    if ctx.compactor is None or not isinstance(payload, dict):
         return len(forward.body) // 4  # unparsed (compressed): about 4 bytes a token
-    counter = ctx.wire.counter(compactor.counter)
-    messages = payload.get("messages")
-    tokens = ctx.wire.fixed_tokens(counter, payload) + sum(
-        counter.count_message(m) for m in (messages if isinstance(messages, list) else [])
-    )
-    factor = compactor.factor(str(payload.get("model", "")), ctx.store)
-    return int(tokens * max(1.0, factor) + 0.999)
+    return estimate_payload(ctx.compactor, ctx.wire.format, payload, ctx.store)
+
+
+def estimate_payload(compactor: Any, fmt: Format, payload: Mapping[str, Any], store: Any) -> int:
+    """A parsed body's input tokens, counted as the Compactor counts it
+    (proxy/core/intake.py), calibrated (never below the raw count)."""
+    counted = count_request(fmt, fmt.counter(compactor.counter), payload, request_messages(payload))
+    factor = compactor.factor(str(payload.get("model", "")), store)
+    return int((counted.history + counted.fixed) * max(1.0, factor) + 0.999)
 
 
 def _max_output(payload: Any) -> int:
@@ -215,4 +241,19 @@ async def reserve(request: web.Request, ctx: Any, forward: Any) -> web.Response 
         estimate_input(ctx, forward),
         _max_output(ctx.payload),
         one_hour_cache=_ONE_HOUR.search(forward.body) is not None,
+    )
+
+
+async def top_up(
+    request: web.Request, compactor: Any, fmt: Format, payload: Any, store: Any
+) -> bool:
+    """Before a read_result round goes upstream: hold its input (the whole body it
+    sends) and its output cap too, so the rounds stay inside the caller's budgets.
+    False when a budget refuses it: the rounds must stop there. Free for callers
+    without budgets."""
+    ticket: Ticket | None = request.get(TICKET)
+    if ticket is None or (not ticket.caller.scopes and not ticket.caller.limits_unknown):
+        return True
+    return await ticket.top_up(
+        estimate_payload(compactor, fmt, payload, store), _max_output(payload)
     )

@@ -24,7 +24,7 @@ from multidict import CIMultiDict
 
 from proxy.core.offload import parse_read_args, read_slice, unknown_ref
 from proxy.core.sse import SSEDecoder
-from proxy.server import charges, observe
+from proxy.server import budgets, charges, observe
 from proxy.server.compaction import Compactor, Interception
 from proxy.server.headers import client_response_headers
 from proxy.server.relay import relay
@@ -87,10 +87,20 @@ class ReadLoop:
         self.messages: list[Any] = list(interception.body["messages"])
         self.rounds_used = 0
 
-    async def _ask_again(self, round_: Any, stream: bool) -> aiohttp.ClientResponse:
+    async def _ask_again(self, round_: Any, stream: bool) -> aiohttp.ClientResponse | None:
+        """The next round's upstream response; None when the caller's budget cannot
+        hold another round (the rounds stop, as at `max_read_rounds`)."""
         began = time.perf_counter()
         results = await answer_reads(round_.reads, self.store, self.i)
-        self.messages = self.i.wire.continue_messages(self.messages, round_, results)
+        messages = self.i.wire.continue_messages(self.messages, round_, results)
+        payload = {**self.i.body, "messages": messages}
+        if not await budgets.top_up(
+            self.request, self.compactor, self.i.wire.format, payload, self.store
+        ):
+            log.info("read_result round refused by a budget; ending the answer")
+            observe.interception(time.perf_counter() - began)
+            return None
+        self.messages = messages
         self.rounds_used += 1
         body = encode_request(self.i.body, messages=self.messages)
         observe.read_round()
@@ -129,7 +139,10 @@ class ReadLoop:
                 self._calibrate(round_.usage)
             if not round_.wants_reads_only or self.rounds_used >= self.i.policy.max_read_rounds:
                 break
-            response = await self._ask_again(round_, stream=False)
+            next_response = await self._ask_again(round_, stream=False)
+            if next_response is None:
+                break
+            response = next_response
             if response.status != 200:
                 return await relay(self.request, response, self.extra_headers)
         merged = self.i.wire.merge(answers, self.i.tool)
@@ -168,7 +181,10 @@ class ReadLoop:
                 more = round_.wants_reads_only
                 if not more or self.rounds_used >= self.i.policy.max_read_rounds:
                     break
-                response = await self._ask_again(round_, stream=True)
+                next_response = await self._ask_again(round_, stream=True)
+                if next_response is None:
+                    break
+                response = next_response
                 if response.status != 200:
                     # Too late for a status: end the stream with the upstream's error.
                     await out.write(await _error_event(response, self.i.wire))
