@@ -65,7 +65,7 @@ class Forward:
     reply: web.StreamResponse | None = None  # answer the client directly, send nothing
     upstream_headers: list[tuple[str, str]] | None = None  # None: the client's, as sent
     interception: Interception | None = None
-    observe: Callable[[bytes], None] | None = None  # sees the answer's first bytes
+    observe: Callable[[bytes], bool] | None = None  # sees the answer's first (last) bytes
 
 
 def must_parse(body_length: int, settings: Settings) -> bool:
@@ -148,18 +148,21 @@ def _estimate_of(ctx: RequestContext, forward: Forward) -> int:
 
 def _usage_observer(
     compactor: Compactor, model: str, estimate: int, store: Any, wire: Wire = ANTHROPIC_WIRE
-) -> Callable[[bytes], None] | None:
-    """Calibration from answers relayed as bytes: the input counts in the first chunk
-    (a stream's message_start, or the whole body), found without parsing it all."""
+) -> Callable[[bytes], bool] | None:
+    """Calibration from answers relayed as bytes, found without parsing them all: the
+    input counts in the first chunk (a stream's message_start, or the whole body), else
+    in a stream's last bytes (a Chat stream's usage chunk comes last). It answers
+    whether it found them, so the relay shows it the stream's end only when it did not."""
     if estimate <= 0 or not model:
         return None
 
-    def observe(first: bytes) -> None:
-        head = first[:8192] if first.startswith(b"event:") else first[-4096:]
+    def observe(data: bytes) -> bool:
+        head = data[:8192] if data.startswith(b"event:") else data[-4096:]
         usage: dict[str, int] = {}
         for name, value in wire.usage_field.findall(head):
             usage.setdefault(name.decode(), int(value))
         if usage:
             compactor.record_usage(model, estimate, wire.usage_input(usage), store)
+        return bool(usage)
 
     return observe

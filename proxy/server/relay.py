@@ -44,13 +44,15 @@ async def relay(
     *,
     base_url: str = "upstream",
     read_timeout: float = 0.0,
-    observe: Callable[[bytes], None] | None = None,
+    observe: Callable[[bytes], bool] | None = None,
 ) -> web.StreamResponse:
     """Answer `request` with `upstream`'s status, headers and body. Releases `upstream`
     when done, and closes its connection if the relay did not finish.
 
     `observe`, when given, sees the first chunk of a successful answer (a whole body, or
-    a stream's first bytes, where message_start carries the usage) after it is sent."""
+    a stream's first bytes, where message_start carries the usage) after it is sent; if
+    it answers False for a stream's first chunk, it sees the stream's last bytes once
+    at its end (a Chat stream reports usage in its last chunk)."""
     if upstream.status != 200:
         observe = None
     headers = client_response_headers(upstream.headers)
@@ -99,7 +101,7 @@ async def _relay_stream(
     headers: CIMultiDict[str],
     *,
     events: bool,
-    observe: Callable[[bytes], None] | None = None,
+    observe: Callable[[bytes], bool] | None = None,
 ) -> web.StreamResponse:
     out = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     if not events and upstream.content_length is not None:
@@ -108,6 +110,7 @@ async def _relay_stream(
     last = before = b""
     first = events and upstream.status == 200
     metered = first  # budgets: every chunk of a 200 stream
+    at_end: Callable[[bytes], bool] | None = None  # an observer still owed the tail
     try:
         async for chunk in upstream.content.iter_any():
             await out.write(chunk)
@@ -115,7 +118,7 @@ async def _relay_stream(
             if metered:
                 charges.upstream_chunk(chunk)
             if observe is not None:
-                observe(chunk)
+                at_end = None if observe(chunk) else observe
                 observe = None
             if first:
                 observe_usage.relayed_head(chunk)
@@ -142,7 +145,10 @@ async def _relay_stream(
         _cut(request)
         return out
     if events and upstream.status == 200:
-        observe_usage.relayed_tail(before[-4096:] + last[-8192:])
+        tail = before[-4096:] + last[-8192:]
+        observe_usage.relayed_tail(tail)
+        if at_end is not None:
+            at_end(tail)
     await out.write_eof()
     return out
 
