@@ -19,7 +19,6 @@ import openai
 import orjson
 import pytest
 
-from proxy.core.checkpoint import message_digest
 from proxy.core.tokens import default_counter
 from proxy.server.app import RunningProxy
 from proxy.testing.agent import tool_output
@@ -27,6 +26,7 @@ from proxy.testing.agent_openai import run_openai_agent
 from proxy.testing.chat_validate import validate_chat_request
 from proxy.testing.standin import RecordedRequest, StandInOptions
 from proxy.wire.openai import ChatCounter
+from tests.server.compaction_checks import assert_prefix_stable_between_crossings
 from tests.server.conftest import SMALL_WINDOW, SMALL_WINDOW_POLICY, MakeProxy
 
 TURNS = 60
@@ -132,14 +132,7 @@ async def test_a_long_chat_conversation_stays_valid_cached_and_cheap(
     # Between crossings the rewritten prefix is byte-identical...
     requests = turn_requests(standin.recorded)
     assert len(requests) == TURNS
-    for n in range(1, TURNS):
-        if strategies[n] != "checkpoint":
-            continue
-        before, after = requests[n - 1]["messages"], requests[n]["messages"]
-        assert [message_digest(m) for m in before] == [
-            message_digest(m) for m in after[: len(before)]
-        ], f"turn {n}: the prefix moved between crossings"
-        assert requests[n]["tools"] == requests[n - 1]["tools"]
+    assert_prefix_stable_between_crossings(requests, strategies)
 
     # ...so the stand-in reads it from its prompt cache.
     steady = [t for t, s in zip(turns, strategies, strict=True) if s == "checkpoint"]

@@ -19,12 +19,12 @@ import anthropic
 import orjson
 import pytest
 
-from proxy.core.checkpoint import message_digest
 from proxy.core.offload import unknown_ref
 from proxy.core.tokens import default_counter
 from proxy.server.app import RunningProxy
 from proxy.testing.agent import run_agent, tool_output
 from proxy.testing.standin import RecordedRequest, StandInOptions
+from tests.server.compaction_checks import assert_prefix_stable_between_crossings
 from tests.server.conftest import SMALL_WINDOW, SMALL_WINDOW_POLICY, MakeProxy
 
 TURNS = 60
@@ -108,14 +108,7 @@ async def test_a_long_conversation_stays_valid_cached_and_cheap(
     # Between crossings the rewritten prefix is byte-identical (cache_control aside).
     requests = turn_requests(standin.recorded)
     assert len(requests) == TURNS
-    for n in range(1, TURNS):
-        if strategies[n] != "checkpoint":
-            continue
-        before, after = requests[n - 1]["messages"], requests[n]["messages"]
-        assert [message_digest(m) for m in before] == [
-            message_digest(m) for m in after[: len(before)]
-        ], f"turn {n}: the prefix moved between crossings"
-        assert requests[n]["tools"] == requests[n - 1]["tools"]
+    assert_prefix_stable_between_crossings(requests, strategies)
 
     # ...so the stand-in reads it from its prompt cache.
     steady = [t for t, s in zip(turns, strategies, strict=True) if s == "checkpoint"]
