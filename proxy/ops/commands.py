@@ -10,12 +10,21 @@ from typing import Any
 from proxy.config import ConfigError, load_settings
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies
 from proxy.core.tokens import default_counter
+from proxy.ops.formats import FORMAT_CHOICES, format_for
 from proxy.ops.requests import RequestFileError, load_request, load_trace, trace_length
 
 CONFIG_HELP = (
     "TOML settings file whose [[policy]] tables apply (default: $COMPACTION_PROXY_CONFIG,"
     " else ./config/proxy.toml if present, else built-in defaults)"
 )
+
+FORMAT_HELP = (
+    "the requests' wire format: anthropic (Messages) or chat (OpenAI Chat Completions);"
+    " auto (default) tells them apart by Chat-only fields and roles, judging a trace by"
+    " its first request"
+)
+
+FORMAT_LABELS = {"anthropic": "anthropic (Messages)", "openai": "chat (OpenAI Chat Completions)"}
 
 
 def add_commands(commands: Any) -> None:
@@ -36,8 +45,9 @@ def add_commands(commands: Any) -> None:
         " (strategy, what is offloaded, folded or dropped, tokens before and after),"
         " computed by the planner alone: nothing is called or stored.",
     )
-    plan.add_argument("file", type=Path, help="a JSON Messages body or a recorded request")
+    plan.add_argument("file", type=Path, help="a JSON Messages or Chat body, or a recorded request")
     plan.add_argument("--config", type=Path, help=CONFIG_HELP)
+    plan.add_argument("--format", choices=FORMAT_CHOICES, default="auto", help=FORMAT_HELP)
     plan.set_defaults(ops_run=run_plan)
 
     replay = commands.add_parser(
@@ -49,6 +59,7 @@ def add_commands(commands: Any) -> None:
     )
     replay.add_argument("trace", type=Path, help="JSONL of requests, or a directory of them")
     replay.add_argument("--config", type=Path, help=CONFIG_HELP)
+    replay.add_argument("--format", choices=FORMAT_CHOICES, default="auto", help=FORMAT_HELP)
     replay.add_argument(
         "--out", type=Path, default=Path("replay-report.html"), help="the report (HTML)"
     )
@@ -87,7 +98,10 @@ def run_plan(args: argparse.Namespace) -> int:
     from proxy.ops.plan import plan_text
 
     policies = _policies(args.config)
-    print(plan_text(load_request(args.file), default_counter(), policies))
+    body = load_request(args.file)
+    fmt = format_for(args.format, body)
+    print(f"format: {FORMAT_LABELS[fmt.name]}")
+    print(plan_text(body, default_counter(), policies, fmt))
     return 0
 
 
@@ -102,7 +116,8 @@ def run_replay(args: argparse.Namespace) -> int:
         raise RequestFileError(f"{args.trace}: no such file or directory")
     progress = Progress(trace_length(args.trace), "replay")
     try:
-        result = replay(load_trace(args.trace), policies, default_counter(), progress)
+        fmt = None if args.format == "auto" else format_for(args.format, None)
+        result = replay(load_trace(args.trace), policies, default_counter(), progress, fmt)
     finally:
         progress.close()
     if not result.turns:

@@ -17,6 +17,7 @@ from proxy.core.policy import Policy
 from proxy.core.rewrite import Refuse, Rewrite
 from proxy.core.tokens import TokenCounter
 from proxy.ops.simulate import Simulator, Step
+from proxy.wire.formats import ANTHROPIC_FORMAT, Format
 
 
 def _dropped(rewrite: Rewrite) -> int:
@@ -83,6 +84,11 @@ def render_plan(step: Step) -> str:
     return "\n".join(lines)
 
 
-def plan_text(body: Mapping[str, Any], counter: TokenCounter, policies: Sequence[Policy]) -> str:
-    step = Simulator(policies, counter).step(dict(body))
+def plan_text(
+    body: Mapping[str, Any],
+    counter: TokenCounter,
+    policies: Sequence[Policy],
+    fmt: Format = ANTHROPIC_FORMAT,
+) -> str:
+    step = Simulator(policies, counter, fmt=fmt).step(dict(body))
     return render_plan(step)

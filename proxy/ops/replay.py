@@ -2,8 +2,10 @@
 
 Each request of the trace goes two ways, in memory: as the client sent it, and as the
 proxy would send it (proxy/ops/simulate.py: the pure planner, checkpoints kept between
-requests, a placeholder summary of the slot's size). Both are priced with the stand-in's
-prompt-cache model (proxy/testing/cache.py), each with its own cache, on a clock that
+requests, a placeholder summary of the slot's size), in the trace's wire format (given,
+or its first request's: proxy/ops/formats.py). Both are priced with the prompt-cache model
+of that format's stand-in (proxy/testing/cache.py; chat_standin.prompt_units for Chat
+Completions), each with its own cache, on a clock that
 advances a fixed time per turn: uncached input 1.0, cache write 1.25, cache read 0.1,
 output 5.0 per token. A summary the proxy makes costs one more call: its prompt uncached
 and its output at the cap (an upper bound). A turn's output is the assistant message the
@@ -16,15 +18,19 @@ calibration (the local count is taken as the real one).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.core.policy import Policy
 from proxy.core.tokens import TokenCounter
+from proxy.ops.formats import format_for
 from proxy.ops.progress import Progress
 from proxy.ops.simulate import Simulator, Step
-from proxy.testing.cache import CacheUsage, PromptCache, prompt_units
+from proxy.testing.cache import CacheUsage, PromptCache, Unit, prompt_units
+from proxy.testing.chat_standin import prompt_units as chat_prompt_units
+from proxy.wire.formats import ANTHROPIC_FORMAT, CHAT_FORMAT, Format
+from proxy.wire.openai import ChatCounter
 
 PRICES = {"input": 1.0, "write": 1.25, "read": 0.1, "output": 5.0}
 SECONDS_PER_TURN = 10.0  # well inside the cache's 5-minute lifetime, as an agent runs
@@ -105,16 +111,37 @@ def _with_next(items: Iterable[dict[str, Any]]) -> Iterator[tuple[dict[str, Any]
 
 
 def _output_of(
-    body: dict[str, Any], following: dict[str, Any] | None, counter: TokenCounter
+    body: dict[str, Any], following: dict[str, Any] | None, counter: TokenCounter, chat: bool
 ) -> int:
-    """Tokens of the assistant message the next request adds after this one's history."""
+    """Tokens of the assistant message the next request adds after this one's history
+    (in Chat its tool_calls too: they are output)."""
     if following is None:
         return -1
     n = len(body.get("messages") or [])
     later = following.get("messages") or []
     if len(later) > n and isinstance(later[n], dict) and later[n].get("role") == "assistant":
+        if chat:
+            return int(ChatCounter(counter).count_message(later[n]))
         return counter.count_content(later[n].get("content"))
     return 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Pricing:
+    """How the stand-in of a format counts and caches a prompt."""
+
+    chat: bool
+    count: Callable[[dict[str, Any]], int]
+    units: Callable[[dict[str, Any]], list[Unit]]
+
+
+def _pricing(fmt: Format, counter: TokenCounter) -> _Pricing:
+    if fmt.name == CHAT_FORMAT.name:
+        chat_counter = ChatCounter(counter)
+        return _Pricing(
+            True, chat_counter.count_request, lambda b: chat_prompt_units(b, chat_counter)
+        )
+    return _Pricing(False, counter.count_request, lambda b: prompt_units(b, counter))
 
 
 def _summariser_cost(step: Step) -> float:
@@ -129,24 +156,31 @@ def replay(
     policies: Sequence[Policy],
     counter: TokenCounter,
     progress: Progress | None = None,
+    fmt: Format | None = None,
 ) -> Replay:
+    """`fmt` None: the first request's (proxy/ops/formats.py)."""
     now = [0.0]
     direct_cache = PromptCache(clock=lambda: now[0])
     proxy_cache = PromptCache(clock=lambda: now[0])
-    simulator = Simulator(policies, counter)
     result = Replay()
     pending: list[tuple[int, int, int, CacheUsage, CacheUsage, Step, int]] = []
     outputs: list[int] = []
+    simulator: Simulator | None = None
+    pricing = _pricing(ANTHROPIC_FORMAT, counter)
     for n, (body, following) in enumerate(_with_next(bodies)):
+        if simulator is None:
+            fmt = fmt or format_for("auto", body)
+            simulator = Simulator(policies, counter, fmt=fmt)
+            pricing = _pricing(fmt, counter)
         now[0] += SECONDS_PER_TURN
         step = simulator.step(body)
         result.policy = result.policy or step.policy
-        direct_total = counter.count_request(body)
-        direct = direct_cache.account("replay", prompt_units(body, counter), direct_total)
+        direct_total = pricing.count(body)
+        direct = direct_cache.account("replay", pricing.units(body), direct_total)
         sent = step.body
-        proxy_total = direct_total if sent is body else counter.count_request(sent)
-        proxied = proxy_cache.account("replay", prompt_units(sent, counter), proxy_total)
-        output = _output_of(body, following, counter)
+        proxy_total = direct_total if sent is body else pricing.count(sent)
+        proxied = proxy_cache.account("replay", pricing.units(sent), proxy_total)
+        output = _output_of(body, following, counter, pricing.chat)
         if output >= 0:
             outputs.append(output)
         pending.append((n, direct_total, proxy_total, direct, proxied, step, output))

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.core.dialect import Dialect
 from proxy.core.intake import (
     Planning,
     checkpoint_slot,
@@ -83,8 +84,15 @@ def placeholder_summary(slot: int, key: str) -> str:
 
 
 def _tool_names(messages: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """call id -> tool name: Anthropic tool_use blocks and Chat tool_calls."""
     names = {}
     for m in messages:
+        calls = m.get("tool_calls")
+        for call in calls if isinstance(calls, list) else []:
+            if isinstance(call, dict):
+                function = call.get("function")
+                name = function.get("name", "?") if isinstance(function, dict) else "?"
+                names[str(call.get("id"))] = str(name)
         content = m.get("content")
         for b in content if isinstance(content, list) else []:
             if isinstance(b, dict) and b.get("type") == "tool_use":
@@ -92,17 +100,17 @@ def _tool_names(messages: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     return names
 
 
-def _result_owners(messages: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """ref -> tool name, for every tool result in the history."""
+def _result_owners(messages: Sequence[Mapping[str, Any]], dialect: Dialect) -> dict[str, str]:
+    """ref -> tool name, for every tool result in the history (the results as the
+    format's dialect finds them: tool_result blocks, or Chat `tool` messages)."""
     names = _tool_names(messages)
     owners = {}
     for m in messages:
-        content = m.get("content")
-        for b in content if isinstance(content, list) else []:
-            if isinstance(b, dict) and b.get("type") == "tool_result":
-                text = result_text(b)
-                if text is not None:
-                    owners[ref_for(text)] = names.get(str(b.get("tool_use_id")), "?")
+        for _, block in dialect.tool_results(m):
+            text = result_text(block)
+            if text is not None:
+                call_id = block.get("tool_use_id", m.get("tool_call_id"))
+                owners[ref_for(text)] = names.get(str(call_id), "?")
     return owners
 
 
@@ -187,7 +195,7 @@ class Simulator:
         kept = sum(1 for s in segments if s[0] in ("m", "s"))
         folded = sum(int(s[2]) for s in segments if s[0] == "summary")
         total = int(checkpoint.get("n", 0))
-        owners = _result_owners(request_messages(body))
+        owners = _result_owners(request_messages(body), self.format.dialect)
         offloaded = []
         for ref, text in rewrite.blobs:
             self.blobs[ref] = len(text)
