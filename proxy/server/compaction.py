@@ -52,6 +52,8 @@ CHECKPOINT = "checkpoint"
 CALIBRATION = "calibration"
 CALIBRATION_REFRESH = 30.0  # seconds a replica trusts its copy of a model's factor
 CALIBRATION_SAMPLES = 20
+# Reported usage fields that together are a request's whole input.
+INPUT_KEYS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 COUNT_OFF_LOOP_BYTES = 256 * 1024
 # Once the factor has settled, one response in this many feeds it: each sample costs a
 # Redis round trip, and a ratio that changes slowly needs few of them.
@@ -138,10 +140,7 @@ class Compactor:
 
     def record_usage(self, model: str, estimate: int, usage: Mapping[str, Any], store: Any) -> None:
         """Fold one response's reported input into the model's factor (fleet-wide)."""
-        reported = sum(
-            int(usage.get(k) or 0)
-            for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-        )
+        reported = sum(int(usage.get(k) or 0) for k in INPUT_KEYS)
         ratio = sample_ratio(estimate, reported)
         if ratio is None or not model:
             return

@@ -152,14 +152,16 @@ async def handle_json_route(request: web.Request, spec: JsonRoute) -> web.Stream
 
     if forward.intercept_read_result:
         return await pipeline.intercept(request, ctx, forward, response)
-    return await relay(
+    out = await relay(
         request,
         response,
         forward.response_headers,
         base_url=upstream.base_url,
         read_timeout=upstream.timeout_for(stream),
-        observe=forward.observe,
     )
+    if forward.calibrate is not None:
+        forward.calibrate(observe.relayed_usage())
+    return out
 
 
 async def handle_messages(request: web.Request) -> web.StreamResponse:

@@ -67,6 +67,13 @@ def current() -> RequestRecord | None:
     return _current.get()
 
 
+def relayed_usage() -> dict[str, int]:
+    """The usage found in the current request's relayed answer so far (normalised to
+    the Messages names), or {} outside a request."""
+    record = _current.get()
+    return dict(record.usage) if record is not None else {}
+
+
 def upstream_sending() -> None:
     record = _current.get()
     if record is not None and record.upstream_sent is None:

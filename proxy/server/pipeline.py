@@ -16,7 +16,7 @@ Contract for `prepare`:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,7 +25,7 @@ from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from proxy.config import Settings
-from proxy.server.compaction import Compactor, Interception
+from proxy.server.compaction import INPUT_KEYS, Compactor, Interception
 from proxy.server.headers import upstream_request_headers
 from proxy.server.read_result import ReadLoop
 from proxy.server.upstream import Upstream
@@ -65,7 +65,8 @@ class Forward:
     reply: web.StreamResponse | None = None  # answer the client directly, send nothing
     upstream_headers: list[tuple[str, str]] | None = None  # None: the client's, as sent
     interception: Interception | None = None
-    observe: Callable[[bytes], bool] | None = None  # sees the answer's first (last) bytes
+    # Fed the usage the relay found in the answer, for calibration.
+    calibrate: Callable[[Mapping[str, int]], None] | None = None
 
 
 def must_parse(body_length: int, settings: Settings) -> bool:
@@ -96,9 +97,9 @@ async def prepare(ctx: RequestContext) -> Forward:
         return Forward(ctx.body)
     if prepared.refusal is not None:
         return Forward(ctx.body, reply=ctx.wire.refusal(prepared.refusal))
-    observe = _usage_observer(compactor, prepared.model, prepared.estimate, ctx.store, ctx.wire)
+    calibrate = _calibration(compactor, prepared.model, prepared.estimate, ctx.store)
     if prepared.interception is None:
-        return Forward(prepared.body, tuple(prepared.headers), observe=observe)
+        return Forward(prepared.body, tuple(prepared.headers), calibrate=calibrate)
     # Answers we read ourselves must arrive uncompressed.
     headers = [
         (name, value)
@@ -146,23 +147,16 @@ def _estimate_of(ctx: RequestContext, forward: Forward) -> int:
     return int(counter.count_request(forward.interception.body))
 
 
-def _usage_observer(
-    compactor: Compactor, model: str, estimate: int, store: Any, wire: Wire = ANTHROPIC_WIRE
-) -> Callable[[bytes], bool] | None:
-    """Calibration from answers relayed as bytes, found without parsing them all: the
-    input counts in the first chunk (a stream's message_start, or the whole body), else
-    in a stream's last bytes (a Chat stream's usage chunk comes last). It answers
-    whether it found them, so the relay shows it the stream's end only when it did not."""
+def _calibration(
+    compactor: Compactor, model: str, estimate: int, store: Any
+) -> Callable[[Mapping[str, int]], None] | None:
+    """Calibration from an answer relayed as bytes: the usage the relay already picked
+    out of it (a stream's message_start or last chunk, or the whole body)."""
     if estimate <= 0 or not model:
         return None
 
-    def observe(data: bytes) -> bool:
-        head = data[:8192] if data.startswith(b"event:") else data[-4096:]
-        usage: dict[str, int] = {}
-        for name, value in wire.usage_field.findall(head):
-            usage.setdefault(name.decode(), int(value))
-        if usage:
-            compactor.record_usage(model, estimate, wire.usage_input(usage), store)
-        return bool(usage)
+    def calibrate(usage: Mapping[str, int]) -> None:
+        if any(usage.get(k) for k in INPUT_KEYS):
+            compactor.record_usage(model, estimate, usage, store)
 
-    return observe
+    return calibrate

@@ -27,7 +27,7 @@ from proxy.core.sse import SSEDecoder
 from proxy.server import budgets, charges, observe
 from proxy.server.compaction import Compactor, Interception
 from proxy.server.headers import client_response_headers
-from proxy.server.relay import relay
+from proxy.server.relay import cut_client, relay
 from proxy.server.upstream import Upstream
 from proxy.server.wires import Wire
 from proxy.store import Store, StoreUnavailable
@@ -172,7 +172,7 @@ class ReadLoop:
                     await out.write_eof()
                     return out
                 if ended == "cut":
-                    _cut(self.request)
+                    cut_client(self.request)
                     return out
                 round_ = merger.end_round()
                 observe.add_usage(round_.usage)
@@ -196,7 +196,7 @@ class ReadLoop:
             return out
         except (aiohttp.ClientError, TimeoutError) as e:
             log.info("read_result round failed (%s); cutting the stream", type(e).__name__)
-            _cut(self.request)
+            cut_client(self.request)
             return out
         finally:
             response.close()
@@ -231,8 +231,3 @@ async def _error_event(response: aiohttp.ClientResponse, wire: Wire) -> bytes:
     finally:
         response.release()
     return wire.error_event(payload, response.status)
-
-
-def _cut(request: web.Request) -> None:
-    if request.transport is not None:
-        request.transport.close()

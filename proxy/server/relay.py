@@ -15,7 +15,7 @@ raise a clear error; inside a half-sent event by closing the connection.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import aiohttp
 from aiohttp import web
@@ -44,24 +44,18 @@ async def relay(
     *,
     base_url: str = "upstream",
     read_timeout: float = 0.0,
-    observe: Callable[[bytes], bool] | None = None,
 ) -> web.StreamResponse:
     """Answer `request` with `upstream`'s status, headers and body. Releases `upstream`
-    when done, and closes its connection if the relay did not finish.
-
-    `observe`, when given, sees the first chunk of a successful answer (a whole body, or
-    a stream's first bytes, where message_start carries the usage) after it is sent; if
-    it answers False for a stream's first chunk, it sees the stream's last bytes once
-    at its end (a Chat stream reports usage in its last chunk)."""
-    if upstream.status != 200:
-        observe = None
+    when done, and closes its connection if the relay did not finish. The usage of a
+    successful answer is picked out of its first and last bytes on the way (metrics,
+    calibration), without parsing it."""
     headers = client_response_headers(upstream.headers)
     for name, value in extra_headers:
         headers.add(name, value)
     done = False
     try:
         if is_event_stream(upstream):
-            out = await _relay_stream(request, upstream, headers, events=True, observe=observe)
+            out = await _relay_stream(request, upstream, headers, events=True)
         else:
             length = upstream.content_length
             if (length is not None and length <= WHOLE_BODY_LIMIT) or request.method == "HEAD":
@@ -72,8 +66,6 @@ async def relay(
                 out = web.Response(
                     status=upstream.status, reason=upstream.reason, headers=headers, body=body
                 )
-                if observe is not None:
-                    observe(body)
                 if upstream.status == 200:
                     observe_usage.relayed_head(body)
                     charges.upstream_body(body)
@@ -101,7 +93,6 @@ async def _relay_stream(
     headers: CIMultiDict[str],
     *,
     events: bool,
-    observe: Callable[[bytes], bool] | None = None,
 ) -> web.StreamResponse:
     out = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     if not events and upstream.content_length is not None:
@@ -110,16 +101,12 @@ async def _relay_stream(
     last = before = b""
     first = events and upstream.status == 200
     metered = first  # budgets: every chunk of a 200 stream
-    at_end: Callable[[bytes], bool] | None = None  # an observer still owed the tail
     try:
         async for chunk in upstream.content.iter_any():
             await out.write(chunk)
             before, last = last, chunk
             if metered:
                 charges.upstream_chunk(chunk)
-            if observe is not None:
-                at_end = None if observe(chunk) else observe
-                observe = None
             if first:
                 observe_usage.relayed_head(chunk)
                 first = False
@@ -131,29 +118,27 @@ async def _relay_stream(
             await out.write(stream_error_event("api_error", message))
             await out.write_eof()
             return out
-        _cut(request)
+        cut_client(request)
         return out
     except ConnectionResetError:
         # Mostly the client going away before handler cancellation noticed; either way
         # neither side gets a clean end.
         upstream.close()
-        _cut(request)
+        cut_client(request)
         return out
     except aiohttp.ClientError as e:
         upstream.close()
         log.info("upstream stream broke (%s); closing the client stream too", type(e).__name__)
-        _cut(request)
+        cut_client(request)
         return out
     if events and upstream.status == 200:
         tail = before[-4096:] + last[-8192:]
         observe_usage.relayed_tail(tail)
-        if at_end is not None:
-            at_end(tail)
     await out.write_eof()
     return out
 
 
-def _cut(request: web.Request) -> None:
+def cut_client(request: web.Request) -> None:
     """Close the client connection without finishing the body (no last chunk), so the
     client sees a broken stream rather than a complete one. aiohttp's own write_eof
     after the handler then fails quietly on the closed transport."""

@@ -10,7 +10,6 @@ merging of read_result. `ANTHROPIC_WIRE` is the Messages API, `CHAT_WIRE` OpenAI
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +38,6 @@ class Wire:
     format: Format  # the pure steps: counting, read_result's name, the identity view
     summarise: SummariserCall
     usage_input: Callable[[Mapping[str, Any]], dict[str, Any]]  # usage as calibration reads it
-    usage_field: re.Pattern[bytes]  # input counts in relayed bytes
     # read_result rounds
     split: Callable[[dict[str, Any], str], Any]
     merge: Callable[[Sequence[dict[str, Any]], str], dict[str, Any]]
@@ -96,9 +94,6 @@ ANTHROPIC_WIRE = Wire(
     format=ANTHROPIC_FORMAT,
     summarise=call_summariser,
     usage_input=dict,
-    usage_field=re.compile(
-        rb'"(input_tokens|cache_creation_input_tokens|cache_read_input_tokens)"\s*:\s*(\d+)'
-    ),
     split=anthropic_rounds.split_message,
     merge=anthropic_rounds.merge_messages,
     continue_messages=anthropic_rounds.continue_messages,
@@ -167,7 +162,6 @@ CHAT_WIRE = Wire(
     format=CHAT_FORMAT,
     summarise=call_chat_summariser,
     usage_input=chat.usage_as_input,
-    usage_field=re.compile(rb'"(prompt_tokens)"\s*:\s*(\d+)'),
     split=openai_rounds.split_completion,
     merge=openai_rounds.merge_completions,
     continue_messages=openai_rounds.continue_messages,
