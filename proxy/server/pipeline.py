@@ -67,6 +67,7 @@ class Forward:
     interception: Interception | None = None
     # Fed the usage the relay found in the answer, for calibration.
     calibrate: Callable[[Mapping[str, int]], None] | None = None
+    estimate: int = 0  # estimated input tokens of the body sent (read_result calibration)
 
 
 def must_parse(body_length: int, settings: Settings) -> bool:
@@ -113,6 +114,7 @@ async def prepare(ctx: RequestContext) -> Forward:
         intercept_read_result=True,
         upstream_headers=headers,
         interception=prepared.interception,
+        estimate=prepared.estimate,
     )
 
 
@@ -132,19 +134,11 @@ async def intercept(
         ctx.compactor,
         forward.response_headers,
         forward.upstream_headers or upstream_request_headers(ctx.headers),
-        estimate=_estimate_of(ctx, forward),
+        estimate=forward.estimate,
     )
     if upstream_response.headers.get("Content-Type", "").startswith("text/event-stream"):
         return await loop.stream(upstream_response)
     return await loop.whole(upstream_response)
-
-
-def _estimate_of(ctx: RequestContext, forward: Forward) -> int:
-    assert ctx.compactor is not None
-    if forward.interception is None:
-        return 0
-    counter = ctx.wire.counter(ctx.compactor.counter)
-    return int(counter.count_request(forward.interception.body))
 
 
 def _calibration(
