@@ -183,23 +183,18 @@ def finish_with_summary(need: NeedSummary, text: str | None, *, reused: bool) ->
     inp, work = need._inp, need._work
     if text is None or not text.strip():
         return _pack(inp, work, need._limits, need._before, need._blobs)
+    folded = [g for g in work.groups if g.label in need._fold]
+    count = sum(_stands_for(work.segments[m]) for g in folded for m in g.members)
+    summary: Segment = ["summary", text.strip(), count]
     segments: list[Segment] = []
-    folded_count = 0
-    placed = False
     for group in work.groups:
         if group.kind is GroupKind.MALFORMED:
             continue  # the API would reject it; dropping needs no note (seed 001)
         if group.label in need._fold:
-            folded_count += sum(_stands_for(work.segments[m]) for m in group.members)
-            if not placed:
-                segments.append(["summary", text.strip(), 0])
-                placed = True
+            if group is folded[0]:
+                segments.append(summary)  # where the folded history began
             continue
         segments.extend(work.segments[m] for m in group.members)
-    for seg in segments:
-        if seg[0] == "summary":
-            seg[2] = folded_count
-            break
     done = _working(segments, inp)
     if done.tokens > need._limits.limit:
         return _pack(inp, work, need._limits, need._before, need._blobs)
