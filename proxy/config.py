@@ -8,7 +8,8 @@ unknown key raises `ConfigError` naming the setting and where it came from.
 
 The built-in defaults are the dataclass defaults below, so an installed proxy runs without
 any file; `config/proxy.toml` documents the same values (a test keeps them equal).
-`[[policy]]` tables are kept raw in `Settings.policies` for the policy parser.
+`[[policy]]` tables are kept raw in `Settings.policies` for the policy parser; `[[price]]`
+tables (optional prices per model, proxy/core/pricing.py) are parsed into `Settings.prices`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from proxy.core.policy import PolicyError, parse_policies
+from proxy.core.pricing import PriceError, PriceTable, parse_price_table
 
 ENV_PREFIX = "COMPACTION_PROXY_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
@@ -102,6 +104,8 @@ class Settings:
     budgets: BudgetSettings = field(default_factory=BudgetSettings)
     # Raw `[[policy]]` tables, parsed into per-model policies elsewhere.
     policies: tuple[dict[str, Any], ...] = ()
+    # `[[price]]` tables: what tokens cost per model (reports and stats; optional).
+    prices: PriceTable = field(default_factory=PriceTable)
 
     def resolved_state_dir(self) -> Path:
         if self.store.state_dir:
@@ -278,6 +282,7 @@ def load_settings(
     values: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
     sources: dict[str, str] = {}
     policies: tuple[dict[str, Any], ...] = ()
+    prices = PriceTable()
 
     path = config_path if config_path is not None else default_config_path(env)
     if path is not None:
@@ -287,13 +292,20 @@ def load_settings(
                 if not isinstance(content, list) or not all(isinstance(p, dict) for p in content):
                     raise ConfigError(f"policy: must be [[policy]] tables ({source})")
                 policies = tuple(content)
+            elif top == "price":
+                if not isinstance(content, list) or not all(isinstance(p, dict) for p in content):
+                    raise ConfigError(f"price: must be [[price]] tables ({source})")
+                try:
+                    prices = parse_price_table(content)
+                except PriceError as e:
+                    raise ConfigError(f"{e} ({source})") from None
             elif top in _SECTIONS:
                 if not isinstance(content, dict):
                     raise ConfigError(f"{top}: must be a [{top}] table ({source})")
                 for key, value in content.items():
                     _apply(values, sources, top, key, value, source)
             else:
-                known = ", ".join([*sorted(_SECTIONS), "policy"])
+                known = ", ".join([*sorted(_SECTIONS), "policy", "price"])
                 raise ConfigError(f"{top}: unknown section ({source}); known: {known}")
 
     for section, cls in _SECTIONS.items():
@@ -334,4 +346,5 @@ def load_settings(
         auth=AuthSettings(**values["auth"]),
         budgets=BudgetSettings(**values["budgets"]),
         policies=policies,
+        prices=prices,
     )

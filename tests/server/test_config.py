@@ -121,7 +121,23 @@ def test_the_documented_policy_is_the_builtin_one(tmp_path: Path) -> None:
     from proxy.core.policy import DEFAULT_POLICIES, parse_policies
 
     text = (REPO / "config" / "proxy.toml").read_text()
-    block = text[text.index("# [[policy]]") :]
+    block = text[text.index("# [[policy]]") : text.index("# Optional prices per model")]
     uncommented = "\n".join(line.removeprefix("# ") for line in block.splitlines())
     settings = load_settings(write(tmp_path, uncommented), environ={})
     assert parse_policies(settings.policies) == [DEFAULT_POLICIES[0]]
+
+
+def test_the_documented_price_example_parses(tmp_path: Path) -> None:
+    text = (REPO / "config" / "proxy.toml").read_text()
+    block = text[text.index("\n# [[price]]\n") :]
+    uncommented = "\n".join(line.removeprefix("# ") for line in block.splitlines())
+    settings = load_settings(write(tmp_path, uncommented), environ={})
+    rates = settings.prices.rates_for("claude-sonnet-4-6")
+    assert rates is not None and rates.unit == "USD"
+    assert rates.output * 1_000_000 == 15.0
+
+
+def test_a_wrong_price_table_stops_start_up(tmp_path: Path) -> None:
+    path = write(tmp_path, '[[price]]\nmatch = "x"\ninput = 1\n')
+    with pytest.raises(ConfigError, match="output is required"):
+        load_settings(path, environ={})
