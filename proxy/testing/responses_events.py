@@ -8,7 +8,9 @@ whole response and its usage. Every event has `type` and a `sequence_number` cou
 - message: `content_part.added`, `output_text.delta`s, `output_text.done`, `content_part.done`;
 - function_call: `function_call_arguments.delta`s then `.done`;
 - custom_tool_call: `custom_tool_call_input.delta`s then `.done`;
-- reasoning and compaction: just added and done (the sealed content only in done).
+- compaction: `response.compaction.compacting` (the item is whole from the start: Codex
+  parses every added item, and a compaction item needs its encrypted_content);
+- reasoning: nothing between (the sealed content only in done).
 """
 
 from __future__ import annotations
@@ -129,7 +131,9 @@ def _item_events(
     kind, item_id = item["type"], item["id"]
     at = {"output_index": index, "item_id": item_id}
     yield "block", seq.event("response.output_item.added", output_index=index, item=_started(item))
-    if kind == "message":
+    if kind == "compaction":
+        yield "block", seq.event("response.compaction.compacting", **at)
+    elif kind == "message":
         for c, part in enumerate(item["content"]):
             text = part["text"]
             empty = {**part, "text": ""}
@@ -192,7 +196,10 @@ def stream_events(
 
 
 def error_event(sequence_number: int, error: dict[str, Any]) -> bytes:
-    data = {"type": "error", "sequence_number": sequence_number, "error": error}
+    """The `error` event: flat as OpenAI's schema has it (code, message, param), with the
+    nested `error` object streams have been seen carrying too (Codex reads either)."""
+    flat = {k: error.get(k) for k in ("code", "message", "param")}
+    data = {"type": "error", "sequence_number": sequence_number, **flat, "error": error}
     return b"event: error\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
