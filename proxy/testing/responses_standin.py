@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -112,7 +112,6 @@ class ResponsesOptions:
     seal_key: bytes = b"compaction-proxy stand-in"
     turn_state: bool = True  # send x-codex-turn-state to Codex requests
     scenario: Scenario | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # room for later options
 
 
 RESPONSES: web.AppKey[ResponsesOptions] = web.AppKey("standin_responses", ResponsesOptions)
