@@ -104,6 +104,7 @@ class RecordedRequest:
     kind: str = ""
     content: list[dict[str, Any]] = field(default_factory=list)
     usage: dict[str, Any] = field(default_factory=dict)
+    error: str = ""  # why a Messages request was refused (the 400's message)
 
 
 RECORDED: web.AppKey[list[RecordedRequest]] = web.AppKey("standin_recorded", list)
@@ -364,6 +365,7 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
 
     analysis = _analysis(request, await request.read(), script)
     if analysis.error is not None or analysis.answer is None:
+        request[RECORD].error = analysis.error or ""
         return _invalid(request, analysis.error or "")
     fault = _take_fault(app, script, answer_faults(analysis.streaming))
     tenant = _tenant(request)
