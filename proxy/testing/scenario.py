@@ -13,8 +13,8 @@ step in the summary the stand-in wrote for it.
 Requests that are not the agent's main loop are answered too: the agent's own
 compaction request (its summarisation prompt: answered with a summary) and side requests
 that do not offer the scenario's tool (titles, quota probes, small-model calls: a short
-text). Every request's kind is recorded, so a test can assert, e.g., that the agent never
-compacted by itself.
+text, or the smallest JSON that fits the schema the request asks for). Every request's
+kind is recorded, so a test can assert, e.g., that the agent never compacted by itself.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from proxy.core.tokens import TokenCounter
 from proxy.testing.script import READ_RESULT, STUB_REF, Answer, output_tokens, trim_to
@@ -172,6 +174,10 @@ def choose(scenario: Scenario, body: Mapping[str, Any]) -> tuple[str, list[dict[
         )
         return COMPACTION, [_text(summary)]
     if not offers(body, scenario.tool_name):
+        schema = _output_schema(body)
+        if schema is not None:  # e.g. Claude Code's session title: {"title": ...}
+            filled = orjson.dumps(_fill(schema, scenario.side_text)).decode()
+            return SIDE, [_text(filled)]
         return SIDE, [_text(scenario.side_text)]
     index = where.done + 1
     if index >= len(scenario.steps):
@@ -188,6 +194,29 @@ def choose(scenario: Scenario, body: Mapping[str, Any]) -> tuple[str, list[dict[
     for k, call in enumerate(step.calls):
         blocks.append(_call(f"toolu_step{index:03d}_{k}", call["name"], call.get("input", {})))
     return TOOL, blocks
+
+
+def _output_schema(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The JSON schema the request asks the answer to follow (structured outputs)."""
+    config = body.get("output_config")
+    fmt = config.get("format") if isinstance(config, Mapping) else None
+    if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema":
+        schema = fmt.get("schema")
+        return schema if isinstance(schema, Mapping) else None
+    return None
+
+
+def _fill(schema: Mapping[str, Any], text: str) -> Any:
+    """A small value of the schema: required properties only, strings set to `text`."""
+    kind = schema.get("type")
+    if schema.get("enum"):
+        return schema["enum"][0]
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        return {
+            name: _fill(properties.get(name) or {}, text) for name in schema.get("required") or []
+        }
+    return {"string": text, "array": [], "boolean": False}.get(str(kind), 0)
 
 
 def _text(text: str) -> dict[str, Any]:

@@ -128,6 +128,12 @@ def test_step_ids_and_reads_of_the_newest_stubs_first() -> None:
 def test_side_requests_and_the_agents_own_compaction() -> None:
     scenario = Scenario((Step(calls=(call(0),)), Step(calls=(call(1),)), Step(text="Done.")))
     assert choose(scenario, body([{"role": "user", "content": "a title?"}], []))[0] == SIDE
+    schema = {"type": "object", "properties": {"title": {"type": "string"}, "n": {}}}
+    titled = body([{"role": "user", "content": "a title?"}], [])
+    titled["output_config"] = {
+        "format": {"type": "json_schema", "schema": {**schema, "required": ["title"]}}
+    }
+    assert choose(scenario, titled) == (SIDE, [{"type": "text", "text": '{"title":"OK."}'}])
     done_0 = [
         {"role": "user", "content": "Go."},
         {
