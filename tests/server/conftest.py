@@ -54,8 +54,10 @@ SMALL_WINDOW = 30_000
 SMALL_WINDOW_POLICY: dict[str, Any] = {
     "match": "*",
     "window": SMALL_WINDOW,
-    "trigger": 20_000,
-    "target": 8_000,
+    "trigger": 12_000,
+    "target": 6_000,
+    # From 6,000 on every result is offloaded as it ages; folds at 12,000.
+    "offload_trigger": 6_000,
     "keep_last": 4,
     "keep_results": 1,
     "offload_threshold": 500,
