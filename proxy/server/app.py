@@ -12,6 +12,7 @@ from aiohttp import web
 
 from proxy.config import Settings
 from proxy.server import fleet
+from proxy.server.admin.routes import install as install_admin
 from proxy.server.chat import expect_chat, handle_chat_completions
 from proxy.server.compaction import Compactor
 from proxy.server.health import handle_healthz, handle_readyz
@@ -93,6 +94,7 @@ def create_app(settings: Settings) -> web.Application:
     app[STORE] = StoreState()
     app[COMPACTOR] = Compactor(settings.policies)
     fleet.install(app)  # proxy keys and budgets (a no-op middleware with keys off)
+    install_admin(app)  # the admin API and the dashboard (404 without an admin key)
     app.cleanup_ctx.append(_upstream_lifetime)
     app.cleanup_ctx.append(openai_upstream_lifetime)
     app.cleanup_ctx.append(_store_lifetime)

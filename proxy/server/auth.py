@@ -24,7 +24,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from proxy.core import proxy_keys
 from proxy.core.budget import limits_of, policy_override
 from proxy.core.identity import credential
-from proxy.server import errors
+from proxy.server import errors, observe
 from proxy.server.fleet import FLEET
 from proxy.server.routing import upstream_for
 from proxy.server.state import SETTINGS
@@ -32,6 +32,12 @@ from proxy.store import StoreUnavailable
 from proxy.store.accounts import Scope
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+# The admin API and the dashboard check the admin key themselves (proxy/server/admin).
+ADMIN_PREFIXES = ("/admin/", "/dashboard/")
+
+
+def is_admin_path(path: str) -> bool:
+    return path in ("/admin", "/dashboard") or path.startswith(ADMIN_PREFIXES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +75,7 @@ def _reject(request: web.Request, message: str, reason: str) -> web.Response:
 
 
 def count_rejection(app: web.Application, reason: str) -> None:
+    observe.rejected(reason)
     try:
         from proxy.server.metrics import count_budget_rejection
     except ImportError:  # metrics not part of this build
@@ -96,7 +103,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
     app = request.app
-    if app[SETTINGS].auth.keys != "required" or request.path in OPEN_PATHS:
+    path = request.path
+    if app[SETTINGS].auth.keys != "required" or path in OPEN_PATHS or is_admin_path(path):
         return await handler(request)
     text = credential(request.headers)
     key_id = proxy_keys.key_id_of(text)
@@ -134,6 +142,10 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         or not proxy_keys.matches(text, record.get("digest", ""))
     ):
         return _reject(request, "invalid x-api-key", "key")
+    refused = proxy_keys.refusal(record, path, upstream_for(path, request.headers))
+    if refused is not None:
+        count_rejection(app, "scope")
+        return shaped(request, errors.error_response(403, "permission_error", refused))
     secret = os.environ.get(record.get("upstream_env", ""), "").strip()
     if not secret:
         return _reject(
@@ -143,6 +155,7 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
             "key",
         )
     team = record.get("team") or None
+    observe.caller(key_id, team)
     key_scope = Scope("key", key_id)
     team_scope = Scope("team", team) if team else None
     confs: list[dict[str, str]] = []
@@ -161,7 +174,7 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
             scopes.append(scope)
     confs.reverse()  # the team's policy first, the key's over it
     caller = Caller(
-        tenant=proxy_keys.tenant_for(key_id),
+        tenant=proxy_keys.tenant_for(key_id, record.get("tenant", "")),
         key_id=key_id,
         team=team,
         policy=policy_override(*confs) or None,

@@ -33,6 +33,7 @@ from proxy.core.budget import Amounts, over_limit_message, reservation
 from proxy.core.intake import count_request
 from proxy.core.meter import UsageMeter
 from proxy.server import charges, errors
+from proxy.server.admin.stats import note_request
 from proxy.server.auth import Caller, count_rejection, shaped
 from proxy.server.fleet import FLEET, Fleet
 from proxy.server.state import SETTINGS
@@ -232,6 +233,7 @@ def _max_output(payload: Any) -> int:
 async def reserve(request: web.Request, ctx: Any, forward: Any) -> web.Response | None:
     """The handlers' one budget hook, after compaction and before forwarding: None to go
     on, else the refusal to answer with. Free for callers without budgets."""
+    note_request(request, ctx)  # model and conversation, for the admin stats
     ticket: Ticket | None = request.get(TICKET)
     if ticket is None or ctx.route == "count_tokens":
         return None

@@ -13,6 +13,7 @@ from contextvars import ContextVar, Token
 from typing import Any
 
 from proxy.core.meter import UsageMeter
+from proxy.server import observe
 
 _current: ContextVar[UsageMeter | None] = ContextVar("compaction_proxy_meter", default=None)
 
@@ -41,6 +42,7 @@ def upstream_body(body: bytes) -> None:
 
 def summariser_usage(usage: Mapping[str, Any]) -> None:
     """The usage of a summariser call made for this request (charged to its caller)."""
+    observe.summariser_usage(usage)  # and priced in the admin stats
     meter = _current.get()
     if meter is not None:
         meter.summariser(usage)

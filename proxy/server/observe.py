@@ -44,6 +44,14 @@ class RequestRecord:
     summariser_calls: int = 0
     summariser_failures: int = 0
     upstream_request_id: str = ""
+    # For the admin stats (proxy/server/admin/stats.py): ids and fixed words only.
+    model: str = ""  # the model the client asked for
+    conversation: str = ""  # the conversation id (a keyed hash, proxy/core/identity.py)
+    key_id: str = ""
+    team: str = ""
+    rejected: str = ""  # why a key or budget check refused the request ("tokens", ...)
+    first_answer_usage: dict[str, int] = field(default_factory=dict)  # before read rounds
+    summariser_usage: dict[str, int] = field(default_factory=dict)
 
     def own_seconds(self, ended: float) -> float:
         """The proxy's own time: before the upstream request went out, plus the work
@@ -113,6 +121,31 @@ def refused() -> None:
         record.strategy = "refuse"
 
 
+def caller(key_id: str, team: str | None) -> None:
+    record = _current.get()
+    if record is not None:
+        record.key_id, record.team = key_id, team or ""
+
+
+def conversation(model: str, conversation_id: str) -> None:
+    record = _current.get()
+    if record is not None:
+        record.model, record.conversation = model, conversation_id
+
+
+def rejected(reason: str) -> None:
+    record = _current.get()
+    if record is not None:
+        record.rejected = reason
+
+
+def summariser_usage(usage: Mapping[str, Any]) -> None:
+    record = _current.get()
+    if record is not None:
+        for key, value in normalised(usage).items():
+            record.summariser_usage[key] = record.summariser_usage.get(key, 0) + value
+
+
 def summariser_call(failed: bool = False) -> None:
     """Count one summariser call when it is made; `failed=True` marks its failure."""
     record = _current.get()
@@ -146,7 +179,10 @@ def add_usage(usage: Mapping[str, Any] | None) -> None:
     record = _current.get()
     if record is None or not isinstance(usage, Mapping):
         return
-    for key, value in normalised(usage).items():
+    found = normalised(usage)
+    if record.read_rounds == 0:  # a read_result loop's first answer (what was asked)
+        record.first_answer_usage = found
+    for key, value in found.items():
         record.usage[key] = record.usage.get(key, 0) + value
 
 

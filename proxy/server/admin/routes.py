@@ -1,0 +1,69 @@
+"""Mount the admin API and the dashboard on the app.
+
+With `auth.admin_key_env` empty, every `/admin/*` path and the dashboard answer 404 (they
+are never passed through upstream). Otherwise every `/admin/*` path, whatever the method,
+first needs `Authorization: Bearer <admin key>` (401 in the Messages error shape without
+it); the dashboard page itself is public, as it holds no secret and no data: it asks for
+the admin key and reads the API with it.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.server import errors
+from proxy.server.admin import dashboard, keys
+from proxy.server.admin.access import AdminKey
+from proxy.server.admin.stats import STATS, StatsCollector, handle_stats
+from proxy.server.auth import count_rejection, is_admin_path
+from proxy.server.metrics import REQUEST_ENDED, Handler
+from proxy.server.state import SETTINGS
+
+ADMIN_KEY = web.AppKey("admin_key", AdminKey)
+
+
+def _not_found() -> web.Response:
+    return errors.error_response(404, "not_found_error", "Not found.")
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    path = request.path
+    if not is_admin_path(path):
+        return await handler(request)
+    key = request.app.get(ADMIN_KEY)
+    if key is None:
+        return _not_found()
+    if path.startswith("/admin"):
+        problem = key.problem(request.headers.get("Authorization", ""))
+        if problem is not None:
+            count_rejection(request.app, "admin")
+            return errors.error_response(401, "authentication_error", problem)
+    return await handler(request)
+
+
+async def _unknown(request: web.Request) -> web.Response:
+    return _not_found()
+
+
+def install(app: web.Application) -> None:
+    """Before the pass-through catch-all route is added (raises ConfigError when the
+    admin key is named but unusable)."""
+    app.middlewares.append(guard)
+    key = AdminKey.from_settings(app[SETTINGS])
+    if key is not None:
+        app[ADMIN_KEY] = key
+        collector = app[STATS] = StatsCollector(app)
+        app.setdefault(REQUEST_ENDED, []).append(collector.observe)
+        app.cleanup_ctx.append(collector.lifetime)
+        router = app.router
+        router.add_get("/admin/stats", handle_stats)
+        router.add_route("GET", "/admin/keys", keys.handle_keys)
+        router.add_route("POST", "/admin/keys", keys.handle_keys)
+        router.add_delete("/admin/keys/{key_id}", keys.handle_key)
+        router.add_get("/admin/budgets", keys.handle_budgets)
+        router.add_route("GET", "/admin/budgets/{kind}/{name}", keys.handle_budget)
+        router.add_route("PUT", "/admin/budgets/{kind}/{name}", keys.handle_budget)
+        dashboard.add_routes(router)
+    for path in ("/admin", "/admin/{tail:.*}", "/dashboard", "/dashboard/{tail:.*}"):
+        app.router.add_route("*", path, _unknown)
