@@ -191,3 +191,16 @@ def budget_report(
 def shown(record: Mapping[str, str]) -> dict[str, str]:
     """A key record as it may be shown: everything but the digest."""
     return {k: v for k, v in record.items() if k != "digest"}
+
+
+def changes_body(changes: Mapping[str, int | None]) -> dict[str, Any]:
+    """Conf field changes as a `PUT /admin/budgets/...` body (the inverse of
+    `budget_changes`)."""
+    body: dict[str, dict[str, Any]] = {}
+    for name, value in changes.items():
+        head, _, tail = name.partition(":")
+        if head == "policy":
+            body.setdefault("policy", {})[tail] = value
+        else:
+            body.setdefault("limits", {}).setdefault(head, {})[tail] = value
+    return body

@@ -144,10 +144,8 @@ def counts(facts: RequestFacts, prices: PriceTable) -> dict[str, int]:
     _bump(out, f"route|{facts.route}|{facts.status}")
     for name in USAGE_FIELDS:
         _bump(out, name, facts.usage.get(name, 0))
-    _bump(out, "summariser_input_tokens", sum(
-        facts.summariser_usage.get(n, 0) for n in USAGE_FIELDS if n != "output_tokens"
-    ))  # fmt: skip
-    _bump(out, "summariser_output_tokens", facts.summariser_usage.get("output_tokens", 0))
+    for name in USAGE_FIELDS:
+        _bump(out, f"summariser|{name}", facts.summariser_usage.get(name, 0))
     if facts.strategy == "refuse":
         _bump(out, "refusal|window")
     if facts.rejected:
@@ -225,9 +223,9 @@ def summarise(counters: Mapping[str, int]) -> dict[str, Any]:
     by_route: dict[str, dict[str, int]] = {}
     by_status: dict[str, int] = {}
     groups: dict[str, dict[str, int]] = {
-        g: {} for g in ("rewrite", "crossing", "summary", "refusal")
+        g: {} for g in ("rewrite", "crossing", "summary", "refusal", "summariser")
     }
-    cost: dict[str, dict[str, int]] = {}
+    cost: dict[str, dict[str, int]] = {CACHE_UNITS: {}}  # always there, zero or not
     dims: dict[str, dict[str, dict[str, Any]]] = {d: {} for d in DIMENSIONS}
     for name, amount in counters.items():
         parts = name.split("|")
@@ -240,15 +238,13 @@ def summarise(counters: Mapping[str, int]) -> dict[str, Any]:
             cost.setdefault(parts[1], {})[parts[2]] = amount
         elif parts[0] in dims and len(parts) == 3:
             dims[parts[0]].setdefault(parts[1], {})[parts[2]] = amount
-    tokens = {n: counters.get(n, 0) for n in USAGE_FIELDS}
-    tokens["summariser_input_tokens"] = counters.get("summariser_input_tokens", 0)
-    tokens["summariser_output_tokens"] = counters.get("summariser_output_tokens", 0)
     return {
         "requests": counters.get("requests", 0),
         "errors": counters.get("errors", 0),
         "by_route": by_route,
         "by_status": by_status,
-        "tokens": tokens,
+        "tokens": {n: counters.get(n, 0) for n in USAGE_FIELDS},
+        "summariser_tokens": {n: groups["summariser"].get(n, 0) for n in USAGE_FIELDS},
         "cache_read_share": cache_read_share(counters),
         "history_tokens": {
             "rewritten_requests": counters.get("rewritten", 0),
@@ -271,7 +267,7 @@ def summarise(counters: Mapping[str, int]) -> dict[str, Any]:
 
 def _dimension(metrics: Mapping[str, int]) -> dict[str, Any]:
     out: dict[str, Any] = {m: metrics.get(m, 0) for m in DIMENSION_METRICS}
-    units = {m.split(":", 1)[1] for m in metrics if m.startswith("cost_with:")}
+    units = {CACHE_UNITS} | {m.split(":", 1)[1] for m in metrics if m.startswith("cost_with:")}
     out["cache_read_share"] = cache_read_share(metrics)
     out["cost"] = {
         u: _cost(metrics.get(f"cost_with:{u}", 0), metrics.get(f"cost_without:{u}", 0))

@@ -9,6 +9,8 @@ the admin key and reads the API with it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from aiohttp import web
 
 from proxy.server import errors
@@ -46,6 +48,23 @@ async def _unknown(request: web.Request) -> web.Response:
     return _not_found()
 
 
+def _by_method(handlers: Mapping[str, Handler]) -> Handler:
+    """One route per path, so a wrong method is a 405 (not a 404 from the catch-all)."""
+    allowed = ", ".join(handlers)
+
+    async def dispatch(request: web.Request) -> web.StreamResponse:
+        handler = handlers.get(request.method)
+        if handler is None:
+            response = errors.error_response(
+                405, "invalid_request_error", f"{request.method} is not allowed here ({allowed})"
+            )
+            response.headers["Allow"] = allowed
+            return response
+        return await handler(request)
+
+    return dispatch
+
+
 def install(app: web.Application) -> None:
     """Before the pass-through catch-all route is added (raises ConfigError when the
     admin key is named but unusable)."""
@@ -56,14 +75,17 @@ def install(app: web.Application) -> None:
         collector = app[STATS] = StatsCollector(app)
         app.setdefault(REQUEST_ENDED, []).append(collector.observe)
         app.cleanup_ctx.append(collector.lifetime)
-        router = app.router
-        router.add_get("/admin/stats", handle_stats)
-        router.add_route("GET", "/admin/keys", keys.handle_keys)
-        router.add_route("POST", "/admin/keys", keys.handle_keys)
-        router.add_delete("/admin/keys/{key_id}", keys.handle_key)
-        router.add_get("/admin/budgets", keys.handle_budgets)
-        router.add_route("GET", "/admin/budgets/{kind}/{name}", keys.handle_budget)
-        router.add_route("PUT", "/admin/budgets/{kind}/{name}", keys.handle_budget)
-        dashboard.add_routes(router)
+        for path, methods in (
+            ("/admin/stats", {"GET": handle_stats}),
+            ("/admin/keys", {"GET": keys.handle_keys, "POST": keys.handle_keys}),
+            ("/admin/keys/{key_id}", {"DELETE": keys.handle_key}),
+            ("/admin/budgets", {"GET": keys.handle_budgets}),
+            (
+                "/admin/budgets/{kind}/{name}",
+                {"GET": keys.handle_budget, "PUT": keys.handle_budget},
+            ),
+        ):
+            app.router.add_route("*", path, _by_method(methods))
+        dashboard.add_routes(app.router)
     for path in ("/admin", "/admin/{tail:.*}", "/dashboard", "/dashboard/{tail:.*}"):
         app.router.add_route("*", path, _unknown)
