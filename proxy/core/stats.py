@@ -43,6 +43,8 @@ USAGE_FIELDS = (
 # The counters kept per model, team and key, besides costs.
 DIMENSION_METRICS = ("requests", "errors", *USAGE_FIELDS, "history_tokens_saved", "crossings")
 DIMENSIONS = ("model", "team", "key")
+# Why requests were refused: nothing fits the window, or a key or budget check said no.
+REFUSALS = ("window", "tokens", "key", "scope", "store_unavailable")
 OTHER = "other"
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,79}$")
 _UNIT = re.compile(r"[^A-Za-z0-9_]")
@@ -225,7 +227,8 @@ def summarise(counters: Mapping[str, int]) -> dict[str, Any]:
     groups: dict[str, dict[str, int]] = {
         g: {} for g in ("rewrite", "crossing", "summary", "refusal", "summariser")
     }
-    cost: dict[str, dict[str, int]] = {CACHE_UNITS: {}}  # always there, zero or not
+    groups["refusal"] = dict.fromkeys(REFUSALS, 0)  # always there, zero or not
+    cost: dict[str, dict[str, int]] = {CACHE_UNITS: {}}
     dims: dict[str, dict[str, dict[str, Any]]] = {d: {} for d in DIMENSIONS}
     for name, amount in counters.items():
         parts = name.split("|")

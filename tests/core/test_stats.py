@@ -86,7 +86,14 @@ def test_refusals_count_but_cost_nothing() -> None:
             )
         )
     )
-    assert refused["refusals"] == {"tokens": 1, "window": 1} and refused["budget_refusals"] == 1
+    assert refused["refusals"] == {
+        "window": 1,
+        "tokens": 1,
+        "key": 0,
+        "scope": 0,
+        "store_unavailable": 0,
+    }
+    assert refused["budget_refusals"] == 1
     assert refused["errors"] == 2 and refused["crossings"] == 0
     assert refused["cost"][CACHE_UNITS]["with_proxy"] == 0.0
 

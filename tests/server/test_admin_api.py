@@ -370,7 +370,13 @@ async def test_refusals_and_errors_are_counted(
             await c.messages.create(**REQUEST)
     stats = await stats_when(api, lambda s: bool(s["last_hour"]["requests"] == 3))
     s = stats["last_hour"]
-    assert s["budget_refusals"] == 1 and s["refusals"] == {"tokens": 1, "key": 1}
+    assert s["budget_refusals"] == 1 and s["refusals"] == {
+        "window": 0,
+        "tokens": 1,
+        "key": 1,
+        "scope": 0,
+        "store_unavailable": 0,
+    }
     assert s["by_status"] == {"429": 1, "529": 1, "401": 1} and s["errors"] == 3
     kinds = [(e["status"], e["kind"]) for e in stats["recent"]["errors"]]
     assert kinds == [

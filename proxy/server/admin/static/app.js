@@ -22,7 +22,7 @@
 
   const $ = (id) => document.getElementById(id);
 
-  // -- formatting (tests/browser/formats.py mirrors these) ------------------------------
+  // -- formatting (tests/server/test_dashboard.py `shown` mirrors these) ------------------------------
 
   function grouped(n) {
     return Math.round(n).toLocaleString("en-US");
@@ -145,6 +145,12 @@
     return el("div", { class: "card" }, el("h3", { text: title }), ...lines);
   }
 
+  function wide(title, ...lines) {
+    const made = card(title, ...lines);
+    made.classList.add("wide");
+    return made;
+  }
+
   function line(label, figure) {
     return el("p", { class: "line" }, el("span", { class: "label", text: label }), figure);
   }
@@ -160,7 +166,7 @@
         line("cache reads", stat(stats, [w, "tokens", "cache_read_input_tokens"], "int"))),
     ];
     for (const unit of units(s)) {
-      cards.push(card(`Cost (${unit.replaceAll("_", " ")})`,
+      cards.push(wide(`Cost (${unit.replaceAll("_", " ")})`,
         line("with the proxy", stat(stats, [w, "cost", unit, "with_proxy"], "cost")),
         line("without it", stat(stats, [w, "cost", unit, "without_proxy"], "cost")),
         line("saved", stat(stats, [w, "cost", unit, "saved"], "cost"))));
