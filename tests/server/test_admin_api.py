@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,14 @@ async def new_key(api: AdminAPI, team: str = "infra", **fields: Any) -> dict[str
     return created
 
 
+async def until(check: Callable[[], Awaitable[bool]], seconds: float = 10) -> None:
+    """Poll an async condition until it holds (bounded; not a timing check)."""
+    deadline = time.monotonic() + seconds
+    while not await check():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.05)
+
+
 async def stats_when(api: AdminAPI, ready: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
     """/admin/stats once `ready` holds (other replicas send theirs within a second)."""
     found: dict[str, Any] = {}
@@ -58,10 +66,7 @@ async def stats_when(api: AdminAPI, ready: Callable[[dict[str, Any]], bool]) -> 
         found = await api.ok("GET", "/admin/stats")
         return ready(found)
 
-    deadline = time.monotonic() + 10
-    while not await check():
-        assert time.monotonic() < deadline, found
-        await asyncio.sleep(0.1)
+    await until(check)
     return found
 
 
@@ -256,10 +261,7 @@ async def test_budgets_over_http(
         used = (await api.ok("GET", path))["used"]["day"]
         return bool(used["input"] == spent and used["output"] == message.usage.output_tokens)
 
-    deadline = time.monotonic() + 10
-    while not await settled():
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.05)
+    await until(settled)
     every = (await api.ok("GET", "/admin/budgets"))["budgets"]
     assert [b["scope"] for b in every] == [f"key {key['id']}", "team web"]
     assert every[1]["limits"]["month"] == {"weighted": 10**6}
@@ -394,15 +396,17 @@ async def test_stats_are_fleet_wide_across_replicas(
     second = await make_admin_proxy(standin.url)  # the same Redis and prefix
     api = AdminAPI(first.url, admin_key)
     key = await new_key(api)
-    for proxy, n in ((first, 3), (second, 2)):
+    third = await make_admin_proxy(standin.url)
+    for proxy, n in ((first, 3), (second, 2), (third, 1)):
         async with client(proxy, key["key"]) as c:
             for _ in range(n):
                 await c.messages.create(**REQUEST)
-    stats = await stats_when(api, lambda s: bool(s["last_hour"]["requests"] == 5))
+    await third.stop()  # what it gathered is sent as it shuts down, not lost
+    stats = await stats_when(api, lambda s: bool(s["last_hour"]["requests"] == 6))
     assert stats["since_start"]["requests"] == 3
     other = await AdminAPI(second.url, admin_key).ok("GET", "/admin/stats")
-    assert other["since_start"]["requests"] == 2 and other["last_hour"]["requests"] == 5
-    assert stats["last_day"]["by_key"][key["id"]]["requests"] == 5
+    assert other["since_start"]["requests"] == 2 and other["last_hour"]["requests"] == 6
+    assert stats["last_day"]["by_key"][key["id"]]["requests"] == 6
 
 
 async def test_stats_while_redis_is_away_then_back(

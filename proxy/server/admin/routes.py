@@ -74,7 +74,7 @@ def install(app: web.Application) -> None:
         app[ADMIN_KEY] = key
         collector = app[STATS] = StatsCollector(app)
         app.setdefault(REQUEST_ENDED, []).append(collector.observe)
-        app.cleanup_ctx.append(collector.lifetime)
+        collector.install(app)
         for path, methods in (
             ("/admin/stats", {"GET": handle_stats}),
             ("/admin/keys", {"GET": keys.handle_keys, "POST": keys.handle_keys}),

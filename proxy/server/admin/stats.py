@@ -19,7 +19,6 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
@@ -102,6 +101,7 @@ class StatsCollector:
         self.local_recent = {k: deque[dict[str, Any]](maxlen=n) for k, n in SHOWN.items()}
         self.models: set[str] = set()
         self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
 
     def _model(self, record: RequestRecord, status: int) -> str:
         """Requests are counted per model once the upstream accepted the model (a 2xx):
@@ -148,12 +148,20 @@ class StatsCollector:
                     kept = [*events, *self.pending_recent[kind]]
                     self.pending_recent[kind] = kept[-RECENT_KEPT[kind] :]
 
-    async def lifetime(self, app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.get_running_loop().create_task(self._flush_often())
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    def install(self, app: web.Application) -> None:
+        """Flush in the background from start-up; flush once more at shutdown, which
+        runs before the store closes (cleanup)."""
+        app.on_startup.append(self._start)
+        app.on_shutdown.append(self._stop)
+
+    async def _start(self, app: web.Application) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._flush_often())
+
+    async def _stop(self, app: web.Application) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         with contextlib.suppress(Exception):
             await self.flush()
 
