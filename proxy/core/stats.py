@@ -66,9 +66,9 @@ class RequestFacts:
     read_rounds: int = 0
     summariser_failures: int = 0
     rejected: str = ""  # why a key or budget check refused it
-    usage: Mapping[str, int] = field(default_factory=dict)  # every round
-    first_answer_usage: Mapping[str, int] = field(default_factory=dict)  # before rounds
-    summariser_usage: Mapping[str, int] = field(default_factory=dict)
+    usage: Mapping[str, Any] = field(default_factory=dict)  # every round
+    first_answer_usage: Mapping[str, Any] = field(default_factory=dict)  # before rounds
+    summariser_usage: Mapping[str, Any] = field(default_factory=dict)
     reason: str = ""  # a crossing's reason when the pipeline gave one
     upstream_answered: bool = False  # the upstream sent response headers
 

@@ -25,7 +25,7 @@ import hashlib
 import math
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -242,6 +242,13 @@ class TokenCounter:
                 break
         return count
 
+    def remembered(self, key: bytes, compute: Callable[[], int]) -> int:
+        """A count cached under a key the caller made (e.g. a whole message's digest)."""
+        count = self._cached(key)
+        if count is None:
+            count = self._remember(key, compute())
+        return count
+
     def _count_utf8(self, data: bytes) -> int:
         """Tokens of the text whose UTF-8 encoding is data (memoised by its digest)."""
         if not data:
@@ -284,7 +291,7 @@ class TokenCounter:
             return sum(self.count_block(block) for block in content)
         return self.count_block(content)
 
-    def count_message(self, message: dict[str, Any]) -> int:
+    def count_message(self, message: Mapping[str, Any]) -> int:
         if not isinstance(message, dict):
             return MESSAGE_OVERHEAD + self.count_json(message)
         return MESSAGE_OVERHEAD + self.count_content(message.get("content"))

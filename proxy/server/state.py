@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.config import Settings
-from proxy.server.compaction import Compactor
+from proxy.server.compactor import Compactor
 from proxy.server.upstream import Upstream
 
 

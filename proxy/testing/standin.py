@@ -541,8 +541,10 @@ def create_app(options: StandInOptions | None = None) -> web.Application:
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/v1/models/{model_id}", handle_model)
     from proxy.testing.chat_standin import add_routes  # it builds on this module
+    from proxy.testing.responses_standin import add_routes as add_responses_routes
 
     add_routes(app)  # POST /v1/chat/completions
+    add_responses_routes(app)  # POST /v1/responses, GET /v1/responses (WebSocket: refused)
     return app
 
 

@@ -22,20 +22,13 @@ import orjson
 from aiohttp import web
 
 from proxy.core import management as shapes
-from proxy.server import errors
+from proxy.core.errors import InvalidRequest, StoreUnavailable
+from proxy.server.admin.answers import NotFound, answer
 from proxy.server.state import SETTINGS, STORE
-from proxy.store import StoreUnavailable
 from proxy.store import management as manage
 from proxy.store.accounts import Accounts
 
-
-def answer(body: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        status=status,
-        body=orjson.dumps(body),
-        content_type="application/json",
-        headers={"Cache-Control": "no-store"},
-    )
+STORE_DOWN_RETRY_AFTER = 2
 
 
 async def _json(request: web.Request) -> Any:
@@ -50,24 +43,21 @@ Work = Callable[[web.Request, Accounts], Awaitable[web.Response]]
 
 
 async def run(request: web.Request, work: Work) -> web.Response:
-    """Run `work` with the accounts, turning failures into API-shaped errors."""
+    """Run `work` with the accounts; failures become the proxy's errors (400, 404, 503)."""
     store = request.app[STORE].store
     if store is None:
-        return errors.error_response(
-            503, "api_error", "compaction-proxy has no store for keys and budgets", retry=True
-        )
+        raise StoreUnavailable("compaction-proxy has no store for keys and budgets")
     try:
         return await work(request, Accounts(store))
     except ValueError as e:
-        return errors.invalid_request(str(e))
+        raise InvalidRequest(str(e)) from None
     except LookupError as e:
-        return errors.error_response(404, "not_found_error", str(e.args[0]))
+        raise NotFound(str(e.args[0])) from None
     except StoreUnavailable:
-        response = errors.error_response(
-            503, "api_error", "compaction-proxy cannot reach its store right now", retry=True
-        )
-        response.headers["retry-after"] = "2"
-        return response
+        raise StoreUnavailable(
+            "compaction-proxy cannot reach its store right now",
+            retry_after=STORE_DOWN_RETRY_AFTER,
+        ) from None
 
 
 async def _create_key(request: web.Request, accounts: Accounts) -> web.Response:

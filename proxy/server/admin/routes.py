@@ -13,19 +13,17 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from proxy.server import errors
+from proxy.core.errors import NotAuthenticated, ProxyError
 from proxy.server.admin import dashboard, keys
 from proxy.server.admin.access import AdminKey
+from proxy.server.admin.answers import MethodNotAllowed, NotFound, error
 from proxy.server.admin.stats import STATS, StatsCollector, handle_stats
-from proxy.server.auth import count_rejection, is_admin_path
+from proxy.server.auth import is_admin_path
+from proxy.server.caller import count_rejection
 from proxy.server.metrics import REQUEST_ENDED, Handler
 from proxy.server.state import SETTINGS
 
 ADMIN_KEY = web.AppKey("admin_key", AdminKey)
-
-
-def _not_found() -> web.Response:
-    return errors.error_response(404, "not_found_error", "Not found.")
 
 
 @web.middleware
@@ -33,19 +31,22 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     path = request.path
     if not is_admin_path(path):
         return await handler(request)
-    key = request.app.get(ADMIN_KEY)
-    if key is None:
-        return _not_found()
-    if path.startswith("/admin"):
-        problem = key.problem(request.headers.get("Authorization", ""))
-        if problem is not None:
-            count_rejection(request.app, "admin")
-            return errors.error_response(401, "authentication_error", problem)
-    return await handler(request)
+    try:
+        key = request.app.get(ADMIN_KEY)
+        if key is None:
+            raise NotFound("Not found.")
+        if path.startswith("/admin"):
+            problem = key.problem(request.headers.get("Authorization", ""))
+            if problem is not None:
+                count_rejection(request.app, "admin")
+                raise NotAuthenticated(problem)
+        return await handler(request)
+    except ProxyError as problem:
+        return error(problem)
 
 
 async def _unknown(request: web.Request) -> web.Response:
-    return _not_found()
+    raise NotFound("Not found.")
 
 
 def _by_method(handlers: Mapping[str, Handler]) -> Handler:
@@ -55,11 +56,7 @@ def _by_method(handlers: Mapping[str, Handler]) -> Handler:
     async def dispatch(request: web.Request) -> web.StreamResponse:
         handler = handlers.get(request.method)
         if handler is None:
-            response = errors.error_response(
-                405, "invalid_request_error", f"{request.method} is not allowed here ({allowed})"
-            )
-            response.headers["Allow"] = allowed
-            return response
+            raise MethodNotAllowed(request.method, allowed)
         return await handler(request)
 
     return dispatch

@@ -24,12 +24,12 @@ from typing import Any
 from aiohttp import web
 
 from proxy.core import stats
-from proxy.core.identity import conversation_of, tenant_of
+from proxy.core.errors import InvalidRequest
 from proxy.core.pricing import PriceTable
 from proxy.core.stats import RequestFacts
-from proxy.server import errors, observe
-from proxy.server.admin.keys import answer
-from proxy.server.observe import RequestRecord
+from proxy.core.usage import Usage
+from proxy.server.admin.answers import answer
+from proxy.server.record import RequestRecord
 from proxy.server.state import SETTINGS, STORE
 from proxy.store import StoreUnavailable
 from proxy.store.stats import MINUTE, MINUTE_TTL, RECENT_KEPT, StatsStore
@@ -65,7 +65,11 @@ UNITS = {
 
 
 def _facts(record: RequestRecord, status: int, model: str) -> RequestFacts:
-    counted = record.route != "/v1/messages/count_tokens"  # counting tokens is free
+    meter = record.meter
+    first = meter.first_round
+    summariser = Usage()
+    for call in meter.extra:
+        summariser = summariser.plus(call)
     return RequestFacts(
         route=record.route,
         status=status,
@@ -81,9 +85,10 @@ def _facts(record: RequestRecord, status: int, model: str) -> RequestFacts:
         read_rounds=record.read_rounds,
         summariser_failures=record.summariser_failures,
         rejected=record.rejected,
-        usage=record.usage if counted else {},
-        first_answer_usage=record.first_answer_usage if counted else {},
-        summariser_usage=record.summariser_usage,
+        usage=meter.total().as_dict() if meter.rounds else {},
+        first_answer_usage=first.as_dict() if first is not None else {},
+        summariser_usage=summariser.as_dict() if meter.extra else {},
+        reason=record.reason,
         upstream_answered=record.upstream_answered is not None,
     )
 
@@ -177,19 +182,6 @@ class StatsCollector:
 STATS = web.AppKey("admin_stats", StatsCollector)
 
 
-def note_request(request: web.Request, ctx: Any) -> None:
-    """The model and conversation of a parsed Messages or Chat request, for the stats
-    (only when the admin API is on)."""
-    if STATS not in request.app or not isinstance(ctx.payload, dict):
-        return
-    payload = ctx.payload
-    model = payload.get("model")
-    tenant = ctx.tenant or tenant_of(ctx.headers)
-    observe.conversation(
-        model if isinstance(model, str) else "", conversation_of(ctx.headers, payload, tenant)
-    )
-
-
 def _iso(unix: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix))
 
@@ -231,7 +223,7 @@ async def handle_stats(request: web.Request) -> web.Response:
         minutes = _count(request, "minutes", 60, MAX_MINUTES)
         hours = _count(request, "hours", 24, MAX_HOURS)
     except ValueError as e:
-        return errors.invalid_request(str(e))
+        raise InvalidRequest(str(e)) from None
     collector = request.app[STATS]
     now = time.time()
     body: dict[str, Any] = {

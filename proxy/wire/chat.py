@@ -1,4 +1,4 @@
-"""OpenAI Chat Completions: the planner's view of a request, counting, and error bodies.
+"""OpenAI Chat Completions as a `WireFormat` (proxy/core/wire_format.py).
 
 Like the Anthropic adapter, decoding never copies or normalises messages: the planner
 works on shapes and indices and puts the original message objects (or the few rewritten
@@ -22,9 +22,14 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.core import offload, summary
+from proxy.core.errors import ProxyError
 from proxy.core.history import Shape
 from proxy.core.offload import Stub
-from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING
+from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
+from proxy.core.usage import LineKind, Usage
+from proxy.core.wire_format import JSON, MessageCounter, Round, RoundMerger
+from proxy.wire import chat_rounds
+from proxy.wire.anthropic import encode_request, max_output, request_messages
 
 Message = Mapping[str, Any]
 PINNED_ROLES = ("system", "developer")
@@ -51,51 +56,6 @@ def content_text(content: object) -> str | None:
 def tool_result_block(message: Message) -> dict[str, Any]:
     """A tool message seen as a tool_result block: what the offload rules read and count."""
     return {"type": "tool_result", "content": message.get("content")}
-
-
-class OpenAIDialect:
-    """The planner's view of Chat Completions requests (see proxy/core/dialect.py)."""
-
-    name = "openai"
-
-    def message_shape(self, message: Message, tokens: int) -> Shape:
-        return message_shape(message, tokens)
-
-    def tool_results(self, message: Message) -> list[tuple[int, Mapping[str, Any]]]:
-        if message.get("role") != "tool":
-            return []
-        return [(0, tool_result_block(message))]
-
-    def stubbed_message(
-        self, message: Message, stubs: Sequence[Stub], tool: str, read_length: int
-    ) -> dict[str, Any]:
-        out = dict(message)
-        for stub in stubs:
-            if stub.block != 0:
-                continue
-            original = message.get("content")
-            text = content_text(original)
-            if text is None:
-                continue
-            body = offload.stub_text(text, stub.ref, tool, stub.head_chars, read_length)
-            out["content"] = body if isinstance(original, str) else [{"type": "text", "text": body}]
-        return out
-
-    def summary_message(self, text: str, folded: int) -> dict[str, Any]:
-        header = summary.SUMMARY_HEADER.format(folded=folded)
-        return {"role": "user", "content": f"{header}\n{text}"}
-
-    def note_message(self, text: str) -> dict[str, Any]:
-        return {"role": "user", "content": text}
-
-    def render_transcript(self, messages: Sequence[Message]) -> str:
-        return render_transcript(messages)
-
-    def read_result_tool(self, name: str) -> dict[str, Any]:
-        return read_result_tool(name)
-
-
-OPENAI = OpenAIDialect()
 
 
 def read_result_tool(name: str) -> dict[str, Any]:
@@ -183,13 +143,6 @@ def identity_view(body: Mapping[str, Any]) -> dict[str, Any]:
     return view
 
 
-def request_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return []
-    return [m for m in messages if isinstance(m, dict)]
-
-
 # -- counting -----------------------------------------------------------------------------
 
 
@@ -209,7 +162,13 @@ class ChatCounter:
     def __init__(self, base: BlockCounter) -> None:
         self.base = base
 
-    def count_message(self, message: dict[str, Any]) -> int:
+    def count_text(self, text: str) -> int:
+        return self.base.count_text(text)
+
+    def count_content(self, content: object) -> int:
+        return self.base.count_content(content)
+
+    def count_message(self, message: Mapping[str, Any]) -> int:
         if not isinstance(message, dict):
             return MESSAGE_OVERHEAD + self.base.count_json(message)
         total = MESSAGE_OVERHEAD + self.base.count_content(message.get("content"))
@@ -242,6 +201,9 @@ class ChatCounter:
 
 # -- errors -------------------------------------------------------------------------------
 
+# Anthropic's error types that OpenAI's API spells otherwise.
+_OPENAI_TYPES = {"api_error": "server_error", "overloaded_error": "server_error"}
+
 
 def error_body(
     message: str, error_type: str, *, param: str | None = None, code: str | None = None
@@ -257,8 +219,151 @@ def stream_error_event(message: str, error_type: str, code: str | None = None) -
     return b"data: " + error_body(message, error_type, code=code) + b"\n\n"
 
 
-def usage_as_input(usage: Mapping[str, Any]) -> dict[str, int]:
-    """Chat usage as the calibration reads input: prompt_tokens counts every input token
-    (cached ones included)."""
-    prompt = usage.get("prompt_tokens")
-    return {"input_tokens": prompt} if isinstance(prompt, int) else {}
+def chat_error(error: ProxyError) -> dict[str, Any]:
+    kind = _OPENAI_TYPES.get(error.type, error.type)
+    return {"message": error.message, "type": kind, "param": error.param, "code": error.code}
+
+
+_USAGE = b'"usage":{'
+
+
+class ChatCompletions:
+    """POST /v1/chat/completions: OpenAI's Chat Completions API."""
+
+    name = "chat"
+    request_id_header = "x-request-id"
+
+    # -- decoding and encoding ---------------------------------------------------------
+
+    def messages(self, body: Mapping[str, Any]) -> list[JSON]:
+        return request_messages(body)
+
+    def encode(self, body: Mapping[str, Any], replace: Mapping[str, Any]) -> bytes:
+        return encode_request(body, **replace)
+
+    def with_history(self, body: Mapping[str, Any], messages: list[JSON], tool: str | None) -> JSON:
+        fields: JSON = {"messages": messages}
+        if tool:
+            tools = body.get("tools")
+            listed = tools if isinstance(tools, list) else []
+            fields["tools"] = [*listed, read_result_tool(tool)]
+        return fields
+
+    # -- counting and identity ---------------------------------------------------------
+
+    def counter(self, base: TokenCounter) -> MessageCounter:
+        return ChatCounter(base)
+
+    def fixed_tokens(self, counter: MessageCounter, body: Mapping[str, Any]) -> int:
+        return counter.count_tools(body.get("tools"))
+
+    def tool_name(self, body: Mapping[str, Any]) -> str | None:
+        n = body.get("n")
+        if n not in (None, 1):
+            return None  # several choices: the rounds follow one, so offload stays off
+        return choose_tool_name(body.get("tools"))
+
+    def identity_view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        return identity_view(body)
+
+    def max_output(self, body: Mapping[str, Any]) -> int | None:
+        return max_output(body)
+
+    # -- the planner's view (Dialect) --------------------------------------------------
+
+    def message_shape(self, message: Message, tokens: int) -> Shape:
+        return message_shape(message, tokens)
+
+    def tool_results(self, message: Message) -> list[tuple[int, Mapping[str, Any]]]:
+        if message.get("role") != "tool":
+            return []
+        return [(0, tool_result_block(message))]
+
+    def stubbed_message(
+        self, message: Message, stubs: Sequence[Stub], tool: str, read_length: int
+    ) -> JSON:
+        out = dict(message)
+        for stub in stubs:
+            if stub.block != 0:
+                continue
+            original = message.get("content")
+            text = content_text(original)
+            if text is None:
+                continue
+            body = offload.stub_text(text, stub.ref, tool, stub.head_chars, read_length)
+            out["content"] = body if isinstance(original, str) else [{"type": "text", "text": body}]
+        return out
+
+    def summary_message(self, text: str, folded: int) -> JSON:
+        header = summary.SUMMARY_HEADER.format(folded=folded)
+        return {"role": "user", "content": f"{header}\n{text}"}
+
+    def note_message(self, text: str) -> JSON:
+        return {"role": "user", "content": text}
+
+    def render_transcript(self, messages: Sequence[Message]) -> str:
+        return render_transcript(messages)
+
+    def read_result_tool(self, name: str) -> JSON:
+        return read_result_tool(name)
+
+    # -- read_result rounds ------------------------------------------------------------
+
+    def split(self, answer: JSON, tool: str) -> Round:
+        return chat_rounds.split_completion(answer, tool)
+
+    def merge(self, answers: Sequence[JSON], tool: str) -> JSON:
+        return chat_rounds.merge_completions(answers, tool)
+
+    def continue_messages(
+        self, messages: Sequence[JSON], round_: Round, results: Sequence[tuple[str, str, bool]]
+    ) -> list[JSON]:
+        return chat_rounds.continue_messages(messages, round_, results)
+
+    def merger(self, tool: str) -> RoundMerger:
+        return chat_rounds.ChatStreamMerger(tool)
+
+    # -- usage -------------------------------------------------------------------------
+
+    def usage(self, raw: Mapping[str, Any]) -> Usage:
+        return chat_rounds.chat_usage(raw)
+
+    def line_may_matter(self, head: bytes) -> bool:
+        # The usage chunk has no fixed prefix; content chunks are short, so look at each.
+        return head.startswith(b"data: {")
+
+    def usage_line(self, line: bytes) -> tuple[LineKind, Usage] | None:
+        if _USAGE not in line:
+            return None
+        try:
+            data = orjson.loads(line[5:])
+        except orjson.JSONDecodeError:
+            return None
+        usage = data.get("usage") if isinstance(data, dict) else None
+        if not isinstance(usage, dict):
+            return None
+        return LineKind.END, chat_rounds.chat_usage(usage)
+
+    def text_chars(self, line: bytes) -> int:
+        return 0  # a Chat stream reports its usage only at its end, if asked to
+
+    def body_usage(self, body: Mapping[str, Any]) -> Usage | None:
+        usage = body.get("usage")
+        return chat_rounds.chat_usage(usage) if isinstance(usage, dict) else None
+
+    # -- errors ------------------------------------------------------------------------
+
+    def error_body(self, error: ProxyError, request_id: str) -> bytes:
+        return orjson.dumps({"error": chat_error(error)})
+
+    def stream_error(self, error: ProxyError) -> bytes:
+        return b"data: " + self.error_body(error, "") + b"\n\n"
+
+    def upstream_stream_error(self, payload: object, status: int) -> bytes:
+        error = payload.get("error") if isinstance(payload, dict) else None
+        if not isinstance(error, dict):
+            return stream_error_event(f"upstream answered {status}", "api_error")
+        return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+
+
+CHAT = ChatCompletions()

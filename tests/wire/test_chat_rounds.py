@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.core.sse import SSEDecoder
+from proxy.core.wire_format import MergeState, ReadCall
 from proxy.testing.chat_standin import ChatAnswer, _chunks
 from proxy.testing.script import Script
-from proxy.wire.openai_rounds import (
+from proxy.wire.chat_rounds import (
     ROUND_SEPARATOR,
     ChatStreamMerger,
     continue_messages,
@@ -96,7 +97,7 @@ def merged_stream(answers: list[ChatAnswer], include_usage: bool) -> tuple[bytes
         for piece in [raw[i : i + 37] for i in range(0, len(raw), 37)]:
             for event in decoder.feed(piece):
                 got.extend(merger.feed(event))
-        assert merger.stopped and not merger.failed
+        assert merger.state is MergeState.STOPPED
         merger.end_round()
     got.extend(merger.finish())
     return b"".join(sent), b"".join(got)
@@ -172,9 +173,9 @@ def test_split_and_continue_give_valid_chat_messages() -> None:
     answer = completion(0, ChatAnswer("Reading.", [read, bad], "tool_calls", 3), usage(1, 1, 0))
     round_ = split_completion(answer, TOOL)
     assert round_.wants_reads_only and round_.client_calls == 0
-    assert round_.reads[0] == {"id": read["id"], "input": {"ref": "r_" + "2" * 16, "start": 5,
-                                                          "length": 10}}  # fmt: skip
-    assert round_.reads[1]["input"] is None, "unparseable arguments are the model's to fix"
+    wanted = {"ref": "r_" + "2" * 16, "start": 5, "length": 10}
+    assert round_.reads[0] == ReadCall(read["id"], wanted)
+    assert round_.reads[1].input is None, "unparseable arguments are the model's to fix"
     results = [(read["id"], "[characters 5 to 15 of 99.]", False), (bad["id"], "bad", True)]
     messages = continue_messages([{"role": "user", "content": "q"}], round_, results)
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool"]

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.core.budget import Amounts
-from proxy.core.meter import UsageMeter
+from proxy.core.usage import Usage, UsageMeter
+from proxy.wire import ANTHROPIC, CHAT
 
 
 def _sse(name: str, data: dict[str, object]) -> bytes:
@@ -63,7 +64,7 @@ STREAM = _stream("word " * 300, USAGE, 321)
 
 @given(_cuts(STREAM))
 def test_stream_usage_does_not_depend_on_chunking(chunks: list[bytes]) -> None:
-    meter = UsageMeter()
+    meter = UsageMeter(ANTHROPIC)
     for chunk in chunks:
         meter.chunk(chunk)
     # 10 + 100 * 1.25 + 1000 * 0.1
@@ -71,17 +72,17 @@ def test_stream_usage_does_not_depend_on_chunking(chunks: list[bytes]) -> None:
 
 
 def test_rounds_add_up_and_bodies_count() -> None:
-    meter = UsageMeter()
+    meter = UsageMeter(ANTHROPIC)
     meter.chunk(STREAM)
     meter.chunk(STREAM)
-    meter.body(orjson.dumps({"content": [], "usage": {"input_tokens": 5, "output_tokens": 2}}))
-    meter.summariser({"input_tokens": 50, "output_tokens": 20})
+    meter.body({"content": [], "usage": {"input_tokens": 5, "output_tokens": 2}})
+    meter.summariser(Usage(input_tokens=50, output_tokens=20))
     assert meter.cost(RESERVED) == Amounts(1110 * 2 + 5 + 50, 321 * 2 + 2 + 20, 235 * 2 + 55)
 
 
 def test_a_cut_stream_estimates_output_from_its_text_within_the_reservation() -> None:
     cut = _stream("word " * 300, USAGE, 0, finished=False)
-    meter = UsageMeter()
+    meter = UsageMeter(ANTHROPIC)
     meter.chunk(cut)
     cost = meter.cost(RESERVED)
     assert cost.input == 1110
@@ -91,9 +92,9 @@ def test_a_cut_stream_estimates_output_from_its_text_within_the_reservation() ->
 
 
 def test_an_answer_without_usage_costs_its_reservation_and_none_costs_nothing() -> None:
-    meter = UsageMeter()
+    meter = UsageMeter(ANTHROPIC)
     assert meter.cost(RESERVED) == Amounts()
-    meter.body(b"not json")
+    meter.body({"content": "no usage"})
     assert meter.cost(RESERVED) == RESERVED
 
 
@@ -103,18 +104,18 @@ def test_openai_usage_chunk_and_body() -> None:
         "completion_tokens": 9,
         "prompt_tokens_details": {"cached_tokens": 100},
     }
-    meter = UsageMeter()
+    meter = UsageMeter(CHAT)
     meter.chunk(b'data: {"id":"c","choices":[{"delta":{"content":"hi"}}]}\n\n')
     meter.chunk(b"data: " + orjson.dumps({"id": "c", "choices": [], "usage": usage}) + b"\n\n")
     meter.chunk(b"data: [DONE]\n\n")
     assert meter.cost(RESERVED) == Amounts(120, 9, 30)
-    whole = UsageMeter()
-    whole.body(orjson.dumps({"choices": [], "usage": usage}))
+    whole = UsageMeter(CHAT)
+    whole.body({"choices": [], "usage": usage})
     assert whole.cost(RESERVED) == Amounts(120, 9, 30)
 
 
 def test_a_long_text_line_is_skipped_not_buffered() -> None:
-    meter = UsageMeter()
+    meter = UsageMeter(ANTHROPIC)
     meter.chunk(STREAM[:400])
     big = b'data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"'
     meter.chunk(big)

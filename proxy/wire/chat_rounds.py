@@ -18,31 +18,31 @@ asking for one choice (`n` absent or 1).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 
 from proxy.core.sse import Event
+from proxy.core.usage import Usage, count
+from proxy.core.wire_format import MergeState, ReadCall, Round
 
 DONE = "[DONE]"
 ROUND_SEPARATOR = "\n\n"  # between the text of two rounds, so sentences do not run on
 
 
-@dataclass(slots=True)
-class ChatRound:
-    """What one upstream answer held."""
-
-    message: dict[str, Any] = field(default_factory=dict)  # the assistant message, as sent
-    reads: list[dict[str, Any]] = field(default_factory=list)  # {"id", "input"} per read call
-    client_calls: int = 0
-    stop_reason: str | None = None  # the finish_reason
-    usage: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def wants_reads_only(self) -> bool:
-        return bool(self.reads) and not self.client_calls and self.stop_reason == "tool_calls"
+def chat_usage(raw: Mapping[str, Any]) -> Usage:
+    """Chat usage in the core's terms: prompt_tokens counts every input token, the cached
+    ones (prompt_tokens_details.cached_tokens) included."""
+    prompt = count(raw.get("prompt_tokens"))
+    details = raw.get("prompt_tokens_details")
+    cached = count(details.get("cached_tokens")) if isinstance(details, Mapping) else 0
+    cached = min(cached, prompt)
+    return Usage(
+        input_tokens=prompt - cached,
+        cache_read_input_tokens=cached,
+        output_tokens=count(raw.get("completion_tokens")),
+    )
 
 
 def add_usage(total: dict[str, Any], usage: object) -> None:
@@ -61,14 +61,14 @@ def add_usage(total: dict[str, Any], usage: object) -> None:
             add_usage(inner, value)
 
 
-def _read_call(call: dict[str, Any]) -> dict[str, Any]:
+def _read_call(call: dict[str, Any]) -> ReadCall:
     function = call.get("function") or {}
     arguments = function.get("arguments")
     try:
         parsed = orjson.loads(arguments) if isinstance(arguments, str) and arguments else {}
     except orjson.JSONDecodeError:
         parsed = None  # parse_read_args answers the model with what it got wrong
-    return {"id": call.get("id"), "input": parsed}
+    return ReadCall(str(call.get("id", "")), parsed)
 
 
 def _is_read(call: object, tool: str) -> bool:
@@ -88,18 +88,29 @@ def _first_choice(completion: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def split_completion(completion: dict[str, Any], tool: str) -> ChatRound:
+def split_completion(completion: dict[str, Any], tool: str) -> Round:
     choice = _first_choice(completion)
     message = dict(choice.get("message") or {})
     calls = [c for c in message.get("tool_calls") or () if isinstance(c, dict)]
     reads = [_read_call(c) for c in calls if _is_read(c, tool)]
-    return ChatRound(
-        message=message,
+    usage = completion.get("usage")
+    return Round(
+        assistant=_assistant(message),
         reads=reads,
         client_calls=len(calls) - len(reads),
         stop_reason=choice.get("finish_reason"),
-        usage=dict(completion.get("usage") or {}),
+        usage=chat_usage(usage if isinstance(usage, dict) else {}),
+        asks_to_read=choice.get("finish_reason") == "tool_calls",
     )
+
+
+def _assistant(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The assistant message a round continues with: its text and every tool call."""
+    return {
+        "role": "assistant",
+        "content": message.get("content"),
+        "tool_calls": message.get("tool_calls") or [],
+    }
 
 
 def merge_completions(completions: Sequence[dict[str, Any]], tool: str) -> dict[str, Any]:
@@ -135,15 +146,13 @@ def merge_completions(completions: Sequence[dict[str, Any]], tool: str) -> dict[
 
 
 def continue_messages(
-    messages: Sequence[Any], round_: ChatRound, results: Sequence[tuple[str, str, bool]]
+    messages: Sequence[Any], round_: Round, results: Sequence[tuple[str, str, bool]]
 ) -> list[Any]:
     """The request's messages plus the round's assistant message and the read results."""
-    assistant: dict[str, Any] = {"role": "assistant", "content": round_.message.get("content")}
-    assistant["tool_calls"] = round_.message.get("tool_calls") or []
     answers = [
         {"role": "tool", "tool_call_id": call_id, "content": text} for call_id, text, _ in results
     ]
-    return [*messages, assistant, *answers]
+    return [*messages, round_.assistant, *answers]
 
 
 # -- streaming ----------------------------------------------------------------------------
@@ -157,15 +166,19 @@ DONE_EVENT = b"data: [DONE]\n\n"
 
 
 class ChatStreamMerger:
+    """Several streamed rounds, one client completion (RoundMerger)."""
+
     def __init__(self, tool: str) -> None:
         self._tool = tool
         self._rounds = 0
+        self._raw_usage: dict[str, Any] = {}
         self._head: dict[str, Any] = {}  # id, object, created, model of the first chunk
         self._next_index = 0  # the next client tool_call index
         self._sent_text = False
         self._total: dict[str, Any] = {}
         self._usage_seen = False
-        self._round = ChatRound()
+        self._round = Round()
+        self.state = MergeState.OPEN
         self._reset_round()
 
     def _reset_round(self) -> None:
@@ -175,12 +188,12 @@ class ChatStreamMerger:
         self._separated = False
         self._held: list[bytes] = []  # this round's finish chunk and usage chunk
         self._done: Event | None = None
-        self.stopped = False  # [DONE] arrived
-        self.failed = False  # an error chunk arrived
+        self._raw_usage = {}
+        self.state = MergeState.OPEN
 
     def begin_round(self) -> None:
         self._rounds += 1
-        self._round = ChatRound()
+        self._round = Round()
         self._reset_round()
 
     @property
@@ -194,7 +207,7 @@ class ChatStreamMerger:
             return [event.raw]
         if data_text == DONE:
             self._done = event
-            self.stopped = True
+            self.state = MergeState.STOPPED
             return []
         try:
             data = orjson.loads(data_text)
@@ -203,12 +216,12 @@ class ChatStreamMerger:
         if not isinstance(data, dict):
             return [event.raw]
         if data.get("error"):
-            self.failed = True
+            self.state = MergeState.FAILED
             return [event.raw]
         if not self._head:
             self._head = {k: data[k] for k in ("id", "object", "created", "model") if k in data}
         if isinstance(data.get("usage"), dict):
-            self._round.usage = dict(data["usage"])
+            self._raw_usage = dict(data["usage"])
             self._usage_seen = True
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices:
@@ -311,7 +324,7 @@ class ChatStreamMerger:
             out.append(delta)
         return out, changed
 
-    def end_round(self) -> ChatRound:
+    def end_round(self) -> Round:
         """The round just finished (after its [DONE], or after the stream ended)."""
         round_ = self._round
         calls = []
@@ -325,10 +338,10 @@ class ChatStreamMerger:
             else:
                 round_.client_calls += 1
         text = "".join(self._text)
-        round_.message = {"role": "assistant", "content": text or None}
-        if calls:
-            round_.message["tool_calls"] = calls
-        add_usage(self._total, round_.usage)
+        round_.assistant = {"role": "assistant", "content": text or None, "tool_calls": calls}
+        round_.usage = chat_usage(self._raw_usage)
+        round_.asks_to_read = round_.stop_reason == "tool_calls"
+        add_usage(self._total, self._raw_usage)
         return round_
 
     def finish(self) -> list[bytes]:

@@ -9,19 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.core.checkpoint import message_digest
+from proxy.core.checkpoint import Checkpoint, message_digest
 from proxy.core.offload import read_result_tool
+from proxy.core.planner import FoldPlan, PlanInput, Refuse, Rewrite, Untouched, fold, plan
 from proxy.core.policy import Policy
-from proxy.core.rewrite import (
-    NeedSummary,
-    PlanInput,
-    Refuse,
-    Rewrite,
-    Untouched,
-    finish_with_summary,
-    plan_request,
-)
 from proxy.core.tokens import TokenCounter
+from proxy.wire import ANTHROPIC
 from tests.wire.test_anthropic_history import _pairing_errors
 
 COUNTER = TokenCounter()
@@ -84,10 +77,11 @@ def conversation(turns: int, result_words: int = 400) -> list[dict[str, Any]]:
     return messages
 
 
-def plan(messages: list[dict[str, Any]], checkpoint: dict[str, Any] | None = None, **kw: Any):
+def planned(messages: list[dict[str, Any]], checkpoint: Checkpoint | None = None, **kw: Any):
     inp = PlanInput(
         messages=messages,
         digests=[message_digest(m) for m in messages],
+        counts=[COUNTER.count_message(m) for m in messages],
         checkpoint=checkpoint,
         policy=kw.pop("policy", policy()),
         counter=COUNTER,
@@ -96,8 +90,9 @@ def plan(messages: list[dict[str, Any]], checkpoint: dict[str, Any] | None = Non
         tool=kw.pop("tool", "read_result"),
         factor=kw.pop("factor", 1.0),
         store_ok=kw.pop("store_ok", True),
+        dialect=ANTHROPIC,
     )
-    return plan_request(inp)
+    return plan(inp)
 
 
 def history_tokens(messages: list[dict[str, Any]]) -> int:
@@ -105,12 +100,12 @@ def history_tokens(messages: list[dict[str, Any]]) -> int:
 
 
 def test_a_history_under_the_trigger_is_untouched() -> None:
-    assert isinstance(plan(conversation(3)), Untouched)
+    assert isinstance(planned(conversation(3)), Untouched)
 
 
 def test_crossing_offloads_all_but_the_newest_results() -> None:
     messages = conversation(12)
-    out = plan(messages, policy=policy(target=5_000))
+    out = planned(messages, policy=policy(target=5_000))
     assert isinstance(out, Rewrite) and out.strategy == "offload"
     assert out.tool == "read_result"
     assert len(out.blobs) == 11 and len(out.refs) == 11
@@ -125,7 +120,7 @@ def test_crossing_offloads_all_but_the_newest_results() -> None:
 
 def test_the_checkpoint_is_reapplied_byte_for_byte() -> None:
     messages = conversation(12)
-    first = plan(messages, policy=policy(target=5_000))
+    first = planned(messages, policy=policy(target=5_000))
     assert isinstance(first, Rewrite) and first.checkpoint is not None
     grown = [
         *messages,
@@ -142,7 +137,7 @@ def test_the_checkpoint_is_reapplied_byte_for_byte() -> None:
     ]
     # Agents move cache_control to their newest message every turn: the prefix still matches.
     grown[-1]["content"][0]["cache_control"] = {"type": "ephemeral"}
-    again = plan(grown, first.checkpoint, policy=policy(target=5_000))
+    again = planned(grown, first.checkpoint, policy=policy(target=5_000))
     assert isinstance(again, Rewrite) and again.strategy == "checkpoint"
     assert again.checkpoint is None, "nothing new to store between crossings"
     prefix = orjson.dumps(first.messages)
@@ -152,21 +147,21 @@ def test_the_checkpoint_is_reapplied_byte_for_byte() -> None:
 
 def test_an_edited_history_does_not_take_a_stale_checkpoint() -> None:
     messages = conversation(12)
-    first = plan(messages, policy=policy(target=5_000))
+    first = planned(messages, policy=policy(target=5_000))
     assert isinstance(first, Rewrite)
     edited = [dict(m) for m in messages]
     edited[0] = {"role": "user", "content": "A different task"}
-    out = plan(edited, first.checkpoint, policy=policy(target=5_000))
+    out = planned(edited, first.checkpoint, policy=policy(target=5_000))
     assert isinstance(out, Rewrite) and out.strategy == "offload"
     assert out.messages[0]["content"] == "A different task"
 
 
 def test_over_target_after_offload_asks_for_a_summary_then_folds() -> None:
     messages = conversation(30, result_words=150)
-    out = plan(messages, policy=NO_OFFLOAD)
-    assert isinstance(out, NeedSummary)
+    out = planned(messages, policy=NO_OFFLOAD)
+    assert isinstance(out, FoldPlan)
     assert out.slot > 0 and "toolu_0000" in out.transcript
-    done = finish_with_summary(out, "Goal: fix src/app.py. Tried toolu_0000.", reused=False)
+    done = fold(out, "Goal: fix src/app.py. Tried toolu_0000.", reused=False)
     assert isinstance(done, Rewrite) and done.summary == "made"
     assert done.messages[0] == messages[0], "the task (last user message) is pinned"
     summary = done.messages[1]["content"][0]["text"]
@@ -178,15 +173,15 @@ def test_over_target_after_offload_asks_for_a_summary_then_folds() -> None:
 
 def test_a_second_crossing_folds_the_earlier_summary_first() -> None:
     messages = conversation(30, result_words=150)
-    need = plan(messages, policy=NO_OFFLOAD)
-    assert isinstance(need, NeedSummary)
-    first = finish_with_summary(need, "first summary", reused=False)
+    need = planned(messages, policy=NO_OFFLOAD)
+    assert isinstance(need, FoldPlan)
+    first = fold(need, "first summary", reused=False)
     assert isinstance(first, Rewrite)
     longer = conversation(60, result_words=150)
-    need2 = plan(longer, first.checkpoint, policy=NO_OFFLOAD)
-    assert isinstance(need2, NeedSummary)
+    need2 = planned(longer, first.checkpoint, policy=NO_OFFLOAD)
+    assert isinstance(need2, FoldPlan)
     assert need2.transcript.index("first summary") < need2.transcript.index("toolu_0030")
-    second = finish_with_summary(need2, "second summary", reused=False)
+    second = fold(need2, "second summary", reused=False)
     assert isinstance(second, Rewrite)
     texts = orjson.dumps(second.messages).decode()
     assert "second summary" in texts and "first summary" not in texts
@@ -194,9 +189,9 @@ def test_a_second_crossing_folds_the_earlier_summary_first() -> None:
 
 def test_no_summary_falls_back_to_packing_with_a_note() -> None:
     messages = conversation(30, result_words=150)
-    need = plan(messages, policy=NO_OFFLOAD)
-    assert isinstance(need, NeedSummary)
-    packed = finish_with_summary(need, None, reused=False)
+    need = planned(messages, policy=NO_OFFLOAD)
+    assert isinstance(need, FoldPlan)
+    packed = fold(need, None, reused=False)
     assert isinstance(packed, Rewrite) and packed.strategy == "pack"
     note = packed.messages[1]["content"][0]["text"]
     assert "earlier messages were dropped" in note
@@ -205,30 +200,30 @@ def test_no_summary_falls_back_to_packing_with_a_note() -> None:
 
 
 def test_without_a_store_it_packs_and_offloads_nothing() -> None:
-    out = plan(conversation(12), store_ok=False)
+    out = planned(conversation(12), store_ok=False)
     assert isinstance(out, Rewrite) and out.strategy == "pack" and not out.blobs
     assert out.tool is None
 
 
 def test_a_taken_tool_name_turns_offload_off() -> None:
-    out = plan(conversation(12), tool=None)
-    assert isinstance(out, (Rewrite, NeedSummary))
+    out = planned(conversation(12), tool=None)
+    assert isinstance(out, (Rewrite, FoldPlan))
     if isinstance(out, Rewrite):
         assert not out.blobs and out.tool is None
 
 
 def test_nothing_fits_is_refused_with_the_numbers() -> None:
     messages = [{"role": "user", "content": words(30_000, "huge")}]
-    out = plan(messages)
+    out = planned(messages)
     assert isinstance(out, Refuse)
     assert "window" in out.message and "more than the 20000-token window" in out.message
 
 
 def test_calibration_scales_the_policy() -> None:
     messages = conversation(4)
-    assert isinstance(plan(messages), Untouched)
+    assert isinstance(planned(messages), Untouched)
     # The upstream reports twice what we estimate: the same history now crosses.
-    assert not isinstance(plan(messages, factor=2.0), Untouched)
+    assert not isinstance(planned(messages, factor=2.0), Untouched)
 
 
 # -- properties ------------------------------------------------------------------------
@@ -278,9 +273,9 @@ def test_every_rewrite_is_valid_fits_and_is_deterministic(
     messages: list[dict[str, Any]], summarise: bool, store_ok: bool
 ) -> None:
     limits = policy()
-    out = plan(messages, store_ok=store_ok)
-    if isinstance(out, NeedSummary):
-        out = finish_with_summary(out, "notes: " + out.key if summarise else None, reused=False)
+    out = planned(messages, store_ok=store_ok)
+    if isinstance(out, FoldPlan):
+        out = fold(out, "notes: " + out.key if summarise else None, reused=False)
     if isinstance(out, Untouched):
         assert history_tokens(messages) <= limits.trigger_tokens
         return
@@ -295,11 +290,9 @@ def test_every_rewrite_is_valid_fits_and_is_deterministic(
         if isinstance(m["content"], list)
         for b in m["content"]
     )
-    again = plan(messages, store_ok=store_ok)
-    if isinstance(again, NeedSummary):
-        again = finish_with_summary(
-            again, "notes: " + again.key if summarise else None, reused=False
-        )
+    again = planned(messages, store_ok=store_ok)
+    if isinstance(again, FoldPlan):
+        again = fold(again, "notes: " + again.key if summarise else None, reused=False)
     assert isinstance(again, Rewrite)
     assert orjson.dumps(again.messages) == orjson.dumps(out.messages)
 
@@ -307,6 +300,6 @@ def test_every_rewrite_is_valid_fits_and_is_deterministic(
 @pytest.mark.parametrize("keep_results", [0, 1, 3])
 def test_offload_respects_keep_results(keep_results: int) -> None:
     limits = policy(keep_results=keep_results, trigger=12_000, target=8_000)
-    out = plan(conversation(12), policy=limits)
+    out = planned(conversation(12), policy=limits)
     assert isinstance(out, Rewrite)
     assert len(out.blobs) == 12 - keep_results

@@ -12,8 +12,8 @@ from proxy.core.history import GroupKind, Shape, group_history, pack_messages
 from proxy.core.pack import pack_context
 from proxy.core.tokens import TokenCounter
 from proxy.testing.chat_validate import validate_chat_request
-from proxy.wire.openai import (
-    OPENAI,
+from proxy.wire.chat import (
+    CHAT,
     ChatCounter,
     choose_tool_name,
     identity_view,
@@ -58,7 +58,7 @@ def test_groups_pair_calls_with_tool_messages_and_pin_system() -> None:
         {"role": "developer", "content": "be brief"},
         {"role": "user", "content": "next"},
     ]
-    shapes = [OPENAI.message_shape(m, COUNTER.count_message(m)) for m in messages]
+    shapes = [CHAT.message_shape(m, COUNTER.count_message(m)) for m in messages]
     got = [(g.kind.value, g.members) for g in group_history(shapes)]
     assert got == [
         ("pinned", (0,)),
@@ -75,16 +75,16 @@ def test_stubs_summaries_and_notes_are_valid_chat_messages() -> None:
     from proxy.core.offload import Stub
 
     tool = {"role": "tool", "tool_call_id": "a", "content": "x" * 5000, "name": "Bash"}
-    stubbed = OPENAI.stubbed_message(tool, [Stub(0, 0, "r_" + "0" * 16, 100)], "read_result", 800)
+    stubbed = CHAT.stubbed_message(tool, [Stub(0, 0, "r_" + "0" * 16, 100)], "read_result", 800)
     assert stubbed["tool_call_id"] == "a" and stubbed["name"] == "Bash"
     assert 'read_result(ref="r_0000000000000000", start=100' in stubbed["content"]
     parts = {**tool, "content": [{"type": "text", "text": "y" * 5000}]}
-    stubbed = OPENAI.stubbed_message(parts, [Stub(0, 0, "r_" + "1" * 16, 100)], "read_result", 800)
+    stubbed = CHAT.stubbed_message(parts, [Stub(0, 0, "r_" + "1" * 16, 100)], "read_result", 800)
     assert stubbed["content"][0]["type"] == "text" and len(stubbed["content"]) == 1
-    assert OPENAI.summary_message("notes", 4)["role"] == "user"
-    assert isinstance(OPENAI.note_message("dropped")["content"], str)
-    assert OPENAI.tool_results({"role": "user", "content": "x"}) == []
-    assert OPENAI.tool_results(tool)[0][0] == 0
+    assert CHAT.summary_message("notes", 4)["role"] == "user"
+    assert isinstance(CHAT.note_message("dropped")["content"], str)
+    assert CHAT.tool_results({"role": "user", "content": "x"}) == []
+    assert CHAT.tool_results(tool)[0][0] == 0
 
 
 def test_read_result_tool_and_names() -> None:
@@ -160,7 +160,7 @@ def conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
 @given(conversations(), st.integers(50, 3000))
 def test_packing_keeps_every_call_answered(messages: list[dict[str, Any]], budget: int) -> None:
     assert pairing_error(messages) is None
-    shapes = [OPENAI.message_shape(m, COUNTER.count_message(m)) for m in messages]
+    shapes = [CHAT.message_shape(m, COUNTER.count_message(m)) for m in messages]
     groups = group_history(shapes)
     assert all(g.kind is not GroupKind.MALFORMED for g in groups)
     result = pack_context(pack_messages(groups, shapes), budget, 20)

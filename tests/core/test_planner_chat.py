@@ -8,20 +8,12 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.core.checkpoint import message_digest
+from proxy.core.checkpoint import Checkpoint, message_digest
+from proxy.core.planner import FoldPlan, PlanInput, Refuse, Rewrite, Untouched, fold, plan
 from proxy.core.policy import Policy
-from proxy.core.rewrite import (
-    NeedSummary,
-    PlanInput,
-    Refuse,
-    Rewrite,
-    Untouched,
-    finish_with_summary,
-    plan_request,
-)
 from proxy.core.tokens import TokenCounter
 from proxy.testing.chat_validate import validate_chat_request
-from proxy.wire.openai import OPENAI, ChatCounter, read_result_tool
+from proxy.wire.chat import CHAT, ChatCounter, read_result_tool
 
 COUNTER = ChatCounter(TokenCounter())
 TOOL_TOKENS = COUNTER.count_tools([read_result_tool("read_result")])
@@ -66,10 +58,11 @@ def conversation(turns: int, result_words: int = 400) -> list[dict[str, Any]]:
     return messages
 
 
-def plan(messages: list[dict[str, Any]], checkpoint: dict[str, Any] | None = None, **kw: Any):
+def planned(messages: list[dict[str, Any]], checkpoint: Checkpoint | None = None, **kw: Any):
     inp = PlanInput(
         messages=messages,
         digests=[message_digest(m) for m in messages],
+        counts=[COUNTER.count_message(m) for m in messages],
         checkpoint=checkpoint,
         policy=kw.pop("policy", policy()),
         counter=COUNTER,
@@ -77,9 +70,9 @@ def plan(messages: list[dict[str, Any]], checkpoint: dict[str, Any] | None = Non
         tool_tokens=TOOL_TOKENS,
         tool=kw.pop("tool", "read_result"),
         store_ok=kw.pop("store_ok", True),
-        dialect=OPENAI,
+        dialect=CHAT,
     )
-    return plan_request(inp)
+    return plan(inp)
 
 
 def invalid(messages: list[dict[str, Any]]) -> str | None:
@@ -89,7 +82,7 @@ def invalid(messages: list[dict[str, Any]]) -> str | None:
 
 def test_crossing_stubs_tool_messages_and_the_checkpoint_holds() -> None:
     messages = conversation(12)
-    out = plan(messages, policy=policy(target=5_000))
+    out = planned(messages, policy=policy(target=5_000))
     assert isinstance(out, Rewrite) and out.strategy == "offload"
     assert len(out.blobs) == 11
     stub = out.messages[3]
@@ -102,17 +95,17 @@ def test_crossing_stubs_tool_messages_and_the_checkpoint_holds() -> None:
         {"role": "assistant", "content": None, "tool_calls": [call("cx")]},
         {"role": "tool", "tool_call_id": "cx", "content": words(300, "new")},
     ]
-    again = plan(grown, out.checkpoint, policy=policy(target=5_000))
+    again = planned(grown, out.checkpoint, policy=policy(target=5_000))
     assert isinstance(again, Rewrite) and again.strategy == "checkpoint"
     assert orjson.dumps(again.messages[: len(out.messages)]) == orjson.dumps(out.messages)
 
 
 def test_folding_writes_a_user_summary_after_the_system_prompt() -> None:
     messages = conversation(30, result_words=150)
-    out = plan(messages, policy=policy(offload_threshold=100_000))
-    assert isinstance(out, NeedSummary)
+    out = planned(messages, policy=policy(offload_threshold=100_000))
+    assert isinstance(out, FoldPlan)
     assert "[tool call Read id=c0]" in out.transcript and "## tool" in out.transcript
-    done = finish_with_summary(out, "notes about src/app.py", reused=False)
+    done = fold(out, "notes about src/app.py", reused=False)
     assert isinstance(done, Rewrite) and done.strategy == "summary"
     assert done.messages[0] == messages[0], "the system prompt stays first"
     summary = next(m for m in done.messages if "notes about src/app.py" in str(m["content"]))
@@ -158,11 +151,9 @@ def test_every_chat_rewrite_is_valid_fits_and_is_deterministic(
     limits = policy()
 
     def run() -> Untouched | Rewrite | Refuse:
-        out = plan(messages, store_ok=store_ok)
-        if isinstance(out, NeedSummary):
-            return finish_with_summary(
-                out, "notes: " + out.key if summarise else None, reused=False
-            )
+        out = planned(messages, store_ok=store_ok)
+        if isinstance(out, FoldPlan):
+            return fold(out, "notes: " + out.key if summarise else None, reused=False)
         return out
 
     out = run()
