@@ -31,6 +31,7 @@ from aiohttp import web
 
 from proxy.core.tokens import TokenCounter, default_counter
 from proxy.testing.cache import PromptCache, Unit, prompt_units
+from proxy.testing.scenario import SUMMARY, Scenario, scenario_answer
 from proxy.testing.script import (
     STATUS_FAULTS,
     Answer,
@@ -75,6 +76,9 @@ class StandInOptions:
     # The real tokenizer is not ours: input counts (window check, usage, count_tokens) are
     # the project counter's times this, so the proxy's calibration has something to learn.
     token_scale: float = 1.0
+    # Script requests by their content, for agents that cannot send `x-stand-in` (a
+    # request carrying that header still follows it). See scenario.py.
+    scenario: Scenario | None = None
 
     def window_for(self, model: str) -> int:
         """The exact model's window, else the longest matching glob's, else 200,000."""
@@ -94,6 +98,13 @@ class RecordedRequest:
     # or "error"
     outcome: str = "open"
     ended_at: float | None = None  # time.monotonic() when the stand-in was done with it
+    status: int | None = None  # the response's status, once sent
+    # Messages requests: what the scenario took it for (scenario.py's kinds; "summary" for
+    # the proxy's summariser), the answer's blocks and the usage it reported.
+    kind: str = ""
+    content: list[dict[str, Any]] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)
+    error: str = ""  # why a Messages request was refused (the 400's message)
 
 
 RECORDED: web.AppKey[list[RecordedRequest]] = web.AppKey("standin_recorded", list)
@@ -152,6 +163,7 @@ async def _api_shell(request: web.Request, handler: Any) -> web.StreamResponse:
             response = api_error(405, "invalid_request_error", "Method Not Allowed", rid)
         if record.outcome == "open":
             record.outcome = "complete"
+        record.status = response.status
         return response
     except (asyncio.CancelledError, ConnectionResetError):  # the client went away
         record.outcome = "cancelled"
@@ -284,9 +296,12 @@ class _Analysis:
     units: tuple[Unit, ...] = ()
     head: dict[str, Any] = field(default_factory=dict)
     answer: Answer | None = None
+    kind: str = ""
 
 
-def _analyse(raw: bytes, script: Script, purpose: str, app: web.Application) -> _Analysis:
+def _analyse(
+    raw: bytes, script: Script, purpose: str, scripted: bool, app: web.Application
+) -> _Analysis:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -300,12 +315,21 @@ def _analyse(raw: bytes, script: Script, purpose: str, app: web.Application) -> 
     if message:
         return _Analysis(message)
     digest = request_digest(body, ("stream",))
-    summary = summarise(body, counter) if purpose == SUMMARY_PURPOSE else None
-    answer = plan_answer(body, script, counter, digest[24:], text_override=summary)
+    scenario = app[OPTIONS].scenario
+    kind = ""
+    if purpose == SUMMARY_PURPOSE:
+        kind = SUMMARY
+        answer = plan_answer(
+            body, script, counter, digest[24:], text_override=summarise(body, counter)
+        )
+    elif scenario is not None and not scripted:
+        kind, answer = scenario_answer(scenario, body, counter, digest[24:])
+    else:
+        answer = plan_answer(body, script, counter, digest[24:])
     head = {"id": f"msg_{digest[:24]}", "type": "message", "role": "assistant"}
     head["model"] = body["model"]
     units = tuple(prompt_units(body, counter))
-    return _Analysis(None, bool(body.get("stream")), total, units, head, answer)
+    return _Analysis(None, bool(body.get("stream")), total, units, head, answer, kind)
 
 
 def _analysis(request: web.Request, raw: bytes, script: Script) -> _Analysis:
@@ -316,7 +340,7 @@ def _analysis(request: web.Request, raw: bytes, script: Script) -> _Analysis:
     memo = request.app[ANALYSES]
     found = memo.pop(key, None)
     if found is None:
-        found = _analyse(raw, script, purpose, request.app)
+        found = _analyse(raw, script, purpose, bool(header), request.app)
     memo[key] = found  # most recent last
     while len(memo) > ANALYSIS_MEMO_SIZE:
         del memo[next(iter(memo))]
@@ -341,6 +365,7 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
 
     analysis = _analysis(request, await request.read(), script)
     if analysis.error is not None or analysis.answer is None:
+        request[RECORD].error = analysis.error or ""
         return _invalid(request, analysis.error or "")
     fault = _take_fault(app, script, answer_faults(analysis.streaming))
     tenant = _tenant(request)
@@ -348,6 +373,9 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
     if app[OPTIONS].token_scale != 1.0:
         for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"):
             usage[key] = _scaled(usage[key], app[OPTIONS])
+    record = request[RECORD]
+    record.kind, record.content = analysis.kind, analysis.answer.content
+    record.usage = _final_usage(usage, analysis.answer)
     if analysis.streaming:
         events = _events(analysis.head, usage, analysis.answer, script)
         return await send_stream(request, events, script, fault, STREAM_ERROR_EVENT)

@@ -69,9 +69,6 @@ def _imports(path: Path) -> set[str]:
     return {name.split(".")[0] for name in _modules(path)}
 
 
-
-
-
 @pytest.mark.parametrize("path", PURE, ids=[str(p.relative_to(ROOT)) for p in PURE])
 def test_pure_modules_import_no_io(path: Path) -> None:
     bad = _imports(path) & FORBIDDEN
@@ -100,7 +97,7 @@ def test_no_import_cycles() -> None:
 
     def visit(node: str, path: list[str]) -> None:
         if node in path:
-            cycle = path[path.index(node) :] + [node]
+            cycle = [*path[path.index(node) :], node]
             raise AssertionError("import cycle: " + " -> ".join(cycle))
         if node in done:
             return
