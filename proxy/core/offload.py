@@ -9,6 +9,7 @@ every request (the upstream prompt cache depends on it).
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,14 @@ def result_text(block: Mapping[str, Any]) -> str | None:
 
 def ref_for(text: str) -> str:
     return "r_" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+_REF = re.compile(r"\br_[0-9a-f]{16}\b")
+
+
+def refs_in(text: str) -> list[str]:
+    """The refs a text names (a summary may name those of results it folded)."""
+    return list(dict.fromkeys(_REF.findall(text)))
 
 
 def stub_text(text: str, ref: str, tool: str, head_chars: int, read_length: int) -> str:

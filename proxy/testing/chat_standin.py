@@ -247,7 +247,7 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
     summary = None
     if purpose == SUMMARY_PURPOSE:
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
-        summary = summarise({**body, "max_tokens": limit}, app[COUNTER])
+        summary = summarise({**body, "max_tokens": limit}, app[COUNTER], options.summary_loss)
     answer = plan_chat_answer(body, script, app[COUNTER], digest[24:], text_override=summary)
     units = prompt_units(body, counter)
     cache = app[CACHE].account(_tenant(request), units, counter.count_request(body))
