@@ -185,7 +185,7 @@ def prompt_units(body: dict[str, Any], counter: ChatCounter) -> list[Unit]:
     for i, message in enumerate(body.get("messages") or []):
         running += counter.count_message(message)
         pieces.append((f"message\0{i}".encode(), message, running))
-    for n, (tag, value, cumulative) in enumerate(pieces):
+    for tag, value, cumulative in pieces:
         canonical = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
         digest = hashlib.sha256(digest + tag + b"\0" + canonical).digest()
         units.append(Unit(digest, cumulative, "5m", True))
