@@ -50,6 +50,16 @@ class Policy:
     def offload_tokens(self) -> int:
         return self.offload_trigger or min(int(self.window * 0.15), self.trigger_tokens)
 
+    @property
+    def prepare_tokens(self) -> int:
+        """From here on, the next fold's summary is made ahead, in the background."""
+        return prepare_at(self.trigger_tokens, self.target_tokens)
+
+    @property
+    def quiet_tokens(self) -> int:
+        """Up to here there is nothing to plan: no offload, no summary made ahead."""
+        return min(self.offload_tokens, self.prepare_tokens)
+
     def validate(self) -> Policy:
         where = f"policy {self.match!r}"
         positive = ("window", "note_cost", "offload_threshold", "stub_head_chars", "read_length")
@@ -75,6 +85,12 @@ class Policy:
                 f" ({self.trigger_tokens})"
             )
         return self
+
+
+def prepare_at(trigger: int, target: int) -> int:
+    """Four fifths of the way from the target to the trigger: a summary made from here
+    has the turns until the trigger to be ready."""
+    return target + (trigger - target) * 4 // 5
 
 
 FIELD_TYPES = {f.name: f.type for f in fields(Policy)}

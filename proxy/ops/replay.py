@@ -27,7 +27,7 @@ from proxy.core.tokens import TokenCounter
 from proxy.core.wire_format import WireFormat
 from proxy.ops.formats import format_for
 from proxy.ops.progress import Progress
-from proxy.ops.simulate import Simulator, Step
+from proxy.ops.simulate import Simulator, Step, Summarise
 from proxy.testing.cache import CacheUsage, PromptCache, Unit, prompt_units
 from proxy.testing.chat_standin import prompt_units as chat_prompt_units
 from proxy.wire import ANTHROPIC, CHAT
@@ -145,11 +145,21 @@ def _pricing(fmt: WireFormat, counter: TokenCounter) -> _Pricing:
     return _Pricing(False, counter.count_request, lambda b: prompt_units(b, counter))
 
 
-def _summariser_cost(step: Step) -> float:
-    s = step.summary
-    if s is None or s.reused:
-        return 0.0
-    return s.input_tokens * PRICES["input"] + s.slot * PRICES["output"]
+def _summariser_cost(
+    calls: Sequence[Summarise | None], cache: PromptCache, pricing: _Pricing
+) -> float:
+    """What the summariser calls cost, priced through the proxy's cache: a summary made
+    in place shares the conversation's cached prefix, as it does upstream."""
+    total = 0.0
+    for s in calls:
+        if s is None or s.reused:
+            continue
+        if s.request is None:
+            total += s.input_tokens * PRICES["input"] + s.slot * PRICES["output"]
+            continue
+        usage = cache.account("replay", pricing.units(s.request), s.input_tokens)
+        total += price(usage, s.slot)
+    return total
 
 
 def replay(
@@ -180,7 +190,10 @@ def replay(
         direct = direct_cache.account("replay", pricing.units(body), direct_total)
         sent = step.body
         proxy_total = direct_total if sent is body else pricing.count(sent)
+        # The fold's summary is asked before the request goes out; one made ahead, after.
+        extra = _summariser_cost([step.summary], proxy_cache, pricing)
         proxied = proxy_cache.account("replay", pricing.units(sent), proxy_total)
+        extra += _summariser_cost([step.made_ahead], proxy_cache, pricing)
         output = _output_of(body, following, counter, pricing.chat)
         if output >= 0:
             outputs.append(output)
@@ -190,7 +203,6 @@ def replay(
     mean_output = round(sum(outputs) / len(outputs)) if outputs else 0
     for n, direct_total, proxy_total, direct, proxied, step, output in pending:
         output = output if output >= 0 else mean_output
-        extra = _summariser_cost(step)
         result.turns.append(
             Turn(
                 n=n + 1,
@@ -203,7 +215,9 @@ def replay(
                 proxy_cost=price(proxied, output) + extra,
                 summariser_cost=extra,
                 strategy=step.strategy,
-                summary_made=step.summary is not None and not step.summary.reused,
+                summary_made=any(
+                    s is not None and not s.reused for s in (step.summary, step.made_ahead)
+                ),
                 window=step.policy.window,
             )
         )

@@ -103,6 +103,7 @@ def create_app(settings: Settings) -> web.Application:
     app[REQUEST_LOG] = RequestLog(settings.server.log_format)
     app[STORE] = StoreState()
     app[COMPACTOR] = Compactor(settings.policies)
+    app[COMPACTOR].on_background_summary = app[METRICS].summariser_call
     # Started in this order, stopped in the reverse: nothing outlives what it uses.
     app.cleanup_ctx.append(_upstream_lifetime)
     app.cleanup_ctx.append(openai_upstream_lifetime)

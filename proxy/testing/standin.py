@@ -70,6 +70,7 @@ from proxy.testing.standin_http import (
     script_for,
     send_json,
     send_stream,
+    summariser_pace,
 )
 from proxy.testing.summary import summarise
 from proxy.testing.validate import (
@@ -232,6 +233,8 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
         request[RECORD].error = analysis.error or ""
         return _invalid(request, analysis.error or "")
     fault = _take_fault(app, script, answer_faults(analysis.streaming))
+    if analysis.kind == SUMMARY:
+        await summariser_pace(app[OPTIONS])
     tenant = _tenant(request)
     usage = app[CACHE].account(tenant, list(analysis.units), analysis.total).as_usage()
     if app[OPTIONS].token_scale != 1.0:

@@ -121,7 +121,7 @@ async def test_plan_predicts_what_the_proxy_does(
     proxy = await make_compacting_proxy(standin.url)
     client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-plan", max_retries=0)
     for turns, chars, chat, strategy in [(12, 4_000, 10, "offload"),
-                                         (12, 4_000, 100, "offload+summary")]:  # fmt: skip
+                                         (20, 4_000, 200, "offload+summary")]:  # fmt: skip
         body = {"model": "claude-test-1", "max_tokens": 32,
                 "messages": long_history(turns, chars, chat)}  # fmt: skip
         file = write_json(tmp_path / f"{strategy}.json", body)
@@ -142,7 +142,7 @@ async def test_plan_predicts_what_the_proxy_does(
             assert len(offloaded) == int(raw.headers["x-compaction-offloaded"])
         else:
             # The summariser's cap: the slot (1,500) less a fifth for the identifiers line.
-            assert "would summarise 21 messages into at most 1,200 tokens" in out
+            assert "would summarise 37 messages into at most 1,200 tokens" in out
             assert "if the summariser failed: offload+pack: drop the oldest" in out
 
 
