@@ -76,7 +76,7 @@ def test_policies_are_kept_and_checked(tmp_path: Path) -> None:
         ("[server]\nprot = 1\n", {}, {}, "server.prot: unknown setting"),
         ("[serve]\nport = 1\n", {}, {}, "serve: unknown section"),
         ("policy = 3\n", {}, {}, "policy: must be [[policy]] tables"),
-        ('[[policy]]\nmodel = "x"\n', {}, {}, "policy #1: unknown setting"),
+        ('[[policy]]\nmodel = "x"\n', {}, {}, "policy #1: unknown field"),
         ("[[policy]]\ntrigger = 9\ntarget = 10\n", {}, {}, "must be below trigger"),
         ('[server]\nport = "80"\n', {}, {}, "server.port: expected int"),
         ("[server]\nport = true\n", {}, {}, "server.port: expected int"),
