@@ -2,26 +2,29 @@
 teams and budgets in the Redis the proxies share.
 
 The Redis is the one `serve` would use (same settings: --config, environment,
---redis-url); with no Redis URL, the embedded Redis of the state directory, which must be
-running (a `serve` on this machine). `--json` prints machine-readable output.
+--redis-url); with no Redis URL, the embedded Redis of the state directory: the one a
+`serve` on this machine runs, else started for the command and stopped after it (a
+`serve` starting meanwhile waits for it). `--json` prints machine-readable output.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from proxy.config import ConfigError, load_settings
+from proxy.config import ConfigError, Settings, load_settings
+from proxy.console import fail, warn
 from proxy.core import proxy_keys
 from proxy.core.budget import METRICS, PERIODS, POLICY_FIELDS, limit_field, limits_of
-from proxy.store import EmbeddedRedis, Store, StoreUnavailable
+from proxy.server.logs import redacted_url as redacted
+from proxy.store import EmbeddedRedis, EmbeddedRedisError, Store, StoreUnavailable
 from proxy.store.accounts import Accounts, Scope
+from proxy.store.probe import addressing_problem
 
 
 def add_commands(commands: Any) -> None:
@@ -70,10 +73,32 @@ def add_commands(commands: Any) -> None:
                 )
 
 
-def _store(args: argparse.Namespace) -> Store:
-    settings = load_settings(args.config, overrides={"store.redis_url": args.redis_url})
-    url = settings.store.redis_url or EmbeddedRedis(settings.resolved_state_dir() / "redis").url
-    return Store.from_url(url, prefix=settings.store.key_prefix, op_timeout=5.0)
+class StoreSetupError(Exception):
+    """The store cannot be used as set up; the message names the setting."""
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(
+        args.config,
+        overrides={"store.redis_url": args.redis_url},
+        flags={"store.redis_url": "--redis-url"},
+        warn=warn,
+    )
+
+
+def _embedded(settings: Settings, command: str) -> tuple[str, EmbeddedRedis | None]:
+    """With no Redis URL: the embedded Redis of the state dir, a serve's if one runs it,
+    else started for this command (returned, to be stopped when the command ends)."""
+    embedded = EmbeddedRedis(settings.resolved_state_dir() / "redis", role=command)
+    try:
+        started = embedded.start_or_attach_sync()
+    except EmbeddedRedisError as e:
+        source = settings.source_of("store.state_dir")
+        raise StoreSetupError(
+            f"store.state_dir {settings.resolved_state_dir()} ({source}): the embedded Redis"
+            f" did not start: {e}"
+        ) from None
+    return embedded.url, embedded if started else None
 
 
 def _print(args: argparse.Namespace, value: Any, human: str) -> None:
@@ -119,10 +144,14 @@ def _check_policy(conf: dict[str, str]) -> None:
         raise ValueError(f"target ({target}) must be below trigger ({trigger})")
 
 
-async def _run(args: argparse.Namespace) -> int:
-    store = _store(args)
+async def _run(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    store = Store.from_url(url, prefix=settings.store.key_prefix, op_timeout=5.0)
     accounts = Accounts(store)
     try:
+        problem = await addressing_problem(store, url)
+        if problem:
+            source = settings.source_of("store.redis_url")
+            raise StoreSetupError(f"store.redis_url {redacted(url)} ({source}): {problem}")
         if args.command == "keys":
             return await _keys(args, accounts)
         return await _budgets(args, accounts)
@@ -159,8 +188,7 @@ async def _keys(args: argparse.Namespace, accounts: Accounts) -> int:
         _print(args, records, "\n".join(lines) or "no keys")
         return 0
     if not await accounts.revoke_key(args.key_id):
-        print(f"compaction-proxy: no key {args.key_id}", file=sys.stderr)
-        return 1
+        return fail(f"no key {args.key_id}", status=1)
     _print(args, {"revoked": args.key_id}, f"revoked {args.key_id}")
     return 0
 
@@ -168,8 +196,7 @@ async def _keys(args: argparse.Namespace, accounts: Accounts) -> int:
 async def _budgets(args: argparse.Namespace, accounts: Accounts) -> int:
     scope = _scope(args)
     if args.key and await accounts.get_key(args.key) is None:
-        print(f"compaction-proxy: no key {args.key}", file=sys.stderr)
-        return 1
+        return fail(f"no key {args.key}", status=1)
     if args.action == "set":
         changes = _conf_changes(args)
         current = await accounts.get_conf(scope)
@@ -203,14 +230,19 @@ async def _budgets(args: argparse.Namespace, accounts: Accounts) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    embedded = None
     try:
-        return asyncio.run(_run(args))
+        settings = _settings(args)
+        url = settings.store.redis_url
+        if not url:
+            url, embedded = _embedded(settings, args.command)
+        return asyncio.run(_run(args, settings, url))
     except ConfigError as e:
-        print(f"compaction-proxy: bad setting: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:
-        print(f"compaction-proxy: {e}", file=sys.stderr)
-        return 2
+        return fail(f"bad setting: {e}")
+    except (StoreSetupError, ValueError) as e:
+        return fail(str(e))
     except StoreUnavailable as e:
-        print(f"compaction-proxy: Redis unreachable: {e}", file=sys.stderr)
-        return 1
+        return fail(f"Redis unreachable: {e}", status=1)
+    finally:
+        if embedded is not None:
+            embedded.stop_sync()

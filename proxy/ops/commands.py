@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from proxy.config import ConfigError, Settings, load_settings
+from proxy.console import fail, warn
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies
 from proxy.core.tokens import default_counter
 from proxy.ops.formats import FORMAT_CHOICES, format_for, format_mismatch
@@ -72,15 +72,11 @@ def add_commands(commands: Any) -> None:
 
 
 def _settings(config: Path | None) -> Settings:
-    return load_settings(config, warn=_warn)
+    return load_settings(config, warn=warn)
 
 
 def _policies(settings: Settings) -> list[Policy]:
     return [*parse_policies(settings.policies), *DEFAULT_POLICIES]
-
-
-def _warn(message: str) -> None:
-    print(f"compaction-proxy: warning: {message}", file=sys.stderr)
 
 
 def _guarded(run: Any) -> Any:
@@ -88,10 +84,9 @@ def _guarded(run: Any) -> Any:
         try:
             return int(run(args))
         except ConfigError as e:
-            print(f"compaction-proxy: bad setting: {e}", file=sys.stderr)
+            return fail(f"bad setting: {e}")
         except RequestFileError as e:
-            print(f"compaction-proxy: {e}", file=sys.stderr)
-        return 2
+            return fail(str(e))
 
     return wrapped
 
@@ -102,7 +97,7 @@ def _warn_on_mismatch(name: str, bodies: Iterator[dict[str, Any]]) -> Iterator[d
     for n, body in enumerate(bodies):
         mismatch = format_mismatch(name, body) if n == 0 else None
         if mismatch:
-            _warn(f"first request: {mismatch}")
+            warn(f"first request: {mismatch}")
         yield body
 
 
@@ -123,7 +118,7 @@ def run_plan(args: argparse.Namespace) -> int:
     body = load_request(args.file)
     mismatch = format_mismatch(args.format, body)
     if mismatch:
-        _warn(mismatch)
+        warn(mismatch)
     fmt = format_for(args.format, body)
     print(f"format: {FORMAT_LABELS[fmt.name]}")
     print(plan_text(body, default_counter(), policies, fmt))
