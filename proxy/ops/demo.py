@@ -45,6 +45,7 @@ DEMO_POLICY: dict[str, Any] = {
 RESULT_CHARS = 3_000  # each tool result: a build log of about 1,200 tokens
 MODELS = {"messages": "claude-sonnet-4-6", "chat": "gpt-5-mini"}
 API_PATHS = ("/v1/messages", "/v1/chat/completions")
+PACE = 0.15  # seconds between turns on a terminal: the stand-in answers in milliseconds
 
 
 def add_command(commands: Any) -> None:
@@ -64,6 +65,11 @@ def add_command(commands: Any) -> None:
     )
     demo.add_argument(
         "--out", type=Path, default=Path("demo-report.html"), help="the report (HTML)"
+    )
+    demo.add_argument(
+        "--pace",
+        type=float,
+        help=f"seconds to pause after each turn (default {PACE} on a terminal, else 0)",
     )
     demo.set_defaults(ops_run=run_demo)
 
@@ -134,6 +140,7 @@ async def _drive(
     turns: int,
     observed: Observed,
     on_turn: Callable[[dict[str, str], dict[str, int]], None],
+    pace: float,
 ) -> None:
     import anthropic
     import openai
@@ -152,12 +159,16 @@ async def _drive(
 
         async def on_chat_turn(_: int, turn: Any) -> None:
             on_turn(turn.headers, _chat_usage(turn.completion))
+            await asyncio.sleep(pace)
 
         async with chat:
             await run_openai_agent(
-                chat, turns=turns, result_chars=RESULT_CHARS, model=MODELS[api],
+                chat,
+                turns=turns,
+                result_chars=RESULT_CHARS,
+                model=MODELS[api],
                 on_turn=on_chat_turn,
-            )  # fmt: skip
+            )
         return
     client = anthropic.AsyncAnthropic(
         base_url=proxy_url,
@@ -168,17 +179,21 @@ async def _drive(
 
     async def on_message_turn(_: int, turn: Any) -> None:
         on_turn(turn.headers, _anthropic_usage(turn.message))
+        await asyncio.sleep(pace)
 
     async with client:
         await run_agent(
-            client, turns=turns, result_chars=RESULT_CHARS, model=MODELS[api],
+            client,
+            turns=turns,
+            result_chars=RESULT_CHARS,
+            model=MODELS[api],
             on_turn=on_message_turn,
-        )  # fmt: skip
+        )
 
 
-async def demo(api: str, turns: int, out: Path, stream: TextIO) -> Observed:
+async def demo(api: str, turns: int, out: Path, stream: TextIO, pace: float = 0.0) -> Observed:
     from proxy.server.app import start
-    from proxy.store import EmbeddedRedis
+    from proxy.server.state import STORE
     from proxy.testing.standin import StandInOptions
     from proxy.testing.standin import start as start_standin
 
@@ -204,9 +219,9 @@ async def demo(api: str, turns: int, out: Path, stream: TextIO) -> Observed:
         try:
             p = DEMO_POLICY
             say(f"stand-in upstream (Messages and Chat Completions, any key): {standin_url}")
-            say(
-                f"proxy: {proxy.url}, store: embedded Redis in {EmbeddedRedis(state_dir).state_dir}"
-            )
+            store = proxy.app[STORE]
+            where = f"embedded Redis in {store.embedded.state_dir}" if store.embedded else "none"
+            say(f"proxy: {proxy.url}, store: {where}")
             say(
                 f"demo policy: window {window:,}, trigger {p['trigger']:,}, target"
                 f" {p['target']:,} history tokens; tool results over"
@@ -229,7 +244,7 @@ async def demo(api: str, turns: int, out: Path, stream: TextIO) -> Observed:
                 progress.advance(observed.strategies[-1])
 
             try:
-                await _drive(api, proxy.url, turns, observed, on_turn)
+                await _drive(api, proxy.url, turns, observed, on_turn, pace)
             finally:
                 progress.close()
         finally:
@@ -266,5 +281,6 @@ def run_demo(args: argparse.Namespace) -> int:
         return fail(f"demo --turns must be 1 or more, got {args.turns}")
     if args.log_level == "INFO":  # the proxy's request lines would bury the turn lines
         logging.getLogger().setLevel(logging.WARNING)
-    asyncio.run(demo(args.api, args.turns, args.out, sys.stdout))
+    pace = args.pace if args.pace is not None else (PACE if sys.stdout.isatty() else 0.0)
+    asyncio.run(demo(args.api, args.turns, args.out, sys.stdout, max(pace, 0.0)))
     return 0

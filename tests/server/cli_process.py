@@ -3,14 +3,55 @@ HOME and state directory, none of the test's COMPACTION_PROXY_* or REDIS_URL var
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+# `python -c HIDE_EXTRAS MODULES ARGS...`: the CLI with the listed top-level modules (the
+# optional extras' packages) made unimportable, as after `pip install .` with no extras.
+HIDE_EXTRAS = """
+import importlib.abc, runpy, sys
+hidden = set(sys.argv.pop(1).split(","))
+class Hidden(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in hidden:
+            raise ModuleNotFoundError(f"No module named {name!r} (an extra's: hidden)", name=name)
+sys.meta_path.insert(0, Hidden())
+runpy.run_module("proxy", run_name="__main__", alter_sys=True)
+"""
+
+
+def extras_modules() -> list[str]:
+    """Top-level modules of the packages only the optional extras install."""
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    project = tomllib.loads(pyproject.read_text())["project"]
+
+    def name(requirement: str) -> str:
+        return re.split(r"[<>=!~;\[ ]", requirement)[0].lower().replace("_", "-")
+
+    base = {name(r) for r in project["dependencies"]}
+    extras = {name(r) for rs in project["optional-dependencies"].values() for r in rs}
+    extras -= base | {name(project["name"])}
+    modules = set()
+    for module, dists in importlib.metadata.packages_distributions().items():
+        owners = {name(d) for d in dists}
+        if owners & extras and not owners & base:
+            modules.add(module)
+    return sorted(modules)
+
+
+def command(args: list[str], hide_extras: bool = False) -> list[str]:
+    if hide_extras:
+        return [sys.executable, "-c", HIDE_EXTRAS, ",".join(extras_modules()), *args]
+    return [sys.executable, "-m", "proxy", *args]
 
 
 def cli_env(home: Path, **extra: str) -> dict[str, str]:
@@ -24,10 +65,14 @@ def cli_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def run_cli(
-    args: list[str], env: dict[str, str], cwd: Path | None = None, timeout: float = 100
+    args: list[str],
+    env: dict[str, str],
+    cwd: Path | None = None,
+    timeout: float = 100,
+    hide_extras: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "proxy", *args],
+        command(args, hide_extras),
         env=env,
         cwd=cwd or env["HOME"],  # not the checkout: its config/proxy.toml would be read
         capture_output=True,
@@ -39,11 +84,11 @@ def run_cli(
 
 @contextmanager
 def cli_process(
-    args: list[str], env: dict[str, str], cwd: Path | None = None
+    args: list[str], env: dict[str, str], cwd: Path | None = None, hide_extras: bool = False
 ) -> Iterator[subprocess.Popen[str]]:
     """The command running, its stderr a pipe; SIGTERM then kill when the block ends."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "proxy", *args],
+        command(args, hide_extras),
         env=env,
         cwd=cwd or env["HOME"],
         stdout=subprocess.PIPE,
