@@ -8,7 +8,6 @@ and where its value came from, and exit status 2; never a traceback.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import errno
 import logging
 from pathlib import Path
@@ -87,10 +86,10 @@ def _parser() -> argparse.ArgumentParser:
 
     standin = commands.add_parser(
         "stand-in",
-        help="run the local stand-in of the Messages and Chat Completions APIs (no API key)",
-        description="A strict local imitation of the Anthropic Messages API and the OpenAI"
-        " Chat Completions API on one port: point both --upstream and --openai-upstream"
-        " of `serve` at it. Any key is accepted.",
+        help="run the local stand-in of the Messages and OpenAI APIs (no API key needed)",
+        description="A strict local imitation of the Anthropic Messages API and OpenAI's"
+        " Chat Completions and Responses APIs on one port: point both --upstream and"
+        " --openai-upstream of `serve` at it. Any key is accepted.",
     )
     standin.add_argument("--host", default="127.0.0.1")
     standin.add_argument("--port", type=int, default=STANDIN_DEFAULT_PORT, help="0 = any free port")
@@ -108,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from proxy.server.app import StartupError, serve
+    from proxy.server.app import StartupError, run
     from proxy.server.logs import configure as configure_logging
 
     try:
@@ -128,7 +127,7 @@ def _serve(args: argparse.Namespace) -> int:
         return fail(f"bad setting: {e}")
     configure_logging(settings.server.log_format, args.log_level)
     try:
-        asyncio.run(serve(settings))
+        run(settings)
     except StartupError as e:
         return fail(str(e))
     return 0

@@ -28,11 +28,30 @@ def _name(requirement: str) -> str:
     return re.split(r"[<>=!~;\[ ]", requirement)[0].lower().replace("_", "-")
 
 
+def _guarded(tree: ast.AST) -> set[ast.AST]:
+    """Import nodes inside a `try` that handles ImportError: optional by design (the
+    code goes on without the module), so not required of `pip install .`."""
+    guarded: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(
+            isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError")
+            for h in node.handlers
+        ):
+            for statement in node.body:
+                guarded.update(ast.walk(statement))
+    return guarded
+
+
 def third_party_imports() -> dict[str, set[str]]:
-    """Top-level module -> the files of proxy/ that import it (absolute imports only)."""
+    """Top-level module -> the files of proxy/ that import it (absolute imports only, not
+    the optional ones)."""
     found: dict[str, set[str]] = {}
     for path in (ROOT / "proxy").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        optional = _guarded(tree)
+        for node in ast.walk(tree):
+            if node in optional:
+                continue
             names = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]

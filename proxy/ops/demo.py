@@ -218,7 +218,7 @@ async def demo(api: str, turns: int, out: Path, stream: TextIO, pace: float = 0.
             raise
         try:
             p = DEMO_POLICY
-            say(f"stand-in upstream (Messages and Chat Completions, any key): {standin_url}")
+            say(f"stand-in upstream (Messages and OpenAI APIs, any key): {standin_url}")
             store = proxy.app[STORE]
             where = f"embedded Redis in {store.embedded.state_dir}" if store.embedded else "none"
             say(f"proxy: {proxy.url}, store: {where}")

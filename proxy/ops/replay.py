@@ -30,13 +30,14 @@ from typing import Any
 from proxy.core.policy import Policy
 from proxy.core.pricing import CACHE_MODEL, PER_MILLION, PriceTable, Rates
 from proxy.core.tokens import TokenCounter
+from proxy.core.wire_format import WireFormat
 from proxy.ops.formats import format_for
 from proxy.ops.progress import Progress
 from proxy.ops.simulate import Simulator, Step
 from proxy.testing.cache import CacheUsage, PromptCache, Unit, prompt_units
 from proxy.testing.chat_standin import prompt_units as chat_prompt_units
-from proxy.wire.formats import ANTHROPIC_FORMAT, CHAT_FORMAT, Format
-from proxy.wire.openai import ChatCounter
+from proxy.wire import ANTHROPIC, CHAT
+from proxy.wire.chat import ChatCounter
 
 SECONDS_PER_TURN = 10.0  # well inside the cache's 5-minute lifetime, as an agent runs
 
@@ -148,8 +149,8 @@ class _Pricing:
     units: Callable[[dict[str, Any]], list[Unit]]
 
 
-def _pricing(fmt: Format, counter: TokenCounter) -> _Pricing:
-    if fmt.name == CHAT_FORMAT.name:
+def _pricing(fmt: WireFormat, counter: TokenCounter) -> _Pricing:
+    if fmt.name == CHAT.name:
         chat_counter = ChatCounter(counter)
         return _Pricing(
             True, chat_counter.count_request, lambda b: chat_prompt_units(b, chat_counter)
@@ -196,7 +197,7 @@ def replay(
     policies: Sequence[Policy],
     counter: TokenCounter,
     progress: Progress | None = None,
-    fmt: Format | None = None,
+    fmt: WireFormat | None = None,
     prices: PriceTable | None = None,
 ) -> Replay:
     """`fmt` None: the first request's (proxy/ops/formats.py). `prices`: the `[[price]]`
@@ -208,7 +209,7 @@ def replay(
     pending: list[_Pending] = []
     outputs: list[int] = []
     simulator: Simulator | None = None
-    pricing = _pricing(ANTHROPIC_FORMAT, counter)
+    pricing = _pricing(ANTHROPIC, counter)
     for n, (body, following) in enumerate(_with_next(bodies)):
         if simulator is None:
             fmt = fmt or format_for("auto", body)
