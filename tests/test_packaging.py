@@ -12,6 +12,7 @@ import ast
 import importlib.metadata
 import re
 import signal
+import subprocess
 import sys
 import tomllib
 import urllib.request
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import orjson
 
-from tests.server.cli_process import cli_env, cli_process, read_until, run_cli
+from tests.server.cli_process import HIDE, cli_env, cli_process, extras_modules, read_until, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,3 +108,24 @@ def test_every_command_runs_without_the_extras(tmp_path: Path, fixtures_dir: Pat
                 assert orjson.loads(ready.read())["ready"] is True
             serve.send_signal(signal.SIGTERM)
             assert serve.wait(timeout=30) == 0
+
+
+def test_every_module_imports_without_the_extras() -> None:
+    """All of proxy/, the modules no command test reaches included."""
+    code = HIDE + (
+        "import importlib, pkgutil, proxy\n"
+        "names = [m.name for m in pkgutil.walk_packages(proxy.__path__, 'proxy.')]\n"
+        "names = [n for n in names if n != 'proxy.__main__']  # that one runs the CLI\n"
+        "for name in names:\n"
+        "    importlib.import_module(name)\n"
+        "print('imported', len(names))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, ",".join(extras_modules())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) > 80

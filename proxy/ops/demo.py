@@ -29,7 +29,7 @@ from proxy.console import fail
 from proxy.core.policy import DEFAULT_POLICIES, parse_policies
 from proxy.core.tokens import default_counter
 from proxy.ops.progress import Progress
-from proxy.wire.formats import ANTHROPIC_FORMAT, CHAT_FORMAT
+from proxy.wire import ANTHROPIC, CHAT
 
 DEMO_POLICY: dict[str, Any] = {
     "match": "*",
@@ -267,7 +267,7 @@ def _report(api: str, observed: Observed, out: Path, say: Callable[[str], None])
         + f"; {share:.0f}% of all prompt tokens were read from the cache"
     )
     policies = [*parse_policies([DEMO_POLICY]), *DEFAULT_POLICIES]
-    fmt = CHAT_FORMAT if api == "chat" else ANTHROPIC_FORMAT
+    fmt = CHAT if api == "chat" else ANTHROPIC
     result = replay(observed.bodies, policies, default_counter(), fmt=fmt)
     say("replayed without and with the proxy (as `compaction-proxy replay` does):")
     for line in summary_lines(result):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 # `python -c HIDE_EXTRAS MODULES ARGS...`: the CLI with the listed top-level modules (the
 # optional extras' packages) made unimportable, as after `pip install .` with no extras.
-HIDE_EXTRAS = """
+HIDE = """
 import importlib.abc, runpy, sys
 hidden = set(sys.argv.pop(1).split(","))
 class Hidden(importlib.abc.MetaPathFinder):
@@ -25,8 +25,8 @@ class Hidden(importlib.abc.MetaPathFinder):
         if name.partition(".")[0] in hidden:
             raise ModuleNotFoundError(f"No module named {name!r} (an extra's: hidden)", name=name)
 sys.meta_path.insert(0, Hidden())
-runpy.run_module("proxy", run_name="__main__", alter_sys=True)
 """
+HIDE_EXTRAS = HIDE + 'runpy.run_module("proxy", run_name="__main__", alter_sys=True)\n'
 
 
 def extras_modules() -> list[str]:
