@@ -150,15 +150,34 @@ def parse_read_args(arguments: object, default_length: int) -> ReadRequest | str
     return ReadRequest(ref, start, min(length, MAX_READ_CHARS))
 
 
-def read_slice(text: str, request: ReadRequest) -> str:
-    """The slice the model asked for, framed so it knows where it is in the whole."""
+def read_slice(text: str, request: ReadRequest, *, cut: bool = False) -> str:
+    """The slice the model asked for, framed so it knows where it is in the whole.
+    `cut`: the slice is shorter than asked, to keep the request inside the window."""
     total = len(text)
     if request.start >= total:
         return f"start {request.start:,} is past the end: the result has {total:,} characters."
     end = min(total, request.start + request.length)
+    why = " Shortened to fit the context window." if cut and end < total else ""
     more = f" Call again with start={end} for more." if end < total else " That is the end."
-    frame = f"[characters {request.start:,} to {end:,} of {total:,}.{more}]"
+    frame = f"[characters {request.start:,} to {end:,} of {total:,}.{why}{more}]"
     return f"{frame}\n{text[request.start : end]}"
+
+
+# What the client's message ends with when the proxy stops the read_result rounds while
+# the model still wanted to read: the agent sees why, and that it can ask to go on.
+STOP_NOTES = {
+    "limit": (
+        "[compaction-proxy: still reading offloaded tool results when the limit of {rounds}"
+        " read rounds per request was reached; ask to continue if more is needed.]"
+    ),
+    "window": (
+        "[compaction-proxy: what was asked of the offloaded tool results does not fit the"
+        " context window; ask for a smaller part.]"
+    ),
+    "budget": (
+        "[compaction-proxy: reading offloaded tool results was stopped by this key's token budget.]"
+    ),
+}
 
 
 def unknown_ref(ref: str) -> str:
