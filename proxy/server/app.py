@@ -302,7 +302,11 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] |
 
 def run(settings: Settings) -> None:
     """Run `serve` on the configured event loop."""
-    with asyncio.Runner(loop_factory=event_loop_factory(settings.server.event_loop)) as runner:
+    try:
+        factory = event_loop_factory(settings.server.event_loop)
+    except StartupError as e:
+        raise StartupError(f"{e} ({settings.source_of('server.event_loop')})") from None
+    with asyncio.Runner(loop_factory=factory) as runner:
         runner.run(serve(settings))
 
 
