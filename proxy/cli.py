@@ -130,6 +130,8 @@ def _serve(args: argparse.Namespace) -> int:
         run(settings)
     except StartupError as e:
         return fail(str(e))
+    except ConfigError as e:  # found at start: e.g. the admin key's variable is unset
+        return fail(f"bad setting: {e}")
     return 0
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -90,6 +91,9 @@ class AuthSettings:
     keys: str = "off"
     # Seconds a replica trusts its copy of a key record or a budget's limits.
     cache_seconds: float = 5.0
+    # Name of the environment variable holding the admin key (the admin API and the
+    # dashboard); empty: no admin API. The key itself is never in a file or in Redis.
+    admin_key_env: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +206,12 @@ def _one_of(*choices: str) -> Callable[[str], str | None]:
     return check
 
 
+def _env_name(value: str) -> str | None:
+    if value == "" or re.fullmatch(r"[A-Z_][A-Z0-9_]{0,127}", value):
+        return None
+    return "must be empty or an environment variable name (A-Z, 0-9, _)"
+
+
 def _not_empty(value: str) -> str | None:
     return None if value.strip() else "must not be empty"
 
@@ -227,6 +237,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "store.ttl": _positive,
     "auth.keys": _one_of("off", "required"),
     "auth.cache_seconds": _non_negative,
+    "auth.admin_key_env": _env_name,
     "budgets.on_store_down": _one_of("open", "closed"),
 }
 
@@ -289,9 +300,14 @@ def _did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f"; did you mean {close[0]}?" if close else ""
 
 
+# COMPACTION_PROXY_* variables read elsewhere than as a setting: the admin CLI's key
+# (proxy/admin_client.py; the server names its own with auth.admin_key_env).
+OTHER_VARIABLES = {"admin key of the CLI": ENV_PREFIX + "ADMIN_KEY"}
+
+
 def environment_names() -> dict[str, str]:
     """Every COMPACTION_PROXY_* variable read, by the dotted setting it sets."""
-    names = {"config file": CONFIG_ENV}
+    names = {"config file": CONFIG_ENV, **OTHER_VARIABLES}
     for section, cls in _SECTIONS.items():
         for key in _field_types(cls):
             name = f"{section}.{key}"
@@ -343,9 +359,6 @@ def load_settings(
     None values are ignored); `flags` names the flag of each (for messages). `warn` is
     told of COMPACTION_PROXY_* variables that are no setting's."""
     env = os.environ if environ is None else environ
-    if warn is not None:
-        for warning in misspelled_variables(env):
-            warn(warning)
     values: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
     sources: dict[str, str] = {}
     policies: tuple[dict[str, Any], ...] = ()
@@ -406,6 +419,11 @@ def load_settings(
         parse_policies(policies)
     except PolicyError as e:
         raise ConfigError(f"{e} ({source if path is not None else 'built-in'})") from None
+
+    if warn is not None:
+        admin_key = values["auth"].get("admin_key_env", "")  # named by a setting: read
+        for warning in misspelled_variables({k: v for k, v in env.items() if k != admin_key}):
+            warn(warning)
 
     return Settings(
         server=ServerSettings(**values["server"]),

@@ -9,6 +9,7 @@ every request (the upstream prompt cache depends on it).
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -78,14 +79,21 @@ def ref_for(text: str) -> str:
     return "r_" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
+_REF = re.compile(r"\br_[0-9a-f]{16}\b")
+
+
+def refs_in(text: str) -> list[str]:
+    """The refs a text names (a summary may name those of results it folded)."""
+    return list(dict.fromkeys(_REF.findall(text)))
+
+
 def stub_text(text: str, ref: str, tool: str, head_chars: int, read_length: int) -> str:
     head = _head(text, head_chars)
     shown = len(head)
+    length = min(read_length, MAX_READ_CHARS)
     return (
-        f"{head}\n[compaction-proxy: tool result offloaded to save context: {len(text):,}"
-        f" characters in all, the first {shown:,} shown above. Call"
-        f' {tool}(ref="{ref}", start={shown}, length={min(read_length, MAX_READ_CHARS)})'
-        " to read more.]"
+        f"{head}\n[compaction-proxy offloaded this result: {len(text):,} characters, the first"
+        f' {shown:,} above. {tool}(ref="{ref}", start={shown}, length={length}) reads more.]'
     )
 
 

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from proxy.config import Settings
 from proxy.core.policy import DEFAULT_POLICIES
+from proxy.server.admin.routes import install as install_admin
 from proxy.server.auth import authenticate
 from proxy.server.compactor import Compactor
 from proxy.server.errors import render_errors
@@ -175,6 +176,7 @@ def create_app(settings: Settings) -> web.Application:
         handle_chat_completions,
         expect_handler=expect_for(CHAT_COMPLETIONS),
     )
+    install_admin(app)  # the admin API and the dashboard (404 without an admin key)
     app.router.add_route("*", "/{tail:.*}", handle_passthrough)
     return app
 

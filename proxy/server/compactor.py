@@ -120,12 +120,16 @@ class Compactor:
             summariser=self.summariser,
             summarise=SUMMARISERS[wire.name],
         )
-        decision = await drive(compaction(request), executor)
+        try:
+            decision = await drive(compaction(request), executor)
+        finally:
+            await executor.close()
         prepared = Prepared(
             body_bytes, body, model, decision.estimate, policy=policy, sample=sample
         )
         if executor.identified:
             prepared.tenant, prepared.conversation = executor.identity
+            detached().conversation = prepared.conversation  # for the admin stats
         return self._finish(prepared, decision, policy)
 
     def _finish(self, prepared: Prepared, decision: Decision, policy: Policy) -> Prepared:
