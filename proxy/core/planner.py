@@ -202,11 +202,11 @@ def plan(inp: PlanInput) -> Outcome:
         fold = frozenset(planned[0])
         members = [m for g in work.groups if g.label in fold for m in g.members]
         slot = min(real(planned[2], inp.factor), inp.policy.summary_max_tokens)
-        facts_budget = min(FACTS_MAX, slot // 5)
+        facts_budget = min(FACTS_MAX, max(FACTS_MIN, slot // 5))
         return FoldPlan(
             key=summary_key(work.segments, members, inp.digests),
             transcript=_transcript(work, members, inp, slot),
-            slot=slot - facts_budget,
+            slot=max(slot - facts_budget, slot // 2),
             facts=tuple(rank(_facts_sources(work, members, inp), _call_ids(work, members))),
             facts_budget=facts_budget,
             model=inp.policy.summariser_model,
@@ -274,8 +274,9 @@ def _alone(inp: PlanInput) -> Outcome:
 
 
 # The line of identifiers a summary left out (proxy/core/facts.py) may take a fifth of the
-# summary's slot, at most this many tokens.
-FACTS_MAX = 1_500
+# summary's slot, at least FACTS_MIN and at most FACTS_MAX tokens; the summariser keeps at
+# least half of the slot (a small slot may so end a little over the target).
+FACTS_MIN, FACTS_MAX = 200, 1_500
 SUMMARISER_MARGIN = 0.05  # of the summariser's window kept free: counts are estimates
 
 
