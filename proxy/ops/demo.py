@@ -31,17 +31,8 @@ from proxy.core.tokens import default_counter
 from proxy.ops.progress import Progress
 from proxy.wire import ANTHROPIC, CHAT
 
-DEMO_POLICY: dict[str, Any] = {
-    "match": "*",
-    "window": 24_000,
-    "trigger": 12_000,
-    "target": 5_000,
-    "keep_last": 4,
-    "keep_results": 2,
-    "offload_threshold": 400,
-    "stub_head_chars": 300,
-    "summary_max_tokens": 800,
-}
+# A small window, so compaction comes within a few turns; the rest is the built-in policy.
+DEMO_POLICY: dict[str, Any] = {"match": "*", "window": 24_000, "trigger": 12_000, "target": 5_000}
 RESULT_CHARS = 3_000  # each tool result: a build log of about 1,200 tokens
 MODELS = {"messages": "claude-sonnet-4-6", "chat": "gpt-5-mini"}
 API_PATHS = ("/v1/messages", "/v1/chat/completions")
@@ -93,11 +84,16 @@ class Observed:
         self.prompt_tokens += usage["input"] + usage["read"] + usage["write"]
         self.cached_tokens += usage["read"]
 
-    @property
-    def compactions(self) -> list[tuple[int, str]]:
-        return [
-            (n, s) for n, s in enumerate(self.strategies, 1) if s not in ("untouched", "checkpoint")
-        ]
+    def by_strategy(self) -> str:
+        """How many turns each strategy had, in order of first use; the turns themselves
+        for a strategy that came at most three times (a summary, a pack)."""
+        turns: dict[str, list[int]] = {}
+        for n, strategy in enumerate(self.strategies, 1):
+            turns.setdefault(strategy, []).append(n)
+        return ", ".join(
+            f"{s} {len(ns)}" + (f" (turn {', '.join(map(str, ns))})" if len(ns) <= 3 else "")
+            for s, ns in turns.items()
+        )
 
 
 def turn_line(n: int, turns: int, headers: dict[str, str], usage: dict[str, int]) -> str:
@@ -217,15 +213,15 @@ async def demo(api: str, turns: int, out: Path, stream: TextIO, pace: float = 0.
             await standin.cleanup()
             raise
         try:
-            p = DEMO_POLICY
+            p = parse_policies([DEMO_POLICY])[0]
             say(f"stand-in upstream (Messages and OpenAI APIs, any key): {standin_url}")
             store = proxy.app[STORE]
             where = f"embedded Redis in {store.embedded.state_dir}" if store.embedded else "none"
             say(f"proxy: {proxy.url}, store: {where}")
             say(
-                f"demo policy: window {window:,}, trigger {p['trigger']:,}, target"
-                f" {p['target']:,} history tokens; tool results over"
-                f" {p['offload_threshold']:,} tokens may be offloaded"
+                f"demo policy: window {window:,}, trigger {p.trigger_tokens:,}, target"
+                f" {p.target_tokens:,} history tokens; tool results over"
+                f" {p.offload_threshold:,} tokens may be offloaded"
             )
             sdk = "openai SDK (Chat Completions)" if api == "chat" else "anthropic SDK (Messages)"
             say(
@@ -258,14 +254,10 @@ def _report(api: str, observed: Observed, out: Path, say: Callable[[str], None])
     from proxy.ops.replay import replay, summary_lines
     from proxy.ops.report import render_report
 
-    compactions = observed.compactions
     share = 100 * observed.cached_tokens / observed.prompt_tokens if observed.prompt_tokens else 0
     say("")
-    say(
-        f"compactions: {len(compactions)}"
-        + (" (" + ", ".join(f"turn {n}: {s}" for n, s in compactions) + ")" if compactions else "")
-        + f"; {share:.0f}% of all prompt tokens were read from the cache"
-    )
+    say(f"turns by strategy: {observed.by_strategy()}")
+    say(f"prompt tokens read from the upstream's cache: {share:.0f}%")
     policies = [*parse_policies([DEMO_POLICY]), *DEFAULT_POLICIES]
     fmt = CHAT if api == "chat" else ANTHROPIC
     result = replay(observed.bodies, policies, default_counter(), fmt=fmt)

@@ -328,7 +328,25 @@ def summary_lines(result: Replay) -> list[str]:
         f" {max((t.proxy_tokens for t in turns), default=0):,} tokens with the proxy",
         f"requests over the window: {result.direct_over_window} without (refused by the API),"
         f" {result.proxy_over_window} with the proxy",
-        "crossings: "
-        + (", ".join(f"turn {t.n} ({t.strategy})" for t in result.crossings) or "none"),
+        f"crossings: {_crossings(result.crossings)}",
     ]
     return lines
+
+
+def _crossings(turns: Sequence[Turn]) -> str:
+    """The turns that made a new rewrite, by strategy: "offload at turns 11-17, 19;
+    offload+summary at turn 18"."""
+    by_strategy: dict[str, list[int]] = {}
+    for t in turns:
+        by_strategy.setdefault(t.strategy, []).append(t.n)
+    parts = []
+    for strategy, ns in by_strategy.items():
+        runs: list[list[int]] = []
+        for n in ns:
+            if runs and n == runs[-1][-1] + 1:
+                runs[-1].append(n)
+            else:
+                runs.append([n])
+        spans = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+        parts.append(f"{strategy} at turn{'s' if len(ns) > 1 else ''} {spans}")
+    return "; ".join(parts) or "none"
