@@ -197,9 +197,8 @@ async def demo(api: str, turns: int, out: Path, stream: TextIO, pace: float = 0.
         print(line, file=stream, flush=True)
 
     with tempfile.TemporaryDirectory(prefix="compaction-proxy-demo-") as state_dir:
-        window = DEMO_POLICY["window"]
         standin, standin_url = await start_standin(
-            "127.0.0.1", 0, StandInOptions(windows={"*": window})
+            "127.0.0.1", 0, StandInOptions(windows={"*": DEMO_POLICY["window"]})
         )
         try:
             settings = Settings(
@@ -213,23 +212,12 @@ async def demo(api: str, turns: int, out: Path, stream: TextIO, pace: float = 0.
             await standin.cleanup()
             raise
         try:
-            p = parse_policies([DEMO_POLICY])[0]
+            store = proxy.app[STORE].embedded
+            where = f"embedded Redis in {store.state_dir}" if store else "none"
             say(f"stand-in upstream (Messages and OpenAI APIs, any key): {standin_url}")
-            store = proxy.app[STORE]
-            where = f"embedded Redis in {store.embedded.state_dir}" if store.embedded else "none"
             say(f"proxy: {proxy.url}, store: {where}")
-            say(
-                f"demo policy: window {window:,}, trigger {p.trigger_tokens:,}, target"
-                f" {p.target_tokens:,} history tokens; tool results over"
-                f" {p.offload_threshold:,} tokens may be offloaded"
-            )
-            sdk = "openai SDK (Chat Completions)" if api == "chat" else "anthropic SDK (Messages)"
-            say(
-                f"agent: {turns} turns of a scripted coding agent through the {sdk}, model"
-                f" {MODELS[api]}; each turn answers a Bash call with a"
-                f" {RESULT_CHARS:,}-character build log"
-            )
-            say()
+            for line in _setup_lines(api, turns):
+                say(line)
             progress = Progress(turns, "demo")
             observed = Observed()
 
@@ -248,6 +236,20 @@ async def demo(api: str, turns: int, out: Path, stream: TextIO, pace: float = 0.
             await standin.cleanup()
     _report(api, observed, out, say)
     return observed
+
+
+def _setup_lines(api: str, turns: int) -> list[str]:
+    p = parse_policies([DEMO_POLICY])[0]
+    sdk = "openai SDK (Chat Completions)" if api == "chat" else "anthropic SDK (Messages)"
+    return [
+        f"demo policy: window {p.window:,}, trigger {p.trigger_tokens:,}, target"
+        f" {p.target_tokens:,} history tokens; tool results over {p.offload_threshold:,}"
+        " tokens may be offloaded",
+        f"agent: {turns} turns of a scripted coding agent through the {sdk}, model"
+        f" {MODELS[api]}; each turn answers a Bash call with a {RESULT_CHARS:,}-character"
+        " build log",
+        "",
+    ]
 
 
 def _report(api: str, observed: Observed, out: Path, say: Callable[[str], None]) -> None:
