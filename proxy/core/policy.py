@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from difflib import get_close_matches
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -102,15 +103,25 @@ def parse_policies(raw: Sequence[Mapping[str, Any]]) -> list[Policy]:
     for n, table in enumerate(raw):
         if not isinstance(table, Mapping):
             raise PolicyError(f"policy #{n + 1} must be a table")
-        unknown = set(table) - set(FIELD_TYPES)
+        where = f"policy #{n + 1}" + (f" ({table['match']!r})" if "match" in table else "")
+        unknown = sorted(set(table) - set(FIELD_TYPES))
         if unknown:
-            raise PolicyError(f"policy #{n + 1}: unknown setting(s) {sorted(unknown)}")
+            named = ", ".join(_with_hint(name) for name in unknown)
+            raise PolicyError(
+                f"{where}: unknown field(s) {named}; valid fields: {', '.join(FIELD_TYPES)}"
+            )
         for key, value in table.items():
             want = str if FIELD_TYPES[key] == "str" else int
             if not isinstance(value, want) or isinstance(value, bool):
-                raise PolicyError(f"policy #{n + 1}: {key} must be {want.__name__}")
+                raise PolicyError(f"{where}: {key} must be {want.__name__}, got {value!r}")
         out.append(Policy(**table).validate())
     return out
+
+
+def _with_hint(name: str) -> str:
+    """An unknown field's name, with the field it most likely meant."""
+    close = get_close_matches(name, list(FIELD_TYPES), n=1)
+    return f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
 
 
 def policy_for(
