@@ -19,7 +19,16 @@ import orjson
 
 from proxy.config import ConfigError, load_settings
 from proxy.core import proxy_keys
-from proxy.core.budget import METRICS, PERIODS, POLICY_FIELDS, limit_field, limits_of
+from proxy.core.budget import (
+    METRICS,
+    PERIODS,
+    POLICY_FIELDS,
+    limit_field,
+    limits_of,
+    override_problem,
+    policy_override,
+)
+from proxy.core.policy import DEFAULT_POLICIES, parse_policies
 from proxy.store import EmbeddedRedis, Store, StoreUnavailable
 from proxy.store.accounts import Accounts, Scope
 
@@ -36,15 +45,27 @@ def add_commands(commands: Any) -> None:
     create = key_commands.add_parser("create", parents=[common], help="issue a new key")
     create.add_argument("--team", required=True, help="the key's team (budgets, policy)")
     create.add_argument(
+        "--provider",
+        default="anthropic",
+        choices=proxy_keys.PROVIDERS,
+        help="the one API the key may use; its credential never goes to the other",
+    )
+    create.add_argument(
+        "--scope",
+        action="append",
+        default=[],
+        choices=proxy_keys.SCOPES,
+        help="a family of paths beyond the metered routes the key may reach (repeat it)",
+    )
+    create.add_argument(
         "--upstream-env",
-        default="ANTHROPIC_API_KEY",
-        help="environment variable (on every replica) holding the upstream credential",
+        help="environment variable (on every replica) holding the upstream credential"
+        " (default: ANTHROPIC_API_KEY, or OPENAI_API_KEY for --provider openai)",
     )
     create.add_argument(
         "--upstream-scheme",
-        default="x-api-key",
         choices=proxy_keys.SCHEMES,
-        help="how the upstream credential is sent",
+        help="how the upstream credential is sent (default: x-api-key, bearer for openai)",
     )
     create.add_argument("--name", default="", help="a label for people")
     key_commands.add_parser("list", parents=[common], help="list keys (never their secret)")
@@ -119,6 +140,36 @@ def _check_policy(conf: dict[str, str]) -> None:
         raise ValueError(f"target ({target}) must be below trigger ({trigger})")
 
 
+async def _check_override(
+    args: argparse.Namespace, accounts: Accounts, scope: Scope, merged: dict[str, str]
+) -> None:
+    """Refuse a window/trigger/target that some model's policy could not take: every
+    request of that model would then go without compaction. A key's is checked over
+    its team's, a team's under each of its keys'."""
+    policies = [*parse_policies(load_settings(args.config).policies), *DEFAULT_POLICIES]
+    pairs: list[tuple[dict[str, str], dict[str, str]]] = []
+    if scope.kind == "key":
+        record = await accounts.get_key(scope.name) or {}
+        team = record.get("team")
+        pairs.append((await accounts.get_conf(Scope("team", team)) if team else {}, merged))
+    else:
+        members = [r for r in await accounts.list_keys() if r.get("team") == scope.name]
+        pairs.append((merged, {}))
+        for record in members:
+            pairs.append((merged, await accounts.get_conf(Scope("key", record["id"]))))
+    for team_conf, key_conf in pairs:
+        override = policy_override(team_conf, key_conf)
+        if not override:
+            continue
+        problem = override_problem(override, policies)
+        if problem is not None:
+            given = ", ".join(f"{k} {v}" for k, v in override.items())
+            raise ValueError(
+                f"the policy ({given}) does not fit {problem}; give the other fields"
+                " too (--window, --trigger, --target) or a [[policy]] for those models"
+            )
+
+
 async def _run(args: argparse.Namespace) -> int:
     store = _store(args)
     accounts = Accounts(store)
@@ -132,19 +183,23 @@ async def _run(args: argparse.Namespace) -> int:
 
 async def _keys(args: argparse.Namespace, accounts: Accounts) -> int:
     if args.action == "create":
+        env, scheme = proxy_keys.PROVIDER_DEFAULTS[args.provider]
         text, record = await accounts.create_key(
             team=args.team,
-            upstream_env=args.upstream_env,
-            upstream_scheme=args.upstream_scheme,
+            upstream_env=args.upstream_env or env,
+            upstream_scheme=args.upstream_scheme or scheme,
             name=args.name,
+            provider=args.provider,
+            scopes=tuple(args.scope),
         )
         shown = {k: v for k, v in record.items() if k != "digest"}
         _print(
             args,
             {"key": text, **shown},
-            f"{text}\nid {record['id']}, team {record['team']}, upstream ${args.upstream_env}"
-            f" ({args.upstream_scheme}).\nKeep the key now: it is not stored and not shown"
-            " again.",
+            f"{text}\nid {record['id']}, team {record['team']}, {record['provider']} API,"
+            f" upstream ${record['upstream_env']} ({record['upstream_scheme']}), scopes"
+            f" {record['scopes'] or 'none (metered routes only)'}.\nKeep the key now: it is"
+            " not stored and not shown again.",
         )
         return 0
     if args.action == "list":
@@ -178,6 +233,7 @@ async def _budgets(args: argparse.Namespace, accounts: Accounts) -> int:
             if v is None:
                 merged.pop(k, None)
         _check_policy(merged)
+        await _check_override(args, accounts, scope, merged)
         await accounts.set_conf(scope, changes)
     conf = await accounts.get_conf(scope)
     usage = await accounts.usage(scope, time.time())
