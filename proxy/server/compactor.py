@@ -103,8 +103,10 @@ class Compactor:
         if not messages:
             return Prepared(body_bytes, body, model)
         policy = self.policy(model, policy_override)
-        factor = self.calibration.factor(model, store)
-        sample = self.calibration.wants_sample(model)
+        # Calibration is per tenant: one tenant's requests never skew another's counts.
+        calibrated_for = tenant or tenant_of(headers)
+        factor = self.calibration.factor(model, store, calibrated_for)
+        sample = self.calibration.wants_sample(model, calibrated_for)
         if not sample and cannot_cross(body_bytes, policy, factor):
             return Prepared(body_bytes, body, model, policy=policy)  # not even counted
         counted = await self.count(wire, body, len(body_bytes))
