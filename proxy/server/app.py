@@ -17,6 +17,7 @@ from proxy.server.errors import render_errors
 from proxy.server.fleet import fleet_lifetime
 from proxy.server.health import handle_healthz, handle_readyz
 from proxy.server.lifecycle import LIFECYCLE, Lifecycle
+from proxy.server.listener import CappedSite, connection_cap
 from proxy.server.logs import REQUEST_LOG, RequestLog, redacted_url
 from proxy.server.metrics import METRICS, Metrics, handle_metrics, observe_requests
 from proxy.server.passthrough import handle_passthrough
@@ -148,9 +149,18 @@ async def start(settings: Settings) -> RunningProxy:
         shutdown_timeout=1.0,
         max_field_size=65536,
         max_line_size=65536,
+        # A connection must have a request's headers in this long after it opens or its
+        # last answer: idle and trickling connections do not pile up (listener.py).
+        keepalive_timeout=settings.server.header_timeout,
     )
     await runner.setup()
-    site = web.TCPSite(runner, settings.server.host, settings.server.port, backlog=1024)
+    site = CappedSite(
+        runner,
+        settings.server.host,
+        settings.server.port,
+        backlog=1024,
+        max_connections=connection_cap(settings.server.max_connections),
+    )
     await site.start()
     host, port = runner.addresses[0][:2]
     if ":" in host:
@@ -162,7 +172,11 @@ async def serve(settings: Settings) -> None:
     """Run until SIGINT or SIGTERM; then drain (readiness fails, open requests finish
     within server.drain_timeout) and stop."""
     running = await start(settings)
-    log.info("compaction-proxy listening on %s, upstream %s", running.url, settings.upstream.url)
+    log.info(
+        "compaction-proxy listening on %s, upstream %s",
+        running.url,
+        running.app[UPSTREAM].shown_url,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

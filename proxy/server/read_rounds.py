@@ -21,6 +21,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.core.errors import UpstreamGarbage
 from proxy.core.offload import parse_read_args, read_slice, unknown_ref
 from proxy.core.sse import SSEDecoder
 from proxy.core.wire_format import JSON, MergeState, ReadCall, Round, RoundMerger, WireFormat
@@ -103,7 +104,9 @@ class ReadRounds:
             if budgets.applies(self.request):
                 compactor = self.request.app[COMPACTOR]
                 counted = await compactor.count(self.wire, payload, 0)
-                factor = compactor.calibration.factor(self.prepared.model, None)
+                factor = compactor.calibration.factor(
+                    self.prepared.model, None, self.prepared.tenant
+                )
                 estimate = int(counted.total * max(1.0, factor) + 0.999)
                 if not await budgets.top_up(self.request, estimate, self.wire.max_output(payload)):
                     log.info("read_result round refused by a budget; ending the answer")
@@ -120,20 +123,31 @@ class ReadRounds:
 
     # -- not streaming -------------------------------------------------------------------
 
+    def _read_answer(self, raw: bytes) -> tuple[JSON, Round]:
+        """One round's answer and what it asks; UpstreamGarbage (502) when the upstream
+        said 200 but sent something that is not an answer of this API."""
+        try:
+            message = orjson.loads(raw)
+            if not isinstance(message, dict):
+                raise TypeError(f"a JSON {type(message).__name__}, not an object")
+            return message, self.wire.split(message, self.tool)
+        except Exception as e:
+            raise garbage(e) from None
+
     async def whole(self, response: aiohttp.ClientResponse) -> web.StreamResponse:
         if response.status != 200:
             return await relay(self.request, response, self.prepared.headers, wire=self.wire)
         headers = client_response_headers(response.headers)
         answers: list[JSON] = []
         meter = self.record.meter
+        meter.seen_answer = True  # the upstream answered: with no usage read, it costs the lot
         while True:
             try:
                 raw = await response.read()
-                message = orjson.loads(raw)
             finally:
                 response.release()
+            message, round_ = self._read_answer(raw)
             answers.append(message)
-            round_ = self.wire.split(message, self.tool)
             meter.round(round_.usage)
             if (
                 not round_.wants_reads_only
@@ -146,7 +160,10 @@ class ReadRounds:
             response = next_response
             if response.status != 200:
                 return await relay(self.request, response, self.prepared.headers, wire=self.wire)
-        merged = self.wire.merge(answers, self.tool)
+        try:
+            merged = self.wire.merge(answers, self.tool)
+        except Exception as e:
+            raise garbage(e) from None
         out = CIMultiDict(headers)
         out.popall("Content-Encoding", None)
         for name, value in self.prepared.headers:
@@ -166,6 +183,7 @@ class ReadRounds:
         await out.prepare(self.request)
         merger = self.wire.merger(self.tool)
         meter = self.record.meter
+        meter.seen_answer = True
         try:
             while True:
                 merger.begin_round()
@@ -208,13 +226,26 @@ class ReadRounds:
         try:
             async for chunk in response.content.iter_any():
                 for event in decoder.feed(chunk):
-                    for piece in merger.feed(event):
+                    try:
+                        pieces = merger.feed(event)
+                    except Exception as e:
+                        # Too late for a 502: end the stream with the API's error event.
+                        log.warning("unreadable upstream event (%s); ending the stream", e)
+                        await out.write(self.wire.stream_error(garbage(e)))
+                        return MergeState.FAILED
+                    for piece in pieces:
                         await out.write(piece)
                     if merger.state is MergeState.FAILED:
                         return MergeState.FAILED
         finally:
             response.release()
         return merger.state
+
+
+def garbage(error: Exception) -> UpstreamGarbage:
+    return UpstreamGarbage(
+        f"compaction-proxy could not read the upstream's answer ({type(error).__name__})"
+    )
 
 
 async def _error_event(response: aiohttp.ClientResponse, wire: WireFormat) -> bytes:
