@@ -1,10 +1,10 @@
 """Per-process state of the fleet-wide checks: keys, teams and budgets in the shared Redis.
 
 The fleet talks to Redis through its own client, with its own timeout
-(`budgets.timeout`, longer than the store's `op_timeout`): a Redis that stalls for a
-moment (a slow command, a burst of new connections on a loaded machine) only delays the
-requests waiting on it; only a call that fails or outlasts that timeout makes Redis count
-as unreachable.
+(`budgets.timeout`, longer than the store's `op_timeout`) and a small pool that a burst
+reuses rather than opening a connection per request: a Redis that stalls for a moment (a
+slow command, a loaded machine) only delays the requests waiting on it; only a call that
+fails or outlasts that timeout makes Redis count as unreachable.
 
 Each replica keeps a short-lived copy (`auth.cache_seconds`) of the key records and the
 limits it has seen, so a request costs no Redis call for them; a revoked key or a changed
@@ -52,6 +52,10 @@ FLAP_WINDOW = 30.0  # a failure this soon after a recovery is the same outage
 # Usage admitted uncounted is charged when Redis answers again; tried for this long.
 OWED_GIVE_UP = 3600.0
 OWED_LONGEST_PAUSE = 30.0
+# Connections of the fleet's client. Its calls are tiny scripts: a few connections serve
+# a burst faster than many new ones (each costs a connect and a handshake, which under
+# load took longer than the timeout when a burst of 120 opened 40 at once).
+FLEET_CONNECTIONS = 8
 
 
 @dataclass(slots=True)
@@ -96,6 +100,7 @@ class Fleet:
             prefix=settings.store.key_prefix,
             op_timeout=settings.budgets.timeout,
             default_ttl=settings.store.ttl,
+            max_connections=FLEET_CONNECTIONS,
         )
         metrics = self._metrics
         if metrics is not None:
