@@ -122,7 +122,9 @@ class Compactor:
             summariser=self.summariser,
             summarise=SUMMARISERS[wire.name],
         )
-        decision = await drive(compaction(request), executor)
+        # Planning a huge history takes seconds of pure work: off the event loop.
+        off_loop = len(body_bytes) > COUNT_OFF_LOOP_BYTES
+        decision = await drive(compaction(request), executor, off_loop=off_loop)
         prepared = Prepared(
             body_bytes, body, model, decision.estimate, policy=policy, sample=sample
         )
