@@ -158,7 +158,6 @@ async def start(settings: Settings) -> RunningProxy:
         runner,
         settings.server.host,
         settings.server.port,
-        backlog=1024,
         max_connections=connection_cap(settings.server.max_connections),
     )
     await site.start()

@@ -5,11 +5,11 @@ the upstream connection; Redis pools and the process itself need some more. A re
 that runs out of descriptors fails every request (the upstream cannot be reached:
 "Too many open files"), so the number of client connections is capped below what the
 limit allows: `server.max_connections`, lowered at start when the open-file limit is
-smaller (the soft limit is first raised to the hard one). A connection over the cap is
-closed at once; a client retries it. Slow clients cannot hold their connections for long
-either: `server.header_timeout` (aiohttp's keep-alive timer, which also runs from the
-moment a connection opens until its first request is in) and `server.body_timeout`
-(proxy/server/bodies.py) close them.
+smaller (the soft limit is first raised to the hard one), with a listen backlog to
+match. A connection over the cap is closed at once; a client retries it. Slow clients
+cannot hold their connections for long either: `server.header_timeout` (aiohttp's
+keep-alive timer, which also runs from the moment a connection opens until its first
+request is in) and `server.body_timeout` (proxy/server/bodies.py) close them.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from aiohttp import web
 
 log = logging.getLogger(__name__)
 
-# Descriptors kept for everything but client connections and their upstream ones: two
-# Redis pools (the store's and the fleet's, 64 each), the embedded Redis, logs, imports.
-RESERVED_FILES = 192
+# Descriptors kept for everything but client connections and their upstream ones: the
+# store's Redis pool (64 at most), the fleet's (8), logs, the interpreter's own.
+RESERVED_FILES = 128
 
 
 def raise_file_limit() -> int:
@@ -41,9 +41,11 @@ def raise_file_limit() -> int:
 
 
 def connection_cap(configured: int) -> int:
-    """`configured`, lowered so client and upstream connections fit the file limit."""
+    """`configured`, lowered so that what a connection may hold fits the file limit: its
+    own descriptor, an upstream one, and a share of the connections accepted in one go
+    (asyncio accepts up to the backlog before any is refused: `backlog_for`)."""
     files = raise_file_limit()
-    fits = max(1, (files - RESERVED_FILES) // 2)
+    fits = max(1, (files - RESERVED_FILES) // 3)
     if fits < configured:
         log.warning(
             "open-file limit %d: at most %d client connections (server.max_connections %d)",
@@ -53,6 +55,12 @@ def connection_cap(configured: int) -> int:
         )
         return fits
     return configured
+
+
+def backlog_for(cap: int) -> int:
+    """The listen backlog: asyncio accepts that many connections at once, so it is kept
+    to a quarter of the cap (at least 8, at most 1024)."""
+    return max(8, min(1024, cap // 4))
 
 
 class _Refused(asyncio.Protocol):
@@ -68,15 +76,9 @@ class CappedSite(web.TCPSite):
     __slots__ = ("_max_connections",)
 
     def __init__(
-        self,
-        runner: web.BaseRunner,
-        host: str,
-        port: int,
-        *,
-        backlog: int,
-        max_connections: int,
+        self, runner: web.BaseRunner, host: str, port: int, *, max_connections: int
     ) -> None:
-        super().__init__(runner, host, port, backlog=backlog)
+        super().__init__(runner, host, port, backlog=backlog_for(max_connections))
         self._max_connections = max_connections
 
     async def start(self) -> None:
