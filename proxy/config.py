@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -53,6 +54,8 @@ class ServerSettings:
     body_timeout: float = 60.0
     # Open client connections at most (lowered at start to fit the open-file limit).
     max_connections: int = 2048
+    # The event loop: "auto" (uvloop when installed, else asyncio's), "asyncio" or "uvloop".
+    event_loop: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,9 @@ class AuthSettings:
     keys: str = "off"
     # Seconds a replica trusts its copy of a key record or a budget's limits.
     cache_seconds: float = 5.0
+    # Name of the environment variable holding the admin key (the admin API and the
+    # dashboard); empty: no admin API. The key itself is never in a file or in Redis.
+    admin_key_env: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +201,12 @@ def _one_of(*choices: str) -> Callable[[str], str | None]:
     return check
 
 
+def _env_name(value: str) -> str | None:
+    if value == "" or re.fullmatch(r"[A-Z_][A-Z0-9_]{0,127}", value):
+        return None
+    return "must be empty or an environment variable name (A-Z, 0-9, _)"
+
+
 def _not_empty(value: str) -> str | None:
     return None if value.strip() else "must not be empty"
 
@@ -208,6 +220,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "server.header_timeout": _positive,
     "server.body_timeout": _positive,
     "server.max_connections": _positive,
+    "server.event_loop": _one_of("auto", "asyncio", "uvloop"),
     "upstream.url": _http_url,
     "upstream.openai_url": _optional_http_url,
     "upstream.connect_timeout": _positive,
@@ -222,6 +235,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "store.ttl": _positive,
     "auth.keys": _one_of("off", "required"),
     "auth.cache_seconds": _non_negative,
+    "auth.admin_key_env": _env_name,
     "budgets.on_store_down": _one_of("open", "closed"),
     "budgets.timeout": _positive,
     "budgets.outage_allowance": _non_negative,

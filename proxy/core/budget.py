@@ -238,13 +238,16 @@ def policy_override(*confs: Mapping[str, str]) -> dict[str, int]:
 
 def override_problem(override: Mapping[str, Any], policies: Sequence[Policy]) -> str | None:
     """Why a key's or team's window/trigger/target cannot stand over one of `policies`
-    (what a request of a model matching it would get), or None when it fits them all."""
+    (what a request of a model matching it would get), or None when it fits them all.
+    Policies after one matching every model (`*`) are never used, so not checked."""
     for policy in policies:
         try:
             replace(policy, **override).validate()
         except PolicyError as e:
             reason = str(e).split(": ", 1)[-1]
             return f"for models matching {policy.match!r}: {reason}"
+        if policy.match == "*":
+            break
     return None
 
 

@@ -9,8 +9,8 @@ environment variable every replica resolves itself.
 
 A key is bound to one provider (`anthropic` or `openai`): its credential only ever goes
 to that provider's upstream. It reaches the metered routes of its provider (the calls
-that cost tokens and are reserved against its budgets) and reads the model list; any
-other path only with a *scope* given at creation (`files`, `batches`, ...), because a
+that cost tokens and are reserved against its budgets) and nothing else without a
+*scope* given at creation (`models`, `files`, `batches`, ...), because a
 credential shared by several keys would otherwise let one key list and read what
 another stored upstream (files, batches, stored responses). `passthrough_rule` says, for
 a path the proxy does not handle itself, which scope it needs and how it is metered.
@@ -38,6 +38,7 @@ PROVIDER_DEFAULTS = {
 }
 # Families of paths a key reaches only with their scope; `all`: every path.
 SCOPES = (
+    "models",
     "files",
     "batches",
     "stored",  # answers the upstream stored: /v1/responses/{id}, GET /v1/chat/completions
@@ -101,8 +102,6 @@ def passthrough_rule(method: str, path: str) -> PathRule:
     write = method.upper() not in _READS
     if write and path in _OPEN_CALLS:
         return PathRule(None, _OPEN_CALLS[path])
-    if not write and (path == "/v1/models" or path.startswith("/v1/models/")):
-        return PathRule(None, FREE)  # the model list: no tenant's data, no cost
     if method.upper() == "GET" and path == "/v1/responses":
         return PathRule(None, FREE)  # a WebSocket attempt (Codex), never a model call
     family = _family(path)
@@ -126,8 +125,14 @@ def provider_of(record: Mapping[str, str]) -> str:
     return "openai" if record.get("upstream_scheme") == "bearer" else "anthropic"
 
 
+# Scope names of records made before scopes were path families: `passthrough` reached
+# every other path; `messages` and `chat` named metered routes, which every key reaches.
+_LEGACY_SCOPES = {"passthrough": "all", "messages": "", "chat": ""}
+
+
 def scopes_of(record: Mapping[str, str]) -> tuple[str, ...]:
-    return tuple(s for s in record.get("scopes", "").split(",") if s)
+    names = (_LEGACY_SCOPES.get(s, s) for s in record.get("scopes", "").split(","))
+    return tuple(s for s in names if s)
 
 
 def format_key(key_id: str, secret: str) -> str:
@@ -151,9 +156,10 @@ def matches(text: str, stored_digest: str) -> bool:
     return hmac.compare_digest(digest(text), stored_digest)
 
 
-def tenant_for(key_id: str) -> str:
-    """A key's tenant: its conversations, blobs and summaries are its own."""
-    return "k" + key_id
+def tenant_for(key_id: str, shared: str = "") -> str:
+    """A key's tenant: its conversations, blobs and summaries are its own, unless the
+    key was given a named tenant, which every key naming it shares."""
+    return "n" + shared if shared else "k" + key_id
 
 
 def check_team(team: str) -> str:
@@ -180,8 +186,17 @@ def check_scopes(scopes: Iterable[str]) -> tuple[str, ...]:
     given = list(scopes)
     unknown = [s for s in given if s not in SCOPES]
     if unknown:
-        raise ValueError(f"unknown scope(s) {', '.join(unknown)}; known: {', '.join(SCOPES)}")
+        raise ValueError(f"scopes: {', '.join(unknown)} unknown; known: {', '.join(SCOPES)}")
     return tuple(s for s in SCOPES if s in given)
+
+
+def check_tenant(tenant: str) -> str:
+    if tenant and TEAM.match(tenant) is None:
+        raise ValueError(
+            f"tenant {tenant!r}: 1-64 letters, digits, '_', '.', '-', starting with a letter"
+            " or digit (or empty: the key's own)"
+        )
+    return tenant
 
 
 def check_scheme(scheme: str) -> str:

@@ -31,14 +31,21 @@ from proxy.server.budgets import TICKET, admission
 from proxy.server.caller import CALLER, Caller, count_rejection
 from proxy.server.fleet import FLEET
 from proxy.server.passthrough import handle_passthrough
+from proxy.server.record import detached
 from proxy.server.routing import OPENAI_UPSTREAM, provider_of_path
 from proxy.server.state import SETTINGS
 from proxy.store import StoreUnavailable
 from proxy.store.accounts import Scope
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+# The admin API and the dashboard check the admin key themselves (proxy/server/admin).
+ADMIN_PREFIXES = ("/admin/", "/dashboard/")
 STORE_DOWN_RETRY_AFTER = 2
 API_NAMES = {"anthropic": "Anthropic", "openai": "OpenAI"}
+
+
+def is_admin_path(path: str) -> bool:
+    return path in ("/admin", "/dashboard") or path.startswith(ADMIN_PREFIXES)
 
 
 def _reject(request: web.Request, message: str, reason: str) -> NotAuthenticated:
@@ -100,7 +107,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
     app = request.app
-    if app[SETTINGS].auth.keys != "required" or request.path in OPEN_PATHS:
+    path = request.path
+    if app[SETTINGS].auth.keys != "required" or path in OPEN_PATHS or is_admin_path(path):
         return await handler(request)
     text = credential(request.headers)
     key_id = proxy_keys.key_id_of(text)
@@ -137,6 +145,8 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
             "key",
         )
     team = record.get("team") or None
+    noted = detached()  # for the admin stats
+    noted.key_id, noted.team = key_id, team or ""
     key_scope = Scope("key", key_id)
     team_scope = Scope("team", team) if team else None
     confs: list[dict[str, str]] = []
@@ -155,7 +165,7 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
             scopes.append(scope)
     confs.reverse()  # the team's policy first, the key's over it
     caller = Caller(
-        tenant=proxy_keys.tenant_for(key_id),
+        tenant=proxy_keys.tenant_for(key_id, record.get("tenant", "")),
         key_id=key_id,
         team=team,
         policy=policy_override(*confs) or None,

@@ -124,12 +124,16 @@ class Compactor:
         )
         # Planning a huge history takes seconds of pure work: off the event loop.
         off_loop = len(body_bytes) > COUNT_OFF_LOOP_BYTES
-        decision = await drive(compaction(request), executor, off_loop=off_loop)
+        try:
+            decision = await drive(compaction(request), executor, off_loop=off_loop)
+        finally:
+            await executor.close()
         prepared = Prepared(
             body_bytes, body, model, decision.estimate, policy=policy, sample=sample
         )
         if executor.identified:
             prepared.tenant, prepared.conversation = executor.identity
+            detached().conversation = prepared.conversation  # for the admin stats
         return self._finish(prepared, decision, policy)
 
     def _finish(self, prepared: Prepared, decision: Decision, policy: Policy) -> Prepared:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +74,10 @@ CHAT_COMPLETIONS = ConversationRoute(
 )
 
 
-def expect_for(route: ConversationRoute) -> Any:
+ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
+
+
+def expect_for(route: ConversationRoute) -> ExpectHandler:
     async def expect_within_limit(request: web.Request) -> web.StreamResponse | None:
         """Answer `Expect: 100-continue`: go on only when the announced body fits, so a
         client with a body over the limit gets its 413 before uploading it."""

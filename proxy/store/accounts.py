@@ -160,15 +160,18 @@ class Accounts:
         upstream_env: str,
         upstream_scheme: str = "x-api-key",
         name: str = "",
+        tenant: str = "",
         provider: str = "anthropic",
         scopes: tuple[str, ...] = (),
     ) -> tuple[str, dict[str, str]]:
         """A new key: its text (shown once, never stored) and its record. The key is
-        bound to `provider`'s API and reaches paths beyond the metered routes only
-        through `scopes` (proxy/core/proxy_keys.py)."""
+        bound to `provider`'s API, reaches paths beyond the metered routes only through
+        `scopes`, and shares `tenant`'s conversations (empty: its own); see
+        proxy/core/proxy_keys.py."""
         proxy_keys.check_team(team)
         proxy_keys.check_env_name(upstream_env)
         proxy_keys.check_scheme(upstream_scheme)
+        proxy_keys.check_tenant(tenant)
         proxy_keys.check_provider(provider)
         granted = proxy_keys.check_scopes(scopes)
         key_id = secrets.token_hex(6)
@@ -185,6 +188,8 @@ class Accounts:
             "provider": provider,
             "scopes": ",".join(granted),
         }
+        if tenant:
+            record["tenant"] = tenant
         scope = Scope("key", key_id)
         client = self.store.client
         mapping: dict[Any, Any] = dict(record)

@@ -307,13 +307,19 @@ class ChatCompletions:
     def read_result_tool(self, name: str) -> JSON:
         return read_result_tool(name)
 
+    def with_breakpoint(self, message: Message) -> JSON | None:
+        return None  # OpenAI caches prompt prefixes without breakpoints
+
+    def breakpoints(self, body: Mapping[str, Any]) -> int:
+        return 0
+
     # -- read_result rounds ------------------------------------------------------------
 
     def split(self, answer: JSON, tool: str) -> Round:
         return chat_rounds.split_completion(answer, tool)
 
-    def merge(self, answers: Sequence[JSON], tool: str) -> JSON:
-        return chat_rounds.merge_completions(answers, tool)
+    def merge(self, answers: Sequence[JSON], tool: str, note: str | None = None) -> JSON:
+        return chat_rounds.merge_completions(answers, tool, note)
 
     def continue_messages(
         self, messages: Sequence[JSON], round_: Round, results: Sequence[tuple[str, str, bool]]

@@ -221,10 +221,12 @@ def test_a_key_reaches_other_paths_only_through_its_scopes(setup: Setup) -> None
         assert allowed.status == 200, (path, allowed.body)
     assert b"team-a-plans" in call(setup.url, "GET", "/v1/files", anthropic_headers(key_a)).body
     assert seen_with(upstream, ANTHROPIC_SECRET)[-1] == "GET /v1/files"
-    # Every key reads the model list (no tenant's data, no cost) and the metered routes.
-    assert call(setup.url, "GET", "/v1/models", anthropic_headers(key_c)).status == 200
+    # Every key reaches the metered routes; even the model list needs its scope.
     with anthropic.Anthropic(base_url=setup.url, api_key=key_c, max_retries=0) as client:
         assert client.messages.create(**MESSAGE).content
+    assert call(setup.url, "GET", "/v1/models", anthropic_headers(key_c)).status == 403
+    key_m, _ = new_key(setup, "team-c", scopes=("models",))
+    assert call(setup.url, "GET", "/v1/models", anthropic_headers(key_m)).status == 200
     # An OpenAI client's key gets the same refusal in OpenAI's shape.
     key_o, _ = new_key(setup, "team-c", provider="openai")
     denied = call(setup.url, "GET", "/v1/files", openai_headers(key_o))
@@ -242,7 +244,7 @@ def test_a_key_never_sends_its_credential_to_the_other_provider(setup: Setup) ->
     """An Anthropic key's credential went to the OpenAI upstream on OpenAI paths
     (finding 6). Now each key reaches its own provider's API only."""
     key_a, _ = new_key(setup, "providers")
-    key_o, _ = new_key(setup, "providers", provider="openai")
+    key_o, _ = new_key(setup, "providers", provider="openai", scopes=("models",))
     openai_side, anthropic_side = setup.openai_side, setup.anthropic_side
     chat = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
     for path, body in (

@@ -52,11 +52,15 @@ async def keyed(
 
 
 async def new_key(
-    accounts: Accounts, team: str = "team-a", provider: str = "anthropic", **limits: int
+    accounts: Accounts,
+    team: str = "team-a",
+    provider: str = "anthropic",
+    scopes: tuple[str, ...] = (),
+    **limits: int,
 ) -> tuple[str, str]:
     scheme = "bearer" if provider == "openai" else "x-api-key"
     text, record = await accounts.create_key(
-        team=team, upstream_env=ENV, upstream_scheme=scheme, provider=provider
+        team=team, upstream_env=ENV, upstream_scheme=scheme, provider=provider, scopes=scopes
     )
     if limits:
         await accounts.set_conf(Scope("key", record["id"]), dict(limits))  # type: ignore[arg-type]
@@ -107,7 +111,7 @@ async def test_the_upstream_sees_the_mapped_credential_never_the_proxy_key(
     keyed: tuple[RunningProxy, Accounts], standin: RunningStandIn
 ) -> None:
     proxy, accounts = keyed
-    text, _ = await new_key(accounts)
+    text, _ = await new_key(accounts, scopes=("models",))
     async with client(proxy, text) as c:
         await c.messages.create(**REQUEST)
         await c.messages.count_tokens(model=REQUEST["model"], messages=REQUEST["messages"])
