@@ -424,9 +424,9 @@ def test_readiness_and_errors_name_no_upstream_password(tmp_path: Path, redis_ur
     /readyz and in the start-up log line (finding 7)."""
     secret = f"pw{uuid.uuid4().hex[:12]}"
     dead = f"http://operator:{secret}@127.0.0.1:9"
-    (replica,) = start_replicas(
-        tmp_path, 1, dead, redis_url, f"cppw:{uuid.uuid4().hex[:8]}:", auth='[auth]\nkeys = "off"\n'
-    )
+    prefix = f"cppw:{uuid.uuid4().hex[:8]}:"
+    keys_off = '[auth]\nkeys = "off"\n'
+    (replica,) = start_replicas(tmp_path, 1, dead, redis_url, prefix, auth=keys_off)
     try:
         failed = call(replica.url, "POST", "/v1/messages", anthropic_headers("sk-x"),
                       orjson.dumps(MESSAGE))  # fmt: skip
@@ -436,6 +436,7 @@ def test_readiness_and_errors_name_no_upstream_password(tmp_path: Path, redis_ur
         assert ready.json["upstream"] == "http://operator:***@127.0.0.1:9"
     finally:
         replica.stop()
+        delete_keys(redis_url, prefix)
     log = replica.log.read_text()
     assert "upstream http://operator:***@127.0.0.1:9" in log
     assert secret not in log and secret.encode() not in failed.body + ready.body

@@ -24,6 +24,7 @@ import anthropic
 import pytest
 import redis
 
+from proxy.core.tokens import default_counter
 from proxy.store import EmbeddedRedis
 from proxy.store.accounts import Accounts, Scope
 from proxy.testing.standin import StandInOptions
@@ -128,8 +129,10 @@ def test_failing_open_admits_at_most_the_allowance_and_charges_it_later(
     standin = make_standin_thread(StandInOptions(max_recorded=None))
     fleet = Fleet([], standin, server.url, "cpopen:")
     key, key_id = new_key(fleet, "open", **{"day:output": 10**6})
-    per_request = 60 + 20  # max_tokens and about 15 input tokens reserved
-    extra = f'[budgets]\non_store_down = "open"\noutage_allowance = {4 * per_request}\n'
+    # A request reserves its input estimate and max_tokens: room for four of them.
+    per_request = default_counter().count_request(REQUEST) + REQUEST["max_tokens"]
+    allowance = 4 * per_request + per_request // 2
+    extra = f'[budgets]\non_store_down = "open"\noutage_allowance = {allowance}\n'
     auth = '[auth]\nkeys = "required"\ncache_seconds = 30\n'
     (replica,) = start_replicas(tmp_path, 1, standin.url, server.url, "cpopen:", extra, auth=auth)
     fleet.replicas = [replica]

@@ -31,6 +31,7 @@ import redis
 from proxy.store import EmbeddedRedis
 from proxy.testing.standin import StandInOptions
 from tests.fleet.test_fleet import start_replicas
+from tests.plugins.redis import delete_keys
 from tests.plugins.standin import RunningStandIn
 
 KEYS_OFF = '[auth]\nkeys = "off"\n'
@@ -124,12 +125,13 @@ def test_slow_clients_are_cut_off_and_connections_fit_the_file_limit(
     256 every request then got 502 "Too many open files" (finding 9)."""
     standin = make_standin_thread(StandInOptions(max_recorded=None))
     extra = "[server]\nheader_timeout = 1.0\nbody_timeout = 1.0\n"
+    prefix = f"cpslow:{uuid.uuid4().hex[:8]}:"
     (replica,) = start_replicas(
         tmp_path,
         1,
         standin.url,
         redis_url,
-        f"cpslow:{uuid.uuid4().hex[:8]}:",
+        prefix,
         extra,
         auth=KEYS_OFF,
         preexec_fn=_limit_files,
@@ -181,6 +183,7 @@ def test_slow_clients_are_cut_off_and_connections_fit_the_file_limit(
         for sock in slow:
             sock.close()
         replica.stop()
+        delete_keys(redis_url, prefix)
     log = replica.log.read_text()
     assert "Too many open files" not in log
     assert re.search(r"at most \d+ client connections", log)  # the cap fitted the limit
@@ -193,9 +196,8 @@ def test_a_malformed_header_line_never_reaches_the_log(
 ) -> None:
     """aiohttp logged a malformed header line, API key included (a Low item)."""
     standin = make_standin_thread(StandInOptions(max_recorded=None))
-    (replica,) = start_replicas(
-        tmp_path, 1, standin.url, redis_url, f"cplog:{uuid.uuid4().hex[:8]}:", auth=KEYS_OFF
-    )
+    prefix = f"cplog:{uuid.uuid4().hex[:8]}:"
+    (replica,) = start_replicas(tmp_path, 1, standin.url, redis_url, prefix, auth=KEYS_OFF)
     canary = f"sk-canary-{uuid.uuid4().hex}"
     host, port = replica.url.removeprefix("http://").rsplit(":", 1)
     try:
@@ -210,6 +212,7 @@ def test_a_malformed_header_line_never_reaches_the_log(
         assert _healthz(replica.url)
     finally:
         replica.stop()
+        delete_keys(redis_url, prefix)
     log = replica.log.read_text()
     assert "malformed request (BadHttpMessage, 400)" in log
     assert canary not in log
