@@ -38,6 +38,7 @@ from proxy.store.crossing import (
     crossing_timeout,
     failed,
 )
+from proxy.store.memory import StoreMemory, from_info
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,7 @@ class Store:
         default_ttl: int = DEFAULT_TTL,
         cluster: bool | None = None,
         max_connections: int = 64,
+        blob_cache_chars: int = DEFAULT_CHARS,
     ) -> Store:
         """Connect lazily to ``redis://``, ``rediss://`` or ``unix://`` URLs.
 
@@ -186,7 +188,13 @@ class Store:
                 url, max_connections=max_connections, timeout=op_timeout, **options
             )
             client = Redis.from_pool(pool)  # the client owns the pool and closes it
-        return cls(client, prefix=prefix, op_timeout=op_timeout, default_ttl=default_ttl)
+        return cls(
+            client,
+            prefix=prefix,
+            op_timeout=op_timeout,
+            default_ttl=default_ttl,
+            blob_cache_chars=blob_cache_chars,
+        )
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -251,6 +259,25 @@ class Store:
             return bool(await self._call(self._client.ping))
         except StoreUnavailable:
             return False
+
+    async def memory(self) -> StoreMemory:
+        """Memory used, the limit, keys evicted and the eviction policy (one round trip;
+        one per primary, concurrently, on a Cluster)."""
+        if isinstance(self._client, RedisCluster):
+            primaries = RedisCluster.PRIMARIES
+            client = self._client
+            memory, stats = await self._call(
+                lambda: asyncio.gather(
+                    client.info("memory", target_nodes=primaries),
+                    client.info("stats", target_nodes=primaries),
+                )
+            )
+            return from_info((memory[node], stats.get(node, {})) for node in memory)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.info("memory")
+        pipe.info("stats")
+        memory, stats = await self._call(lambda: pipe.execute())
+        return from_info([(memory, stats)])
 
     async def close(self) -> None:
         try:
