@@ -441,8 +441,9 @@ class Store:
     async def _unpack(raw: bytes) -> bytes:
         return await asyncio.to_thread(unpack, raw) if len(raw) > OFF_LOOP_BYTES else unpack(raw)
 
-    # -- blobs, one call each (used by the current pipeline until the executor above
-    #    replaces it; get_blob_slice is used by nothing but its tests) --------------------
+    # -- blobs, one call each: the current pipeline's; unused once the executor calls
+    #    the methods above (put_blob, get_blob, refresh_ttl for blobs). get_blob_slice and
+    #    put_global_json/get_global_json are used by nothing but their tests. ----------
 
     async def put_blob(
         self, tenant: str, conversation: str, ref: str, data: bytes, ttl: int | None = None
