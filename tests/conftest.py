@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.plugins.redis", "tests.plugins.standin"]
+pytest_plugins = ["tests.plugins.redis", "tests.plugins.standin", "tests.plugins.responses"]
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -1,40 +1,74 @@
 """Checkpoints: a rewrite decided once, then reapplied byte for byte (DESIGN section 5).
 
-A checkpoint records how the first `n` messages of a conversation were rewritten, as a
-list of segments over their indices:
+A checkpoint records how the first `covers` messages of a conversation were rewritten
+(typed segments, proxy/core/segments.py) and the chained hash of those messages. While a
+request starts with the same messages, its history is the segments applied to it plus
+the new messages verbatim, so the rewritten prefix is the same bytes on every request and
+every replica.
 
-    ["m", i]                          message i, verbatim
-    ["s", i, [[block, ref, head]...]] message i with some tool results stubbed
-    ["summary", text, folded]         a summary of `folded` earlier messages
-    ["note", text]                    a note that earlier messages were dropped
-
-and the hash of those `n` messages. While a request starts with the same messages, its
-history is the segments applied to it plus the new messages verbatim, so the rewritten
-prefix is the same bytes on every request and every replica. The hash ignores
-`cache_control`, which agents move to their newest message every turn.
+Messages are matched by their *match digest*: the hash of the message with every
+`cache_control` removed (agents move their breakpoints to the newest message every turn)
+and a string `content` read as one text block (Claude Code sends the same reminder both
+ways). What is forwarded is always what the client sent; the digest is only for matching.
+One pass per message (`fingerprint`) serialises it once and gives both the match digest
+and the key its token count is cached under.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
-from proxy.core.dialect import Dialect
-from proxy.core.offload import Stub
-from proxy.wire.anthropic import ANTHROPIC
+from proxy.core.segments import (
+    Segment,
+    SegmentError,
+    Verbatim,
+    decode_segments,
+    encode_segments,
+    identity,
+)
 
-Segment = list[Any]
-VERSION = 1
+VERSION = 2
+DIGEST_BYTES = 16
+
+
+# -- fingerprints -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    match: bytes  # the message with cache_control removed and string content as a block
+    count_key: bytes  # the match digest plus the form it came in: what its count depends on
+
+
+def _hash(data: bytes) -> bytes:
+    # sha256 runs on the CPU's SHA extensions where present: twice blake2b's speed here.
+    return hashlib.sha256(data).digest()[:DIGEST_BYTES]
+
+
+def fingerprint(message: Mapping[str, Any]) -> Fingerprint:
+    raw = orjson.dumps(message)
+    content = message.get("content")
+    string_form = isinstance(content, str)
+    marked = b'"cache_control"' in raw
+    if not string_form and not marked:
+        digest = _hash(raw)
+        return Fingerprint(digest, digest + b"\x00")
+    canonical: Any = message
+    if marked:
+        canonical = _without_cache_control(canonical)
+    if string_form:
+        canonical = {**canonical, "content": [{"type": "text", "text": content}]}
+    digest = _hash(orjson.dumps(canonical))
+    return Fingerprint(digest, digest + bytes([1 + string_form + 2 * marked]))
 
 
 def message_digest(message: Mapping[str, Any]) -> bytes:
-    raw = orjson.dumps(message)
-    if b'"cache_control"' in raw:
-        raw = orjson.dumps(_without_cache_control(message))
-    return hashlib.blake2b(raw, digest_size=16).digest()
+    return fingerprint(message).match
 
 
 def _without_cache_control(value: Any) -> Any:
@@ -47,65 +81,41 @@ def _without_cache_control(value: Any) -> Any:
 
 def chain_hash(digests: Sequence[bytes]) -> str:
     """One hash for a run of message digests, order included."""
-    h = hashlib.blake2b(digest_size=16)
+    h = hashlib.sha256()
     for d in digests:
         h.update(d)
-    return h.hexdigest()
+    return h.hexdigest()[: 2 * DIGEST_BYTES]
 
 
-def identity(n: int) -> list[Segment]:
-    return [["m", i] for i in range(n)]
+def checkpoint_slot(digests: Sequence[bytes]) -> str:
+    """One checkpoint per first message: agents that share a session id between their
+    sub-agents (Claude Code does) keep one frozen prefix each."""
+    return digests[0].hex()[:16]
 
 
-def segments_for(
-    checkpoint: Mapping[str, Any] | None, digests: Sequence[bytes]
-) -> tuple[list[Segment], bool]:
-    """The segments for a request: the checkpoint's, extended with the new messages.
-
-    Returns (segments, applied); a missing, stale or foreign-shaped checkpoint gives the
-    identity and False.
-    """
-    total = len(digests)
-    if not checkpoint or checkpoint.get("v") != VERSION:
-        return identity(total), False
-    n = checkpoint.get("n")
-    segments = checkpoint.get("segments")
-    if not isinstance(n, int) or not isinstance(segments, list) or not 0 < n <= total:
-        return identity(total), False
-    if checkpoint.get("hash") != chain_hash(digests[:n]):
-        return identity(total), False  # the agent edited its history: start afresh
-    return [*segments, *(["m", i] for i in range(n, total))], True
+# -- checkpoints ------------------------------------------------------------------------
 
 
-def materialise(
-    segments: Sequence[Segment],
-    messages: Sequence[Mapping[str, Any]],
-    tool: str | None,
-    read_length: int,
-    *,
-    dialect: Dialect = ANTHROPIC,
-) -> list[dict[str, Any]]:
-    """The wire messages the segments stand for, built from this request's messages."""
-    out: list[dict[str, Any]] = []
-    for seg in segments:
-        kind = seg[0]
-        if kind == "m":
-            out.append(dict(messages[seg[1]]))
-        elif kind == "s":
-            stubs = [Stub(seg[1], block, ref, head) for block, ref, head in seg[2]]
-            name = tool or "read_result"
-            out.append(dialect.stubbed_message(messages[seg[1]], stubs, name, read_length))
-        elif kind == "summary":
-            out.append(dialect.summary_message(seg[1], seg[2]))
-        elif kind == "note":
-            out.append(dialect.note_message(seg[1]))
-        else:
-            raise ValueError(f"unknown checkpoint segment {kind!r}")
-    return out
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    covers: int  # how many client messages the segments stand for
+    prefix_hash: str  # chain_hash of their match digests
+    segments: tuple[Segment, ...]
+    tool: str | None  # the name read_result was injected under
+    strategy: str  # what the crossing that made it did
+    summary_key: str | None = None  # the stored summary it holds, if any
+    tokens_after: int = 0  # the rewritten history, estimated, when it was made
 
+    def applies_to(self, digests: Sequence[bytes]) -> bool:
+        n = self.covers
+        return 0 < n <= len(digests) and chain_hash(digests[:n]) == self.prefix_hash
 
-def made_here(segment: Segment) -> bool:
-    return segment[0] in ("summary", "note")
+    def segments_for(self, total: int) -> list[Segment]:
+        """The segments for a request of `total` messages that starts with this prefix."""
+        return [*self.segments, *(Verbatim(i) for i in range(self.covers, total))]
+
+    def renamed(self, tool: str | None) -> Checkpoint:
+        return replace(self, tool=tool)
 
 
 def make_checkpoint(
@@ -115,13 +125,60 @@ def make_checkpoint(
     tool: str | None,
     strategy: str,
     summary_key: str | None,
-) -> dict[str, Any]:
+    tokens_after: int,
+) -> Checkpoint:
+    return Checkpoint(
+        covers=len(digests),
+        prefix_hash=chain_hash(digests),
+        segments=tuple(segments),
+        tool=tool,
+        strategy=strategy,
+        summary_key=summary_key,
+        tokens_after=tokens_after,
+    )
+
+
+def segments_for(
+    checkpoint: Checkpoint | None, digests: Sequence[bytes]
+) -> tuple[list[Segment], bool]:
+    """(segments, applied): the checkpoint's extended with the new messages, or the
+    identity when there is none or the agent edited its history since."""
+    if checkpoint is None or not checkpoint.applies_to(digests):
+        return identity(len(digests)), False
+    return checkpoint.segments_for(len(digests)), True
+
+
+# -- the codec, at the store edge -------------------------------------------------------
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> dict[str, Any]:
     return {
         "v": VERSION,
-        "n": len(digests),
-        "hash": chain_hash(digests),
-        "segments": list(segments),
-        "tool": tool,
-        "strategy": strategy,
-        "summary_key": summary_key,
+        "n": checkpoint.covers,
+        "hash": checkpoint.prefix_hash,
+        "segments": encode_segments(checkpoint.segments),
+        "tool": checkpoint.tool,
+        "strategy": checkpoint.strategy,
+        "summary_key": checkpoint.summary_key,
+        "after": checkpoint.tokens_after,
     }
+
+
+def decode_checkpoint(raw: object) -> Checkpoint | None:
+    """A stored checkpoint, or None when it is missing, of another version or malformed
+    (the conversation then starts afresh: never a failure)."""
+    if not isinstance(raw, dict) or raw.get("v") != VERSION:
+        return None
+    n, prefix, tool = raw.get("n"), raw.get("hash"), raw.get("tool")
+    strategy, key, after = raw.get("strategy"), raw.get("summary_key"), raw.get("after", 0)
+    if not isinstance(n, int) or n <= 0 or not isinstance(prefix, str):
+        return None
+    if not (tool is None or isinstance(tool, str)) or not isinstance(strategy, str):
+        return None
+    if not (key is None or isinstance(key, str)) or not isinstance(after, int):
+        return None
+    try:
+        segments = decode_segments(raw.get("segments"))
+    except SegmentError:
+        return None
+    return Checkpoint(n, prefix, tuple(segments), tool, strategy, key, after)

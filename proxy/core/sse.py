@@ -1,15 +1,20 @@
 """Server-sent events, sans I/O: bytes in, events out, and back.
 
 The decoder takes chunks cut anywhere (inside a line, inside a CRLF) and yields each
-event once its blank line arrives. Lines of any length are fine: the buffer grows until
-a line ends. Only `event:` and `data:` fields matter to us; others (`id:`, `retry:`,
-comments) are kept in the event's raw bytes, which is what gets relayed when an event
-passes through unchanged.
+event once its blank line arrives. Work is linear in the bytes fed: the buffer is
+scanned once from where the last scan stopped and trimmed once per `feed`, so a 1 MiB
+chunk of small events or one long line arriving in small pieces costs the same per byte.
+Only `event:` and `data:` fields matter to us; others (`id:`, `retry:`, comments) are
+kept in the event's raw bytes, which is what gets relayed when an event passes through
+unchanged.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+_LINE_END = re.compile(rb"[\r\n]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,71 +26,85 @@ class Event:
 
 class SSEDecoder:
     def __init__(self) -> None:
-        self._buffer = b""
-        self._lines: list[bytes] = []
-        self._raw: list[bytes] = []
+        self._buffer = bytearray()
+        self._scan = 0  # where the search for the next line end resumes
+        self._line = 0  # start of the line being read
+        self._event = 0  # start of the event being read (its raw bytes)
+        self._fields: list[bytes] = []  # the event's non-empty lines so far
 
     def feed(self, chunk: bytes) -> list[Event]:
-        self._buffer += chunk
+        buffer = self._buffer
+        buffer += chunk
         events: list[Event] = []
+        size = len(buffer)
+        # The APIs end lines with LF alone: with no CR in the new bytes (and none waiting
+        # for its LF), a plain find will do.
+        lf_only = self._scan == size - len(chunk) and b"\r" not in chunk
         while True:
-            end, skip = _line_end(self._buffer)
-            if end < 0:
-                break
-            line, self._buffer = self._buffer[:end], self._buffer[end + skip :]
-            self._raw.append(line + b"\n")
-            if line:
-                self._lines.append(line)
-            elif self._lines:
-                events.append(self._event())
+            if lf_only:
+                end = buffer.find(b"\n", self._scan)
+                if end < 0:
+                    self._scan = size
+                    break
+                after = end + 1
             else:
-                self._raw.clear()  # blank lines between events
+                found = _LINE_END.search(buffer, self._scan)
+                if found is None:
+                    self._scan = size
+                    break
+                end = found.start()
+                after = end + 1
+            if buffer[end] == 0x0D:  # CR: a CRLF counts once, so wait for the next byte
+                if end + 1 == size:
+                    self._scan = end
+                    break
+                after = end + 2 if buffer[end + 1] == 0x0A else end + 1
+            if end > self._line:
+                self._fields.append(bytes(buffer[self._line : end]))
+            elif self._fields:  # a blank line ends the event
+                events.append(self._dispatch(bytes(buffer[self._event : after])))
+                self._event = after
+            else:
+                self._event = after  # blank lines between events belong to none
+            self._line = self._scan = after
+        if self._event:
+            # Keep only the event being read; every index moves down with it.
+            del buffer[: self._event]
+            self._scan -= self._event
+            self._line -= self._event
+            self._event = 0
         return events
 
     def close(self) -> list[Event]:
         """Events left when the stream ends: an unterminated last event is dropped, as
         the SSE spec says (a stream cut mid-event never dispatches it)."""
-        self._buffer = b""
-        self._lines.clear()
-        self._raw.clear()
+        self._buffer.clear()
+        self._scan = self._line = self._event = 0
+        self._fields.clear()
         return []
 
     @property
     def pending(self) -> bool:
         """Whether part of an event has arrived without its end."""
-        return bool(self._buffer or self._lines)
+        return bool(self._buffer or self._fields)
 
-    def _event(self) -> Event:
-        name = "message"
-        data: list[str] = []
-        if all(line.startswith(b":") for line in self._lines):
-            name = ""  # only comments: nothing to dispatch, but the bytes can be relayed
-        for line in self._lines:
+    def _dispatch(self, raw: bytes) -> Event:
+        lines = self._fields
+        self._fields = []
+        name = ""  # only comments: nothing to dispatch, but the bytes can be relayed
+        data: list[bytes] = []
+        for line in lines:
+            if line[:1] == b":":
+                continue
+            name = name or "message"
             field, _, value = line.partition(b":")
-            if value.startswith(b" "):
+            if value[:1] == b" ":
                 value = value[1:]
-            if field == b"event":
+            if field == b"data":
+                data.append(value)
+            elif field == b"event":
                 name = value.decode("utf-8", "replace")
-            elif field == b"data":
-                data.append(value.decode("utf-8", "replace"))
-        raw = b"".join(self._raw)
-        self._lines.clear()
-        self._raw.clear()
-        return Event(name, "\n".join(data), raw)
-
-
-def _line_end(buffer: bytes) -> tuple[int, int]:
-    """Index of the first line end and its length; (-1, 0) when none is complete.
-
-    A CR at the very end of the buffer may be the first half of a CRLF, so it waits.
-    """
-    lf = buffer.find(b"\n")
-    cr = buffer.find(b"\r", 0, lf if lf >= 0 else len(buffer))
-    if cr < 0:
-        return (lf, 1) if lf >= 0 else (-1, 0)
-    if cr + 1 == len(buffer):
-        return -1, 0
-    return (cr, 2) if buffer[cr + 1 : cr + 2] == b"\n" else (cr, 1)
+        return Event(name, b"\n".join(data).decode("utf-8", "replace"), raw)
 
 
 def encode_event(name: str, data: bytes) -> bytes:

@@ -24,7 +24,7 @@ FORMAT_HELP = (
     " its first request"
 )
 
-FORMAT_LABELS = {"anthropic": "anthropic (Messages)", "openai": "chat (OpenAI Chat Completions)"}
+FORMAT_LABELS = {"anthropic": "anthropic (Messages)", "chat": "chat (OpenAI Chat Completions)"}
 
 
 def add_commands(commands: Any) -> None:

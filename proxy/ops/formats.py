@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.wire.formats import ANTHROPIC_FORMAT, CHAT_FORMAT, Format
+from proxy.core.wire_format import WireFormat
+from proxy.wire import ANTHROPIC, CHAT
 
 FORMAT_CHOICES = ("auto", "anthropic", "chat")
 _CHAT_ONLY_FIELDS = (
@@ -47,12 +48,12 @@ def looks_like_chat(body: Mapping[str, Any]) -> bool:
     return isinstance(first, dict) and first.get("role") == "system" and "system" not in body
 
 
-def format_for(name: str, body: Mapping[str, Any] | None) -> Format:
-    """The Format `--format NAME` asks for; `auto` judges `body`."""
+def format_for(name: str, body: Mapping[str, Any] | None) -> WireFormat:
+    """The wire format `--format NAME` asks for; `auto` judges `body`."""
     if name == "chat":
-        return CHAT_FORMAT
+        return CHAT
     if name == "anthropic":
-        return ANTHROPIC_FORMAT
+        return ANTHROPIC
     if name != "auto":
         raise ValueError(f"unknown format {name!r}; known: {', '.join(FORMAT_CHOICES)}")
-    return CHAT_FORMAT if body is not None and looks_like_chat(body) else ANTHROPIC_FORMAT
+    return CHAT if body is not None and looks_like_chat(body) else ANTHROPIC

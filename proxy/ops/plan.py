@@ -13,19 +13,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from proxy.core.planner import Refuse, Rewrite
 from proxy.core.policy import Policy
-from proxy.core.rewrite import Refuse, Rewrite
+from proxy.core.segments import Stubbed, Summary, Verbatim
 from proxy.core.tokens import TokenCounter
+from proxy.core.wire_format import WireFormat
 from proxy.ops.simulate import Simulator, Step
-from proxy.wire.formats import ANTHROPIC_FORMAT, Format
+from proxy.wire import ANTHROPIC
 
 
 def _dropped(rewrite: Rewrite) -> int:
-    segments = (rewrite.checkpoint or {}).get("segments") or []
-    total = int((rewrite.checkpoint or {}).get("n", 0))
-    kept = sum(1 for s in segments if s[0] in ("m", "s"))
-    folded = sum(int(s[2]) for s in segments if s[0] == "summary")
-    return max(0, total - kept - folded)
+    checkpoint = rewrite.checkpoint
+    if checkpoint is None:
+        return 0
+    segments = checkpoint.segments
+    kept = sum(1 for s in segments if isinstance(s, (Verbatim, Stubbed)))
+    folded = sum(s.folded for s in segments if isinstance(s, Summary))
+    return max(0, checkpoint.covers - kept - folded)
 
 
 def _saved(before: int, after: int) -> str:
@@ -88,7 +92,7 @@ def plan_text(
     body: Mapping[str, Any],
     counter: TokenCounter,
     policies: Sequence[Policy],
-    fmt: Format = ANTHROPIC_FORMAT,
+    fmt: WireFormat = ANTHROPIC,
 ) -> str:
     step = Simulator(policies, counter, fmt=fmt).step(dict(body))
     return render_plan(step)

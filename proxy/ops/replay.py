@@ -24,13 +24,14 @@ from typing import Any
 
 from proxy.core.policy import Policy
 from proxy.core.tokens import TokenCounter
+from proxy.core.wire_format import WireFormat
 from proxy.ops.formats import format_for
 from proxy.ops.progress import Progress
 from proxy.ops.simulate import Simulator, Step
 from proxy.testing.cache import CacheUsage, PromptCache, Unit, prompt_units
 from proxy.testing.chat_standin import prompt_units as chat_prompt_units
-from proxy.wire.formats import ANTHROPIC_FORMAT, CHAT_FORMAT, Format
-from proxy.wire.openai import ChatCounter
+from proxy.wire import ANTHROPIC, CHAT
+from proxy.wire.chat import ChatCounter
 
 PRICES = {"input": 1.0, "write": 1.25, "read": 0.1, "output": 5.0}
 SECONDS_PER_TURN = 10.0  # well inside the cache's 5-minute lifetime, as an agent runs
@@ -135,8 +136,8 @@ class _Pricing:
     units: Callable[[dict[str, Any]], list[Unit]]
 
 
-def _pricing(fmt: Format, counter: TokenCounter) -> _Pricing:
-    if fmt.name == CHAT_FORMAT.name:
+def _pricing(fmt: WireFormat, counter: TokenCounter) -> _Pricing:
+    if fmt.name == CHAT.name:
         chat_counter = ChatCounter(counter)
         return _Pricing(
             True, chat_counter.count_request, lambda b: chat_prompt_units(b, chat_counter)
@@ -156,7 +157,7 @@ def replay(
     policies: Sequence[Policy],
     counter: TokenCounter,
     progress: Progress | None = None,
-    fmt: Format | None = None,
+    fmt: WireFormat | None = None,
 ) -> Replay:
     """`fmt` None: the first request's (proxy/ops/formats.py)."""
     now = [0.0]
@@ -166,7 +167,7 @@ def replay(
     pending: list[tuple[int, int, int, CacheUsage, CacheUsage, Step, int]] = []
     outputs: list[int] = []
     simulator: Simulator | None = None
-    pricing = _pricing(ANTHROPIC_FORMAT, counter)
+    pricing = _pricing(ANTHROPIC, counter)
     for n, (body, following) in enumerate(_with_next(bodies)):
         if simulator is None:
             fmt = fmt or format_for("auto", body)

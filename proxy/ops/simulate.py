@@ -1,14 +1,13 @@
 """The proxy's decisions for saved requests, without calling anything.
 
-`Simulator.step(body)` does what the Compactor does for one request of its format
-(Anthropic Messages unless given): the same pure steps (proxy/core/intake.py: count,
-trigger check, checkpoint slot, the planner's input, the body to send) around the pure
-planner, with the effects kept in memory: the conversation's checkpoints (one per first
+`Simulator.step(body)` runs the same compaction driver the server runs
+(proxy/core/driver.py) for one request of its wire format, with an executor on dicts
+instead of Redis and the upstream: the conversation's checkpoints (one per first
 message), the stored summaries (a placeholder text of the slot's size stands in for the
 summariser's answer), the offloaded blobs. Steps on one Simulator form one conversation,
 as the replica fleet would see it. Calibration is fixed (factor 1.0 unless given, no
 sampling): the local count is taken as the real one, and every request is counted (the
-Compactor's byte-size shortcut only skips counts that could not change the decision).
+server's byte-size shortcut only skips counts that could not change the decision).
 """
 
 from __future__ import annotations
@@ -17,29 +16,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.core.dialect import Dialect
-from proxy.core.intake import (
-    Planning,
-    checkpoint_slot,
-    count_request,
-    digests_of,
-    plan_input,
-    replaced_fields,
+from proxy.core.checkpoint import Checkpoint, checkpoint_slot
+from proxy.core.commands import (
+    Command,
+    GetSummary,
+    LoadConversation,
+    Loaded,
+    Reply,
+    SaveCrossing,
+    Saved,
+    SummaryReply,
 )
+from proxy.core.counting import count_request
+from proxy.core.driver import CompactionRequest, compaction, run
 from proxy.core.offload import ref_for, result_text
+from proxy.core.planner import Refuse, Rewrite
 from proxy.core.policy import Policy, policy_for
-from proxy.core.rewrite import (
-    NeedSummary,
-    Refuse,
-    Rewrite,
-    Untouched,
-    finish_with_summary,
-    plan_request,
-)
+from proxy.core.segments import Stubbed, Summary, Verbatim
 from proxy.core.summary import INSTRUCTION
 from proxy.core.tokens import TokenCounter
-from proxy.wire.anthropic import request_messages
-from proxy.wire.formats import ANTHROPIC_FORMAT, Format
+from proxy.core.wire_format import Dialect, WireFormat
+from proxy.wire import ANTHROPIC
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +111,33 @@ def _result_owners(messages: Sequence[Mapping[str, Any]], dialect: Dialect) -> d
     return owners
 
 
+class MemoryExecutor:
+    """The driver's commands on dicts: what a fleet's Redis would hold for one
+    conversation. A summary that is not stored yet is "made" as a placeholder."""
+
+    def __init__(self, counter: TokenCounter) -> None:
+        self.counter = counter
+        self.checkpoints: dict[str, Checkpoint] = {}  # slot -> checkpoint, as stored
+        self.summaries: dict[str, str] = {}  # key -> text, as the store would keep them
+        self.blobs: dict[str, int] = {}  # ref -> length in characters
+        self.asked: GetSummary | None = None  # the last request's summary, if any
+
+    def __call__(self, command: Command) -> Reply:
+        if isinstance(command, LoadConversation):
+            return Loaded(self.checkpoints.get(command.slot))
+        if isinstance(command, GetSummary):
+            self.asked = command
+            stored = self.summaries.get(command.key)
+            if stored is not None:
+                return SummaryReply(stored, reused=True)
+            return SummaryReply(placeholder_summary(command.slot, command.key))
+        assert isinstance(command, SaveCrossing)
+        self.checkpoints[command.slot] = command.checkpoint
+        for ref, text in command.blobs:
+            self.blobs[ref] = len(text)
+        return Saved(ok=True)
+
+
 class Simulator:
     def __init__(
         self,
@@ -121,96 +145,103 @@ class Simulator:
         counter: TokenCounter,
         *,
         factor: float = 1.0,
-        fmt: Format = ANTHROPIC_FORMAT,
+        fmt: WireFormat = ANTHROPIC,
     ) -> None:
         self.policies = list(policies)
         self.counter = counter
         self.factor = factor
         self.format = fmt
-        self.checkpoints: dict[str, dict[str, Any]] = {}  # slot -> checkpoint, as stored
-        self.summaries: dict[str, str] = {}  # key -> text, as the store would keep them
-        self.blobs: dict[str, int] = {}  # ref -> length in characters
+        self.memory = MemoryExecutor(counter)
+
+    @property
+    def checkpoints(self) -> dict[str, Checkpoint]:
+        return self.memory.checkpoints
 
     def step(self, body: dict[str, Any]) -> Step:
-        fmt = self.format
-        counter = fmt.counter(self.counter)
-        messages = request_messages(body)
+        wire = self.format
+        messages = wire.messages(body)
         model = str(body.get("model", ""))
         policy = policy_for(model, self.policies)
-        counted = count_request(fmt, counter, body, messages)
+        counted = count_request(wire, self.counter, body, messages)
+        counter = wire.counter(self.counter)
+        request = CompactionRequest(wire, body, messages, counted, counter, policy, self.factor)
+        memory = self.memory
+        memory.asked = None
+        known = set(memory.summaries)
+        before = dict(memory.checkpoints)
+        decision = run(compaction(request), memory)
         history, fixed = counted.history, counted.fixed
-        if not messages or counted.fits(policy, self.factor):
+        if decision.action == "forward":
             return Step(body, policy, "untouched", tokens_before=history, tokens_after=history,
                         fixed_tokens=fixed)  # fmt: skip
-        digests = digests_of(messages)
-        slot = checkpoint_slot(digests)
-        planning = plan_input(
-            fmt,
-            counter,
-            body,
-            messages,
-            counted,
-            digests,
-            policy=policy,
-            factor=self.factor,
-            checkpoint=self.checkpoints.get(slot),
-            store_ok=True,
-        )
-        outcome = plan_request(planning.inp)
-        summary: Summarise | None = None
-        fallback: Rewrite | Refuse | None = None
-        if isinstance(outcome, NeedSummary):
-            need = outcome
-            stored = self.summaries.get(need.key)
-            text = stored or placeholder_summary(need.slot, need.key)
-            base = self.counter
-            prompt = base.count_text(INSTRUCTION) + base.count_text(need.transcript)
-            fallback = finish_with_summary(need, None, reused=False)
-            outcome = finish_with_summary(need, text, reused=stored is not None)
-            if isinstance(outcome, Rewrite) and outcome.summary:
-                self.summaries[need.key] = text
-                summary = Summarise(0, need.slot, stored is not None, prompt)
-        if isinstance(outcome, Untouched):
-            return Step(body, policy, "untouched", tokens_before=history, tokens_after=history,
-                        fixed_tokens=fixed)  # fmt: skip
-        if isinstance(outcome, Refuse):
+        if decision.action == "refuse":
             return Step(body, policy, "refuse", tokens_before=history, fixed_tokens=fixed,
-                        refusal=outcome.message)  # fmt: skip
-        return self._rewritten(body, outcome, policy, slot, planning, summary, fallback)
+                        refusal=decision.refusal)  # fmt: skip
+        rewrite = decision.rewrite
+        assert rewrite is not None and decision.sent is not None
+        summary, fallback = None, None
+        asked = memory.asked
+        if asked is not None and rewrite.summary:
+            reused = asked.key in known
+            memory.summaries[asked.key] = memory.summaries.get(
+                asked.key, placeholder_summary(asked.slot, asked.key)
+            )
+            prompt = self.counter.count_text(INSTRUCTION) + self.counter.count_text(
+                asked.transcript
+            )
+            summary = Summarise(0, asked.slot, reused, prompt)
+            fallback = self._without_summary(request, before)
+        slot = checkpoint_slot(counted.digests)
+        stored = rewrite.checkpoint or memory.checkpoints.get(slot)
+        return self._rewritten(body, decision.sent, rewrite, stored, policy, decision.estimate,
+                               summary, fallback)  # fmt: skip
+
+    def _without_summary(
+        self, request: CompactionRequest, before: dict[str, Checkpoint]
+    ) -> Rewrite | Refuse:
+        """What the request would have got had the summariser failed: the same driver on
+        a copy of the state before this step, so nothing of it is kept."""
+        shadow = MemoryExecutor(self.counter)
+        shadow.checkpoints = dict(before)
+
+        def failing(command: Command) -> Reply:
+            if isinstance(command, GetSummary):
+                return SummaryReply(None, failure="simulated")
+            return shadow(command)
+
+        decision = run(compaction(request), failing)
+        return decision.rewrite if decision.rewrite is not None else Refuse(decision.refusal)
 
     def _rewritten(
         self,
         body: dict[str, Any],
+        sent: dict[str, Any],
         rewrite: Rewrite,
+        checkpoint: Checkpoint | None,
         policy: Policy,
-        slot: str,
-        planning: Planning,
+        estimate: int,
         summary: Summarise | None,
         fallback: Rewrite | Refuse | None,
     ) -> Step:
-        if rewrite.checkpoint is not None:
-            self.checkpoints[slot] = rewrite.checkpoint
-        checkpoint = self.checkpoints.get(slot) or {}
-        segments = checkpoint.get("segments") or []
-        kept = sum(1 for s in segments if s[0] in ("m", "s"))
-        folded = sum(int(s[2]) for s in segments if s[0] == "summary")
-        total = int(checkpoint.get("n", 0))
-        owners = _result_owners(request_messages(body), self.format.dialect)
-        offloaded = []
-        for ref, text in rewrite.blobs:
-            self.blobs[ref] = len(text)
-            offloaded.append(Offloaded(ref, owners.get(ref, "?"), self.counter.count_text(text)))
+        segments = checkpoint.segments if checkpoint is not None else ()
+        kept = sum(1 for s in segments if isinstance(s, (Verbatim, Stubbed)))
+        folded = sum(s.folded for s in segments if isinstance(s, Summary))
+        total = checkpoint.covers if checkpoint is not None else 0
+        owners = _result_owners(self.format.messages(body), self.format)
+        offloaded = [
+            Offloaded(ref, owners.get(ref, "?"), self.counter.count_text(text))
+            for ref, text in rewrite.blobs
+        ]
         if summary is not None:
             summary = Summarise(folded, summary.slot, summary.reused, summary.input_tokens)
-        replace = replaced_fields(self.format, body, rewrite)
         return Step(
-            {**body, **replace},
+            sent,
             policy,
             "rewrite",
             strategy=rewrite.strategy,
             tokens_before=rewrite.tokens_before,
             tokens_after=rewrite.tokens_after,
-            fixed_tokens=planning.fixed_sent(rewrite),
+            fixed_tokens=estimate - rewrite.estimate,
             offloaded=offloaded,
             stubs=len(rewrite.refs),
             folded=folded,

@@ -5,21 +5,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from proxy.config import Settings
-from proxy.server import fleet
-from proxy.server.chat import expect_chat, handle_chat_completions
-from proxy.server.compaction import Compactor
+from proxy.server.auth import authenticate
+from proxy.server.compactor import Compactor
+from proxy.server.errors import render_errors
+from proxy.server.fleet import fleet_lifetime
 from proxy.server.health import handle_healthz, handle_readyz
 from proxy.server.lifecycle import LIFECYCLE, Lifecycle
 from proxy.server.logs import REQUEST_LOG, RequestLog, redacted_url
-from proxy.server.messages import expect_within_limit, handle_count_tokens, handle_messages
 from proxy.server.metrics import METRICS, Metrics, handle_metrics, observe_requests
 from proxy.server.passthrough import handle_passthrough
+from proxy.server.routes import (
+    CHAT_COMPLETIONS,
+    COUNT_TOKENS,
+    MESSAGES,
+    expect_for,
+    handle_chat_completions,
+    handle_count_tokens,
+    handle_messages,
+)
 from proxy.server.routing import openai_upstream_lifetime
 from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM, StoreState
 from proxy.server.upstream import Upstream
@@ -95,38 +104,43 @@ async def _check_eviction_policy(store: Store) -> None:
         log.info("Redis has no memory limit: stored results grow until their TTL ends")
 
 
-async def _close_compactor(app: web.Application) -> None:
+async def _compactor_lifetime(app: web.Application) -> AsyncIterator[None]:
+    """Load the encoding before the first request (it takes a few hundred ms), in a
+    thread, so no request stalls the event loop waiting for it; stop calibration's
+    background work before the store closes."""
+    await asyncio.to_thread(app[COMPACTOR].counter.count_text, "warm up")
+    yield
     await app[COMPACTOR].close()
 
 
-async def _load_tokenizer(app: web.Application) -> None:
-    """Load the encoding before the first request (it takes a few hundred ms), in a
-    thread, so no request stalls the event loop waiting for it."""
-    await asyncio.to_thread(app[COMPACTOR].counter.count_text, "warm up")
-
-
 def create_app(settings: Settings) -> web.Application:
-    app = web.Application(middlewares=[observe_requests])
+    # Outermost first: the record and metrics see every answer, errors included; key
+    # checks and budgets (a no-op with keys off) run inside them.
+    app = web.Application(middlewares=[observe_requests, render_errors, authenticate])
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app[LIFECYCLE] = Lifecycle()
     app[REQUEST_LOG] = RequestLog(settings.server.log_format)
     app[STORE] = StoreState()
     app[COMPACTOR] = Compactor(settings.policies)
-    fleet.install(app)  # proxy keys and budgets (a no-op middleware with keys off)
+    # Started in this order, stopped in the reverse: nothing outlives what it uses.
     app.cleanup_ctx.append(_upstream_lifetime)
     app.cleanup_ctx.append(openai_upstream_lifetime)
     app.cleanup_ctx.append(_store_lifetime)
-    app.on_startup.append(_load_tokenizer)
-    app.on_cleanup.append(_close_compactor)
+    app.cleanup_ctx.append(fleet_lifetime)
+    app.cleanup_ctx.append(_compactor_lifetime)
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)
     app.router.add_get("/metrics", handle_metrics)
-    app.router.add_post("/v1/messages", handle_messages, expect_handler=expect_within_limit)
+    app.router.add_post("/v1/messages", handle_messages, expect_handler=expect_for(MESSAGES))
     app.router.add_post(
-        "/v1/messages/count_tokens", handle_count_tokens, expect_handler=expect_within_limit
+        "/v1/messages/count_tokens", handle_count_tokens, expect_handler=expect_for(COUNT_TOKENS)
     )
-    app.router.add_post("/v1/chat/completions", handle_chat_completions, expect_handler=expect_chat)
+    app.router.add_post(
+        "/v1/chat/completions",
+        handle_chat_completions,
+        expect_handler=expect_for(CHAT_COMPLETIONS),
+    )
     app.router.add_route("*", "/{tail:.*}", handle_passthrough)
     return app
 
@@ -163,6 +177,27 @@ async def start(settings: Settings) -> RunningProxy:
     if ":" in host:
         host = f"[{host}]"
     return RunningProxy(app, runner, f"http://{host}:{port}")
+
+
+def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The loop `serve` runs on: uvloop unless asyncio's is asked for (or uvloop is
+    missing and "auto" allows going without it)."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise RuntimeError("server.event_loop = uvloop, but uvloop is not installed") from None
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def run(settings: Settings) -> None:
+    """Run `serve` on the configured event loop."""
+    with asyncio.Runner(loop_factory=event_loop_factory(settings.server.event_loop)) as runner:
+        runner.run(serve(settings))
 
 
 async def serve(settings: Settings) -> None:

@@ -13,68 +13,31 @@ policy override and the scopes (key, team) whose budgets apply.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.core import proxy_keys
 from proxy.core.budget import limits_of, policy_override
+from proxy.core.errors import NotAuthenticated
+from proxy.core.errors import StoreUnavailable as CannotCheck
 from proxy.core.identity import credential
-from proxy.server import errors
+from proxy.server.budgets import TICKET, admission
+from proxy.server.caller import CALLER, Caller, count_rejection
 from proxy.server.fleet import FLEET
-from proxy.server.routing import upstream_for
 from proxy.server.state import SETTINGS
 from proxy.store import StoreUnavailable
 from proxy.store.accounts import Scope
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+STORE_DOWN_RETRY_AFTER = 2
 
 
-@dataclass(frozen=True, slots=True)
-class Caller:
-    tenant: str | None = None  # None: derived from the forwarded credential
-    key_id: str | None = None
-    team: str | None = None
-    policy: dict[str, int] | None = None  # window/trigger/target over the model's policy
-    scopes: tuple[Scope, ...] = ()  # scopes with limits, the key's first
-    limits_unknown: bool = False  # Redis was unreachable and nothing was cached
-
-
-ANONYMOUS = Caller()
-CALLER = web.RequestKey("compaction_proxy_caller", Caller)
-
-
-def caller_of(request: web.Request) -> Caller:
-    caller: Caller = request.get(CALLER, ANONYMOUS)
-    return caller
-
-
-def shaped(request: web.Request, response: web.Response) -> web.Response:
-    """The proxy's own error in the caller's API shape: OpenAI's on OpenAI routes."""
-    if upstream_for(request.path, request.headers) != "openai":
-        return response
-    converted = errors.as_openai(response)
-    if "retry-after" in response.headers:
-        converted.headers["retry-after"] = response.headers["retry-after"]
-    return converted
-
-
-def _reject(request: web.Request, message: str, reason: str) -> web.Response:
+def _reject(request: web.Request, message: str, reason: str) -> NotAuthenticated:
     count_rejection(request.app, reason)
-    return shaped(request, errors.error_response(401, "authentication_error", message))
-
-
-def count_rejection(app: web.Application, reason: str) -> None:
-    try:
-        from proxy.server.metrics import count_budget_rejection
-    except ImportError:  # metrics not part of this build
-        return
-    with contextlib.suppress(KeyError):  # an app built without metrics
-        count_budget_rejection(app, reason)
+    return NotAuthenticated(message)
 
 
 def _with_credential(headers: CIMultiDictProxy[str], secret: str, scheme: str) -> CIMultiDict[str]:
@@ -102,41 +65,29 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
     key_id = proxy_keys.key_id_of(text)
     if key_id is None:
         message = "invalid x-api-key" if text else "x-api-key header is required"
-        return _reject(request, message, "key")
+        raise _reject(request, message, "key")
     fleet = app[FLEET]
     accounts = fleet.accounts()
     if accounts is None:
-        return shaped(
-            request,
-            errors.error_response(
-                503,
-                "api_error",
-                "compaction-proxy has no key store to check keys against",
-                retry=True,
-            ),
-        )
+        raise CannotCheck("compaction-proxy has no key store to check keys against")
     try:
         record = await fleet.key_record(accounts, key_id)
     except StoreUnavailable:
         count_rejection(app, "store_unavailable")
-        response = errors.error_response(
-            503,
-            "api_error",
-            "compaction-proxy cannot check keys right now (its store is"
-            " unreachable); retry shortly",
-            retry=True,
-        )
-        response.headers["retry-after"] = "2"
-        return shaped(request, response)
+        raise CannotCheck(
+            "compaction-proxy cannot check keys right now (its store is unreachable);"
+            " retry shortly",
+            retry_after=STORE_DOWN_RETRY_AFTER,
+        ) from None
     if (
         record is None
         or record.get("revoked") == "1"
         or not proxy_keys.matches(text, record.get("digest", ""))
     ):
-        return _reject(request, "invalid x-api-key", "key")
+        raise _reject(request, "invalid x-api-key", "key")
     secret = os.environ.get(record.get("upstream_env", ""), "").strip()
     if not secret:
-        return _reject(
+        raise _reject(
             request,
             f"this key's upstream credential ({record.get('upstream_env')}) is not set on"
             " this compaction-proxy replica",
@@ -171,8 +122,6 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
     headers = _with_credential(request.headers, secret, record.get("upstream_scheme", ""))
     forwarded = request.clone(headers=CIMultiDictProxy(headers))
     forwarded[CALLER] = caller
-    from proxy.server.budgets import TICKET, admission
-
     async with admission(forwarded, caller) as ticket:
         forwarded[TICKET] = ticket
         return await handler(forwarded)

@@ -2,14 +2,13 @@
 
 The key-check middleware (proxy/server/auth.py) wraps every handler of a key's request
 in a `Ticket`; the Messages and Chat handlers make one call, after compaction and before
-forwarding:
+forwarding, which raises `BudgetRefused` (429) or `StoreUnavailable` (503, failing
+closed) when the request may not go:
 
-    refusal = await budgets.reserve(request, ctx, forward)
-    if refusal is not None:
-        return refusal
+    await budgets.reserve(request, prepared, estimate)
 
-While the handler runs, the ticket's meter is current (proxy.server.charges), so the
-relay, the read_result rounds and the summariser report what the upstream used. When the
+The relay, the read_result rounds and the summariser report what the upstream used to the
+request's meter (proxy/server/record.py), which the ticket reads at the end. When the
 handler ends, however it ends (an answer, an upstream error, an exception, a client that
 disconnects and cancels it), the reservation is settled to the metered usage in a
 background task that cancellation cannot stop. An upstream error reports no usage, so it
@@ -22,24 +21,20 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
 
-import orjson
 from aiohttp import web
 
 from proxy.core.budget import Amounts, over_limit_message, reservation
-from proxy.core.intake import count_request
-from proxy.core.meter import UsageMeter
-from proxy.server import charges, errors
-from proxy.server.auth import Caller, count_rejection, shaped
+from proxy.core.errors import BudgetRefused
+from proxy.core.errors import StoreUnavailable as CannotCheck
+from proxy.core.usage import UsageMeter
+from proxy.server.caller import Caller, count_rejection
 from proxy.server.fleet import FLEET, Fleet
+from proxy.server.record import detached
 from proxy.server.state import SETTINGS
 from proxy.store import StoreUnavailable
 from proxy.store.accounts import Held, Refused
-from proxy.wire.anthropic import request_messages
-from proxy.wire.formats import Format
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +45,10 @@ class Ticket:
     def __init__(self, request: web.Request, caller: Caller) -> None:
         self.request = request
         self.caller = caller
-        self.meter = UsageMeter()
+        self.meter: UsageMeter = detached().meter  # the request's one meter
         self.held: list[Held] = []
         self.reserved = Amounts()  # summed over the reservation and its top-ups
         self.one_hour_cache = False
-        self._token: object = None
 
     @property
     def _fleet(self) -> Fleet:
@@ -62,15 +56,17 @@ class Ticket:
 
     async def reserve(
         self, estimated_input: int, max_tokens: int, *, one_hour_cache: bool = False
-    ) -> web.Response | None:
-        """Hold the estimate in every budget of the caller; None when admitted, else
-        the answer to give (429 over budget, 503 when failing closed)."""
+    ) -> None:
+        """Hold the estimate in every budget of the caller, or raise the refusal
+        (BudgetRefused over budget, StoreUnavailable when failing closed)."""
         caller = self.caller
         if not caller.scopes and not caller.limits_unknown:
-            return None
+            return
         want = reservation(estimated_input, max_tokens, one_hour_cache=one_hour_cache)
         self.one_hour_cache = one_hour_cache
-        return await self._hold(want, give_back_all=True)
+        refusal = await self._hold(want, give_back_all=True)
+        if refusal is not None:
+            raise refusal
 
     async def top_up(self, estimated_input: int, max_tokens: int) -> bool:
         """Hold one more upstream call of this request (a read_result round: its whole
@@ -82,7 +78,9 @@ class Ticket:
         want = reservation(estimated_input, max_tokens, one_hour_cache=self.one_hour_cache)
         return await self._hold(want, give_back_all=False) is None
 
-    async def _hold(self, want: Amounts, *, give_back_all: bool) -> web.Response | None:
+    async def _hold(
+        self, want: Amounts, *, give_back_all: bool
+    ) -> BudgetRefused | CannotCheck | None:
         caller = self.caller
         fleet = self._fleet
         accounts = fleet.accounts()
@@ -112,7 +110,7 @@ class Ticket:
         self.reserved = self.reserved.plus(want)
         return None
 
-    def _over_budget(self, refused: Refused, want: Amounts) -> web.Response:
+    def _over_budget(self, refused: Refused, want: Amounts) -> BudgetRefused:
         count_rejection(self.request.app, "tokens")
         wanted = dict(zip(("input", "output", "weighted"), want.as_tuple(), strict=True))
         message = over_limit_message(
@@ -123,25 +121,19 @@ class Ticket:
             wanted[refused.metric],
             refused.limit,
         )
-        response = errors.error_response(429, "rate_limit_error", message)
-        response.headers["retry-after"] = str(refused.retry_after)
-        return shaped(self.request, response)
+        return BudgetRefused(message, retry_after=refused.retry_after)
 
-    def _store_down(self) -> web.Response | None:
+    def _store_down(self) -> CannotCheck | None:
         fleet = self._fleet
         if self.request.app[SETTINGS].budgets.on_store_down == "open":
             fleet.unaccounted += 1
             return None
         count_rejection(self.request.app, "store_unavailable")
-        response = errors.error_response(
-            503,
-            "api_error",
+        return CannotCheck(
             "compaction-proxy cannot check budgets right now (its store is unreachable);"
             " retry shortly",
-            retry=True,
+            retry_after=STORE_DOWN_RETRY_AFTER,
         )
-        response.headers["retry-after"] = str(STORE_DOWN_RETRY_AFTER)
-        return shaped(self.request, response)
 
     def _settle(self, held: list[Held], actual: Amounts) -> None:
         """Replace what `held` reserved by `actual`. A scope holds several reservations
@@ -156,7 +148,6 @@ class Ticket:
     # -- the block -----------------------------------------------------------------------
 
     async def __aenter__(self) -> Ticket:
-        self._token = charges.begin(self.meter)
         return self
 
     async def __aexit__(
@@ -165,7 +156,6 @@ class Ticket:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        charges.end(self._token)  # type: ignore[arg-type]
         if self.held:
             held, self.held = self.held, []
             self._settle(held, self.meter.cost(self.reserved))
@@ -198,62 +188,34 @@ def admission(request: web.Request, caller: Caller) -> Ticket:
     return Ticket(request, caller)
 
 
-def estimate_input(ctx: Any, forward: Any) -> int:
-    """Input tokens of what goes upstream, calibrated: the same counts the compactor
-    made (cached per block, so counting again costs a hash per block)."""
-    payload = ctx.payload
-    if forward.body is not ctx.body:
-        try:
-            payload = orjson.loads(forward.body)
-        except orjson.JSONDecodeError:
-            payload = None
-    if ctx.compactor is None or not isinstance(payload, dict):
-        return len(forward.body) // 4  # unparsed (compressed): about 4 bytes a token
-    return estimate_payload(ctx.compactor, ctx.wire.format, payload, ctx.store)
-
-
-def estimate_payload(compactor: Any, fmt: Format, payload: Mapping[str, Any], store: Any) -> int:
-    """A parsed body's input tokens, counted as the Compactor counts it
-    (proxy/core/intake.py), calibrated (never below the raw count)."""
-    counted = count_request(fmt, fmt.counter(compactor.counter), payload, request_messages(payload))
-    factor = compactor.factor(str(payload.get("model", "")), store)
-    return int((counted.history + counted.fixed) * max(1.0, factor) + 0.999)
-
-
-def _max_output(payload: Any) -> int:
-    if isinstance(payload, dict):
-        for name in ("max_tokens", "max_completion_tokens"):
-            value = payload.get(name)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return DEFAULT_MAX_OUTPUT
-
-
-async def reserve(request: web.Request, ctx: Any, forward: Any) -> web.Response | None:
-    """The handlers' one budget hook, after compaction and before forwarding: None to go
-    on, else the refusal to answer with. Free for callers without budgets."""
+async def reserve(
+    request: web.Request, estimated_input: int, max_tokens: int | None, sent: bytes
+) -> None:
+    """The handlers' one budget hook, after compaction and before forwarding: returns to
+    go on, raises the refusal otherwise. Free for callers without budgets.
+    `estimated_input` is the calibrated estimate of what goes upstream."""
     ticket: Ticket | None = request.get(TICKET)
-    if ticket is None or ctx.route == "count_tokens":
-        return None
-    if not ticket.caller.scopes and not ticket.caller.limits_unknown:
-        return None
-    return await ticket.reserve(
-        estimate_input(ctx, forward),
-        _max_output(ctx.payload),
-        one_hour_cache=_ONE_HOUR.search(forward.body) is not None,
+    if ticket is None or not (ticket.caller.scopes or ticket.caller.limits_unknown):
+        return
+    await ticket.reserve(
+        estimated_input,
+        max_tokens or DEFAULT_MAX_OUTPUT,
+        one_hour_cache=_ONE_HOUR.search(sent) is not None,
     )
 
 
-async def top_up(
-    request: web.Request, compactor: Any, fmt: Format, payload: Any, store: Any
-) -> bool:
+def applies(request: web.Request) -> bool:
+    """Whether the request's caller has budgets to reserve against."""
+    ticket: Ticket | None = request.get(TICKET)
+    return ticket is not None and bool(ticket.caller.scopes or ticket.caller.limits_unknown)
+
+
+async def top_up(request: web.Request, estimated_input: int, max_tokens: int | None) -> bool:
     """Before a read_result round goes upstream: hold its input (the whole body it
     sends) and its output cap too, so the rounds stay inside the caller's budgets.
     False when a budget refuses it: the rounds must stop there. Free for callers
     without budgets."""
     ticket: Ticket | None = request.get(TICKET)
-    if ticket is None or (not ticket.caller.scopes and not ticket.caller.limits_unknown):
+    if ticket is None or not (ticket.caller.scopes or ticket.caller.limits_unknown):
         return True
-    return await ticket.top_up(
-        estimate_payload(compactor, fmt, payload, store), _max_output(payload)
-    )
+    return await ticket.top_up(estimated_input, max_tokens or DEFAULT_MAX_OUTPUT)

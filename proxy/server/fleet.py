@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -198,14 +198,9 @@ class Fleet:
 FLEET = web.AppKey("fleet", Fleet)
 
 
-def install(app: web.Application) -> None:
-    """Add key checks and budgets to an app (before it starts)."""
-    from proxy.server.auth import authenticate
-
+async def fleet_lifetime(app: web.Application) -> AsyncIterator[None]:
+    """Keys and budgets for the app's lifetime: registered after the store, so pending
+    settlements are sent before the store closes."""
     app[FLEET] = Fleet(app)
-    app.middlewares.append(authenticate)
-
-    async def close(app: web.Application) -> None:
-        await app[FLEET].close()
-
-    app.on_cleanup.insert(0, close)  # settle before the store closes
+    yield
+    await app[FLEET].close()

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 from aiohttp import web
 
-from proxy.server.observe import RequestRecord
+from proxy.server.record import RequestRecord
 
 REQUEST_LOGGER = "compaction_proxy.requests"
 FORMATS = ("human", "json")
@@ -41,6 +41,8 @@ def request_fields(record: RequestRecord, status: int, ended: float) -> dict[str
     if record.upstream_request_id:
         fields["upstream_request_id"] = record.upstream_request_id
     fields["strategy"] = record.strategy or "none"
+    if record.reason:
+        fields["reason"] = record.reason
     if record.strategy and record.strategy != "refuse":
         fields["tokens_before"] = record.tokens_before
         fields["tokens_after"] = record.tokens_after
@@ -50,8 +52,10 @@ def request_fields(record: RequestRecord, status: int, ended: float) -> dict[str
         fields["summary"] = record.summary
     if record.read_rounds:
         fields["read_rounds"] = record.read_rounds
-    for key, value in record.usage.items():
-        fields[key] = value
+    if record.meter.rounds:
+        for key, value in record.meter.total().as_dict().items():
+            if isinstance(value, int):
+                fields[key] = value
     if record.summariser_calls or record.summariser_failures:
         fields["summariser_calls"] = record.summariser_calls
         fields["summariser_failures"] = record.summariser_failures

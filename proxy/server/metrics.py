@@ -21,10 +21,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from proxy.server import observe
+from proxy.server import record as records
 from proxy.server.lifecycle import LIFECYCLE
 from proxy.server.logs import REQUEST_LOG
-from proxy.server.observe import RequestRecord
+from proxy.server.record import RequestRecord
 from proxy.server.state import STORE
 from proxy.store import Store, StoreUnavailable
 
@@ -154,8 +154,8 @@ class Metrics:
         overhead.observe(rec.own_seconds(ended))
         if rec.upstream_sent is not None and rec.upstream_answered is not None:
             latency.observe(rec.upstream_answered - rec.upstream_sent)
-        usage = rec.usage
-        if usage:
+        if rec.meter.rounds:
+            usage = rec.meter.total().as_dict()
             for key, counter in self._by_usage:
                 if usage.get(key):
                     counter.inc(usage[key])
@@ -245,7 +245,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 async def observe_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
     app = request.app
     record = RequestRecord(secrets.token_hex(8), route_of(request), request.method)
-    token = observe.begin(record)
+    token = records.begin(record)
     lifecycle = app[LIFECYCLE]
     lifecycle.started()
     metrics = app[METRICS]
@@ -263,7 +263,7 @@ async def observe_requests(request: web.Request, handler: Handler) -> web.Stream
         raise
     finally:
         ended = time.perf_counter()
-        observe.end(token)
+        records.end(token)
         lifecycle.finished()
         metrics.in_flight.dec()
         metrics.record(record, status, ended)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
-from proxy.server import errors
+from proxy.server.errors import not_a_path, upstream_failure
 from proxy.server.headers import upstream_request_headers
 from proxy.server.relay import relay
 from proxy.server.routing import OPENAI_UPSTREAM, upstream_for
@@ -15,7 +15,7 @@ from proxy.server.state import UPSTREAM
 
 async def handle_passthrough(request: web.Request) -> web.StreamResponse:
     if request.raw_path[:1] != "/":
-        return errors.not_a_path(request.raw_path)
+        raise not_a_path(request.raw_path)
     # The path (and for paths both APIs have, the client's headers) picks the upstream.
     openai = upstream_for(request.path, request.headers) == "openai"
     upstream = request.app[OPENAI_UPSTREAM if openai else UPSTREAM]
@@ -31,7 +31,7 @@ async def handle_passthrough(request: web.Request) -> web.StreamResponse:
             request.method, request.raw_path, headers, data, stream=False
         )
     except (aiohttp.ClientError, TimeoutError) as e:
-        return errors.for_upstream_failure(e, upstream.base_url, upstream.timeout_for(False))
+        raise upstream_failure(e, upstream.base_url, upstream.timeout_for(False)) from None
     return await relay(
         request, response, base_url=upstream.base_url, read_timeout=upstream.timeout_for(False)
     )

@@ -18,13 +18,15 @@ import logging
 from collections.abc import Iterable
 
 import aiohttp
+import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.server import charges
-from proxy.server import observe as observe_usage
-from proxy.server.errors import for_upstream_failure, stream_error_event
+from proxy.core.errors import UpstreamError
+from proxy.core.wire_format import WireFormat
+from proxy.server.errors import render, upstream_failure, wire_for
 from proxy.server.headers import client_response_headers
+from proxy.server.record import detached
 
 log = logging.getLogger(__name__)
 
@@ -44,33 +46,34 @@ async def relay(
     *,
     base_url: str = "upstream",
     read_timeout: float = 0.0,
+    wire: WireFormat | None = None,
 ) -> web.StreamResponse:
     """Answer `request` with `upstream`'s status, headers and body. Releases `upstream`
-    when done, and closes its connection if the relay did not finish. The usage of a
-    successful answer is picked out of its first and last bytes on the way (metrics,
-    calibration), without parsing it."""
+    when done, and closes its connection if the relay did not finish. A successful
+    answer's bytes go through the request's usage meter on the way (proxy/core/usage.py).
+    `wire`: the API spoken (the shape of an error the proxy must put in the stream)."""
+    wire = wire or wire_for(request.path, request.headers)
     headers = client_response_headers(upstream.headers)
     for name, value in extra_headers:
         headers.add(name, value)
     done = False
     try:
         if is_event_stream(upstream):
-            out = await _relay_stream(request, upstream, headers, events=True)
+            out = await _relay_stream(request, upstream, headers, wire, events=True)
         else:
             length = upstream.content_length
             if (length is not None and length <= WHOLE_BODY_LIMIT) or request.method == "HEAD":
                 try:
                     body = await upstream.read()
                 except (aiohttp.ClientError, TimeoutError) as e:
-                    return for_upstream_failure(e, base_url, read_timeout)
+                    return render(upstream_failure(e, base_url, read_timeout), wire)
                 out = web.Response(
                     status=upstream.status, reason=upstream.reason, headers=headers, body=body
                 )
                 if upstream.status == 200:
-                    observe_usage.relayed_head(body)
-                    charges.upstream_body(body)
+                    _meter_body(body, "content-encoding" in headers)
             else:
-                out = await _relay_stream(request, upstream, headers, events=False)
+                out = await _relay_stream(request, upstream, headers, wire, events=False)
         done = True
         return out
     finally:
@@ -78,6 +81,19 @@ async def relay(
             upstream.release()
         else:
             upstream.close()
+
+
+def _meter_body(body: bytes, encoded: bool) -> None:
+    meter = detached().meter
+    meter.seen_answer = True
+    if encoded or meter.scan is None:
+        return
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return
+    if isinstance(answer, dict):
+        meter.body(answer)
 
 
 def _at_event_boundary(last: bytes, before: bytes) -> bool:
@@ -91,6 +107,7 @@ async def _relay_stream(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
     headers: CIMultiDict[str],
+    wire: WireFormat,
     *,
     events: bool,
 ) -> web.StreamResponse:
@@ -99,23 +116,19 @@ async def _relay_stream(
         out.content_length = upstream.content_length
     await out.prepare(request)
     last = before = b""
-    first = events and upstream.status == 200
-    metered = first  # budgets: every chunk of a 200 stream
+    meter = detached().meter if events and upstream.status == 200 else None
     try:
         async for chunk in upstream.content.iter_any():
             await out.write(chunk)
             before, last = last, chunk
-            if metered:
-                charges.upstream_chunk(chunk)
-            if first:
-                observe_usage.relayed_head(chunk)
-                first = False
+            if meter is not None:
+                meter.chunk(chunk)
     except TimeoutError:
         upstream.close()
         log.warning("upstream stream idle too long; ending the client stream")
         if events and _at_event_boundary(last, before):
             message = "compaction-proxy: the upstream stream went silent; ended by the proxy"
-            await out.write(stream_error_event("api_error", message))
+            await out.write(wire.stream_error(UpstreamError(message)))
             await out.write_eof()
             return out
         cut_client(request)
@@ -131,9 +144,6 @@ async def _relay_stream(
         log.info("upstream stream broke (%s); closing the client stream too", type(e).__name__)
         cut_client(request)
         return out
-    if events and upstream.status == 200:
-        tail = before[-4096:] + last[-8192:]
-        observe_usage.relayed_tail(tail)
     await out.write_eof()
     return out
 

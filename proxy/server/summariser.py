@@ -17,22 +17,20 @@ from dataclasses import dataclass
 import anthropic
 import openai
 
+from proxy.core.commands import GetSummary, SummaryReply
 from proxy.core.identity import credential
-from proxy.core.rewrite import NeedSummary
 from proxy.core.summary import INSTRUCTION
-from proxy.server import charges, observe
+from proxy.core.usage import anthropic_usage
+from proxy.server.record import detached
 from proxy.store import Store, StoreUnavailable
+from proxy.wire.chat_rounds import chat_usage
 
 log = logging.getLogger(__name__)
 
 PURPOSE_HEADER = "x-compaction-proxy-purpose"
 
 
-@dataclass(frozen=True, slots=True)
-class SummaryOutcome:
-    text: str | None  # None: no summary to be had, pack instead
-    reused: bool = False
-    failure: str = ""  # why there is none, for logs and metrics
+SummaryCall = Callable[..., Awaitable[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +41,7 @@ class SummariserSettings:
 
 
 async def obtain_summary(
-    need: NeedSummary,
+    need: GetSummary,
     *,
     store: Store,
     tenant: str,
@@ -52,36 +50,37 @@ async def obtain_summary(
     headers: Mapping[str, str],
     base_url: str,
     settings: SummariserSettings,
-    call: Callable[..., Awaitable[str]] | None = None,
-) -> SummaryOutcome:
+    call: SummaryCall,
+) -> SummaryReply:
     key = need.key
     try:
         stored = await store.get_json(tenant, conversation, "summary", key)
         if isinstance(stored, str) and stored.strip():
-            return SummaryOutcome(stored, reused=True)
+            return SummaryReply(stored, reused=True)
         lock = f"summary:{key}"
         ttl_ms = int((settings.timeout + 5) * 1000)
         token = await store.acquire_lock(tenant, conversation, lock, ttl_ms)
     except StoreUnavailable as e:
-        return SummaryOutcome(None, failure=f"store unavailable: {e}")
+        return SummaryReply(None, failure=f"store unavailable: {e}")
     if token is None:
         return await _wait_for_other(store, tenant, conversation, key, settings)
+    record = detached()
     try:
-        observe.summariser_call()
-        text = await (call or call_summariser)(
+        record.summariser_calls += 1
+        text = await call(
             need, model=model, headers=headers, base_url=base_url, seconds=settings.timeout
         )
         if not text.strip():
-            observe.summariser_call(failed=True)
-            return SummaryOutcome(None, failure="the summariser answered with no text")
+            record.summariser_failures += 1
+            return SummaryReply(None, failure="the summariser answered with no text")
         await store.put_json(tenant, conversation, "summary", key, text)
-        return SummaryOutcome(text)
+        return SummaryReply(text)
     except StoreUnavailable as e:
-        return SummaryOutcome(None, failure=f"store unavailable: {e}")
+        return SummaryReply(None, failure=f"store unavailable: {e}")
     except (anthropic.APIError, openai.APIError) as e:
-        observe.summariser_call(failed=True)
+        record.summariser_failures += 1
         log.warning("summariser call failed: %s (%r)", type(e).__name__, e.__cause__)
-        return SummaryOutcome(None, failure=f"summariser failed: {type(e).__name__}")
+        return SummaryReply(None, failure=f"summariser failed: {type(e).__name__}")
     finally:
         with contextlib.suppress(StoreUnavailable):  # else it expires by itself
             await store.release_lock(tenant, conversation, lock, token)
@@ -89,7 +88,7 @@ async def obtain_summary(
 
 async def _wait_for_other(
     store: Store, tenant: str, conversation: str, key: str, settings: SummariserSettings
-) -> SummaryOutcome:
+) -> SummaryReply:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + settings.wait
     while loop.time() < deadline:
@@ -97,14 +96,14 @@ async def _wait_for_other(
         try:
             stored = await store.get_json(tenant, conversation, "summary", key)
         except StoreUnavailable as e:
-            return SummaryOutcome(None, failure=f"store unavailable: {e}")
+            return SummaryReply(None, failure=f"store unavailable: {e}")
         if isinstance(stored, str) and stored.strip():
-            return SummaryOutcome(stored, reused=True)
-    return SummaryOutcome(None, failure="another replica is still summarising")
+            return SummaryReply(stored, reused=True)
+    return SummaryReply(None, failure="another replica is still summarising")
 
 
 async def call_summariser(
-    need: NeedSummary, *, model: str, headers: Mapping[str, str], base_url: str, seconds: float
+    need: GetSummary, *, model: str, headers: Mapping[str, str], base_url: str, seconds: float
 ) -> str:
     """One Messages call through the anthropic SDK, with the caller's own credential."""
     secret = credential(headers)
@@ -124,5 +123,42 @@ async def call_summariser(
             system=INSTRUCTION,
             messages=[{"role": "user", "content": need.transcript}],
         )
-    charges.summariser_usage(message.usage.model_dump())  # the caller's budget pays
+    # The caller's budget pays for it.
+    detached().meter.summariser(anthropic_usage(message.usage.model_dump()))
     return "".join(b.text for b in message.content if b.type == "text")
+
+
+async def call_chat_summariser(
+    need: GetSummary, *, model: str, headers: Mapping[str, str], base_url: str, seconds: float
+) -> str:
+    """One Chat Completions call through the openai SDK, with the caller's credential
+    (and its organization and project headers)."""
+    extra = {PURPOSE_HEADER: "summary"}
+    for name in ("OpenAI-Organization", "OpenAI-Project"):
+        if headers.get(name):
+            extra[name] = headers[name]
+    client = openai.AsyncOpenAI(
+        base_url=base_url.rstrip("/") + "/v1",
+        api_key=credential(headers) or "none",
+        max_retries=1,
+        timeout=seconds,
+        default_headers=extra,
+    )
+    async with client:
+        completion = await client.chat.completions.create(
+            model=need.model or model,
+            max_completion_tokens=need.slot,
+            messages=[
+                {"role": "system", "content": INSTRUCTION},
+                {"role": "user", "content": need.transcript},
+            ],
+        )
+    if completion.usage is not None:  # the caller's budget pays
+        detached().meter.summariser(chat_usage(completion.usage.model_dump()))
+    if not completion.choices:
+        return ""
+    return completion.choices[0].message.content or ""
+
+
+# The summariser call of each wire format (by WireFormat.name).
+SUMMARISERS: dict[str, SummaryCall] = {"anthropic": call_summariser, "chat": call_chat_summariser}

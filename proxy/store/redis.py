@@ -28,6 +28,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from proxy.core.errors import StoreUnavailable as StoreUnavailable  # callers degrade on it
 from proxy.store import keys
 from proxy.store.blobcache import DEFAULT_CHARS, BlobCache
 from proxy.store.codec import CorruptValue, pack, unpack
@@ -83,10 +84,6 @@ local found = 0
 for _, key in ipairs(KEYS) do found = found + redis.call('EXPIRE', key, ARGV[1]) end
 return found
 """
-
-
-class StoreUnavailable(Exception):
-    """Redis is unreachable, too slow, or refused the operation; the caller degrades."""
 
 
 def _split_cluster_flag(url: str) -> tuple[str, bool]:

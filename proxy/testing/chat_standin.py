@@ -43,7 +43,7 @@ from proxy.testing.script import (
     plan_call,
     trim_to,
 )
-from proxy.testing.standin import (
+from proxy.testing.standin_http import (
     CACHE,
     COUNTER,
     OPTIONS,
@@ -61,7 +61,7 @@ from proxy.testing.standin import (
     send_stream,
 )
 from proxy.testing.summary import summarise
-from proxy.wire.openai import ChatCounter
+from proxy.wire.chat import ChatCounter
 
 ARGUMENT_PIECE_CHARS = 24
 CREATED = 1_764_000_000  # a fixed `created`: the same request gets the same bytes

@@ -1,4 +1,4 @@
-"""read_result rounds on the Messages API, sans I/O.
+"""read_result rounds on the Messages API, sans I/O (the RoundMerger of proxy/core/wire_format.py).
 
 When the model calls the injected `read_result` tool, the proxy answers it and asks
 again; the client sees one ordinary message. This module holds the pure parts:
@@ -15,12 +15,13 @@ again; the client sees one ordinary message. This module holds the pure parts:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from proxy.core.sse import Event, encode_event
+from proxy.core.usage import anthropic_usage
+from proxy.core.wire_format import MergeState, ReadCall, Round
 
 USAGE_SUMS = (
     "input_tokens",
@@ -28,23 +29,6 @@ USAGE_SUMS = (
     "cache_read_input_tokens",
     "output_tokens",
 )
-
-
-@dataclass(slots=True)
-class Round:
-    """What one upstream answer held."""
-
-    content: list[dict[str, Any]] = field(default_factory=list)  # every block, in order
-    reads: list[dict[str, Any]] = field(default_factory=list)  # read_result tool_use blocks
-    client_calls: int = 0  # client tool_use blocks
-    stop_reason: str | None = None
-    stop_sequence: str | None = None
-    usage: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def wants_reads_only(self) -> bool:
-        """Continue with another round: the model asked to read and nothing else waits."""
-        return bool(self.reads) and not self.client_calls and self.stop_reason == "tool_use"
 
 
 def add_usage(total: dict[str, int], usage: object) -> None:
@@ -57,25 +41,33 @@ def add_usage(total: dict[str, int], usage: object) -> None:
 
 
 class StreamMerger:
+    """Several streamed rounds, one client message (RoundMerger)."""
+
     def __init__(self, tool: str) -> None:
         self._tool = tool
         self._next_index = 0
         self._rounds = 0
-        self._total: dict[str, int] = {}
+        self._total: dict[str, int] = {}  # the client's usage: every round's, summed
+        self._raw_usage: dict[str, Any] = {}  # this round's usage as the upstream gave it
         self._round = Round()
+        self._stop_sequence: Any = None
         self._index_map: dict[int, int | None] = {}  # upstream index -> client index (None: held)
         self._blocks: dict[int, dict[str, Any]] = {}
         self._partial: dict[int, str] = {}
         self._last_delta: Event | None = None
         self._last_stop: Event | None = None
+        self.state = MergeState.OPEN
 
     def begin_round(self) -> None:
         self._rounds += 1
         self._round = Round()
+        self._raw_usage = {}
+        self._stop_sequence = None
         self._index_map.clear()
         self._blocks.clear()
         self._partial.clear()
         self._last_delta = self._last_stop = None
+        self.state = MergeState.OPEN
 
     @property
     def rounds(self) -> int:
@@ -84,62 +76,69 @@ class StreamMerger:
     def feed(self, event: Event) -> list[bytes]:
         """The bytes to send the client for one upstream event (often the event itself)."""
         name = event.name
-        if name in ("", "ping", "error") or not event.data:
+        if name == "error":
+            self.state = MergeState.FAILED
+            return [event.raw]
+        if name in ("", "ping") or not event.data:
             return [event.raw]
         if name == "message_start":
-            data = orjson.loads(event.data)
+            data = _loads(event.data)
             message = data.get("message") or {}
-            self._round.usage = dict(message.get("usage") or {})
+            self._raw_usage = dict(message.get("usage") or {})
             return [event.raw] if self._rounds == 1 else []
         if name == "content_block_start":
             return self._block_start(event)
         if name in ("content_block_delta", "content_block_stop"):
             return self._block_event(event)
         if name == "message_delta":
-            data = orjson.loads(event.data)
+            data = _loads(event.data)
             delta = data.get("delta") or {}
             self._round.stop_reason = delta.get("stop_reason")
-            self._round.stop_sequence = delta.get("stop_sequence")
-            self._round.usage.update(data.get("usage") or {})
+            self._stop_sequence = delta.get("stop_sequence")
+            self._raw_usage.update(data.get("usage") or {})
             self._last_delta = event
             return []
         if name == "message_stop":
             self._last_stop = event
+            self.state = MergeState.STOPPED
             return []
         return [event.raw]  # an event type we do not know: pass it on as it came
 
     def end_round(self) -> Round:
         """The round just finished (after its message_stop, or after the stream ended)."""
+        content: list[dict[str, Any]] = []
         for index in sorted(self._blocks):
             block = self._blocks[index]
             if index in self._partial:
                 block["input"] = _parse_input(self._partial[index])
-            self._round.content.append(block)
+            content.append(block)
             if block.get("type") == "tool_use":
                 if self._index_map.get(index) is None:
-                    self._round.reads.append(block)
+                    self._round.reads.append(ReadCall(str(block.get("id", "")), block.get("input")))
                 else:
                     self._round.client_calls += 1
-        add_usage(self._total, self._round.usage)
+        self._round.assistant = {"role": "assistant", "content": content}
+        self._round.usage = anthropic_usage(self._raw_usage)
+        self._round.asks_to_read = self._round.stop_reason == "tool_use"
+        add_usage(self._total, self._raw_usage)
         return self._round
 
-    def finish(self, stop_reason: str | None = None) -> list[bytes]:
+    def finish(self) -> list[bytes]:
         """The closing events: the upstream's own when one round held nothing back."""
         last = self._round
         if (
             self._rounds == 1
             and not last.reads
-            and stop_reason is None
             and self._last_delta is not None
             and self._last_stop is not None
         ):
             return [self._last_delta.raw, self._last_stop.raw]
-        reason = stop_reason or last.stop_reason
+        reason = last.stop_reason
         if reason == "tool_use" and not last.client_calls:
             reason = "end_turn"  # the held read_result call is not the client's to answer
         delta = {
             "type": "message_delta",
-            "delta": {"stop_reason": reason, "stop_sequence": last.stop_sequence},
+            "delta": {"stop_reason": reason, "stop_sequence": self._stop_sequence},
             "usage": dict(self._total),
         }
         stop = {"type": "message_stop"}
@@ -149,7 +148,7 @@ class StreamMerger:
         ]
 
     def _block_start(self, event: Event) -> list[bytes]:
-        data = orjson.loads(event.data)
+        data = _loads(event.data)
         index = int(data.get("index", 0))
         block = dict(data.get("content_block") or {})
         self._blocks[index] = block
@@ -162,7 +161,7 @@ class StreamMerger:
         return [_with_index(event, data, client)]
 
     def _block_event(self, event: Event) -> list[bytes]:
-        data = orjson.loads(event.data)
+        data = _loads(event.data)
         index = int(data.get("index", 0))
         if event.name == "content_block_delta":
             _apply_delta(self._blocks.setdefault(index, {}), self._partial, index, data)
@@ -170,6 +169,14 @@ class StreamMerger:
         if client is None:
             return []  # a held read_result block
         return [_with_index(event, data, client)]
+
+
+def _loads(data: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _with_index(event: Event, data: dict[str, Any], client: int) -> bytes:
@@ -210,15 +217,20 @@ def _parse_input(partial: str) -> Any:
 
 def split_message(message: dict[str, Any], tool: str) -> Round:
     content = [b for b in message.get("content") or [] if isinstance(b, dict)]
-    reads = [b for b in content if b.get("type") == "tool_use" and b.get("name") == tool]
+    reads = [
+        ReadCall(str(b.get("id", "")), b.get("input"))
+        for b in content
+        if b.get("type") == "tool_use" and b.get("name") == tool
+    ]
     calls = sum(1 for b in content if b.get("type") == "tool_use" and b.get("name") != tool)
+    usage = message.get("usage")
     return Round(
-        content=content,
+        assistant={"role": "assistant", "content": content},
         reads=reads,
         client_calls=calls,
         stop_reason=message.get("stop_reason"),
-        stop_sequence=message.get("stop_sequence"),
-        usage=dict(message.get("usage") or {}),
+        usage=anthropic_usage(usage if isinstance(usage, dict) else {}),
+        asks_to_read=message.get("stop_reason") == "tool_use",
     )
 
 
@@ -257,8 +269,4 @@ def continue_messages(
         {"type": "tool_result", "tool_use_id": call_id, "content": text, "is_error": error}
         for call_id, text, error in results
     ]
-    return [
-        *messages,
-        {"role": "assistant", "content": round_.content},
-        {"role": "user", "content": answers},
-    ]
+    return [*messages, round_.assistant, {"role": "user", "content": answers}]

@@ -16,11 +16,11 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.intake import BYTE_BOUND_SLACK, cannot_cross, count_request
+from proxy.core.counting import BYTE_BOUND_SLACK, cannot_cross, count_request
 from proxy.core.policy import Policy
 from proxy.core.tokens import default_counter
+from proxy.wire import ANTHROPIC, CHAT
 from proxy.wire.anthropic import request_messages
-from proxy.wire.formats import ANTHROPIC_FORMAT, CHAT_FORMAT
 
 AGENT = Path(__file__).parents[1] / "fixtures" / "agent-requests"
 TEXT = st.text(
@@ -33,8 +33,7 @@ TEXT = st.text(
 
 
 def estimate(fmt: Any, body: dict[str, Any]) -> int:
-    counter = fmt.counter(default_counter())
-    counted = count_request(fmt, counter, body, request_messages(body))
+    counted = count_request(fmt, default_counter(), body, request_messages(body))
     return counted.fixed + counted.history
 
 
@@ -100,20 +99,20 @@ def chat_bodies(draw: st.DrawFn) -> dict[str, Any]:
 @given(anthropic_bodies())
 def test_anthropic_estimate_is_within_bytes_plus_slack(body: dict[str, Any]) -> None:
     raw = orjson.dumps(body)
-    assert estimate(ANTHROPIC_FORMAT, body) <= len(raw) + BYTE_BOUND_SLACK
+    assert estimate(ANTHROPIC, body) <= len(raw) + BYTE_BOUND_SLACK
 
 
 @settings(max_examples=400, deadline=None)
 @given(chat_bodies())
 def test_chat_estimate_is_within_bytes_plus_slack(body: dict[str, Any]) -> None:
     raw = orjson.dumps(body)
-    assert estimate(CHAT_FORMAT, body) <= len(raw) + BYTE_BOUND_SLACK
+    assert estimate(CHAT, body) <= len(raw) + BYTE_BOUND_SLACK
 
 
 def test_recorded_agent_requests_are_within_the_bound() -> None:
     for path in sorted(AGENT.glob("*.json")):
         body = json.loads(path.read_text())["body"]
-        assert estimate(ANTHROPIC_FORMAT, body) <= len(orjson.dumps(body)) + BYTE_BOUND_SLACK
+        assert estimate(ANTHROPIC, body) <= len(orjson.dumps(body)) + BYTE_BOUND_SLACK
 
 
 def test_the_shortcut_never_clears_a_body_over_the_trigger() -> None:
@@ -124,7 +123,7 @@ def test_the_shortcut_never_clears_a_body_over_the_trigger() -> None:
         "messages": [{"role": "user", "content": "word " * 8_000}],
     }
     raw = orjson.dumps(body)
-    assert estimate(ANTHROPIC_FORMAT, body) > policy.trigger_tokens
+    assert estimate(ANTHROPIC, body) > policy.trigger_tokens
     assert not cannot_cross(raw, policy, 1.0)
     image = {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}
     small = orjson.dumps({"messages": [{"role": "user", "content": [image]}]})

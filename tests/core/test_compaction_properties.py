@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.compaction import plan_compaction
+from proxy.core.fold import plan_compaction
 
 
 @st.composite

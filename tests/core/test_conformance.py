@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.core.compaction import plan_compaction
+from proxy.core.fold import plan_compaction
 from proxy.core.pack import pack_context
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"

@@ -63,3 +63,17 @@ def test_encode_round_trips() -> None:
     raw = encode_event("message_delta", b'{"x":1}')
     (event,) = SSEDecoder().feed(raw)
     assert (event.name, event.data, event.raw) == ("message_delta", '{"x":1}', raw)
+
+
+def test_raw_keeps_the_line_ends_as_sent() -> None:
+    crlf = b"event: ping\r\ndata: {}\r\n\r\n"
+    (event,) = SSEDecoder().feed(b"\r\n" + crlf)  # a blank line before belongs to no event
+    assert event.raw == crlf
+
+
+def test_a_cr_at_the_end_of_a_chunk_waits_for_its_lf() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b"event: ping\r") == []
+    assert decoder.feed(b"\ndata: 1\r") == []
+    (event,) = decoder.feed(b"\n\r\n")
+    assert (event.name, event.data) == ("ping", "1")

@@ -13,9 +13,9 @@ from proxy.cli import main
 from proxy.core.tokens import TokenCounter
 from proxy.ops.formats import looks_like_chat
 from proxy.ops.replay import replay
-from proxy.wire.formats import CHAT_FORMAT
-from proxy.wire.openai import ChatCounter
-from tests.core.test_rewrite_openai import conversation
+from proxy.wire import CHAT
+from proxy.wire.chat import ChatCounter
+from tests.core.test_planner_chat import conversation
 from tests.ops.test_simulate import POLICY, anthropic_request, chat_request
 
 CONFIG = """[[policy]]
@@ -84,7 +84,7 @@ def test_replay_of_a_chat_trace_prices_it_in_its_format(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, config: Path
 ) -> None:
     requests = trace(range(10, 40))
-    result = replay(requests, [POLICY], TokenCounter(), fmt=CHAT_FORMAT)
+    result = replay(requests, [POLICY], TokenCounter(), fmt=CHAT)
     strategies = [t.strategy for t in result.turns]
     assert any(s.startswith("offload") for s in strategies) and "checkpoint" in strategies
     counter = ChatCounter(TokenCounter())  # priced as the Chat stand-in counts

@@ -9,9 +9,9 @@ from typing import Any
 from proxy.core.tokens import TokenCounter
 from proxy.ops.simulate import Simulator
 from proxy.testing.chat_validate import validate_chat_request
-from proxy.wire import openai as chat
-from proxy.wire.formats import CHAT_FORMAT
-from tests.core.test_rewrite_openai import conversation, policy, words
+from proxy.wire import CHAT, chat
+from proxy.wire.chat import ChatCounter
+from tests.core.test_planner_chat import conversation, policy, words
 
 POLICY = policy()
 
@@ -35,14 +35,14 @@ def anthropic_request(task: str, turns: int) -> dict[str, Any]:
 def test_a_chat_request_is_planned_and_sent_in_its_own_format() -> None:
     counter = TokenCounter()
     body = chat_request(turns=30)
-    step = Simulator([POLICY], counter, fmt=CHAT_FORMAT).step(body)
+    step = Simulator([POLICY], counter, fmt=CHAT).step(body)
 
     assert step.kind == "rewrite"
     assert step.offloaded and step.tokens_after < step.tokens_before
-    name = CHAT_FORMAT.tool_name(body)
+    name = CHAT.tool_name(body)
     assert name is not None
     assert step.body["tools"] == [*body["tools"], chat.read_result_tool(name)]
-    assert step.fixed_tokens == chat.ChatCounter(counter).count_tools(step.body["tools"])
+    assert step.fixed_tokens == ChatCounter(counter).count_tools(step.body["tools"])
     assert validate_chat_request(step.body) is None
 
 

@@ -25,7 +25,7 @@ from proxy.testing.agent import tool_output
 from proxy.testing.agent_openai import run_openai_agent
 from proxy.testing.chat_validate import validate_chat_request
 from proxy.testing.standin import RecordedRequest, StandInOptions
-from proxy.wire.openai import ChatCounter
+from proxy.wire.chat import ChatCounter
 from tests.server.compaction_checks import assert_prefix_stable_between_crossings
 from tests.server.conftest import SMALL_WINDOW, SMALL_WINDOW_POLICY, MakeProxy
 

@@ -19,7 +19,10 @@ from proxy.testing.standin import StandInOptions
 from proxy.testing.validate import NON_EMPTY
 from tests.plugins.standin import RunningStandIn
 
-AGENT_REQUESTS = sorted((Path(__file__).parents[1] / "fixtures" / "agent-requests").glob("*.json"))
+# The Messages requests (Claude Code); the Codex ones are test_responses_*.py's.
+AGENT_REQUESTS = sorted(
+    (Path(__file__).parents[1] / "fixtures" / "agent-requests").glob("claude-code-*.json")
+)
 HEADERS = {"x-api-key": "test-key", "anthropic-version": "2023-06-01"}
 MODEL = "claude-stand-in-test"
 TOOLS = [{"name": "Bash", "description": "Run a command", "input_schema": {"type": "object"}}]

@@ -18,7 +18,10 @@ from proxy.testing.validate import (
     window_error,
 )
 
-AGENT_REQUESTS = sorted((Path(__file__).parents[1] / "fixtures" / "agent-requests").glob("*.json"))
+# The Messages requests (Claude Code); the Codex ones are test_responses_*.py's.
+AGENT_REQUESTS = sorted(
+    (Path(__file__).parents[1] / "fixtures" / "agent-requests").glob("claude-code-*.json")
+)
 
 
 def user(content: Any) -> dict[str, Any]:

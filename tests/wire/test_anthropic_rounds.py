@@ -116,7 +116,9 @@ def test_one_round_with_nothing_held_is_byte_identical() -> None:
     round_ = merger.end_round()
     out += merger.finish()
     assert b"".join(out) == b"".join(e.raw for e in events)
-    assert not round_.wants_reads_only and round_.content == [{"type": "text", "text": "hello"}]
+    assert not round_.wants_reads_only and round_.assistant["content"] == [
+        {"type": "text", "text": "hello"}
+    ]
 
 
 def test_read_result_is_held_and_the_next_round_continues_the_message() -> None:
@@ -139,7 +141,7 @@ def test_read_result_is_held_and_the_next_round_continues_the_message() -> None:
     out = [b for e in first for b in merger.feed(e)]
     round1 = merger.end_round()
     assert round1.wants_reads_only
-    assert round1.reads[0]["input"] == {"ref": "r_00", "start": 0}
+    assert round1.reads[0].input == {"ref": "r_00", "start": 0}
     merger.begin_round()
     second = round_events(
         [

@@ -48,7 +48,7 @@ def test_the_client_sees_one_well_formed_message(
         expected_client_blocks += sum(
             1 for b in content if not (b["type"] == "tool_use" and b["name"] == TOOL)
         )
-        assert round_.content == [
+        assert round_.assistant["content"] == [
             {**b, "input": b["input"]} if b["type"] == "tool_use" else b for b in content
         ], "the round's blocks are rebuilt exactly for the next request"
         if not round_.wants_reads_only or n == cut:

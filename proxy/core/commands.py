@@ -1,0 +1,65 @@
+"""The effects the compaction driver asks for, and the replies it expects.
+
+The driver (proxy/core/driver.py) is a generator: it yields one command at a time and is
+resumed with the reply. An executor carries the commands out: on Redis and the upstream
+in the server (proxy/server/executor.py), on dicts in the ops simulator
+(proxy/ops/simulate.py). Commands are plain data, so tests can assert the exact sequence
+a request produces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.core.checkpoint import Checkpoint
+
+
+@dataclass(frozen=True, slots=True)
+class LoadConversation:
+    """Read the conversation's state for one checkpoint slot (one round trip)."""
+
+    slot: str
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    checkpoint: Checkpoint | None
+    store_ok: bool = True  # False: the store could not be read; plan without it
+
+
+@dataclass(frozen=True, slots=True)
+class GetSummary:
+    """A summary of the folded turns: the stored one for `key`, else made (once for the
+    fleet). `transcript` is what the summariser reads, `slot` its output cap in tokens."""
+
+    key: str
+    transcript: str
+    slot: int
+    model: str  # "" = the request's own model
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryReply:
+    text: str | None  # None: no summary to be had
+    reused: bool = False  # it was stored already (no summariser call)
+    failure: str = ""  # why there is none
+
+
+@dataclass(frozen=True, slots=True)
+class SaveCrossing:
+    """Everything a crossing writes: the blobs it offloaded, its checkpoint, and fresh
+    TTLs for the refs it keeps from earlier crossings."""
+
+    slot: str
+    checkpoint: Checkpoint
+    blobs: tuple[tuple[str, str], ...]  # (ref, text)
+    touch: tuple[str, ...]  # refs stored earlier that the new checkpoint still names
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    ok: bool  # False: some write failed; nothing may depend on what was written
+
+
+Command = LoadConversation | GetSummary | SaveCrossing
+Reply = Loaded | SummaryReply | Saved

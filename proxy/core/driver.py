@@ -1,0 +1,187 @@
+"""The compaction driver: one request's decision, as a generator of commands.
+
+`compaction(request)` walks the steps every compacting request takes (DESIGN section 5):
+count check, load the conversation's checkpoint, plan, get a summary when a fold needs
+one, save what a crossing made, and encode what goes upstream. It does no I/O: it yields a
+command (proxy/core/commands.py) whenever it needs the outside world and is resumed with
+the reply, then returns a `Decision`. `run` drives it with any executor; the server's
+runs the commands on Redis and the upstream, the ops simulator's on dicts.
+
+    request fits ────────────────────────────────────────────► forward (original bytes)
+        │ over
+        ▼
+    LoadConversation ─► plan ─┬─ untouched ──────────────────► forward
+                              ├─ refuse ─────────────────────► refuse (400)
+                              ├─ fold ─► GetSummary ─► fold ─┐
+                              └─ rewrite ────────────────────┴► SaveCrossing ─► rewrite
+                                                                  │ failed, with blobs
+                                                                  └► replan without store
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from proxy.core.checkpoint import checkpoint_slot
+from proxy.core.commands import (
+    Command,
+    GetSummary,
+    LoadConversation,
+    Loaded,
+    Reply,
+    SaveCrossing,
+    Saved,
+    SummaryReply,
+)
+from proxy.core.counting import Counted
+from proxy.core.planner import (
+    FoldPlan,
+    Outcome,
+    PlanInput,
+    Refuse,
+    Rewrite,
+    Untouched,
+    fold,
+    plan,
+    without_store,
+)
+from proxy.core.policy import Policy
+from proxy.core.wire_format import MessageCounter, WireFormat
+
+Message = Mapping[str, Any]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionRequest:
+    wire: WireFormat
+    body: Mapping[str, Any]  # the client's request, parsed
+    messages: Sequence[Message]  # its history (wire.messages(body))
+    counted: Counted
+    counter: MessageCounter  # the wire's counter (wire.counter(base))
+    policy: Policy
+    factor: float  # calibration: real tokens / estimated
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What goes upstream: the client's bytes, a rewrite, or nothing (a refusal)."""
+
+    action: str  # "forward", "rewrite" or "refuse"
+    estimate: int  # estimated input tokens of what is sent (system, tools, history)
+    rewrite: Rewrite | None = None
+    sent: dict[str, Any] | None = None  # the rewritten body (read_result rounds go on)
+    body: bytes | None = None  # ... encoded
+    refusal: str = ""
+    summary_failure: str = ""  # why a wanted summary could not be had
+
+    @property
+    def reason(self) -> str:
+        if self.action == "refuse":
+            return "too_long"
+        return self.rewrite.reason if self.rewrite is not None else ""
+
+
+Driver = Generator[Command, Reply, Decision]
+
+
+def compaction(request: CompactionRequest) -> Driver:
+    counted = request.counted
+    if not request.messages or counted.fits(request.policy, request.factor):
+        return Decision("forward", counted.total)
+    slot = checkpoint_slot(counted.digests)
+    loaded = yield LoadConversation(slot)
+    assert isinstance(loaded, Loaded)
+    inp = _plan_input(request, loaded)
+    outcome: Outcome = plan(inp)
+    failure = ""
+    if isinstance(outcome, FoldPlan):
+        got = yield GetSummary(outcome.key, outcome.transcript, outcome.slot, outcome.model)
+        assert isinstance(got, SummaryReply)
+        failure = got.failure
+        outcome = fold(outcome, got.text, reused=got.reused)
+    if isinstance(outcome, Rewrite) and outcome.checkpoint is not None:
+        new = {ref for ref, _ in outcome.blobs}
+        saved = yield SaveCrossing(
+            slot,
+            outcome.checkpoint,
+            tuple(outcome.blobs),
+            tuple(ref for ref in outcome.refs if ref not in new),
+        )
+        assert isinstance(saved, Saved)
+        if not saved.ok and outcome.blobs:
+            # Blobs that could not be stored cannot be read back: plan without the store.
+            outcome = without_store(inp)
+    return _decision(request, inp, outcome, failure)
+
+
+def _plan_input(request: CompactionRequest, loaded: Loaded) -> PlanInput:
+    wire, body, counter = request.wire, request.body, request.counter
+    tool = wire.tool_name(body)
+    tools = body.get("tools")
+    tool_list = tools if isinstance(tools, list) else []
+    tool_tokens = 0
+    if tool:
+        injected = wire.read_result_tool(tool)
+        tool_tokens = counter.count_tools([*tool_list, injected]) - counter.count_tools(tool_list)
+    return PlanInput(
+        messages=request.messages,
+        counts=request.counted.counts,
+        digests=request.counted.digests,
+        checkpoint=loaded.checkpoint,
+        policy=request.policy,
+        counter=counter,
+        dialect=wire,
+        fixed_tokens=request.counted.fixed,
+        tool_tokens=tool_tokens,
+        tool=tool,
+        factor=request.factor,
+        store_ok=loaded.store_ok,
+    )
+
+
+def _decision(
+    request: CompactionRequest, inp: PlanInput, outcome: Outcome, failure: str
+) -> Decision:
+    if isinstance(outcome, Untouched):
+        return Decision("forward", request.counted.total, summary_failure=failure)
+    if isinstance(outcome, Refuse):
+        return Decision("refuse", request.counted.total, refusal=outcome.message)
+    assert isinstance(outcome, Rewrite), "a store-less plan never folds"
+    fields = request.wire.with_history(request.body, outcome.messages, outcome.tool)
+    estimate = inp.fixed_tokens + (inp.tool_tokens if outcome.tool else 0) + outcome.estimate
+    return Decision(
+        "rewrite",
+        estimate,
+        rewrite=outcome,
+        sent={**request.body, **fields},
+        body=request.wire.encode(request.body, fields),
+        summary_failure=failure,
+    )
+
+
+def run(driver: Generator[Command, Reply, T], execute: Callable[[Command], Reply]) -> T:
+    """Drive a generator to its end with a synchronous executor (tests, the simulator)."""
+    reply: Reply | None = None
+    while True:
+        try:
+            command = driver.send(reply) if reply is not None else next(driver)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+        reply = execute(command)
+
+
+def commands_of(
+    driver: Generator[Command, Reply, T], execute: Callable[[Command], Reply]
+) -> tuple[list[Command], T]:
+    """The commands a driver yields, in order, and its result (Playbook-style tests)."""
+    seen: list[Command] = []
+
+    def record(command: Command) -> Reply:
+        seen.append(command)
+        return execute(command)
+
+    return seen, run(driver, record)

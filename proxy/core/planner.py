@@ -1,0 +1,432 @@
+"""The rewrite planner: what to do with one request's history (DESIGN section 5).
+
+`plan` is a pure function of the request's messages, the conversation's checkpoint and
+the policy. It answers with one of:
+
+- `Untouched`: the history fits and no checkpoint applies: forward the original bytes;
+- `Rewrite`: the messages to send, the blobs to store and the new checkpoint;
+- `FoldPlan`: a crossing that wants a summary of the oldest groups; `fold` completes it
+  with the summary text (None when there is none: it packs instead);
+- `Refuse`: nothing fits; the message says what and by how much.
+
+Counts are local estimates; the policy's numbers are real tokens, so they are divided by
+the calibration factor (real / estimated) once, and all the planning below happens in
+estimated units.
+
+Every outcome that differs from what the policy aimed at carries a `reason` (a fixed
+word, see REASONS) so the client and the operator can tell why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from proxy.core.checkpoint import (
+    Checkpoint,
+    chain_hash,
+    make_checkpoint,
+    message_digest,
+    segments_for,
+)
+from proxy.core.fold import plan_compaction
+from proxy.core.history import (
+    Group,
+    GroupKind,
+    Shape,
+    compaction_turns,
+    group_history,
+    pack_messages,
+    pinned_tokens,
+)
+from proxy.core.offload import ref_for, result_text
+from proxy.core.pack import pack_context
+from proxy.core.policy import Policy
+from proxy.core.segments import (
+    Note,
+    Segment,
+    StubAt,
+    Stubbed,
+    Summary,
+    Verbatim,
+    made_here,
+    materialise,
+    refs_of,
+    stands_for,
+)
+from proxy.core.summary import note_text
+from proxy.core.wire_format import Dialect, MessageCounter
+
+Message = Mapping[str, Any]
+
+# Why an outcome differs from what the policy aimed at (header x-compaction-reason).
+REASONS = {
+    "store_unavailable": "the store is unreachable: nothing can be offloaded or summarised",
+    "summary_unavailable": "no summary could be had (summariser failed or busy): packed",
+    "no_fold": "the newest groups alone exceed the target: packed instead of folding",
+    "offload_off": "the client uses both read_result names: offloading is off",
+    "target_unreachable": "what cannot be dropped leaves the history above the trigger",
+    "too_long": "nothing fits the window",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PlanInput:
+    messages: Sequence[Message]
+    counts: Sequence[int]  # each message, estimated
+    digests: Sequence[bytes]  # each message's match digest
+    checkpoint: Checkpoint | None
+    policy: Policy
+    counter: MessageCounter
+    dialect: Dialect
+    fixed_tokens: int  # system prompt + tools, estimated
+    tool_tokens: int  # the read_result definition, estimated
+    tool: str | None  # the name read_result goes by; None = offload is off
+    factor: float = 1.0  # calibration: real tokens / estimated tokens
+    store_ok: bool = True  # blobs and summaries can be stored
+
+
+@dataclass(frozen=True, slots=True)
+class Untouched:
+    tokens: int  # history, calibrated
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    message: str
+    reason: str = "too_long"
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    messages: list[dict[str, Any]]
+    tool: str | None  # inject read_result under this name
+    strategy: str
+    tokens_before: int  # history, calibrated
+    tokens_after: int
+    blobs: list[tuple[str, str]] = field(default_factory=list)  # (ref, text) to store
+    checkpoint: Checkpoint | None = None  # to store; None: the stored one holds
+    refs: list[str] = field(default_factory=list)  # every stub in the history
+    summary: str = ""  # "made", "reused" or ""
+    estimate: int = 0  # the rewritten history in estimated tokens (for calibration)
+    reason: str = ""  # a REASONS key when the outcome is not what the policy aimed at
+
+
+@dataclass(frozen=True, slots=True)
+class Working:
+    """A history under construction: segments and the messages they stand for."""
+
+    segments: list[Segment]
+    messages: list[dict[str, Any]]
+    shapes: list[Shape]
+    groups: list[Group]
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.shapes)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    limit: int  # the most history the window allows, estimated
+    trigger: int
+    target: int
+    note: int
+
+
+@dataclass(frozen=True, slots=True)
+class FoldPlan:
+    """A crossing that folds the oldest groups into a summary, once it has one."""
+
+    key: str  # hash of the folded messages: where the summary is stored
+    transcript: str  # the folded messages as text, for the summariser
+    slot: int  # the summary's cap, in real tokens
+    model: str  # summariser model ("" = the request's)
+    inp: PlanInput
+    work: Working  # the history after offloading, before folding
+    limits: Limits
+    fold: frozenset[str]  # labels of the groups to fold
+    tokens_before: int
+    blobs: list[tuple[str, str]]  # offloaded at this crossing
+    reason: str = ""
+
+
+Outcome = Untouched | Rewrite | Refuse | FoldPlan
+
+
+def plan(inp: PlanInput) -> Outcome:
+    segments, applied = segments_for(inp.checkpoint, inp.digests)
+    stored = inp.checkpoint if applied else None
+    if stored is not None and stored.tool and stored.tool != inp.tool:
+        segments, stored = segments_for(None, inp.digests)[0], None  # the client took the name
+    work = working(segments, inp)
+    limits = limits_of(inp)
+    # What the client sent, not what an earlier rewrite made of it.
+    before = real(sum(inp.counts), inp.factor)
+    if work.tokens <= _recross_at(limits, stored):
+        if stored is None:
+            return Untouched(before)
+        tool = stored.tool if _has_stubs(segments) else None
+        return _rewrite(inp, work, tool, "checkpoint", before, checkpoint=False)
+
+    # A crossing: offload, then fold, then pack; the outcome is frozen in a new checkpoint.
+    blobs: list[tuple[str, str]] = []
+    reason = "" if inp.store_ok else "store_unavailable"
+    if inp.tool is None and inp.store_ok:
+        reason = "offload_off"
+    if inp.tool and inp.store_ok:
+        work, blobs = _offload(work, inp)
+        if work.tokens <= limits.target:
+            return _rewrite(inp, work, inp.tool, "offload", before, blobs=blobs)
+
+    turns = compaction_turns(work.groups)
+    budget = limits.target - pinned_tokens(work.groups)
+    planned = plan_compaction(turns, budget, inp.policy.keep_last)
+    if planned is not None and planned[0] and inp.store_ok:
+        fold = frozenset(planned[0])
+        folded = [work.messages[m] for g in work.groups if g.label in fold for m in g.members]
+        key = chain_hash([message_digest(m) for m in folded])
+        slot = min(real(planned[2], inp.factor), inp.policy.summary_max_tokens)
+        return FoldPlan(
+            key=key,
+            transcript=inp.dialect.render_transcript(folded),
+            slot=slot,
+            model=inp.policy.summariser_model,
+            inp=inp,
+            work=work,
+            limits=limits,
+            fold=fold,
+            tokens_before=before,
+            blobs=blobs,
+            reason=reason,
+        )
+    if planned is None and inp.store_ok:
+        reason = reason or "no_fold"
+    return _pack(inp, work, limits, before, blobs, reason)
+
+
+def fold(need: FoldPlan, text: str | None, *, reused: bool) -> Rewrite | Refuse:
+    """Complete a crossing with the summary (None: there is none, so pack instead)."""
+    inp, work = need.inp, need.work
+    if text is None or not text.strip():
+        reason = need.reason or "summary_unavailable"
+        return _pack(inp, work, need.limits, need.tokens_before, need.blobs, reason)
+    folded = [g for g in work.groups if g.label in need.fold]
+    count = sum(stands_for(work.segments[m]) for g in folded for m in g.members)
+    summary: Segment = Summary(text.strip(), count)
+    segments: list[Segment] = []
+    for group in work.groups:
+        if group.kind is GroupKind.MALFORMED:
+            continue  # the API would reject it; dropping needs no note (seed 001)
+        if group.label in need.fold:
+            if group is folded[0]:
+                segments.append(summary)  # where the folded history began
+            continue
+        segments.extend(work.segments[m] for m in group.members)
+    done = working(segments, inp)
+    if done.tokens > need.limits.limit:
+        return _pack(inp, work, need.limits, need.tokens_before, need.blobs, need.reason)
+    # Every blob is kept: the summary may name the refs of the results it folded.
+    return _rewrite(
+        inp,
+        done,
+        inp.tool if _has_stubs(segments) else None,
+        "offload+summary" if need.blobs else "summary",
+        need.tokens_before,
+        blobs=need.blobs,
+        summary="reused" if reused else "made",
+        summary_key=need.key,
+        reason=need.reason,
+    )
+
+
+def without_store(inp: PlanInput) -> Outcome:
+    """The plan again for a store that failed: nothing offloaded, no summary."""
+    return plan(replace(inp, store_ok=False, checkpoint=None))
+
+
+# -- steps -------------------------------------------------------------------------
+
+
+def _offload(work: Working, inp: PlanInput) -> tuple[Working, list[tuple[str, str]]]:
+    """Stub every large text tool result but the newest few; already stubbed ones stay."""
+    policy = inp.policy
+    candidates: list[tuple[int, int, Mapping[str, Any]]] = []  # (segment, slot, result)
+    for n, seg in enumerate(work.segments):
+        if not isinstance(seg, (Verbatim, Stubbed)):
+            continue
+        done = {s.slot for s in seg.stubs} if isinstance(seg, Stubbed) else set()
+        for slot, block in inp.dialect.tool_results(work.messages[n]):
+            if slot not in done:
+                candidates.append((n, slot, block))
+    # The newest results stay, and so does every result given in the same message as one.
+    newest = candidates[len(candidates) - policy.keep_results :] if policy.keep_results else []
+    protected = {n for n, _, _ in newest}
+    stubs: dict[int, list[StubAt]] = {}
+    blobs: list[tuple[str, str]] = []
+    for n, slot, block in candidates:
+        if n in protected:
+            continue
+        text = result_text(block)
+        if text is None or len(text) <= policy.stub_head_chars:
+            continue
+        if inp.counter.count_block(dict(block)) <= policy.offload_threshold:
+            continue
+        ref = ref_for(text)
+        stubs.setdefault(n, []).append(StubAt(slot, ref, policy.stub_head_chars))
+        blobs.append((ref, text))
+    if not stubs:
+        return work, []
+    segments: list[Segment] = []
+    for n, seg in enumerate(work.segments):
+        if n not in stubs:
+            segments.append(seg)
+            continue
+        assert isinstance(seg, (Verbatim, Stubbed))
+        earlier = list(seg.stubs) if isinstance(seg, Stubbed) else []
+        merged = tuple(sorted(earlier + stubs[n], key=lambda s: s.slot))
+        segments.append(Stubbed(seg.index, merged))
+    return working(segments, inp), blobs
+
+
+def _pack(
+    inp: PlanInput,
+    work: Working,
+    limits: Limits,
+    before: int,
+    blobs: list[tuple[str, str]],
+    reason: str = "",
+) -> Rewrite | Refuse:
+    """Drop the oldest groups with a note (seed 001): to the target, else to the window."""
+    packed = pack_messages(work.groups, work.shapes)
+    result = pack_context(packed, limits.target, limits.note)
+    if result is None:
+        result = pack_context(packed, limits.limit, limits.note)
+    if result is None:
+        return _refuse(inp, work, limits)
+    keep = set(result["keep"])
+    dropped = sum(stands_for(seg) for n, seg in enumerate(work.segments) if n not in keep)
+    segments: list[Segment] = []
+    pending_note = False
+    noted = not result["note"]
+    for n, seg in enumerate(work.segments):
+        if n not in keep:
+            pending_note = not noted
+            continue
+        if pending_note:  # one note, where the dropped history began
+            segments.append(Note(note_text(dropped), dropped))
+            pending_note, noted = False, True
+        segments.append(seg)
+    done = working(segments, inp)
+    kept = set(refs_of(segments))
+    blobs = [(ref, text) for ref, text in blobs if ref in kept]
+    strategy = "offload+pack" if blobs else "pack"
+    if done.tokens > limits.trigger:
+        reason = reason or "target_unreachable"
+    tool = inp.tool if kept else None
+    return _rewrite(inp, done, tool, strategy, before, blobs=blobs, reason=reason)
+
+
+def _refuse(inp: PlanInput, work: Working, limits: Limits) -> Refuse:
+    pinned = real(pinned_tokens(work.groups), inp.factor)
+    fixed = real(inp.fixed_tokens + inp.tool_tokens, inp.factor)
+    need = pinned + real(limits.note, inp.factor) + fixed
+    window = inp.policy.window
+    return Refuse(
+        f"prompt is too long even after compaction: the system prompt and tools ({fixed}"
+        f" tokens) and the messages that cannot be dropped (system messages, the last user"
+        f" message and the turn in progress: {pinned} tokens) need about {need} tokens,"
+        f" {need - window} more than the {window}-token window."
+    )
+
+
+def _rewrite(
+    inp: PlanInput,
+    work: Working,
+    tool: str | None,
+    strategy: str,
+    before: int,
+    *,
+    blobs: list[tuple[str, str]] | None = None,
+    checkpoint: bool = True,
+    summary: str = "",
+    summary_key: str | None = None,
+    reason: str = "",
+) -> Rewrite:
+    stored = None
+    if checkpoint:
+        stored = make_checkpoint(
+            work.segments,
+            inp.digests,
+            tool=tool,
+            strategy=strategy,
+            summary_key=summary_key,
+            tokens_after=work.tokens,
+        )
+    if not summary and any(isinstance(seg, Summary) for seg in work.segments):
+        summary = "reused"  # the history sent holds a summary made at an earlier crossing
+    if inp.tool is None and reason == "" and strategy != "checkpoint":
+        reason = "offload_off"
+    return Rewrite(
+        messages=work.messages,
+        tool=tool,
+        strategy=strategy,
+        tokens_before=before,
+        tokens_after=real(work.tokens, inp.factor),
+        estimate=work.tokens,
+        blobs=blobs or [],
+        checkpoint=stored,
+        refs=refs_of(work.segments),
+        summary=summary,
+        reason=reason,
+    )
+
+
+# -- helpers -----------------------------------------------------------------------
+
+
+def working(segments: list[Segment], inp: PlanInput) -> Working:
+    messages = materialise(
+        segments, inp.messages, inp.tool, inp.policy.read_length, dialect=inp.dialect
+    )
+    shapes = []
+    for seg, message in zip(segments, messages, strict=True):
+        if isinstance(seg, Verbatim):
+            counted = inp.counts[seg.index]
+        else:
+            counted = inp.counter.count_message(message)
+        shape = inp.dialect.message_shape(message, counted)
+        if made_here(seg):
+            shape = Shape(shape.role, shape.tokens, made_here=True)
+        shapes.append(shape)
+    return Working(segments, messages, shapes, group_history(shapes))
+
+
+def limits_of(inp: PlanInput) -> Limits:
+    """The policy's numbers in estimated tokens, bounded by what the window allows."""
+    factor = inp.factor if inp.factor > 0 else 1.0
+    policy = inp.policy
+    limit = math.floor(policy.window / factor) - inp.fixed_tokens - inp.tool_tokens
+    trigger = min(math.floor(policy.trigger_tokens / factor), limit)
+    target = min(math.floor(policy.target_tokens / factor), trigger)
+    return Limits(limit, trigger, target, math.ceil(policy.note_cost / factor))
+
+
+def _recross_at(limits: Limits, stored: Checkpoint | None) -> int:
+    """The history size that makes a new crossing. A checkpoint that could not get under
+    the trigger (what cannot be dropped is larger) keeps the hysteresis from where it got
+    to, so identical resends reuse it instead of compacting again every time."""
+    if stored is None or stored.tokens_after <= limits.target:
+        return limits.trigger
+    gap = limits.trigger - limits.target
+    return min(limits.limit, max(limits.trigger, stored.tokens_after + gap))
+
+
+def real(estimate: int, factor: float) -> int:
+    return math.ceil(estimate * factor)
+
+
+def _has_stubs(segments: Sequence[Segment]) -> bool:
+    return any(isinstance(seg, Stubbed) for seg in segments)

@@ -1,0 +1,184 @@
+"""What the core needs of a wire format (an API's request and answer shapes): protocols only.
+
+One `WireFormat` per API lives in proxy/wire/ (Anthropic Messages, OpenAI Chat
+Completions). The planner, the driver, the read_result rounds and the usage meter are
+written against these protocols and never against a concrete format, so the core imports
+nothing outside proxy/core.
+
+A tool result is addressed by (message index, slot): for Anthropic the slot is the
+tool_result block's index in the user message's content; for Chat, where each `tool`
+message holds one result, it is 0. A checkpoint's stub records that slot, so it must mean
+the same thing on every request of a conversation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Protocol
+
+from proxy.core.errors import ProxyError
+from proxy.core.history import Shape
+from proxy.core.offload import Stub
+from proxy.core.sse import Event
+from proxy.core.tokens import TokenCounter
+from proxy.core.usage import Usage, UsageScan
+
+Message = Mapping[str, Any]
+JSON = dict[str, Any]
+
+
+class MessageCounter(Protocol):
+    """Token estimates for one format's messages (on top of the shared block counter)."""
+
+    def count_message(self, message: Message) -> int: ...
+    def count_block(self, block: object) -> int: ...
+    def count_content(self, content: object) -> int: ...
+    def count_tools(self, tools: object) -> int: ...
+    def count_text(self, text: str) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReadCall:
+    """One read_result call the model made: its call id and its (parsed) input."""
+
+    id: str
+    input: object
+
+
+@dataclass(slots=True)
+class Round:
+    """What one upstream answer held, in any format."""
+
+    assistant: JSON = field(default_factory=dict)  # the format's assistant turn, to continue
+    reads: list[ReadCall] = field(default_factory=list)  # read_result calls
+    client_calls: int = 0  # calls of the client's own tools
+    stop_reason: str | None = None  # the format's own word (stop_reason, finish_reason)
+    usage: Usage = field(default_factory=Usage)
+    asks_to_read: bool = False  # stopped to have read_result answered, nothing else waits
+
+    @property
+    def wants_reads_only(self) -> bool:
+        return self.asks_to_read and bool(self.reads) and not self.client_calls
+
+
+class MergeState(Enum):
+    """Where a streamed round stands, as the merger has seen it."""
+
+    OPEN = "open"  # events are still coming
+    STOPPED = "stopped"  # the round's answer ended normally
+    FAILED = "failed"  # the upstream sent an error inside the stream
+
+
+class RoundMerger(Protocol):
+    """Turns the events of several streamed upstream rounds into one client stream:
+    read_result calls held back, the rest passed on renumbered, one ending."""
+
+    state: MergeState
+
+    def begin_round(self) -> None: ...
+    def feed(self, event: Event) -> list[bytes]: ...
+    def end_round(self) -> Round: ...
+    def finish(self) -> list[bytes]: ...
+
+    @property
+    def rounds(self) -> int: ...
+
+
+class Dialect(Protocol):
+    """The planner's view of a format: message shapes, tool results, what the proxy
+    writes into a history."""
+
+    name: str
+
+    def message_shape(self, message: Message, tokens: int) -> Shape:
+        """The message's role, the tool calls it makes and the calls it answers."""
+        ...
+
+    def tool_results(self, message: Message) -> list[tuple[int, Mapping[str, Any]]]:
+        """The tool results the message gives, as (slot, result). A result is a mapping
+        whose `content` is a string or a list of parts (what offload.result_text reads),
+        counted with the counter's count_block."""
+        ...
+
+    def stubbed_message(
+        self, message: Message, stubs: Sequence[Stub], tool: str, read_length: int
+    ) -> JSON:
+        """A copy of the message with the results at the stubs' slots replaced by stubs."""
+        ...
+
+    def summary_message(self, text: str, folded: int) -> JSON: ...
+
+    def note_message(self, text: str) -> JSON: ...
+
+    def render_transcript(self, messages: Sequence[Message]) -> str:
+        """The messages as plain text for the summariser."""
+        ...
+
+    def read_result_tool(self, name: str) -> JSON:
+        """The injected tool's definition in this format: the same bytes every time."""
+        ...
+
+
+class WireFormat(Dialect, UsageScan, Protocol):
+    """Everything the proxy does that depends on one API's shapes."""
+
+    request_id_header: str  # where the API puts its request id in responses
+
+    # -- decoding and encoding requests ------------------------------------------------
+    def messages(self, body: Mapping[str, Any]) -> list[JSON]:
+        """The request's history (every message a JSON object), or [] when absent."""
+        ...
+
+    def encode(self, body: Mapping[str, Any], replace: Mapping[str, Any]) -> bytes:
+        """The body with some top-level fields replaced, key order kept, as JSON bytes."""
+        ...
+
+    def with_history(self, body: Mapping[str, Any], messages: list[JSON], tool: str | None) -> JSON:
+        """The top-level fields a rewrite replaces: the history, and the tools with
+        read_result appended when `tool` names it."""
+        ...
+
+    # -- counting and identity --------------------------------------------------------
+    def counter(self, base: TokenCounter) -> MessageCounter: ...
+    def fixed_tokens(self, counter: MessageCounter, body: Mapping[str, Any]) -> int:
+        """System prompt and tools, estimated."""
+        ...
+
+    def tool_name(self, body: Mapping[str, Any]) -> str | None:
+        """The name read_result takes in this request; None: offload is off for it."""
+        ...
+
+    def identity_view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """What identifies the conversation, shaped like a Messages body."""
+        ...
+
+    def max_output(self, body: Mapping[str, Any]) -> int | None:
+        """The request's output cap (max_tokens and the like), if it names one."""
+        ...
+
+    # -- read_result rounds -----------------------------------------------------------
+    def split(self, answer: JSON, tool: str) -> Round: ...
+    def merge(self, answers: Sequence[JSON], tool: str) -> JSON: ...
+    def continue_messages(
+        self, messages: Sequence[JSON], round_: Round, results: Sequence[tuple[str, str, bool]]
+    ) -> list[JSON]: ...
+    def merger(self, tool: str) -> RoundMerger: ...
+
+    # -- usage (and UsageScan's line reading) and errors --------------------------------
+    def usage(self, raw: Mapping[str, Any]) -> Usage:
+        """An answer's usage object in the core's terms."""
+        ...
+
+    def error_body(self, error: ProxyError, request_id: str) -> bytes:
+        """The proxy's own error as this API's error body."""
+        ...
+
+    def stream_error(self, error: ProxyError) -> bytes:
+        """The same, as an error inside a stream that already started."""
+        ...
+
+    def upstream_stream_error(self, payload: object, status: int) -> bytes:
+        """An upstream error answer (its JSON body, or None) as an in-stream error."""
+        ...

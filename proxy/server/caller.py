@@ -1,0 +1,36 @@
+"""Who is calling: what the key check found out about a request, for every later step."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from proxy.server.metrics import count_budget_rejection
+from proxy.store.accounts import Scope
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    tenant: str | None = None  # None: derived from the forwarded credential
+    key_id: str | None = None
+    team: str | None = None
+    policy: dict[str, int] | None = None  # window/trigger/target over the model's policy
+    scopes: tuple[Scope, ...] = ()  # scopes with limits, the key's first
+    limits_unknown: bool = False  # Redis was unreachable and nothing was cached
+
+
+ANONYMOUS = Caller()
+CALLER = web.RequestKey("compaction_proxy_caller", Caller)
+
+
+def caller_of(request: web.Request) -> Caller:
+    caller: Caller = request.get(CALLER, ANONYMOUS)
+    return caller
+
+
+def count_rejection(app: web.Application, reason: str) -> None:
+    """Count a request refused by a key or budget check (`reason`: a fixed word)."""
+    with contextlib.suppress(KeyError):  # an app built without metrics
+        count_budget_rejection(app, reason)

@@ -1,0 +1,174 @@
+"""Compaction for one request: count it, run the driver, say what was done.
+
+The order of work keeps the common case cheap: when the body's size alone proves the
+history under the trigger, nothing is counted; when the count (cached per message) is
+under it, no checkpoint can apply (one is only made when the history crossed), so the
+original bytes go out without a Redis call. Only above the trigger does the driver
+(proxy/core/driver.py) ask for the conversation's state, a summary, and the writes of a
+crossing, which the executor (proxy/server/executor.py) carries out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.core.counting import Counted, cannot_cross, count_request
+from proxy.core.driver import CompactionRequest, Decision, compaction
+from proxy.core.errors import ContextTooLong, ProxyError
+from proxy.core.identity import conversation_of, tenant_of
+from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies, policy_for
+from proxy.core.tokens import TokenCounter, default_counter
+from proxy.core.wire_format import WireFormat
+from proxy.server.calibration import Calibration
+from proxy.server.executor import StoreExecutor, drive
+from proxy.server.record import detached
+from proxy.server.summariser import SUMMARISERS, SummariserSettings
+from proxy.store import Store
+
+log = logging.getLogger(__name__)
+
+COUNT_OFF_LOOP_BYTES = 256 * 1024
+
+
+@dataclass(slots=True)
+class Prepared:
+    """What goes upstream for one request, and what the rest of its handling needs."""
+
+    body: bytes  # the bytes to send
+    sent: Mapping[str, Any] | None  # ... parsed (the client's payload when untouched)
+    model: str = ""
+    estimate: int = 0  # estimated input tokens of what is sent (0: not counted)
+    headers: tuple[tuple[str, str], ...] = ()  # x-compaction-* for the client
+    refusal: ProxyError | None = None  # answer with this, send nothing
+    tool: str | None = None  # read_result was injected under this name
+    tenant: str = ""
+    conversation: str = ""
+    policy: Policy = field(default_factory=Policy)
+    sample: bool = False  # feed calibration with the first round's usage
+
+    @property
+    def intercepts(self) -> bool:
+        return self.tool is not None
+
+
+class Compactor:
+    """Per-process compaction state: policies, the counter, calibration."""
+
+    def __init__(
+        self,
+        raw_policies: Sequence[Mapping[str, Any]] = (),
+        *,
+        counter: TokenCounter | None = None,
+        summariser: SummariserSettings | None = None,
+    ) -> None:
+        self.policies = [*parse_policies(raw_policies), *DEFAULT_POLICIES]
+        self.counter = counter or default_counter()
+        self.summariser = summariser or SummariserSettings()
+        self.calibration = Calibration()
+
+    async def close(self) -> None:
+        await self.calibration.close()
+
+    def policy(self, model: str, override: Mapping[str, int] | None = None) -> Policy:
+        return policy_for(model, self.policies, override)
+
+    async def count(self, wire: WireFormat, body: Mapping[str, Any], size: int) -> Counted:
+        messages = wire.messages(body)
+        if size > COUNT_OFF_LOOP_BYTES:
+            # A cold count of a big history takes tens of ms: keep the loop free meanwhile
+            # (tiktoken encodes without the GIL).
+            return await asyncio.to_thread(count_request, wire, self.counter, body, messages)
+        return count_request(wire, self.counter, body, messages)
+
+    async def prepare(
+        self,
+        body_bytes: bytes,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str],
+        *,
+        wire: WireFormat,
+        store: Store | None,
+        upstream_url: str,
+        tenant: str | None = None,
+        policy_override: Mapping[str, int] | None = None,
+    ) -> Prepared:
+        """`tenant` and `policy_override` come from a proxy key when keys are required
+        (else the tenant is the hash of the forwarded credential)."""
+        model = str(body.get("model", ""))
+        messages = wire.messages(body)
+        if not messages:
+            return Prepared(body_bytes, body, model)
+        policy = self.policy(model, policy_override)
+        factor = self.calibration.factor(model, store)
+        sample = self.calibration.wants_sample(model)
+        if not sample and cannot_cross(body_bytes, policy, factor):
+            return Prepared(body_bytes, body, model, policy=policy)  # not even counted
+        counted = await self.count(wire, body, len(body_bytes))
+        request = CompactionRequest(
+            wire, body, messages, counted, wire.counter(self.counter), policy, factor
+        )
+        executor = StoreExecutor(
+            store,
+            lambda: _identity(wire, body, headers, tenant),
+            model=model,
+            headers=headers,
+            upstream_url=upstream_url,
+            summariser=self.summariser,
+            summarise=SUMMARISERS[wire.name],
+        )
+        decision = await drive(compaction(request), executor)
+        prepared = Prepared(
+            body_bytes, body, model, decision.estimate, policy=policy, sample=sample
+        )
+        if executor.identified:
+            prepared.tenant, prepared.conversation = executor.identity
+        return self._finish(prepared, decision, policy)
+
+    def _finish(self, prepared: Prepared, decision: Decision, policy: Policy) -> Prepared:
+        record = detached()
+        if decision.summary_failure:
+            log.info("no summary (%s); packing instead", decision.summary_failure)
+        if decision.action == "refuse":
+            record.strategy, record.reason = "refuse", "too_long"
+            prepared.refusal = ContextTooLong(decision.refusal)
+            return prepared
+        rewrite = decision.rewrite
+        if rewrite is None:
+            return prepared
+        record.strategy = rewrite.strategy
+        record.reason = rewrite.reason
+        record.tokens_before, record.tokens_after = rewrite.tokens_before, rewrite.tokens_after
+        record.offloaded = len(rewrite.blobs)
+        record.summary = rewrite.summary if rewrite.strategy != "checkpoint" else ""
+        if rewrite.strategy != "checkpoint" and rewrite.tokens_after > policy.trigger_tokens:
+            log.warning(
+                "history still %d tokens after compaction, above the trigger %d (%s)",
+                rewrite.tokens_after,
+                policy.trigger_tokens,
+                rewrite.reason or "target_unreachable",
+            )
+        headers = [
+            ("x-compaction-strategy", rewrite.strategy),
+            ("x-compaction-tokens-before", str(rewrite.tokens_before)),
+            ("x-compaction-tokens-after", str(rewrite.tokens_after)),
+            ("x-compaction-offloaded", str(len(rewrite.refs))),
+            ("x-compaction-summary", rewrite.summary or "none"),
+        ]
+        if rewrite.reason:
+            headers.append(("x-compaction-reason", rewrite.reason))
+        assert decision.body is not None and decision.sent is not None
+        prepared.body, prepared.sent = decision.body, decision.sent
+        prepared.headers = tuple(headers)
+        prepared.tool = rewrite.tool
+        return prepared
+
+
+def _identity(
+    wire: WireFormat, body: Mapping[str, Any], headers: Mapping[str, str], tenant: str | None
+) -> tuple[str, str]:
+    tenant = tenant or tenant_of(headers)
+    return tenant, conversation_of(headers, wire.identity_view(body), tenant)

@@ -1,0 +1,144 @@
+"""Carry out the compaction driver's commands on Redis and the upstream.
+
+The driver (proxy/core/driver.py) decides; this executor only does what a command says
+and answers with the reply the driver expects. Every failure of the store becomes a
+reply saying so (never an exception): the driver then plans without the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from functools import cached_property
+from typing import TypeVar
+
+from proxy.core.checkpoint import decode_checkpoint, encode_checkpoint
+from proxy.core.commands import (
+    Command,
+    GetSummary,
+    LoadConversation,
+    Loaded,
+    Reply,
+    SaveCrossing,
+    Saved,
+    SummaryReply,
+)
+from proxy.server.summariser import SummariserSettings, SummaryCall, obtain_summary
+from proxy.store import Store, StoreUnavailable
+from proxy.store.keys import BLOB
+
+CHECKPOINT = "checkpoint"
+T = TypeVar("T")
+
+
+class StoreExecutor:
+    """The commands of one request's driver, for one tenant's conversation. The identity
+    is worked out on the first command: a request that needs none never pays for it."""
+
+    def __init__(
+        self,
+        store: Store | None,
+        identify: Callable[[], tuple[str, str]],
+        *,
+        model: str,
+        headers: Mapping[str, str],
+        upstream_url: str,
+        summariser: SummariserSettings,
+        summarise: SummaryCall,
+    ) -> None:
+        self.store = store
+        self._identify = identify
+        self.model = model
+        self.headers = headers
+        self.upstream_url = upstream_url
+        self.summariser = summariser
+        self.summarise = summarise
+
+    @cached_property
+    def identity(self) -> tuple[str, str]:
+        """(tenant, conversation)."""
+        return self._identify()
+
+    @property
+    def tenant(self) -> str:
+        return self.identity[0]
+
+    @property
+    def conversation(self) -> str:
+        return self.identity[1]
+
+    @property
+    def identified(self) -> bool:
+        return "identity" in self.__dict__
+
+    async def __call__(self, command: Command) -> Reply:
+        if isinstance(command, LoadConversation):
+            return await self._load(command)
+        if isinstance(command, GetSummary):
+            return await self._summary(command)
+        return await self._save(command)
+
+    async def _load(self, command: LoadConversation) -> Loaded:
+        if self.store is None:
+            return Loaded(None, store_ok=False)
+        try:
+            found = await self.store.get_json(
+                self.tenant, self.conversation, CHECKPOINT, command.slot
+            )
+        except StoreUnavailable:
+            return Loaded(None, store_ok=False)
+        return Loaded(decode_checkpoint(found))
+
+    async def _summary(self, command: GetSummary) -> SummaryReply:
+        if self.store is None:
+            return SummaryReply(None, failure="no store")
+        return await obtain_summary(
+            command,
+            store=self.store,
+            tenant=self.tenant,
+            conversation=self.conversation,
+            model=self.model,
+            headers=self.headers,
+            base_url=self.upstream_url,
+            settings=self.summariser,
+            call=self.summarise,
+        )
+
+    async def _save(self, command: SaveCrossing) -> Saved:
+        store = self.store
+        if store is None:
+            return Saved(ok=False)
+        tenant, conversation = self.tenant, self.conversation
+        try:
+            await asyncio.gather(
+                *(
+                    store.put_blob(tenant, conversation, ref, text.encode())
+                    for ref, text in command.blobs
+                )
+            )
+            await store.put_json(
+                tenant,
+                conversation,
+                CHECKPOINT,
+                command.slot,
+                encode_checkpoint(command.checkpoint),
+            )
+            # Stubs kept from earlier crossings must live as long as the new checkpoint.
+            await store.refresh_ttl(tenant, conversation, BLOB, list(command.touch))
+        except StoreUnavailable:
+            return Saved(ok=False)
+        return Saved(ok=True)
+
+
+async def drive(
+    driver: Generator[Command, Reply, T], execute: Callable[[Command], Awaitable[Reply]]
+) -> T:
+    """Drive a generator to its end with an async executor."""
+    reply: Reply | None = None
+    while True:
+        try:
+            command = driver.send(reply) if reply is not None else next(driver)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+        reply = await execute(command)

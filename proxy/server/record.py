@@ -1,0 +1,81 @@
+"""What happened to the request being handled, noted from anywhere below the handler.
+
+The metrics middleware opens a `RequestRecord` per request and makes it current (a
+context variable, so it follows the handler's task and the tasks it spawns). Code deep
+in the pipeline notes events on it without the app or the request being passed down;
+with no record current (benchmarks, the replay command) `current()` is None. The record
+holds the request's one `UsageMeter`: the relay and the read_result rounds feed it, and
+metrics, calibration and budgets read it. Only numbers and fixed words are recorded,
+never prompt text or credentials.
+"""
+
+from __future__ import annotations
+
+import time
+from contextvars import ContextVar, Token
+from dataclasses import dataclass, field
+
+from proxy.core.usage import UsageMeter, UsageScan
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    request_id: str
+    route: str
+    method: str
+    started: float = field(default_factory=time.perf_counter)
+    upstream_sent: float | None = None  # perf_counter when the upstream request went out
+    upstream_answered: float | None = None  # ... and when its response headers came
+    interception_seconds: float = 0.0  # read_result work between rounds
+    meter: UsageMeter = field(default_factory=UsageMeter)  # every upstream answer's usage
+    model: str = ""  # the request's model, when it names one
+    read_rounds: int = 0
+    strategy: str = ""  # the rewrite's, "refuse", or "" (untouched)
+    reason: str = ""  # why the outcome differs from what the policy aimed at
+    tokens_before: int = 0
+    tokens_after: int = 0
+    offloaded: int = 0  # results newly offloaded by this request
+    summary: str = ""  # "made", "reused" or ""
+    summariser_calls: int = 0
+    summariser_failures: int = 0
+    upstream_request_id: str = ""
+
+    def reads_answers_as(self, scan: UsageScan | None) -> None:
+        """The wire format whose answers this request relays (how usage is read)."""
+        self.meter.scan = scan
+
+    def own_seconds(self, ended: float) -> float:
+        """The proxy's own time: before the upstream request went out, plus the work
+        between read_result rounds (all of it when nothing was sent upstream)."""
+        before = (self.upstream_sent if self.upstream_sent is not None else ended) - self.started
+        return before + self.interception_seconds
+
+    def sending(self) -> None:
+        if self.upstream_sent is None:
+            self.upstream_sent = time.perf_counter()
+
+    def answered(self, request_id: str = "") -> None:
+        if self.upstream_answered is None:
+            self.upstream_answered = time.perf_counter()
+            self.upstream_request_id = request_id[:64]
+
+
+_current: ContextVar[RequestRecord | None] = ContextVar("compaction_proxy_request", default=None)
+
+
+def begin(record: RequestRecord) -> Token[RequestRecord | None]:
+    return _current.set(record)
+
+
+def end(token: Token[RequestRecord | None]) -> None:
+    _current.reset(token)
+
+
+def current() -> RequestRecord | None:
+    return _current.get()
+
+
+def detached() -> RequestRecord:
+    """The current record, or a throwaway one outside a request (benchmarks, tools)."""
+    record = _current.get()
+    return record if record is not None else RequestRecord("", "", "")

@@ -1,0 +1,114 @@
+"""Scenario mode: the stand-in plays a model through a whole task, for agents that cannot
+send an `x-stand-in` header (the real Codex CLI).
+
+A scenario is asked, for each request, for the script of its answer: a dict with the keys
+an `x-stand-in` header takes (`text`, `tool`, ...), laid over the stand-in's default script
+and under the request's own header. For compaction and summary requests it may add a note
+to the summary the stand-in writes, so that what it needs to go on survives a compaction.
+
+`ShellChunks` is a coding task: "print a log in chunks with the shell, then report". Turn
+after turn it calls Codex's `exec_command` with the next chunk; after `calls` chunks it
+answers the final sentence. Its progress is read from the request itself: every command
+carries a `SCENARIO-STEP=<n>` marker (in the arguments, and echoed into the output), and
+the summaries it notes carry the last one, so it resumes right after a compaction of any
+kind (Codex's, or the proxy's dropping old turns with a note).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from proxy.testing.responses_items import part_texts, sealed_text
+from proxy.testing.responses_validate import input_items
+
+STEP = re.compile(r"SCENARIO-STEP=(\d+)")
+DONE_TEXT = "SCENARIO-DONE: all chunks printed"
+
+
+class Scenario(Protocol):
+    name: str
+
+    def script(self, body: dict[str, Any], key: bytes) -> dict[str, Any]:
+        """`x-stand-in` keys for the answer to this request."""
+        ...
+
+    def summary_note(self, body: dict[str, Any], key: bytes) -> str:
+        """A line the stand-in adds to a summary of this request's history ("" for none)."""
+        ...
+
+
+def _texts(item: dict[str, Any], key: bytes) -> list[str]:
+    kind = item.get("type", "message")
+    if kind == "message":
+        return part_texts(item.get("content"))
+    if kind in ("function_call", "custom_tool_call"):
+        payload = item.get("arguments", item.get("input"))
+        return [payload] if isinstance(payload, str) else []
+    if kind.endswith("_output"):
+        return part_texts(item.get("output"))
+    if kind in ("reasoning", "compaction"):
+        sealed = sealed_text(item, key)
+        return [sealed] if sealed else []
+    return []
+
+
+def steps_done(body: dict[str, Any], key: bytes) -> int:
+    """The highest step marker anywhere in the input (0 when none)."""
+    best = 0
+    for item in input_items(body):
+        if isinstance(item, dict):
+            for text in _texts(item, key):
+                for match in STEP.finditer(text):
+                    best = max(best, int(match.group(1)))
+    return best
+
+
+@dataclass(frozen=True)
+class ShellChunks:
+    """Print `file` in `calls` chunks of `lines` lines with exec_command, then report."""
+
+    calls: int = 16
+    file: str = "big.log"
+    lines: int = 120
+    name: str = "shell-chunks"
+
+    def command(self, step: int) -> str:
+        first = (step - 1) * self.lines + 1
+        last = step * self.lines
+        return f"echo SCENARIO-STEP={step}; sed -n '{first},{last}p' {self.file}"
+
+    def script(self, body: dict[str, Any], key: bytes) -> dict[str, Any]:
+        done = steps_done(body, key)
+        if done >= self.calls:
+            return {"text": f"{DONE_TEXT} ({done} of {self.calls})."}
+        step = done + 1
+        arguments = {"cmd": self.command(step), "yield_time_ms": 10000}
+        return {
+            "text": f"Printing chunk {step} of {self.calls}.",
+            "tool": {"name": "exec_command", "input": arguments},
+        }
+
+    def summary_note(self, body: dict[str, Any], key: bytes) -> str:
+        done = steps_done(body, key)
+        return (
+            f"Task: print {self.file} in chunks of {self.lines} lines with exec_command;"
+            f" SCENARIO-STEP={done} of {self.calls} done, go on with the next chunk."
+        )
+
+
+def big_log(lines: int) -> str:
+    """The file ShellChunks prints: a deterministic log of `lines` lines."""
+    rows = []
+    for i in range(1, lines + 1):
+        status = (200, 404, 500)[i * 7 % 3]
+        rows.append(
+            f"2025-03-01T10:{i // 60 % 60:02d}:{i % 60:02d}Z INFO worker-{i % 8} req=r{i:06d}"
+            f" path=/api/v1/items/{i * 7919 % 99991} status={status}"
+            f" latency={i * 37 % 900}ms bytes={i * 104729 % 99000} user=u{i * 31 % 300}"
+        )
+    return "\n".join(rows) + "\n"
+
+
+SCENARIOS: dict[str, type[ShellChunks]] = {ShellChunks.name: ShellChunks}

@@ -1,0 +1,369 @@
+"""OpenAI Chat Completions as a `WireFormat` (proxy/core/wire_format.py).
+
+Like the Anthropic adapter, decoding never copies or normalises messages: the planner
+works on shapes and indices and puts the original message objects (or the few rewritten
+ones) back, so unknown fields and roles pass through (DESIGN invariant 5).
+
+How Chat messages map onto the neutral model:
+- an assistant message with `tool_calls` and the `tool` messages answering them are one
+  group. A tool message's shape says role "user": for the grouping rules it plays the
+  part of the Anthropic user message holding tool_results, so one that answers no call
+  is malformed (dropped) rather than pinned like an unknown role;
+- `system` and `developer` messages are pinned (they are not ordinary roles);
+- a tool message holds one result (slot 0): a string or a list of text parts. A stub
+  replaces its content; summaries and drop notes are `user` messages with string content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import orjson
+
+from proxy.core import offload, summary
+from proxy.core.errors import ProxyError
+from proxy.core.history import Shape
+from proxy.core.offload import Stub
+from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
+from proxy.core.usage import LineKind, Usage
+from proxy.core.wire_format import JSON, MessageCounter, Round, RoundMerger
+from proxy.wire import chat_rounds
+from proxy.wire.anthropic import encode_request, max_output, request_messages
+
+Message = Mapping[str, Any]
+PINNED_ROLES = ("system", "developer")
+
+
+def message_shape(message: Message, tokens: int) -> Shape:
+    role = str(message.get("role", ""))
+    if role == "assistant":
+        calls = message.get("tool_calls")
+        ids = tuple(
+            str(c.get("id")) for c in calls or () if isinstance(c, dict) and c.get("id") is not None
+        )
+        return Shape(role, tokens, calls=ids)
+    if role == "tool":
+        return Shape("user", tokens, answers=(str(message.get("tool_call_id")),))
+    return Shape(role, tokens)
+
+
+def content_text(content: object) -> str | None:
+    """The text of a content field: a string, or a list of text parts; else None."""
+    return offload.result_text({"content": content})
+
+
+def tool_result_block(message: Message) -> dict[str, Any]:
+    """A tool message seen as a tool_result block: what the offload rules read and count."""
+    return {"type": "tool_result", "content": message.get("content")}
+
+
+def read_result_tool(name: str) -> dict[str, Any]:
+    """The injected tool as a Chat function tool: the same bytes every time."""
+    definition = offload.read_result_tool(name)
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": definition["description"],
+            "parameters": definition["input_schema"],
+        },
+    }
+
+
+def tool_names(tools: object) -> set[str]:
+    """Names of the request's function tools (and of any tool that names itself)."""
+    names: set[str] = set()
+    for tool in tools if isinstance(tools, list) else ():
+        if not isinstance(tool, dict):
+            continue
+        function = tool.get("function")
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            names.add(function["name"])
+        if isinstance(tool.get("name"), str):
+            names.add(tool["name"])
+    return names
+
+
+def choose_tool_name(tools: object) -> str | None:
+    """The first read_result name the client does not use itself (None: offload off)."""
+    return offload.choose_tool_name([{"name": n} for n in sorted(tool_names(tools))])
+
+
+def render_transcript(messages: Sequence[Message]) -> str:
+    """The folded messages as plain text for the summariser."""
+    parts = []
+    for message in messages:
+        role = str(message.get("role", "?"))
+        lines: list[str] = []
+        text = _parts_text(message.get("content"))
+        if role == "tool":
+            lines.append(f"[tool result id={message.get('tool_call_id')}]\n{text}")
+        elif text:
+            lines.append(text)
+        for call in message.get("tool_calls") or ():
+            if not isinstance(call, dict):
+                continue
+            function = call.get("function") or {}
+            lines.append(
+                f"[tool call {function.get('name')} id={call.get('id')}]"
+                f" {function.get('arguments', '')}"
+            )
+        body = "\n".join(line for line in lines if line)
+        if body:
+            parts.append(f"## {role}\n{body}")
+    return "\n\n".join(parts)
+
+
+def _parts_text(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    out = []
+    for part in content if isinstance(content, list) else ():
+        if not isinstance(part, dict):
+            continue
+        if part.get("type") == "text":
+            out.append(str(part.get("text", "")))
+        elif isinstance(part.get("type"), str):
+            out.append(f"[{part['type']}]")
+    return "\n".join(out)
+
+
+def identity_view(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What identifies a Chat conversation, shaped like a Messages body for
+    identity.conversation_of: the leading system/developer messages as `system`, the first
+    other message as the first message (the system prompt alone is shared by many)."""
+    messages = request_messages(body)
+    lead = 0
+    while lead < len(messages) and messages[lead].get("role") in PINNED_ROLES:
+        lead += 1
+    view: dict[str, Any] = {"system": messages[:lead], "messages": messages[lead : lead + 1]}
+    if "metadata" in body:
+        view["metadata"] = body["metadata"]
+    return view
+
+
+# -- counting -----------------------------------------------------------------------------
+
+
+class BlockCounter(Protocol):
+    def count_text(self, text: str) -> int: ...
+    def count_json(self, value: object) -> int: ...
+    def count_block(self, block: object) -> int: ...
+    def count_content(self, content: object) -> int: ...
+    def count_tools(self, tools: object) -> int: ...
+
+
+class ChatCounter:
+    """Token estimates for Chat messages, on top of the shared block counter (and its
+    cache): a message costs its content, its tool calls' names and argument text, and a
+    tool message its framing. Estimates, like the Anthropic ones; calibration corrects."""
+
+    def __init__(self, base: BlockCounter) -> None:
+        self.base = base
+
+    def count_text(self, text: str) -> int:
+        return self.base.count_text(text)
+
+    def count_content(self, content: object) -> int:
+        return self.base.count_content(content)
+
+    def count_message(self, message: Mapping[str, Any]) -> int:
+        if not isinstance(message, dict):
+            return MESSAGE_OVERHEAD + self.base.count_json(message)
+        total = MESSAGE_OVERHEAD + self.base.count_content(message.get("content"))
+        if message.get("role") == "tool":
+            total += TOOL_FRAMING
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict):
+                total += self.base.count_json(call)
+                continue
+            name, arguments = function.get("name"), function.get("arguments")
+            total += TOOL_FRAMING + (self.base.count_text(name) if isinstance(name, str) else 0)
+            if isinstance(arguments, str):
+                total += self.base.count_text(arguments)
+            else:
+                total += self.base.count_json(arguments)
+        return total
+
+    def count_block(self, block: object) -> int:
+        return self.base.count_block(block)
+
+    def count_tools(self, tools: object) -> int:
+        return self.base.count_tools(tools)
+
+    def count_request(self, body: Mapping[str, Any]) -> int:
+        return self.count_tools(body.get("tools")) + sum(
+            self.count_message(m) for m in request_messages(body)
+        )
+
+
+# -- errors -------------------------------------------------------------------------------
+
+# Anthropic's error types that OpenAI's API spells otherwise.
+_OPENAI_TYPES = {"api_error": "server_error", "overloaded_error": "server_error"}
+
+
+def error_body(
+    message: str, error_type: str, *, param: str | None = None, code: str | None = None
+) -> bytes:
+    """An error in the Chat API's shape."""
+    return orjson.dumps(
+        {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    )
+
+
+def stream_error_event(message: str, error_type: str, code: str | None = None) -> bytes:
+    """An error inside a stream after the 200: a data line the openai SDK raises on."""
+    return b"data: " + error_body(message, error_type, code=code) + b"\n\n"
+
+
+def chat_error(error: ProxyError) -> dict[str, Any]:
+    kind = _OPENAI_TYPES.get(error.type, error.type)
+    return {"message": error.message, "type": kind, "param": error.param, "code": error.code}
+
+
+_USAGE = b'"usage":{'
+
+
+class ChatCompletions:
+    """POST /v1/chat/completions: OpenAI's Chat Completions API."""
+
+    name = "chat"
+    request_id_header = "x-request-id"
+
+    # -- decoding and encoding ---------------------------------------------------------
+
+    def messages(self, body: Mapping[str, Any]) -> list[JSON]:
+        return request_messages(body)
+
+    def encode(self, body: Mapping[str, Any], replace: Mapping[str, Any]) -> bytes:
+        return encode_request(body, **replace)
+
+    def with_history(self, body: Mapping[str, Any], messages: list[JSON], tool: str | None) -> JSON:
+        fields: JSON = {"messages": messages}
+        if tool:
+            tools = body.get("tools")
+            listed = tools if isinstance(tools, list) else []
+            fields["tools"] = [*listed, read_result_tool(tool)]
+        return fields
+
+    # -- counting and identity ---------------------------------------------------------
+
+    def counter(self, base: TokenCounter) -> MessageCounter:
+        return ChatCounter(base)
+
+    def fixed_tokens(self, counter: MessageCounter, body: Mapping[str, Any]) -> int:
+        return counter.count_tools(body.get("tools"))
+
+    def tool_name(self, body: Mapping[str, Any]) -> str | None:
+        n = body.get("n")
+        if n not in (None, 1):
+            return None  # several choices: the rounds follow one, so offload stays off
+        return choose_tool_name(body.get("tools"))
+
+    def identity_view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        return identity_view(body)
+
+    def max_output(self, body: Mapping[str, Any]) -> int | None:
+        return max_output(body)
+
+    # -- the planner's view (Dialect) --------------------------------------------------
+
+    def message_shape(self, message: Message, tokens: int) -> Shape:
+        return message_shape(message, tokens)
+
+    def tool_results(self, message: Message) -> list[tuple[int, Mapping[str, Any]]]:
+        if message.get("role") != "tool":
+            return []
+        return [(0, tool_result_block(message))]
+
+    def stubbed_message(
+        self, message: Message, stubs: Sequence[Stub], tool: str, read_length: int
+    ) -> JSON:
+        out = dict(message)
+        for stub in stubs:
+            if stub.block != 0:
+                continue
+            original = message.get("content")
+            text = content_text(original)
+            if text is None:
+                continue
+            body = offload.stub_text(text, stub.ref, tool, stub.head_chars, read_length)
+            out["content"] = body if isinstance(original, str) else [{"type": "text", "text": body}]
+        return out
+
+    def summary_message(self, text: str, folded: int) -> JSON:
+        header = summary.SUMMARY_HEADER.format(folded=folded)
+        return {"role": "user", "content": f"{header}\n{text}"}
+
+    def note_message(self, text: str) -> JSON:
+        return {"role": "user", "content": text}
+
+    def render_transcript(self, messages: Sequence[Message]) -> str:
+        return render_transcript(messages)
+
+    def read_result_tool(self, name: str) -> JSON:
+        return read_result_tool(name)
+
+    # -- read_result rounds ------------------------------------------------------------
+
+    def split(self, answer: JSON, tool: str) -> Round:
+        return chat_rounds.split_completion(answer, tool)
+
+    def merge(self, answers: Sequence[JSON], tool: str) -> JSON:
+        return chat_rounds.merge_completions(answers, tool)
+
+    def continue_messages(
+        self, messages: Sequence[JSON], round_: Round, results: Sequence[tuple[str, str, bool]]
+    ) -> list[JSON]:
+        return chat_rounds.continue_messages(messages, round_, results)
+
+    def merger(self, tool: str) -> RoundMerger:
+        return chat_rounds.ChatStreamMerger(tool)
+
+    # -- usage -------------------------------------------------------------------------
+
+    def usage(self, raw: Mapping[str, Any]) -> Usage:
+        return chat_rounds.chat_usage(raw)
+
+    def line_may_matter(self, head: bytes) -> bool:
+        # The usage chunk has no fixed prefix; content chunks are short, so look at each.
+        return head.startswith(b"data: {")
+
+    def usage_line(self, line: bytes) -> tuple[LineKind, Usage] | None:
+        if _USAGE not in line:
+            return None
+        try:
+            data = orjson.loads(line[5:])
+        except orjson.JSONDecodeError:
+            return None
+        usage = data.get("usage") if isinstance(data, dict) else None
+        if not isinstance(usage, dict):
+            return None
+        return LineKind.END, chat_rounds.chat_usage(usage)
+
+    def text_chars(self, line: bytes) -> int:
+        return 0  # a Chat stream reports its usage only at its end, if asked to
+
+    def body_usage(self, body: Mapping[str, Any]) -> Usage | None:
+        usage = body.get("usage")
+        return chat_rounds.chat_usage(usage) if isinstance(usage, dict) else None
+
+    # -- errors ------------------------------------------------------------------------
+
+    def error_body(self, error: ProxyError, request_id: str) -> bytes:
+        return orjson.dumps({"error": chat_error(error)})
+
+    def stream_error(self, error: ProxyError) -> bytes:
+        return b"data: " + self.error_body(error, "") + b"\n\n"
+
+    def upstream_stream_error(self, payload: object, status: int) -> bytes:
+        error = payload.get("error") if isinstance(payload, dict) else None
+        if not isinstance(error, dict):
+            return stream_error_event(f"upstream answered {status}", "api_error")
+        return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+
+
+CHAT = ChatCompletions()

@@ -1,0 +1,369 @@
+"""read_result rounds on Chat Completions, sans I/O (the Chat twin of anthropic_rounds).
+
+When the model calls the injected `read_result` function, the proxy answers it and asks
+again; the client sees one completion:
+
+- `ChatStreamMerger` turns the `data:` chunks of several upstream rounds into one client
+  stream: read_result tool_call deltas are held back, other tool_calls keep their order
+  with indices shifted to follow those already sent, later rounds' chunks carry the first
+  round's completion id, and one final chunk with the finish_reason, one usage chunk
+  (summed, when the client asked for usage) and one `[DONE]` end it. With one round and
+  nothing held, every chunk goes out as the very bytes that came in.
+- `split_completion` / `merge_completions` do the same for non-streaming answers.
+- `continue_messages` appends a round's assistant message and the read results.
+
+Only the first choice is followed: the proxy injects read_result only into requests
+asking for one choice (`n` absent or 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from proxy.core.sse import Event
+from proxy.core.usage import Usage, count
+from proxy.core.wire_format import MergeState, ReadCall, Round
+
+DONE = "[DONE]"
+ROUND_SEPARATOR = "\n\n"  # between the text of two rounds, so sentences do not run on
+
+
+def chat_usage(raw: Mapping[str, Any]) -> Usage:
+    """Chat usage in the core's terms: prompt_tokens counts every input token, the cached
+    ones (prompt_tokens_details.cached_tokens) included."""
+    prompt = count(raw.get("prompt_tokens"))
+    details = raw.get("prompt_tokens_details")
+    cached = count(details.get("cached_tokens")) if isinstance(details, Mapping) else 0
+    cached = min(cached, prompt)
+    return Usage(
+        input_tokens=prompt - cached,
+        cache_read_input_tokens=cached,
+        output_tokens=count(raw.get("completion_tokens")),
+    )
+
+
+def add_usage(total: dict[str, Any], usage: object) -> None:
+    """Sum every number of a usage object into total, nested details included."""
+    if not isinstance(usage, dict):
+        return
+    for key, value in usage.items():
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int):
+            total[key] = total.get(key, 0) + value
+        elif isinstance(value, dict):
+            inner = total.get(key)
+            if not isinstance(inner, dict):
+                inner = total[key] = {}
+            add_usage(inner, value)
+
+
+def _read_call(call: dict[str, Any]) -> ReadCall:
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    try:
+        parsed = orjson.loads(arguments) if isinstance(arguments, str) and arguments else {}
+    except orjson.JSONDecodeError:
+        parsed = None  # parse_read_args answers the model with what it got wrong
+    return ReadCall(str(call.get("id", "")), parsed)
+
+
+def _is_read(call: object, tool: str) -> bool:
+    if not isinstance(call, dict):
+        return False
+    function = call.get("function")
+    return isinstance(function, dict) and function.get("name") == tool
+
+
+# -- non-streaming ------------------------------------------------------------------------
+
+
+def _first_choice(completion: dict[str, Any]) -> dict[str, Any]:
+    choices = completion.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        return choices[0]
+    return {}
+
+
+def split_completion(completion: dict[str, Any], tool: str) -> Round:
+    choice = _first_choice(completion)
+    message = dict(choice.get("message") or {})
+    calls = [c for c in message.get("tool_calls") or () if isinstance(c, dict)]
+    reads = [_read_call(c) for c in calls if _is_read(c, tool)]
+    usage = completion.get("usage")
+    return Round(
+        assistant=_assistant(message),
+        reads=reads,
+        client_calls=len(calls) - len(reads),
+        stop_reason=choice.get("finish_reason"),
+        usage=chat_usage(usage if isinstance(usage, dict) else {}),
+        asks_to_read=choice.get("finish_reason") == "tool_calls",
+    )
+
+
+def _assistant(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The assistant message a round continues with: its text and every tool call."""
+    return {
+        "role": "assistant",
+        "content": message.get("content"),
+        "tool_calls": message.get("tool_calls") or [],
+    }
+
+
+def merge_completions(completions: Sequence[dict[str, Any]], tool: str) -> dict[str, Any]:
+    """One completion for the client from every round's answer: read_result calls
+    removed, texts joined, usage summed, the last round's finish_reason."""
+    first, last = completions[0], completions[-1]
+    texts: list[str] = []
+    calls: list[Any] = []
+    for completion in completions:
+        message = _first_choice(completion).get("message") or {}
+        content = message.get("content")
+        if isinstance(content, str) and content:
+            texts.append(content)
+        calls.extend(c for c in message.get("tool_calls") or () if not _is_read(c, tool))
+    choice = dict(_first_choice(first))
+    message = dict(choice.get("message") or {})
+    message["content"] = ROUND_SEPARATOR.join(texts) if texts else None
+    if calls:
+        message["tool_calls"] = calls
+    else:
+        message.pop("tool_calls", None)
+    reason = _first_choice(last).get("finish_reason")
+    if reason == "tool_calls" and not calls:
+        reason = "stop"  # the held read_result call is not the client's to answer
+    choice.update(message=message, finish_reason=reason)
+    out = {**first, "choices": [choice]}
+    if any(isinstance(c.get("usage"), dict) for c in completions):
+        total: dict[str, Any] = {}
+        for completion in completions:
+            add_usage(total, completion.get("usage"))
+        out["usage"] = {**(first.get("usage") or {}), **total}
+    return out
+
+
+def continue_messages(
+    messages: Sequence[Any], round_: Round, results: Sequence[tuple[str, str, bool]]
+) -> list[Any]:
+    """The request's messages plus the round's assistant message and the read results."""
+    answers = [
+        {"role": "tool", "tool_call_id": call_id, "content": text} for call_id, text, _ in results
+    ]
+    return [*messages, round_.assistant, *answers]
+
+
+# -- streaming ----------------------------------------------------------------------------
+
+
+def encode_chunk(data: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+class ChatStreamMerger:
+    """Several streamed rounds, one client completion (RoundMerger)."""
+
+    def __init__(self, tool: str) -> None:
+        self._tool = tool
+        self._rounds = 0
+        self._raw_usage: dict[str, Any] = {}
+        self._head: dict[str, Any] = {}  # id, object, created, model of the first chunk
+        self._next_index = 0  # the next client tool_call index
+        self._sent_text = False
+        self._total: dict[str, Any] = {}
+        self._usage_seen = False
+        self._round = Round()
+        self.state = MergeState.OPEN
+        self._reset_round()
+
+    def _reset_round(self) -> None:
+        self._index_map: dict[int, int | None] = {}  # upstream index -> client (None: held)
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._text: list[str] = []
+        self._separated = False
+        self._held: list[bytes] = []  # this round's finish chunk and usage chunk
+        self._done: Event | None = None
+        self._raw_usage = {}
+        self.state = MergeState.OPEN
+
+    def begin_round(self) -> None:
+        self._rounds += 1
+        self._round = Round()
+        self._reset_round()
+
+    @property
+    def rounds(self) -> int:
+        return self._rounds
+
+    def feed(self, event: Event) -> list[bytes]:
+        """The bytes to send the client for one upstream event (often the event itself)."""
+        data_text = event.data.strip()
+        if event.name == "" or not data_text:
+            return [event.raw]
+        if data_text == DONE:
+            self._done = event
+            self.state = MergeState.STOPPED
+            return []
+        try:
+            data = orjson.loads(data_text)
+        except orjson.JSONDecodeError:
+            return [event.raw]
+        if not isinstance(data, dict):
+            return [event.raw]
+        if data.get("error"):
+            self.state = MergeState.FAILED
+            return [event.raw]
+        if not self._head:
+            self._head = {k: data[k] for k in ("id", "object", "created", "model") if k in data}
+        if isinstance(data.get("usage"), dict):
+            self._raw_usage = dict(data["usage"])
+            self._usage_seen = True
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices:
+            if isinstance(data.get("usage"), dict):
+                self._held.append(event.raw)  # the usage chunk: sent summed at the end
+                return []
+            return [event.raw]
+        return self._choice_chunk(event, data, choices)
+
+    def _choice_chunk(self, event: Event, data: dict[str, Any], choices: list[Any]) -> list[bytes]:
+        changed = False
+        kept = []
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                kept.append(choice)
+                continue
+            choice = dict(choice)
+            delta = dict(choice.get("delta") or {})
+            if choice.get("finish_reason") is not None:
+                # Held: only the last round's reason reaches the client. A chunk that also
+                # carries a delta sends the delta now and keeps a finish-only copy.
+                self._round.stop_reason = choice["finish_reason"]
+                if _empty_delta(delta):
+                    self._held.append(event.raw)
+                else:
+                    alone = {**choice, "delta": {}}
+                    self._held.append(encode_chunk({**data, "choices": [alone]}))
+                choice["finish_reason"] = None
+                changed = True
+            if self._rounds > 1 and "role" in delta:
+                del delta["role"]  # the client saw the assistant message begin once
+                changed = True
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                if self._rounds > 1 and self._sent_text and not self._separated:
+                    delta["content"] = ROUND_SEPARATOR + text
+                    changed = True
+                self._separated = True
+                self._text.append(text)
+            if "tool_calls" in delta:
+                calls, calls_changed = self._tool_call_deltas(delta["tool_calls"])
+                changed = changed or calls_changed
+                if calls:
+                    delta["tool_calls"] = calls
+                else:
+                    del delta["tool_calls"]
+            choice["delta"] = delta
+            if _empty_delta(delta) and choice.get("finish_reason") is None and changed:
+                continue  # nothing left for the client in this choice
+            kept.append(choice)
+        if self._rounds > 1 and self._head.get("id") != data.get("id"):
+            data.update(self._head)
+            changed = True
+        if not changed:
+            self._mark_text_sent()
+            return [event.raw]
+        if not kept:
+            return []
+        data["choices"] = kept
+        self._mark_text_sent()
+        return [encode_chunk(data)]
+
+    def _mark_text_sent(self) -> None:
+        if self._text:
+            self._sent_text = True
+
+    def _tool_call_deltas(self, deltas: object) -> tuple[list[Any], bool]:
+        if not isinstance(deltas, list):
+            return [], True
+        out: list[Any] = []
+        changed = False
+        for delta in deltas:
+            if not isinstance(delta, dict):
+                out.append(delta)
+                continue
+            index = int(delta.get("index", 0))
+            call = self._calls.setdefault(index, {"function": {"arguments": ""}})
+            if delta.get("id") is not None:
+                call["id"] = delta["id"]
+            if delta.get("type") is not None:
+                call["type"] = delta["type"]
+            function = delta.get("function") or {}
+            if function.get("name") is not None:
+                call["function"]["name"] = function["name"]
+            if function.get("arguments"):
+                call["function"]["arguments"] += function["arguments"]
+            if index not in self._index_map:
+                if _is_read(call, self._tool):
+                    self._index_map[index] = None
+                else:
+                    self._index_map[index] = self._next_index
+                    self._next_index += 1
+            client = self._index_map[index]
+            if client is None:
+                changed = True
+                continue
+            if client != index:
+                delta = {**delta, "index": client}
+                changed = True
+            out.append(delta)
+        return out, changed
+
+    def end_round(self) -> Round:
+        """The round just finished (after its [DONE], or after the stream ended)."""
+        round_ = self._round
+        calls = []
+        for index in sorted(self._calls):
+            call = self._calls[index]
+            entry = {"id": call.get("id"), "type": call.get("type", "function")}
+            entry["function"] = call["function"]
+            calls.append(entry)
+            if self._index_map.get(index) is None:
+                round_.reads.append(_read_call(entry))
+            else:
+                round_.client_calls += 1
+        text = "".join(self._text)
+        round_.assistant = {"role": "assistant", "content": text or None, "tool_calls": calls}
+        round_.usage = chat_usage(self._raw_usage)
+        round_.asks_to_read = round_.stop_reason == "tool_calls"
+        add_usage(self._total, self._raw_usage)
+        return round_
+
+    def finish(self) -> list[bytes]:
+        """The closing chunks: the upstream's own when one round held nothing back."""
+        last = self._round
+        if self._rounds == 1 and not last.reads:
+            out = list(self._held)
+            return [*out, self._done.raw] if self._done is not None else out
+        reason = last.stop_reason
+        if reason == "tool_calls" and not last.client_calls:
+            reason = "stop"  # the held read_result call is not the client's to answer
+        head = {**self._head, "object": "chat.completion.chunk"}
+        final = {
+            **head,
+            "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}],
+        }
+        out = [encode_chunk(final)]
+        if self._usage_seen:
+            out.append(encode_chunk({**head, "choices": [], "usage": dict(self._total)}))
+        out.append(DONE_EVENT)
+        return out
+
+
+def _empty_delta(delta: dict[str, Any]) -> bool:
+    return not any(v not in (None, "", []) for v in delta.values())
