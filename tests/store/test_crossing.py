@@ -30,7 +30,8 @@ def url(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def store(url: str, make_store: Callable[..., Store]) -> Store:
-    return make_store(url)
+    # What is tested is what gets stored, not how fast: room for a loaded machine.
+    return make_store(url, op_timeout=5.0)
 
 
 def raw_client(url: str) -> Any:
@@ -95,7 +96,8 @@ async def test_a_crossing_without_checkpoint_or_summary(store: Store) -> None:
 async def test_the_same_result_is_stored_once_per_tenant(
     url: str, make_store: Callable[..., Store]
 ) -> None:
-    short, long = make_store(url, default_ttl=600), make_store(url, default_ttl=86_400)
+    short = make_store(url, default_ttl=600, op_timeout=5.0)
+    long = make_store(url, default_ttl=86_400, op_timeout=5.0)
     text = tool_output(7, 32_000)
     for conversation in ("c1", "c2", "c3"):
         saved = await short.save_crossing(
@@ -191,7 +193,7 @@ async def counted(redis_url: str, redis_key_prefix: str) -> AsyncIterator[tuple[
             await super().send_packed_command(command, check_health)
 
     pool.connection_class = Counting
-    store = Store(Redis.from_pool(pool), prefix=redis_key_prefix)
+    store = Store(Redis.from_pool(pool), prefix=redis_key_prefix, op_timeout=5.0)
     assert await store.ping()  # the connection's handshake is not counted below
     yield store, sent
     await store.close()
@@ -224,7 +226,7 @@ async def test_a_crossing_is_all_or_nothing_on_a_single_redis(
     embedded_redis: Callable[[], EmbeddedRedis], make_store: Callable[..., Store]
 ) -> None:
     server = embedded_redis()
-    store = make_store(server.url)
+    store = make_store(server.url, op_timeout=5.0)
     first = await store.save_crossing(
         T, C, slot="s", checkpoint=CHECKPOINT, blobs=[("r_old", "x" * 500)], summary=None, touch=[]
     )
@@ -253,7 +255,7 @@ async def test_a_crossing_is_all_or_nothing_on_a_single_redis(
 async def test_cluster_drops_a_checkpoint_whose_blob_failed(
     redis_cluster_url: str, make_store: Callable[..., Store]
 ) -> None:
-    store = make_store(redis_cluster_url)
+    store = make_store(redis_cluster_url, op_timeout=5.0)
     client = redis.RedisCluster.from_url(redis_cluster_url.split("?")[0])
     try:
 
@@ -280,7 +282,7 @@ async def test_cluster_drops_a_checkpoint_whose_blob_failed(
             )  # fmt: skip
         finally:
             blob_conn.config_set("maxmemory", "0")
-        assert (saved.blobs, saved.checkpoint, saved.summary) == (False, False, True)
+        assert (saved.blobs, saved.checkpoint, saved.summary) == (False, False, True), saved
         assert "OutOfMemoryError" in saved.error
         state = await store.load_conversation(T, conversation, "s", summaries=["k"])
         assert state.checkpoint is None  # written, then taken back
