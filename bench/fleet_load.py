@@ -49,11 +49,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from codec import sources  # noqa: E402
+from overhead import process  # noqa: E402
 
 from proxy.core.identity import tenant_of  # noqa: E402
 from proxy.core.offload import ref_for  # noqa: E402
 from proxy.store import EmbeddedRedis  # noqa: E402
 from proxy.store.codec import unpack  # noqa: E402
+from proxy.testing.agent import TOOLS  # noqa: E402
 from tests.plugins.redis_cluster import LocalRedisCluster  # noqa: E402
 
 PYTHON = sys.executable
@@ -62,17 +64,6 @@ TENANT_SIZE = 25
 REPLICAS = 3
 MODEL = "claude-fleet-1"
 SYSTEM = "You are a careful coding agent. Follow the repository rules. " * 40
-TOOLS = [
-    {
-        "name": "Bash",
-        "description": "Run a shell command in the repository and return its output.",
-        "input_schema": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}},
-            "required": ["command"],
-        },
-    }
-]
 CONFIG = f"""
 [store]
 key_prefix = "{PREFIX}"
@@ -212,29 +203,20 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def started(command: list[str], url: str) -> Iterator[subprocess.Popen[bytes]]:
-    child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
+    """A server process, once its port accepts connections; stopped on the way out."""
+    port = int(url.rsplit(":", 1)[1])
+    with process(command, dict(os.environ)) as child:
         deadline = time.monotonic() + 60
         while True:
             if child.poll() is not None:
                 assert child.stderr is not None
-                raise RuntimeError(f"{command[3]} exited: {child.stderr.read().decode()[-2000:]}")
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=0.5),
-            ):
+                raise RuntimeError(f"{command[3:6]} exited: {child.stderr.read()[-2000:]!r}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{url} did not come up")
             time.sleep(0.1)
         yield child
-    finally:
-        child.terminate()
-        try:
-            child.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
 
 
 class Servers:
@@ -378,11 +360,12 @@ def measure(
             replicas.append(stack.enter_context(started(command, url)).pid)
             urls.append(url)
         sent: list[tuple[tuple[str, str], str, int]] = []
+        started_cpu = sum(cpu_seconds(pid) for pid in replicas)  # start-up is not load
         proxied, proxied_wall = asyncio.run(
             run_agents(urls, agents, args.turns, outputs, run_id + "-p", sent)
         )
         metrics, own = asyncio.run(scrape(urls))
-        replica_cpu = sum(cpu_seconds(pid) for pid in replicas)
+        replica_cpu = sum(cpu_seconds(pid) for pid in replicas) - started_cpu
     commands = store.commands()
     redis_cpu = store.cpu() - redis_cpu
     stored, raw, blob_memory = store.blobs()
