@@ -269,6 +269,8 @@ class Store:
                     client.info("stats", target_nodes=primaries),
                 )
             )
+            if "used_memory" in memory:  # one primary: redis-py gives its reply alone
+                memory, stats = {"node": memory}, {"node": stats}
             return from_info((memory[node], stats.get(node, {})) for node in memory)
         pipe = self._client.pipeline(transaction=False)
         pipe.info("memory")

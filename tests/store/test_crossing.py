@@ -4,6 +4,7 @@ tenant and compressed, refs that are gone reported, the Redis round trips counte
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -289,3 +290,14 @@ async def test_cluster_drops_a_checkpoint_whose_blob_failed(
         assert state.summaries == {"k": "paid for"}  # kept: it is valid without the blob
     finally:
         client.close()
+
+
+async def test_memory_is_reported_for_every_server(url: str, store: Store) -> None:
+    before = await store.memory()
+    await store.save_crossing(
+        T, C, slot="s", checkpoint=None, blobs=[("r_big", os.urandom(200_000).hex())],
+        summary=None, touch=[],
+    )  # fmt: skip
+    after = await store.memory()
+    assert after.used > before.used > 0
+    assert after.policy and after.evicted >= 0 and after.limit >= 0
