@@ -331,7 +331,10 @@ class Store:
         checkpoint was written, the checkpoint is deleted again (one more round trip), so a
         stored checkpoint never names a blob that failed. The timeout grows with the
         payload. Never raises StoreUnavailable: the answer says which parts are stored,
-        and the caller keeps a summary it paid for either way.
+        and the caller keeps a summary it paid for either way. Refs of ``touch`` whose
+        blobs are gone are listed in ``lost``; the checkpoint is stored all the same (its
+        stubs for them read as "no longer available"): a caller that still has their
+        texts can save them again as blobs.
         """
         packed = await self._pack_blobs(blobs)
         new = {ref for ref, _ in blobs}
