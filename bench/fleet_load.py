@@ -49,7 +49,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from codec import sources  # noqa: E402
-from overhead import process  # noqa: E402
 
 from proxy.core.identity import tenant_of  # noqa: E402
 from proxy.core.offload import ref_for  # noqa: E402
@@ -202,21 +201,30 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def started(command: list[str], url: str) -> Iterator[subprocess.Popen[bytes]]:
-    """A server process, once its port accepts connections; stopped on the way out."""
+def started(command: list[str], url: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A server process (its stderr to `log`, never a pipe a busy server could fill),
+    once its port accepts connections; stopped on the way out."""
     port = int(url.rsplit(":", 1)[1])
-    with process(command, dict(os.environ)) as child:
+    with log.open("ab") as stderr:
+        child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
         deadline = time.monotonic() + 60
         while True:
             if child.poll() is not None:
-                assert child.stderr is not None
-                raise RuntimeError(f"{command[3:6]} exited: {child.stderr.read()[-2000:]!r}")
+                raise RuntimeError(f"{command[3:6]} exited: {log.read_text()[-2000:]}")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{url} did not come up")
             time.sleep(0.1)
         yield child
+    finally:
+        child.terminate()
+        try:
+            child.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
 
 
 class Servers:
@@ -357,7 +365,9 @@ def measure(
                 str(config), "--port", str(port), "--upstream", standin,
                 "--redis-url", store.url,
             ]  # fmt: skip
-            replicas.append(stack.enter_context(started(command, url)).pid)
+            log = config.parent / f"replica-{port}.log"
+            replicas.append(stack.enter_context(started(command, url, log)).pid)
+            print(f"replica {url}: log {log}", file=sys.stderr)
             urls.append(url)
         sent: list[tuple[tuple[str, str], str, int]] = []
         started_cpu = sum(cpu_seconds(pid) for pid in replicas)  # start-up is not load
@@ -465,7 +475,7 @@ def main() -> None:
             started(
                 [PYTHON, "-m", "proxy", "--log-level", "WARNING", "stand-in", "--port",
                  str(port), "--window", "100000000"],
-                standin,
+                standin, work / "stand-in.log",
             )
         )  # fmt: skip
         mode = "Cluster (3 masters)" if args.cluster else "one Redis"

@@ -168,11 +168,14 @@ class Store:
         timeout) instead of failing, as redis-py's default pool would at 100.
         """
         url, flagged = _split_cluster_flag(url)
+        # Every call is bounded by its own asyncio timeout (op_timeout, or longer for a
+        # crossing's write); the socket's timeouts only guard against a call left waiting.
+        # They must not fire first: on a Cluster a connect or read timeout makes redis-py
+        # disconnect the node's idle connections, racing with calls that just took one.
+        backstop = max(op_timeout, MAX_CROSSING_SECONDS)
         options: dict[str, Any] = {
-            # Every call is bounded by its own asyncio timeout (op_timeout, or longer for
-            # a crossing's write); the socket's only guards against a call left waiting.
-            "socket_timeout": max(op_timeout, MAX_CROSSING_SECONDS),
-            "socket_connect_timeout": op_timeout,
+            "socket_timeout": backstop,
+            "socket_connect_timeout": backstop,
             # One immediate retry heals a pooled connection that a Redis restart closed;
             # the op_timeout around every call bounds the total either way.
             "retry": Retry(NoBackoff(), 1),
@@ -199,7 +202,10 @@ class Store:
         try:
             async with asyncio.timeout(seconds or self.op_timeout):
                 return await operation()
-        except (RedisError, OSError, TimeoutError) as error:
+        except (RedisError, OSError, TimeoutError, AttributeError) as error:
+            # AttributeError: redis-py's Cluster client, after a node's connection error,
+            # disconnects that node's idle connections while other calls may be opening
+            # them ("'NoneType' object has no attribute 'writelines'"): the call failed.
             if self.on_error is not None:
                 self.on_error()
             raise StoreUnavailable(_describe(error)) from error
@@ -327,14 +333,15 @@ class Store:
 
         On a single Redis the call is one MULTI/EXEC: all of it is stored, or none of it.
         On a Cluster the writes go to each node concurrently (one round trip per node
-        touched, none atomic across slots); if a blob write or a refresh failed while the
-        checkpoint was written, the checkpoint is deleted again (one more round trip), so a
-        stored checkpoint never names a blob that failed. The timeout grows with the
-        payload. Never raises StoreUnavailable: the answer says which parts are stored,
-        and the caller keeps a summary it paid for either way. Refs of ``touch`` whose
-        blobs are gone are listed in ``lost``; the checkpoint is stored all the same (its
-        stubs for them read as "no longer available"): a caller that still has their
-        texts can save them again as blobs.
+        touched, none atomic across slots); if a blob write or a refresh failed, or the
+        call failed as a whole (a timeout: some nodes may have written), the checkpoint is
+        deleted again (one more round trip), so a stored checkpoint does not name a blob
+        that failed (unless that delete fails too: the answer's error says so). The
+        timeout grows with the payload. Never raises StoreUnavailable: the answer says
+        which parts are stored, and the caller keeps a summary it paid for either way.
+        Refs of ``touch`` whose blobs are gone are listed in ``lost``; the checkpoint is
+        stored all the same (its stubs for them read as "no longer available"): a caller
+        that still has their texts can save them again as blobs.
         """
         packed = await self._pack_blobs(blobs)
         new = {ref for ref, _ in blobs}
@@ -362,7 +369,11 @@ class Store:
         try:
             replies = await self._call(lambda: pipe.execute(raise_on_error=False), timeout)
         except StoreUnavailable as unavailable:
-            return failed(str(unavailable), **parts)
+            reason = str(unavailable)
+            if self.is_cluster and checkpoint is not None:
+                # Some nodes may have written their part: take the checkpoint back.
+                reason += await self._take_back(checkpoint_key)
+            return failed(reason, **parts)
         errors = [r for r in replies if isinstance(r, Exception)]
         if errors and self.on_error is not None:
             self.on_error()
@@ -378,14 +389,19 @@ class Store:
         reason = _describe(errors[0]) if errors else ""
         if checkpoint is not None and checkpoint_ok and not (blobs_ok and touched_ok):
             checkpoint_ok = False  # only on a Cluster: a transaction fails as a whole
-            try:
-                await self._call(lambda: self._client.delete(checkpoint_key))
-            except StoreUnavailable as gone:
-                reason += f"; the checkpoint names blobs that failed and stays: {gone}"
+            reason += await self._take_back(checkpoint_key)
         if blobs_ok:
             for ref, text in blobs:
                 self.blob_cache.put(tenant, ref, text)
         return CrossingSaved(blobs_ok, checkpoint_ok, summary_ok, lost, reason)
+
+    async def _take_back(self, checkpoint_key: str) -> str:
+        """Delete a checkpoint that may name blobs that failed; what went wrong, if any."""
+        try:
+            await self._call(lambda: self._client.delete(checkpoint_key))
+            return ""
+        except StoreUnavailable as gone:
+            return f"; the checkpoint may name blobs that failed: {gone}"
 
     async def read_blob(self, tenant: str, conversation: str, ref: str) -> str | None:
         """The text of an offloaded result of this tenant, or None: never stored, evicted,

@@ -5,6 +5,7 @@ tenant and compressed, refs that are gone reported, the Redis round trips counte
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -301,3 +302,41 @@ async def test_memory_is_reported_for_every_server(url: str, store: Store) -> No
     after = await store.memory()
     assert after.used > before.used > 0
     assert after.policy and after.evicted >= 0 and after.limit >= 0
+
+
+async def test_cluster_takes_the_checkpoint_back_when_a_node_does_not_answer(
+    redis_cluster_url: str, make_store: Callable[..., Store]
+) -> None:
+    """A node that stalls past the timeout: the checkpoint written on another node is
+    deleted, since the blobs it names may not be stored."""
+    store = make_store(redis_cluster_url, op_timeout=0.2)
+    client = redis.RedisCluster.from_url(redis_cluster_url.split("?")[0])
+    try:
+        ref = "r_stalled"
+        blob_node = client.get_node_from_key(keys.blob_key(store.prefix, T, ref))
+        conversation = next(
+            c
+            for c in (f"conv{i}" for i in range(100))
+            if client.get_node_from_key(
+                keys.conversation_key(store.prefix, T, c, keys.CHECKPOINT, "s")
+            ).name
+            != blob_node.name
+        )
+        assert await store.ping()  # the client knows the cluster before the stall
+        pid = int(blob_node.redis_connection.info("server")["process_id"])
+        os.kill(pid, signal.SIGSTOP)  # well under cluster-node-timeout (2 s)
+        try:
+            saved = await store.save_crossing(
+                T, conversation, slot="s", checkpoint=CHECKPOINT, blobs=[(ref, "q" * 800)],
+                summary=None, touch=[],
+            )  # fmt: skip
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert (saved.blobs, saved.checkpoint) == (False, False)
+        assert saved.error.startswith("redis: ")
+        state = await make_store(redis_cluster_url, op_timeout=5.0).load_conversation(
+            T, conversation, "s"
+        )
+        assert state.checkpoint is None
+    finally:
+        client.close()
