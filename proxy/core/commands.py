@@ -10,6 +10,7 @@ a request produces.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from proxy.core.checkpoint import Checkpoint
 
@@ -22,20 +23,39 @@ class LoadConversation:
 
 
 @dataclass(frozen=True, slots=True)
+class PreparedSummary:
+    """A summary made ahead for this checkpoint slot, in the background: the key of the
+    turns it folds, and its text once it is ready (None while it is being made, or when
+    the summariser failed: then the crossing makes it itself)."""
+
+    key: str
+    text: str | None = None
+    failed: bool = False
+
+    @property
+    def pending(self) -> bool:
+        return self.text is None and not self.failed
+
+
+@dataclass(frozen=True, slots=True)
 class Loaded:
     checkpoint: Checkpoint | None
     store_ok: bool = True  # False: the store could not be read; plan without it
+    prepared: PreparedSummary | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class GetSummary:
     """A summary of the folded turns: the stored one for `key`, else made (once for the
-    fleet). `transcript` is what the summariser reads, `slot` its output cap in tokens."""
+    fleet; whoever makes it holds the key's lock until the crossing's SaveCrossing stores
+    it). `body` is the summariser's request, in the conversation's API (made in place,
+    reading the conversation's cached prefix, when the summariser is its model); `slot`
+    is its output cap in tokens."""
 
     key: str
-    transcript: str
+    body: dict[str, Any]
     slot: int
-    model: str  # "" = the request's own model
+    model: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,13 +67,31 @@ class SummaryReply:
 
 @dataclass(frozen=True, slots=True)
 class SaveCrossing:
-    """Everything a crossing writes: the blobs it offloaded, its checkpoint, and fresh
-    TTLs for the refs it keeps from earlier crossings."""
+    """Everything a crossing writes, at once: the blobs it offloaded, the summary it made,
+    its checkpoint, and fresh TTLs for every ref stored earlier that it still names."""
 
     slot: str
     checkpoint: Checkpoint
     blobs: tuple[tuple[str, str], ...]  # (ref, text)
     touch: tuple[str, ...]  # refs stored earlier that the new checkpoint still names
+    summary: tuple[str, str] | None = None  # (key, text) of a summary made for it
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareSummary:
+    """Make, in the background, the summary the next fold will want (so no agent turn
+    waits for it): store it under `key`, checked for `facts` within `facts_budget`, and
+    note it as this slot's prepared summary. Fire and forget: the reply is `Started`."""
+
+    slot: str
+    ask: GetSummary
+    facts: tuple[str, ...]
+    facts_budget: int
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,5 +99,5 @@ class Saved:
     ok: bool  # False: some write failed; nothing may depend on what was written
 
 
-Command = LoadConversation | GetSummary | SaveCrossing
-Reply = Loaded | SummaryReply | Saved
+Command = LoadConversation | GetSummary | SaveCrossing | PrepareSummary
+Reply = Loaded | SummaryReply | Saved | Started

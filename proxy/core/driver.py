@@ -15,13 +15,18 @@ runs the commands on Redis and the upstream, the ops simulator's on dicts.
                               ├─ fold ─► GetSummary ─► fold ─┐
                               └─ rewrite ────────────────────┴► SaveCrossing ─► rewrite
                                                                   │ failed, with blobs
-                                                                  └► replan without store
+                                                                  └► replan without blobs
+
+    Near the trigger, the next fold's summary is made ahead: a PrepareSummary command
+    (fire and forget) before the decision; at the fold, a summary made ahead is used
+    (whole, or for the oldest groups it covers), and one still in the making is not
+    waited for while the window has room.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from proxy.core.checkpoint import checkpoint_slot
@@ -30,12 +35,15 @@ from proxy.core.commands import (
     GetSummary,
     LoadConversation,
     Loaded,
+    PrepareSummary,
     Reply,
     SaveCrossing,
     Saved,
+    Started,
     SummaryReply,
 )
 from proxy.core.counting import Counted
+from proxy.core.facts import keep_facts
 from proxy.core.planner import (
     FoldPlan,
     Outcome,
@@ -45,7 +53,7 @@ from proxy.core.planner import (
     Untouched,
     fold,
     plan,
-    without_store,
+    without_blobs,
 )
 from proxy.core.policy import Policy
 from proxy.core.wire_format import MessageCounter, WireFormat
@@ -76,12 +84,13 @@ class Decision:
     body: bytes | None = None  # ... encoded
     refusal: str = ""
     summary_failure: str = ""  # why a wanted summary could not be had
+    untouched_reason: str = ""  # why a request over the trigger went on as it came
 
     @property
     def reason(self) -> str:
         if self.action == "refuse":
             return "too_long"
-        return self.rewrite.reason if self.rewrite is not None else ""
+        return self.rewrite.reason if self.rewrite is not None else self.untouched_reason
 
 
 Driver = Generator[Command, Reply, Decision]
@@ -97,11 +106,20 @@ def compaction(request: CompactionRequest) -> Driver:
     inp = _plan_input(request, loaded)
     outcome: Outcome = plan(inp)
     failure = ""
+    made: tuple[str, str] | None = None  # a summary this request paid for: (key, text)
+    known: tuple[str, str] | None = None  # the summary it folded with: (key, text)
     if isinstance(outcome, FoldPlan):
-        got = yield GetSummary(outcome.key, outcome.transcript, outcome.slot, outcome.model)
+        got = yield _summary_request(request, outcome)
         assert isinstance(got, SummaryReply)
         failure = got.failure
-        outcome = fold(outcome, got.text, reused=got.reused)
+        text = got.text
+        if text is not None and text.strip():
+            if not got.reused:
+                count = request.counter.count_text
+                text = keep_facts(text, outcome.facts, outcome.facts_budget, count)
+                made = (outcome.key, text)
+            known = (outcome.key, text)
+        outcome = fold(outcome, text, summary="reused" if got.reused else "made")
     if isinstance(outcome, Rewrite) and outcome.checkpoint is not None:
         new = {ref for ref, _ in outcome.blobs}
         saved = yield SaveCrossing(
@@ -109,12 +127,46 @@ def compaction(request: CompactionRequest) -> Driver:
             outcome.checkpoint,
             tuple(outcome.blobs),
             tuple(ref for ref in outcome.refs if ref not in new),
+            made if outcome.summary == "made" else None,
         )
         assert isinstance(saved, Saved)
         if not saved.ok and outcome.blobs:
-            # Blobs that could not be stored cannot be read back: plan without the store.
-            outcome = without_store(inp)
+            # A stub whose blob was not kept could never be read: plan again without
+            # offloading, folding with the summary already paid for when it still fits.
+            outcome = without_blobs(inp)
+            if isinstance(outcome, FoldPlan):
+                paid = known[1] if known is not None and known[0] == outcome.key else None
+                outcome = fold(outcome, paid, summary="reused" if made is None else "made")
+            if isinstance(outcome, Rewrite):
+                outcome = replace(outcome, checkpoint=None, reason="store_unavailable")
+    if isinstance(outcome, (Rewrite, Untouched)) and outcome.prepare is not None:
+        # The next fold's summary, made in the background: no turn waits for it.
+        ahead = outcome.prepare
+        started = yield PrepareSummary(
+            slot, _summary_request(request, ahead), ahead.facts, ahead.facts_budget
+        )
+        assert isinstance(started, Started)
     return _decision(request, inp, outcome, failure)
+
+
+def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
+    """In place when the summariser is the conversation's own model (its prefix is then
+    read from the prompt cache), else a request of its own holding the transcript."""
+    own = str(request.body.get("model", ""))
+    model = fold.model or own
+    body = None
+    if model == own:
+        place = fold.in_place
+        history = _marked(request, place.history, place.breakpoint_at)
+        body = request.wire.summary_request(
+            request.body, model=model, slot=fold.slot, prompt=place.prompt, history=history
+        )
+    if body is None:
+        body = request.wire.summary_request(
+            request.body, model=model, slot=fold.slot, prompt=fold.transcript, history=None
+        )
+    assert body is not None
+    return GetSummary(fold.key, body, fold.slot, model)
 
 
 def _plan_input(request: CompactionRequest, loaded: Loaded) -> PlanInput:
@@ -139,6 +191,7 @@ def _plan_input(request: CompactionRequest, loaded: Loaded) -> PlanInput:
         tool=tool,
         factor=request.factor,
         store_ok=loaded.store_ok,
+        prepared=loaded.prepared,
     )
 
 
@@ -146,11 +199,17 @@ def _decision(
     request: CompactionRequest, inp: PlanInput, outcome: Outcome, failure: str
 ) -> Decision:
     if isinstance(outcome, Untouched):
-        return Decision("forward", request.counted.total, summary_failure=failure)
+        return Decision(
+            "forward",
+            request.counted.total,
+            summary_failure=failure,
+            untouched_reason=outcome.reason,
+        )
     if isinstance(outcome, Refuse):
         return Decision("refuse", request.counted.total, refusal=outcome.message)
     assert isinstance(outcome, Rewrite), "a store-less plan never folds"
-    fields = request.wire.with_history(request.body, outcome.messages, outcome.tool)
+    messages = _with_proxy_breakpoint(request, outcome)
+    fields = request.wire.with_history(request.body, messages, outcome.tool)
     estimate = inp.fixed_tokens + (inp.tool_tokens if outcome.tool else 0) + outcome.estimate
     return Decision(
         "rewrite",
@@ -160,6 +219,28 @@ def _decision(
         body=request.wire.encode(request.body, fields),
         summary_failure=failure,
     )
+
+
+# The API takes at most this many cache breakpoints in a request.
+MAX_BREAKPOINTS = 4
+
+
+def _with_proxy_breakpoint(request: CompactionRequest, rewrite: Rewrite) -> list[dict[str, Any]]:
+    """The rewritten messages, with one cache breakpoint of the proxy's at the end of the
+    stubbed region when the request has room for it (fewer than four). The client's own
+    are never moved or removed; the region's end moves only as it grows."""
+    return _marked(request, rewrite.messages, rewrite.breakpoint_at)
+
+
+def _marked(
+    request: CompactionRequest, messages: list[dict[str, Any]], at: int | None
+) -> list[dict[str, Any]]:
+    if at is None or request.wire.breakpoints(request.body) >= MAX_BREAKPOINTS:
+        return messages
+    marked = request.wire.with_breakpoint(messages[at])
+    if marked is None:
+        return messages
+    return [*messages[:at], marked, *messages[at + 1 :]]
 
 
 def run(driver: Generator[Command, Reply, T], execute: Callable[[Command], Reply]) -> T:

@@ -31,6 +31,8 @@ from proxy.core.checkpoint import (
     message_digest,
     segments_for,
 )
+from proxy.core.commands import PreparedSummary
+from proxy.core.facts import CONVERSATION, EARLIER_SUMMARY, TOOL_RESULT, Source, rank
 from proxy.core.fold import plan_compaction
 from proxy.core.history import (
     Group,
@@ -41,9 +43,9 @@ from proxy.core.history import (
     pack_messages,
     pinned_tokens,
 )
-from proxy.core.offload import ref_for, result_text
+from proxy.core.offload import ref_for, refs_in, result_text
 from proxy.core.pack import pack_context
-from proxy.core.policy import Policy
+from proxy.core.policy import Policy, prepare_at
 from proxy.core.segments import (
     Note,
     Segment,
@@ -56,14 +58,22 @@ from proxy.core.segments import (
     refs_of,
     stands_for,
 )
-from proxy.core.summary import note_text
+from proxy.core.summary import INSTRUCTION, in_place_prompt, note_text
 from proxy.core.wire_format import Dialect, MessageCounter
 
 Message = Mapping[str, Any]
 
+# How a crossing had its summary (header x-compaction-summary; "" when it has none).
+SUMMARY_STATES = {
+    "made": "made for this request by a summariser call it waited for",
+    "ahead": "made ahead, in the background, for this fold: the request did not wait",
+    "reused": "already in the store (a resend, or a summary from an earlier crossing)",
+}
+
 # Why an outcome differs from what the policy aimed at (header x-compaction-reason).
 REASONS = {
     "store_unavailable": "the store is unreachable: nothing can be offloaded or summarised",
+    "summary_pending": "over the trigger, but the fold's summary is still being made ahead",
     "summary_unavailable": "no summary could be had (summariser failed or busy): packed",
     "no_fold": "the newest groups alone exceed the target: packed instead of folding",
     "offload_off": "the client uses both read_result names: offloading is off",
@@ -86,11 +96,16 @@ class PlanInput:
     tool: str | None  # the name read_result goes by; None = offload is off
     factor: float = 1.0  # calibration: real tokens / estimated tokens
     store_ok: bool = True  # blobs and summaries can be stored
+    offload_ok: bool = True  # results may be offloaded (False: their blobs could not be kept)
+    sticky_tool: bool = False  # the conversation offers read_result already: keep offering it
+    prepared: PreparedSummary | None = None  # a summary made ahead for this slot
 
 
 @dataclass(frozen=True, slots=True)
 class Untouched:
     tokens: int  # history, calibrated
+    prepare: FoldPlan | None = None  # a fold to summarise ahead, in the background
+    reason: str = ""  # a REASONS key when the policy aimed at more
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +123,13 @@ class Rewrite:
     tokens_after: int
     blobs: list[tuple[str, str]] = field(default_factory=list)  # (ref, text) to store
     checkpoint: Checkpoint | None = None  # to store; None: the stored one holds
-    refs: list[str] = field(default_factory=list)  # every stub in the history
-    summary: str = ""  # "made", "reused" or ""
+    refs: list[str] = field(default_factory=list)  # every ref the history names
+    summary: str = ""  # "made", "ahead", "reused" or "" (SUMMARY_STATES)
     estimate: int = 0  # the rewritten history in estimated tokens (for calibration)
     reason: str = ""  # a REASONS key when the outcome is not what the policy aimed at
+    alone: bool = False  # planned apart from the conversation's rewrite: store nothing
+    breakpoint_at: int | None = None  # the last message of the stubbed region
+    prepare: FoldPlan | None = None  # a fold to summarise ahead, in the background
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,18 +149,43 @@ class Working:
 @dataclass(frozen=True, slots=True)
 class Limits:
     limit: int  # the most history the window allows, estimated
-    trigger: int
-    target: int
+    offload_at: int  # from here on, results leaving the keep window are offloaded
+    trigger: int  # over this, the oldest turns are folded
+    target: int  # ... down to this
     note: int
+
+    @property
+    def prepare_at(self) -> int:
+        """From here on, the next fold's summary is made ahead, in the background."""
+        return prepare_at(self.trigger, self.target)
+
+    @property
+    def defer_at(self) -> int:
+        """Over the trigger but under this, a fold whose summary is not ready yet waits
+        for it (the request goes on unfolded); over this, the request waits for it."""
+        return self.trigger + (self.limit - self.trigger) // 4
+
+
+@dataclass(frozen=True, slots=True)
+class InPlace:
+    """A summary asked of the conversation's own request (its prefix read from the prompt
+    cache): the history as it would go now, and the prompt that ends it."""
+
+    history: list[dict[str, Any]]
+    breakpoint_at: int | None  # where the proxy's cache breakpoint goes in it
+    prompt: str  # which messages to replace, and the originals of their offloaded results
 
 
 @dataclass(frozen=True, slots=True)
 class FoldPlan:
     """A crossing that folds the oldest groups into a summary, once it has one."""
 
-    key: str  # hash of the folded messages: where the summary is stored
-    transcript: str  # the folded messages as text, for the summariser
-    slot: int  # the summary's cap, in real tokens
+    key: str  # hash of the folded turns as the client sent them: where the summary lives
+    transcript: str  # the folded turns as the client sent them, fitted to the summariser
+    in_place: InPlace  # what a summary made in the conversation's own request needs
+    slot: int  # the summary's cap, in real tokens (the facts line's budget apart)
+    facts: tuple[str, ...]  # the folded turns' identifiers, the most telling first
+    facts_budget: int  # tokens the line of identifiers the summary left out may take
     model: str  # summariser model ("" = the request's)
     inp: PlanInput
     work: Working  # the history after offloading, before folding
@@ -159,70 +202,151 @@ Outcome = Untouched | Rewrite | Refuse | FoldPlan
 def plan(inp: PlanInput) -> Outcome:
     segments, applied = segments_for(inp.checkpoint, inp.digests)
     stored = inp.checkpoint if applied else None
+    if stored is not None and stored.tool and inp.tool is None:
+        # This request cannot take the conversation's rewrite (it cannot offer
+        # read_result: several choices, say): plan it on its own and store nothing.
+        return _alone(inp)
     if stored is not None and stored.tool and stored.tool != inp.tool:
         segments, stored = segments_for(None, inp.digests)[0], None  # the client took the name
+    inp = replace(inp, sticky_tool=bool(stored is not None and stored.tool))
     work = working(segments, inp)
     limits = limits_of(inp)
     # What the client sent, not what an earlier rewrite made of it.
     before = real(sum(inp.counts), inp.factor)
-    if work.tokens <= _recross_at(limits, stored):
-        if stored is None:
-            return Untouched(before)
-        tool = stored.tool if _has_stubs(segments) else None
-        return _rewrite(inp, work, tool, "checkpoint", before, checkpoint=False)
-
-    # A crossing: offload, then fold, then pack; the outcome is frozen in a new checkpoint.
     blobs: list[tuple[str, str]] = []
+    if inp.tool and inp.store_ok and inp.offload_ok and work.tokens > limits.offload_at:
+        # An offload step: every large result that has left the keep window becomes a
+        # stub, added after what is frozen (stubs already sent never change).
+        work, blobs = _offload(work, inp)
+    if work.tokens <= _recross_at(limits, stored):
+        quiet: Outcome
+        if blobs:
+            quiet = _rewrite(inp, work, inp.tool, "offload", before, blobs=blobs)
+        elif stored is None:
+            quiet = Untouched(before)
+        else:
+            quiet = _rewrite(inp, work, stored.tool, "checkpoint", before, checkpoint=False)
+        if inp.store_ok and work.tokens > limits.prepare_at:
+            ahead = _fold_plan(inp, work, limits, before, blobs, "")
+            if ahead is not None and not _covers_a_prefix(inp.prepared, ahead):
+                return replace(quiet, prepare=ahead)
+        return quiet
+
+    # Over the trigger: fold the oldest turns into a summary, else pack, to the target;
+    # the outcome is frozen in a new checkpoint.
     reason = "" if inp.store_ok else "store_unavailable"
     if inp.tool is None and inp.store_ok:
         reason = "offload_off"
-    if inp.tool and inp.store_ok:
-        work, blobs = _offload(work, inp)
-        if work.tokens <= limits.target:
-            return _rewrite(inp, work, inp.tool, "offload", before, blobs=blobs)
+    planned = _fold_plan(inp, work, limits, before, blobs, reason)
+    if planned is None:
+        if inp.store_ok:
+            reason = reason or "no_fold"
+        return _pack(inp, work, limits, before, blobs, reason)
+    ready = inp.prepared
+    if ready is not None and ready.text is not None:
+        if ready.key == planned.key:
+            return fold(planned, ready.text, summary="ahead")
+        adopted = _adopted(planned, ready.key, ready.text)
+        if isinstance(adopted, Rewrite) and adopted.estimate <= limits.trigger:
+            return adopted
+    covered = _covers_a_prefix(ready, planned)
+    if work.tokens <= limits.defer_at and not (covered and ready is not None and ready.failed):
+        # Its summary is not ready: go on unfolded (the window still has room) and have
+        # it made in the background, rather than make this turn wait for it. (When the
+        # summariser failed at it, the fold asks for it now.)
+        prepare = None if covered else planned
+        if not blobs and stored is None:
+            return Untouched(before, prepare=prepare, reason="summary_pending")
+        strategy = "offload" if blobs else "checkpoint"
+        tool = inp.tool if blobs or (stored is not None and stored.tool) else None
+        deferred = _rewrite(inp, work, tool, strategy, before, blobs=blobs, checkpoint=bool(blobs))
+        return replace(deferred, reason="summary_pending", prepare=prepare)
+    return planned
 
+
+def _fold_plan(
+    inp: PlanInput,
+    work: Working,
+    limits: Limits,
+    before: int,
+    blobs: list[tuple[str, str]],
+    reason: str,
+) -> FoldPlan | None:
+    """The fold that brings `work` to the target (seed 000), with what its summariser
+    needs; None when the planner refuses (nothing to fold, no room for a summary)."""
+    if not inp.store_ok:
+        return None
     turns = compaction_turns(work.groups)
     budget = limits.target - pinned_tokens(work.groups)
     planned = plan_compaction(turns, budget, inp.policy.keep_last)
-    if planned is not None and planned[0] and inp.store_ok:
-        fold = frozenset(planned[0])
-        folded = [work.messages[m] for g in work.groups if g.label in fold for m in g.members]
-        key = chain_hash([message_digest(m) for m in folded])
-        slot = min(real(planned[2], inp.factor), inp.policy.summary_max_tokens)
-        return FoldPlan(
-            key=key,
-            transcript=inp.dialect.render_transcript(folded),
-            slot=slot,
-            model=inp.policy.summariser_model,
-            inp=inp,
-            work=work,
-            limits=limits,
-            fold=fold,
-            tokens_before=before,
-            blobs=blobs,
-            reason=reason,
-        )
-    if planned is None and inp.store_ok:
-        reason = reason or "no_fold"
-    return _pack(inp, work, limits, before, blobs, reason)
+    if planned is None or not planned[0]:
+        return None
+    fold = frozenset(planned[0])
+    members = [m for g in work.groups if g.label in fold for m in g.members]
+    slot = min(real(planned[2], inp.factor), inp.policy.summary_max_tokens)
+    facts_budget = min(FACTS_MAX, max(FACTS_MIN, slot // 5))
+    return FoldPlan(
+        key=summary_key(work.segments, members, inp.digests),
+        transcript=_transcript(work, members, inp, slot),
+        in_place=_in_place(work, members, inp, limits, slot),
+        slot=max(slot - facts_budget, slot // 2),
+        facts=tuple(rank(_facts_sources(work, members, inp), _call_ids(work, members))),
+        facts_budget=facts_budget,
+        model=inp.policy.summariser_model,
+        inp=inp,
+        work=work,
+        limits=limits,
+        fold=fold,
+        tokens_before=before,
+        blobs=blobs,
+        reason=reason,
+    )
 
 
-def fold(need: FoldPlan, text: str | None, *, reused: bool) -> Rewrite | Refuse:
-    """Complete a crossing with the summary (None: there is none, so pack instead)."""
+def _prefix_keys(plan: FoldPlan) -> dict[str, frozenset[str]]:
+    """The summary key of every run of the fold's oldest groups, to the labels it folds."""
+    work = plan.work
+    folded = [g for g in work.groups if g.label in plan.fold]
+    keys: dict[str, frozenset[str]] = {}
+    parts: list[int] = []
+    for n, group in enumerate(folded):
+        parts.extend(group.members)
+        key = summary_key(work.segments, parts, plan.inp.digests)
+        keys[key] = frozenset(g.label for g in folded[: n + 1])
+    return keys
+
+
+def _covers_a_prefix(prepared: PreparedSummary | None, plan: FoldPlan) -> bool:
+    """Whether a summary made (or being made) ahead folds some oldest groups of `plan`."""
+    return prepared is not None and prepared.key in _prefix_keys(plan)
+
+
+def _adopted(plan: FoldPlan, key: str, text: str) -> Rewrite | Refuse | None:
+    """The fold of the oldest groups a summary made ahead covers (fewer than `plan`
+    would fold: the turns since stay verbatim), or None when it covers none of them."""
+    labels = _prefix_keys(plan).get(key)
+    if labels is None:
+        return None
+    return fold(replace(plan, key=key, fold=labels), text, summary="ahead")
+
+
+def fold(need: FoldPlan, text: str | None, *, summary: str) -> Rewrite | Refuse:
+    """Complete a crossing with the summary (None: there is none, so pack instead);
+    `summary` says how it was had (SUMMARY_STATES)."""
     inp, work = need.inp, need.work
     if text is None or not text.strip():
         reason = need.reason or "summary_unavailable"
         return _pack(inp, work, need.limits, need.tokens_before, need.blobs, reason)
     folded = [g for g in work.groups if g.label in need.fold]
     count = sum(stands_for(work.segments[m]) for g in folded for m in g.members)
-    summary: Segment = Summary(text.strip(), count)
+    folded_into = Summary(text.strip(), count)
     segments: list[Segment] = []
     for group in work.groups:
         if group.kind is GroupKind.MALFORMED:
             continue  # the API would reject it; dropping needs no note (seed 001)
         if group.label in need.fold:
             if group is folded[0]:
-                segments.append(summary)  # where the folded history began
+                segments.append(folded_into)  # where the folded history began
             continue
         segments.extend(work.segments[m] for m in group.members)
     done = working(segments, inp)
@@ -232,19 +356,170 @@ def fold(need: FoldPlan, text: str | None, *, reused: bool) -> Rewrite | Refuse:
     return _rewrite(
         inp,
         done,
-        inp.tool if _has_stubs(segments) else None,
+        inp.tool if _has_stubs(segments) or inp.sticky_tool or refs_in(folded_into.text) else None,
         "offload+summary" if need.blobs else "summary",
         need.tokens_before,
         blobs=need.blobs,
-        summary="reused" if reused else "made",
+        summary=summary,
         summary_key=need.key,
         reason=need.reason,
     )
 
 
-def without_store(inp: PlanInput) -> Outcome:
-    """The plan again for a store that failed: nothing offloaded, no summary."""
-    return plan(replace(inp, store_ok=False, checkpoint=None))
+def without_blobs(inp: PlanInput) -> Outcome:
+    """The plan again after the crossing's writes failed: nothing offloaded (a stub whose
+    blob was not kept could never be read), nothing to keep; a fold may still use the
+    summary already made for it (the key does not depend on offloading)."""
+    return plan(replace(inp, offload_ok=False, checkpoint=None))
+
+
+def _alone(inp: PlanInput) -> Outcome:
+    """A plan for this request only: no checkpoint applied, nothing offloaded or stored."""
+    outcome = plan(replace(inp, checkpoint=None, store_ok=False))
+    if isinstance(outcome, Rewrite):
+        return replace(outcome, checkpoint=None, alone=True, reason="", blobs=[])
+    return outcome
+
+
+# The line of identifiers a summary left out (proxy/core/facts.py) may take a fifth of the
+# summary's slot, at least FACTS_MIN and at most FACTS_MAX tokens; the summariser keeps at
+# least half of the slot (a small slot may so end a little over the target).
+FACTS_MIN, FACTS_MAX = 200, 1_500
+SUMMARISER_MARGIN = 0.05  # of the summariser's window kept free: counts are estimates
+
+
+def summary_key(
+    segments: Sequence[Segment], members: Sequence[int], digests: Sequence[bytes]
+) -> str:
+    """Where the summary of these folded segments is stored: a hash of the turns as the
+    client sent them (and of an earlier summary's text), so the same turns give the same
+    key whether or not some of their results were offloaded."""
+    parts: list[bytes] = []
+    for m in members:
+        seg = segments[m]
+        if isinstance(seg, (Verbatim, Stubbed)):
+            parts.append(digests[seg.index])
+        else:
+            parts.append(message_digest({"proxy": seg.text}))
+    return chain_hash(parts)
+
+
+def _in_place(
+    work: Working, members: Sequence[int], inp: PlanInput, limits: Limits, slot: int
+) -> InPlace:
+    """The conversation's history as it would go without the fold, and a last message
+    naming the messages to replace, with the originals of the results offloaded among
+    them (the summariser reads what the stubs hide), cut to what the window leaves."""
+    pieces: list[str] = []
+    tokens: list[int] = []
+    for m in members:
+        seg = work.segments[m]
+        if isinstance(seg, Stubbed):
+            original = inp.dialect.render_transcript([inp.messages[seg.index]])
+            pieces.append(f"[{', '.join(seg.refs)}]\n{original}")
+            tokens.append(inp.counts[seg.index])
+    factor = inp.factor if inp.factor > 0 else 1.0
+    room = limits.limit - work.tokens - math.ceil(slot / factor) - IN_PLACE_OVERHEAD
+    originals = _fitted(pieces, tokens, max(room, 0)) if room > 0 else ""
+    first, last = members[0], members[-1]
+    heads = (_head_of(work.messages[first]), _head_of(work.messages[last]))
+    prompt = in_place_prompt(first + 1, last + 1, heads, originals)
+    return InPlace(work.messages, _last_stub(work.segments), prompt)
+
+
+IN_PLACE_OVERHEAD = 600  # tokens of the in-place prompt's own words, with a margin
+
+
+def _head_of(message: Message) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    for block in content if isinstance(content, list) else []:
+        if isinstance(block, dict):
+            for key in ("text", "content"):
+                value = block.get(key)
+                if isinstance(value, str) and value.strip():
+                    return value
+    return str(message.get("role", ""))
+
+
+def _original(seg: Segment, work: Working, m: int, inp: PlanInput) -> Message:
+    """What the summariser reads for a folded segment: the client's message itself (its
+    results whole, never stubs), or the summary or note the proxy wrote."""
+    if isinstance(seg, (Verbatim, Stubbed)):
+        return inp.messages[seg.index]
+    return work.messages[m]
+
+
+def _transcript(work: Working, members: Sequence[int], inp: PlanInput, slot: int) -> str:
+    """The folded turns as the client sent them, as text for the summariser, cut to fit
+    its window: the longest pieces first, each keeping its head and its tail. Offloaded
+    results say their ref, so the summary can name what the agent may still read."""
+    pieces: list[str] = []
+    tokens: list[int] = []
+    for m in members:
+        seg = work.segments[m]
+        message = _original(seg, work, m, inp)
+        text = inp.dialect.render_transcript([message])
+        if isinstance(seg, Stubbed):
+            refs = ", ".join(s.ref for s in seg.stubs)
+            text += f"\n[offloaded tool results, readable with read_result: {refs}]"
+        pieces.append(text)
+        tokens.append(inp.counts[seg.index] if isinstance(seg, (Verbatim, Stubbed)) else
+                      work.shapes[m].tokens)  # fmt: skip
+    factor = inp.factor if inp.factor > 0 else 1.0
+    window = math.floor(inp.policy.window * (1 - SUMMARISER_MARGIN) / factor)
+    budget = window - math.ceil(slot / factor) - inp.counter.count_text(INSTRUCTION)
+    return _fitted(pieces, tokens, max(budget, len(pieces) * 64))
+
+
+def _fitted(pieces: Sequence[str], tokens: Sequence[int], budget: int) -> str:
+    """The pieces joined, the longest cut first (each keeping its head and its tail)
+    until their tokens (given, per piece) fit `budget`."""
+    cap = _water_level(tokens, budget)
+    out = []
+    for text, count in zip(pieces, tokens, strict=True):
+        if count > cap:
+            keep = max(200, len(text) * cap // max(count, 1))
+            half = keep // 2
+            cut = len(text) - 2 * half
+            text = f"{text[:half]}\n[... {cut:,} characters cut ...]\n{text[-half:]}"
+        out.append(text)
+    return "\n\n".join(out)
+
+
+def _water_level(sizes: Sequence[int], budget: int) -> int:
+    """The largest cap such that the sizes, each capped at it, sum to at most `budget`
+    (cutting the largest first); the largest size itself when everything fits."""
+    if sum(sizes) <= budget:
+        return max(sizes, default=0)
+    ordered = sorted(sizes)
+    remaining, left = budget, len(ordered)
+    for size in ordered:
+        if size * left > remaining:
+            return max(1, remaining // left)
+        remaining -= size
+        left -= 1
+    return max(1, remaining)
+
+
+def _call_ids(work: Working, members: Sequence[int]) -> frozenset[str]:
+    return frozenset(i for m in members for i in (*work.shapes[m].calls, *work.shapes[m].answers))
+
+
+def _facts_sources(work: Working, members: Sequence[int], inp: PlanInput) -> list[Source]:
+    sources = []
+    for m in members:
+        seg = work.segments[m]
+        message = _original(seg, work, m, inp)
+        if made_here(seg):
+            kind = EARLIER_SUMMARY
+        elif inp.dialect.tool_results(message):
+            kind = TOOL_RESULT
+        else:
+            kind = CONVERSATION
+        sources.append(Source(kind, inp.dialect.render_transcript([message])))
+    return sources
 
 
 # -- steps -------------------------------------------------------------------------
@@ -325,7 +600,7 @@ def _pack(
     strategy = "offload+pack" if blobs else "pack"
     if done.tokens > limits.trigger:
         reason = reason or "target_unreachable"
-    tool = inp.tool if kept else None
+    tool = inp.tool if kept or inp.sticky_tool or _named(segments) else None
     return _rewrite(inp, done, tool, strategy, before, blobs=blobs, reason=reason)
 
 
@@ -378,7 +653,8 @@ def _rewrite(
         estimate=work.tokens,
         blobs=blobs or [],
         checkpoint=stored,
-        refs=refs_of(work.segments),
+        refs=_named(work.segments),
+        breakpoint_at=_last_stub(work.segments),
         summary=summary,
         reason=reason,
     )
@@ -411,14 +687,16 @@ def limits_of(inp: PlanInput) -> Limits:
     limit = math.floor(policy.window / factor) - inp.fixed_tokens - inp.tool_tokens
     trigger = min(math.floor(policy.trigger_tokens / factor), limit)
     target = min(math.floor(policy.target_tokens / factor), trigger)
-    return Limits(limit, trigger, target, math.ceil(policy.note_cost / factor))
+    offload_at = min(math.floor(policy.offload_tokens / factor), trigger)
+    return Limits(limit, offload_at, trigger, target, math.ceil(policy.note_cost / factor))
 
 
 def _recross_at(limits: Limits, stored: Checkpoint | None) -> int:
     """The history size that makes a new crossing. A checkpoint that could not get under
     the trigger (what cannot be dropped is larger) keeps the hysteresis from where it got
     to, so identical resends reuse it instead of compacting again every time."""
-    if stored is None or stored.tokens_after <= limits.target:
+    folded = stored is not None and ("summary" in stored.strategy or "pack" in stored.strategy)
+    if stored is None or not folded or stored.tokens_after <= limits.target:
         return limits.trigger
     gap = limits.trigger - limits.target
     return min(limits.limit, max(limits.trigger, stored.tokens_after + gap))
@@ -426,6 +704,21 @@ def _recross_at(limits: Limits, stored: Checkpoint | None) -> int:
 
 def real(estimate: int, factor: float) -> int:
     return math.ceil(estimate * factor)
+
+
+def _named(segments: Sequence[Segment]) -> list[str]:
+    """Every ref the history names: its stubs', then those summaries mention."""
+    named = dict.fromkeys(refs_of(segments))
+    for seg in segments:
+        if isinstance(seg, Summary):
+            named.update(dict.fromkeys(refs_in(seg.text)))
+    return list(named)
+
+
+def _last_stub(segments: Sequence[Segment]) -> int | None:
+    return next(
+        (n for n in range(len(segments) - 1, -1, -1) if isinstance(segments[n], Stubbed)), None
+    )
 
 
 def _has_stubs(segments: Sequence[Segment]) -> bool:

@@ -1,15 +1,19 @@
 """Context policy: per-model numbers that decide when and how a history is rewritten.
 
-All sizes are in tokens of the message history (system prompt and tools excluded), as
-in seed 000: a rewrite starts when the history crosses `trigger` and brings it down to
-`target`, so compactions are many turns apart (the hysteresis that keeps the upstream
-prompt cache warm). The window bounds the whole request.
+All sizes are in tokens of the message history (system prompt and tools excluded). Two
+thresholds: from `offload_trigger` on, every large tool result that has left the keep
+window is offloaded as soon as it has (a stub in its place, the stubbed region only ever
+growing at its end); when the history crosses `trigger`, the oldest turns are folded into
+a summary (or dropped) down to `target`, as in seed 000, so folds are many turns apart
+(the hysteresis that keeps the upstream prompt cache warm). The window bounds the whole
+request.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from difflib import get_close_matches
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -22,13 +26,14 @@ class PolicyError(ValueError):
 class Policy:
     match: str = "*"  # glob on the request's `model`
     window: int = 200_000  # the model's context window, whole request
-    trigger: int = 0  # history size that starts a rewrite; 0 = 70% of the window
-    target: int = 0  # history size after a rewrite; 0 = 30% of the window
+    trigger: int = 0  # history size that starts a fold; 0 = 70% of the window
+    target: int = 0  # history size after a fold; 0 = 30% of the window
+    offload_trigger: int = 0  # history size from which results are offloaded; 0 = 15% of the window
     keep_last: int = 6  # newest groups that stay verbatim when folding
     note_cost: int = 48  # tokens reserved for a "history was dropped" note
-    offload_threshold: int = 2_000  # tool results above this many tokens may be offloaded
-    keep_results: int = 3  # the newest tool results are never offloaded
-    stub_head_chars: int = 1_200  # how much of an offloaded result stays in the stub
+    offload_threshold: int = 500  # tool results above this many tokens may be offloaded
+    keep_results: int = 1  # the newest tool results are never offloaded
+    stub_head_chars: int = 200  # how much of an offloaded result stays in the stub
     read_length: int = 8_000  # default slice length read_result suggests
     summariser_model: str = ""  # empty = the request's own model
     summary_max_tokens: int = 8_000  # cap on the summary, below the slot
@@ -42,13 +47,28 @@ class Policy:
     def target_tokens(self) -> int:
         return self.target or int(self.window * 0.3)
 
+    @property
+    def offload_tokens(self) -> int:
+        return self.offload_trigger or min(int(self.window * 0.15), self.trigger_tokens)
+
+    @property
+    def prepare_tokens(self) -> int:
+        """From here on, the next fold's summary is made ahead, in the background."""
+        return prepare_at(self.trigger_tokens, self.target_tokens)
+
+    @property
+    def quiet_tokens(self) -> int:
+        """Up to here there is nothing to plan: no offload, no summary made ahead."""
+        return min(self.offload_tokens, self.prepare_tokens)
+
     def validate(self) -> Policy:
         where = f"policy {self.match!r}"
         positive = ("window", "note_cost", "offload_threshold", "stub_head_chars", "read_length")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise PolicyError(f"{where}: {name} must be a positive number of tokens")
-        for name in ("trigger", "target", "keep_last", "keep_results", "max_read_rounds"):
+        names = ("trigger", "target", "offload_trigger", "keep_last", "keep_results")
+        for name in (*names, "max_read_rounds"):
             if getattr(self, name) < 0:
                 raise PolicyError(f"{where}: {name} must not be negative")
         if self.summary_max_tokens <= 0:
@@ -60,7 +80,18 @@ class Policy:
                 f"{where}: target ({self.target_tokens}) must be below trigger"
                 f" ({self.trigger_tokens}), or every request would compact"
             )
+        if self.offload_tokens > self.trigger_tokens:
+            raise PolicyError(
+                f"{where}: offload_trigger ({self.offload_tokens}) must not be above trigger"
+                f" ({self.trigger_tokens})"
+            )
         return self
+
+
+def prepare_at(trigger: int, target: int) -> int:
+    """Four fifths of the way from the target to the trigger: a summary made from here
+    has the turns until the trigger to be ready."""
+    return target + (trigger - target) * 4 // 5
 
 
 FIELD_TYPES = {f.name: f.type for f in fields(Policy)}
@@ -72,15 +103,25 @@ def parse_policies(raw: Sequence[Mapping[str, Any]]) -> list[Policy]:
     for n, table in enumerate(raw):
         if not isinstance(table, Mapping):
             raise PolicyError(f"policy #{n + 1} must be a table")
-        unknown = set(table) - set(FIELD_TYPES)
+        where = f"policy #{n + 1}" + (f" ({table['match']!r})" if "match" in table else "")
+        unknown = sorted(set(table) - set(FIELD_TYPES))
         if unknown:
-            raise PolicyError(f"policy #{n + 1}: unknown setting(s) {sorted(unknown)}")
+            named = ", ".join(_with_hint(name) for name in unknown)
+            raise PolicyError(
+                f"{where}: unknown field(s) {named}; valid fields: {', '.join(FIELD_TYPES)}"
+            )
         for key, value in table.items():
             want = str if FIELD_TYPES[key] == "str" else int
             if not isinstance(value, want) or isinstance(value, bool):
-                raise PolicyError(f"policy #{n + 1}: {key} must be {want.__name__}")
+                raise PolicyError(f"{where}: {key} must be {want.__name__}, got {value!r}")
         out.append(Policy(**table).validate())
     return out
+
+
+def _with_hint(name: str) -> str:
+    """An unknown field's name, with the field it most likely meant."""
+    close = get_close_matches(name, list(FIELD_TYPES), n=1)
+    return f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
 
 
 def policy_for(

@@ -80,7 +80,7 @@ class RoundMerger(Protocol):
     def begin_round(self) -> None: ...
     def feed(self, event: Event) -> list[bytes]: ...
     def end_round(self) -> Round: ...
-    def finish(self) -> list[bytes]: ...
+    def finish(self, note: str | None = None) -> list[bytes]: ...
 
     @property
     def rounds(self) -> int: ...
@@ -118,6 +118,11 @@ class Dialect(Protocol):
 
     def read_result_tool(self, name: str) -> JSON:
         """The injected tool's definition in this format: the same bytes every time."""
+        ...
+
+    def with_breakpoint(self, message: Message) -> JSON | None:
+        """A copy of the message with a prompt-cache breakpoint on its last block, or
+        None when the format has no breakpoints or the message already carries one."""
         ...
 
 
@@ -158,9 +163,34 @@ class WireFormat(Dialect, UsageScan, Protocol):
         """The request's output cap (max_tokens and the like), if it names one."""
         ...
 
+    def breakpoints(self, body: Mapping[str, Any]) -> int:
+        """How many prompt-cache breakpoints the body carries (system, tools, messages)."""
+        ...
+
+    # -- the summariser --------------------------------------------------------------
+    def summary_request(
+        self,
+        body: Mapping[str, Any],
+        *,
+        model: str,
+        slot: int,
+        prompt: str,
+        history: Sequence[JSON] | None,
+    ) -> JSON | None:
+        """The summariser's request in this API. With `history`: in place, the
+        conversation's own request with `history` as its messages and `prompt` as the
+        last user message, so its prefix is read from the prompt cache (None when the
+        request cannot be reused so: a forced tool choice). Without: a request of its own,
+        the instruction as system text and `prompt` (a transcript) as its one message."""
+        ...
+
+    def answer_text(self, answer: JSON) -> str:
+        """The text of a (non-stream) answer."""
+        ...
+
     # -- read_result rounds -----------------------------------------------------------
     def split(self, answer: JSON, tool: str) -> Round: ...
-    def merge(self, answers: Sequence[JSON], tool: str) -> JSON: ...
+    def merge(self, answers: Sequence[JSON], tool: str, note: str | None = None) -> JSON: ...
     def continue_messages(
         self, messages: Sequence[JSON], round_: Round, results: Sequence[tuple[str, str, bool]]
     ) -> list[JSON]: ...

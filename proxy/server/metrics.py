@@ -96,8 +96,14 @@ class Metrics:
             f"{NS}_read_result_rounds", "read_result round trips answered by the proxy.",
             registry=r,
         )  # fmt: skip
+        self.read_outcomes = Counter(
+            f"{NS}_read_outcomes",
+            "Answers that went through read_result rounds, by how the rounds ended "
+            "(complete, limit, window, budget, upstream_error, broken).",
+            ["outcome"], registry=r,
+        )  # fmt: skip
         self.summaries = Counter(
-            f"{NS}_summaries", "Summaries used, by outcome (made or reused).", ["outcome"],
+            f"{NS}_summaries", "Summaries used, by outcome (made, ahead or reused).", ["outcome"],
             registry=r,
         )  # fmt: skip
         self.summariser_calls = Counter(
@@ -141,6 +147,12 @@ class Metrics:
             )
         return timed
 
+    def summariser_call(self, ok: bool) -> None:
+        """A summariser call made outside any request (a summary made ahead)."""
+        self.summariser_calls.inc()
+        if not ok:
+            self.summariser_failures.inc()
+
     def record(self, rec: RequestRecord, status: int, ended: float) -> None:
         route = rec.route
         counted = self._counted.get((route, status))
@@ -173,6 +185,8 @@ class Metrics:
             self.summaries.labels(rec.summary).inc()
         if rec.read_rounds:
             self.read_rounds.inc(rec.read_rounds)
+        if rec.read_outcome:
+            self.read_outcomes.labels(rec.read_outcome).inc()
         if rec.summariser_calls:
             self.summariser_calls.inc(rec.summariser_calls)
         if rec.summariser_failures:
@@ -222,6 +236,8 @@ class StoreMetrics:
 
 
 METRICS = web.AppKey("metrics", Metrics)
+# Called with (record, status) as each request ends (the admin stats listen here).
+REQUEST_ENDED = web.AppKey("request_ended", list)
 
 
 def count_budget_rejection(app: web.Application, reason: str) -> None:
@@ -231,11 +247,12 @@ def count_budget_rejection(app: web.Application, reason: str) -> None:
 
 
 def route_of(request: web.Request) -> str:
-    """The matched path pattern: a small fixed set, whatever the client asks for."""
+    """The matched path pattern (`/admin/keys/{key_id}`, never the id): a small fixed
+    set, whatever the client asks for; the pass-through catch-all is `other`."""
     info = request.match_info
     resource = info.route.resource if info.route is not None else None
     canonical = resource.canonical if resource is not None else ""
-    return canonical if canonical.startswith("/") and "{" not in canonical else "other"
+    return canonical if canonical.startswith("/") and not canonical.startswith("/{") else "other"
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -268,6 +285,8 @@ async def observe_requests(request: web.Request, handler: Handler) -> web.Stream
         metrics.in_flight.dec()
         metrics.record(record, status, ended)
         app[REQUEST_LOG].emit(record, status, ended)
+        for listener in app.get(REQUEST_ENDED, ()):
+            listener(record, status)
 
 
 async def handle_metrics(request: web.Request) -> web.Response:

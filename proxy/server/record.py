@@ -30,15 +30,22 @@ class RequestRecord:
     meter: UsageMeter = field(default_factory=UsageMeter)  # every upstream answer's usage
     model: str = ""  # the request's model, when it names one
     read_rounds: int = 0
+    read_outcome: str = ""  # how read_result rounds ended: complete, limit, window, budget,
+    # upstream_error, broken ("" when the answer was relayed as bytes)
     strategy: str = ""  # the rewrite's, "refuse", or "" (untouched)
     reason: str = ""  # why the outcome differs from what the policy aimed at
     tokens_before: int = 0
     tokens_after: int = 0
     offloaded: int = 0  # results newly offloaded by this request
-    summary: str = ""  # "made", "reused" or ""
+    summary: str = ""  # planner.SUMMARY_STATES, or ""
     summariser_calls: int = 0
     summariser_failures: int = 0
     upstream_request_id: str = ""
+    # For the admin stats (proxy/server/admin/stats.py): ids and fixed words only.
+    conversation: str = ""  # the conversation id, when the compactor made it
+    key_id: str = ""  # the proxy key's id and team
+    team: str = ""
+    rejected: str = ""  # why a key or budget check refused the request ("tokens", ...)
 
     def reads_answers_as(self, scan: UsageScan | None) -> None:
         """The wire format whose answers this request relays (how usage is read)."""

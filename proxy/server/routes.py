@@ -151,9 +151,12 @@ async def _prepare(
             request.headers,
             wire=route.wire,
             store=app[STORE].store,
-            upstream_url=app[route.upstream].base_url,
+            upstream=app[route.upstream],
+            path=request.raw_path,
+            upstream_headers=upstream_request_headers(request.headers),
             tenant=caller.tenant,
             policy_override=caller.policy,
+            charge_later=budgets.late_charge(request),
         )
     except Exception:
         log.exception("compaction failed; forwarding the request untouched")

@@ -1,9 +1,11 @@
 """Getting a summary for a crossing: reuse a stored one, or make it once for the fleet.
 
-A summary is stored under the hash of the messages it folds, per conversation, so every
-later request (on any replica) whose history starts with that prefix reuses it byte for
-byte. Making one costs an upstream call, so a Redis lock lets one replica make it while
-the others wait briefly for it and, if it does not come in time, pack instead.
+A summary is stored under the hash of the turns it folds, per conversation, so every
+later request (on any replica) whose history starts with them reuses it byte for byte.
+Making one costs an upstream call, so a Redis lock lets one replica make it while the
+others wait briefly for it and, if it does not come in time, pack instead. The maker
+keeps the lock until the crossing's writes have stored the summary (the executor
+releases it), so no second replica pays for the same summary in between.
 """
 
 from __future__ import annotations
@@ -11,26 +13,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-import anthropic
-import openai
+import aiohttp
+import orjson
 
-from proxy.core.commands import GetSummary, SummaryReply
-from proxy.core.identity import credential
-from proxy.core.summary import INSTRUCTION
-from proxy.core.usage import anthropic_usage
+from proxy.core.commands import GetSummary, PreparedSummary, PrepareSummary, SummaryReply
+from proxy.core.facts import keep_facts
+from proxy.core.usage import Usage
+from proxy.core.wire_format import WireFormat
 from proxy.server.record import detached
+from proxy.server.upstream import Upstream
 from proxy.store import Store, StoreUnavailable
-from proxy.wire.chat_rounds import chat_usage
 
 log = logging.getLogger(__name__)
 
 PURPOSE_HEADER = "x-compaction-proxy-purpose"
+SUMMARY = "summary"  # the store kind summaries are kept under
 
 
-SummaryCall = Callable[..., Awaitable[str]]
+SummaryCall = Callable[[GetSummary], Awaitable[tuple[str, Usage | None]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Obtained:
+    reply: SummaryReply
+    lock: tuple[str, str] | None = None  # (lock name, token) still held: release after saving
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,44 +55,47 @@ async def obtain_summary(
     store: Store,
     tenant: str,
     conversation: str,
-    model: str,
-    headers: Mapping[str, str],
-    base_url: str,
     settings: SummariserSettings,
     call: SummaryCall,
-) -> SummaryReply:
+) -> Obtained:
     key = need.key
     try:
-        stored = await store.get_json(tenant, conversation, "summary", key)
+        stored = await store.get_json(tenant, conversation, SUMMARY, key)
         if isinstance(stored, str) and stored.strip():
-            return SummaryReply(stored, reused=True)
+            return Obtained(SummaryReply(stored, reused=True))
         lock = f"summary:{key}"
-        ttl_ms = int((settings.timeout + 5) * 1000)
+        # Held through the call and until the crossing's writes (then released).
+        ttl_ms = int((settings.timeout + 30) * 1000)
         token = await store.acquire_lock(tenant, conversation, lock, ttl_ms)
     except StoreUnavailable as e:
-        return SummaryReply(None, failure=f"store unavailable: {e}")
+        return Obtained(SummaryReply(None, failure=f"store unavailable: {e}"))
     if token is None:
-        return await _wait_for_other(store, tenant, conversation, key, settings)
+        return Obtained(await _wait_for_other(store, tenant, conversation, key, settings))
     record = detached()
+    held = (lock, token)
     try:
         record.summariser_calls += 1
-        text = await call(
-            need, model=model, headers=headers, base_url=base_url, seconds=settings.timeout
-        )
+        text, usage = await call(need)
+        if usage is not None:  # the caller's budget pays for it
+            record.meter.summariser(usage)
         if not text.strip():
             record.summariser_failures += 1
-            return SummaryReply(None, failure="the summariser answered with no text")
-        await store.put_json(tenant, conversation, "summary", key, text)
-        return SummaryReply(text)
-    except StoreUnavailable as e:
-        return SummaryReply(None, failure=f"store unavailable: {e}")
-    except (anthropic.APIError, openai.APIError) as e:
+            await release(store, tenant, conversation, held)
+            return Obtained(SummaryReply(None, failure="the summariser answered with no text"))
+        return Obtained(SummaryReply(text), held)
+    except (SummariserFailed, aiohttp.ClientError, TimeoutError) as e:
         record.summariser_failures += 1
-        log.warning("summariser call failed: %s (%r)", type(e).__name__, e.__cause__)
-        return SummaryReply(None, failure=f"summariser failed: {type(e).__name__}")
-    finally:
-        with contextlib.suppress(StoreUnavailable):  # else it expires by itself
-            await store.release_lock(tenant, conversation, lock, token)
+        log.warning("summariser call failed: %s (%s)", type(e).__name__, e)
+        await release(store, tenant, conversation, held)
+        return Obtained(SummaryReply(None, failure=f"summariser failed: {type(e).__name__}"))
+    except BaseException:
+        await release(store, tenant, conversation, held)
+        raise
+
+
+async def release(store: Store, tenant: str, conversation: str, held: tuple[str, str]) -> None:
+    with contextlib.suppress(StoreUnavailable):  # else it expires by itself
+        await store.release_lock(tenant, conversation, held[0], held[1])
 
 
 async def _wait_for_other(
@@ -94,7 +106,7 @@ async def _wait_for_other(
     while loop.time() < deadline:
         await asyncio.sleep(settings.poll)
         try:
-            stored = await store.get_json(tenant, conversation, "summary", key)
+            stored = await store.get_json(tenant, conversation, SUMMARY, key)
         except StoreUnavailable as e:
             return SummaryReply(None, failure=f"store unavailable: {e}")
         if isinstance(stored, str) and stored.strip():
@@ -102,63 +114,112 @@ async def _wait_for_other(
     return SummaryReply(None, failure="another replica is still summarising")
 
 
-async def call_summariser(
-    need: GetSummary, *, model: str, headers: Mapping[str, str], base_url: str, seconds: float
-) -> str:
-    """One Messages call through the anthropic SDK, with the caller's own credential."""
-    secret = credential(headers)
-    uses_bearer = not headers.get("x-api-key") and bool(headers.get("authorization"))
-    client = anthropic.AsyncAnthropic(
-        base_url=base_url,
-        api_key=None if uses_bearer else secret,
-        auth_token=secret if uses_bearer else None,
-        max_retries=1,
-        timeout=seconds,
-        default_headers={PURPOSE_HEADER: "summary"},
-    )
-    async with client:
-        message = await client.messages.create(
-            model=need.model or model,
-            max_tokens=need.slot,
-            system=INSTRUCTION,
-            messages=[{"role": "user", "content": need.transcript}],
+class SummariserFailed(Exception):
+    """The summariser gave no usable answer (an error status, or no text)."""
+
+
+async def post_summary(
+    need: GetSummary,
+    *,
+    upstream: Upstream,
+    path: str,
+    headers: Sequence[tuple[str, str]],
+    wire: WireFormat,
+    seconds: float,
+) -> tuple[str, Usage | None]:
+    """One summariser call: the request the driver built, sent through the proxy's own
+    upstream client with the caller's credential, betas and API version (a summary made
+    in place must match the conversation's requests to read their cache); it says what it
+    is in PURPOSE_HEADER. Returns its text and the usage the upstream reported."""
+    sent = [
+        (name, value)
+        for name, value in headers
+        if name.lower() not in ("accept-encoding", "content-type", PURPOSE_HEADER)
+    ]
+    sent += [
+        ("Content-Type", "application/json"),
+        ("Accept-Encoding", "identity"),
+        (PURPOSE_HEADER, "summary"),
+    ]
+    async with asyncio.timeout(seconds):
+        response = await upstream.send("POST", path, sent, orjson.dumps(need.body), stream=False)
+        try:
+            raw = await response.read()
+        finally:
+            response.release()
+    if response.status != 200:
+        raise SummariserFailed(f"upstream answered {response.status}")
+    try:
+        answer = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise SummariserFailed("the answer was not JSON") from None
+    if not isinstance(answer, dict):
+        raise SummariserFailed("the answer was not a JSON object")
+    return wire.answer_text(answer), wire.body_usage(answer)
+
+
+PREPARED = "prepared"  # the store kind of a checkpoint slot's summary made ahead
+
+
+def prepared_of(raw: object) -> PreparedSummary | None:
+    """A stored record of a summary made ahead (None when absent or malformed)."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("key"), str):
+        return None
+    text = raw.get("text")
+    usable = text if isinstance(text, str) and text.strip() else None
+    return PreparedSummary(raw["key"], usable, failed=raw.get("failed") is True)
+
+
+async def prepare_summary(
+    command: PrepareSummary,
+    *,
+    store: Store,
+    tenant: str,
+    conversation: str,
+    settings: SummariserSettings,
+    call: SummaryCall,
+    count: Callable[[str], int],
+    charge: Callable[[Usage], None],
+    on_call: Callable[[bool], None],
+) -> None:
+    """Make the next fold's summary in the background, once for the fleet (the same lock
+    as a summary made at a crossing), and note it as the slot's summary made ahead: first
+    as being made (so no replica starts it again), then with its text. Its usage is
+    charged to the caller; a failure is logged and leaves the note (the crossing then makes
+    the summary itself)."""
+    key = command.ask.key
+    lock = f"summary:{key}"
+    try:
+        token = await store.acquire_lock(
+            tenant, conversation, lock, int((settings.timeout + 30) * 1000)
         )
-    # The caller's budget pays for it.
-    detached().meter.summariser(anthropic_usage(message.usage.model_dump()))
-    return "".join(b.text for b in message.content if b.type == "text")
-
-
-async def call_chat_summariser(
-    need: GetSummary, *, model: str, headers: Mapping[str, str], base_url: str, seconds: float
-) -> str:
-    """One Chat Completions call through the openai SDK, with the caller's credential
-    (and its organization and project headers)."""
-    extra = {PURPOSE_HEADER: "summary"}
-    for name in ("OpenAI-Organization", "OpenAI-Project"):
-        if headers.get(name):
-            extra[name] = headers[name]
-    client = openai.AsyncOpenAI(
-        base_url=base_url.rstrip("/") + "/v1",
-        api_key=credential(headers) or "none",
-        max_retries=1,
-        timeout=seconds,
-        default_headers=extra,
-    )
-    async with client:
-        completion = await client.chat.completions.create(
-            model=need.model or model,
-            max_completion_tokens=need.slot,
-            messages=[
-                {"role": "system", "content": INSTRUCTION},
-                {"role": "user", "content": need.transcript},
-            ],
-        )
-    if completion.usage is not None:  # the caller's budget pays
-        detached().meter.summariser(chat_usage(completion.usage.model_dump()))
-    if not completion.choices:
-        return ""
-    return completion.choices[0].message.content or ""
-
-
-# The summariser call of each wire format (by WireFormat.name).
-SUMMARISERS: dict[str, SummaryCall] = {"anthropic": call_summariser, "chat": call_chat_summariser}
+        if token is None:
+            return  # another replica is making it
+        held = (lock, token)
+    except StoreUnavailable:
+        return
+    try:
+        await store.put_json(tenant, conversation, PREPARED, command.slot, {"key": key})
+        try:
+            text, usage = await call(command.ask)
+        except (SummariserFailed, aiohttp.ClientError, TimeoutError) as e:
+            on_call(False)
+            log.warning("summary made ahead failed: %s (%s)", type(e).__name__, e)
+            text, usage = "", None
+        else:
+            on_call(True)
+        if usage is not None:
+            charge(usage)
+        if not text.strip():
+            # Said, so the crossing asks for it itself rather than wait for it.
+            failed = {"key": key, "failed": True}
+            await store.put_json(tenant, conversation, PREPARED, command.slot, failed)
+            return
+        text = keep_facts(text, command.facts, command.facts_budget, count)
+        await store.put_json(tenant, conversation, SUMMARY, key, text)
+        record = {"key": key, "text": text}
+        await store.put_json(tenant, conversation, PREPARED, command.slot, record)
+    except StoreUnavailable as e:
+        log.info("summary made ahead not stored: %s", e)
+    finally:
+        await release(store, tenant, conversation, held)

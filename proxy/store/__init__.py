@@ -1,7 +1,7 @@
 """Conversation state in Redis: the store, its key names, and an embedded redis-server."""
 
 from proxy.store.crossing import ConversationState, CrossingSaved
-from proxy.store.embedded import EmbeddedRedis, EmbeddedRedisError
+from proxy.store.embedded import EmbeddedRedis, EmbeddedRedisError, StateDirBusy
 from proxy.store.memory import StoreMemory
 from proxy.store.redis import Store, StoreUnavailable
 
@@ -10,6 +10,7 @@ __all__ = [
     "CrossingSaved",
     "EmbeddedRedis",
     "EmbeddedRedisError",
+    "StateDirBusy",
     "Store",
     "StoreMemory",
     "StoreUnavailable",

@@ -47,6 +47,7 @@ from proxy.testing.standin_http import (
     CACHE,
     COUNTER,
     OPTIONS,
+    RECORD,
     SUMMARY_PURPOSE,
     _credential,
     _scaled,
@@ -59,6 +60,7 @@ from proxy.testing.standin_http import (
     script_for,
     send_json,
     send_stream,
+    summariser_pace,
 )
 from proxy.testing.summary import summarise
 from proxy.wire.chat import ChatCounter
@@ -112,7 +114,7 @@ def _texts(content: Any) -> list[str]:
     ]
 
 
-def next_ref_to_read(body: dict[str, Any]) -> str | None:
+def next_ref_to_read(body: dict[str, Any], keep_reading: bool = False) -> str | None:
     """The first stub ref not read yet, when read_result is offered and the request is not
     itself answering a read (the Chat twin of script.next_ref_to_read)."""
     tools = body.get("tools") or []
@@ -136,7 +138,7 @@ def next_ref_to_read(body: dict[str, Any]) -> str | None:
         for text in _texts(message.get("content")):
             refs.extend(STUB_REF.findall(text))
     last = messages[-1] if messages else {}
-    if last.get("role") == "tool" and last.get("tool_call_id") in read_calls:
+    if not keep_reading and last.get("role") == "tool" and last.get("tool_call_id") in read_calls:
         return None
     already = set(read_calls.values())
     return next((ref for ref in refs if ref not in already), None)
@@ -170,7 +172,9 @@ def plan_chat_answer(
 
 
 def prompt_units(body: dict[str, Any], counter: ChatCounter) -> list[Unit]:
-    """Tools, then messages, as cache units; the last one is the breakpoint."""
+    """Tools, then messages, as cache units. OpenAI caches the longest prefix of a prompt
+    it has seen before (in 128-token steps, from 1,024 tokens), not only whole prompts:
+    every message boundary is a breakpoint here, the closest whole-message model of it."""
     digest = hashlib.sha256(b"chat-model\0" + str(body.get("model")).encode()).digest()
     units: list[Unit] = []
     running = 0
@@ -182,11 +186,10 @@ def prompt_units(body: dict[str, Any], counter: ChatCounter) -> list[Unit]:
     for i, message in enumerate(body.get("messages") or []):
         running += counter.count_message(message)
         pieces.append((f"message\0{i}".encode(), message, running))
-    for n, (tag, value, cumulative) in enumerate(pieces):
+    for tag, value, cumulative in pieces:
         canonical = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
         digest = hashlib.sha256(digest + tag + b"\0" + canonical).digest()
-        last = n == len(pieces) - 1
-        units.append(Unit(digest, cumulative, "5m" if last else None, last))
+        units.append(Unit(digest, cumulative, "5m", True))
     return units
 
 
@@ -246,12 +249,14 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
     summary = None
     if purpose == SUMMARY_PURPOSE:
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
-        summary = summarise({**body, "max_tokens": limit}, app[COUNTER])
+        summary = summarise({**body, "max_tokens": limit}, app[COUNTER], options.summary_loss)
+        await summariser_pace(options)
     answer = plan_chat_answer(body, script, app[COUNTER], digest[24:], text_override=summary)
     units = prompt_units(body, counter)
     cache = app[CACHE].account(_tenant(request), units, counter.count_request(body))
     cached = _scaled(cache.cache_read_input_tokens, options)
     usage = _usage(total, min(cached, total), answer)
+    request[RECORD].usage = usage  # what this answer reports, for tests to compare
     head = {
         "id": f"chatcmpl-{digest[:24]}",
         "created": CREATED,

@@ -178,13 +178,69 @@ class AnthropicMessages:
     def read_result_tool(self, name: str) -> JSON:
         return offload.read_result_tool(name)
 
+    def with_breakpoint(self, message: Message) -> JSON | None:
+        content = message.get("content")
+        if not isinstance(content, list) or not content or not isinstance(content[-1], dict):
+            return None
+        if any(isinstance(b, dict) and "cache_control" in b for b in content):
+            return None  # the client's own breakpoint: never moved
+        last = {**content[-1], "cache_control": {"type": "ephemeral"}}
+        return {**message, "content": [*content[:-1], last]}
+
+    def breakpoints(self, body: Mapping[str, Any]) -> int:
+        # A key of the JSON: inside a string its quotes would be escaped.
+        return orjson.dumps(body).count(b'"cache_control"')
+
+    # -- the summariser ----------------------------------------------------------------
+
+    def summary_request(
+        self,
+        body: Mapping[str, Any],
+        *,
+        model: str,
+        slot: int,
+        prompt: str,
+        history: Sequence[JSON] | None,
+    ) -> JSON | None:
+        if history is None:
+            return {
+                "model": model,
+                "max_tokens": slot,
+                "system": summary.INSTRUCTION,
+                "messages": [{"role": "user", "content": prompt}],
+            }
+        choice = body.get("tool_choice")
+        if isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
+            return None  # the model would have to call a tool, not write notes
+        out = {k: v for k, v in body.items() if k != "stream"}
+        asked = {"role": "user", "content": [{"type": "text", "text": prompt}]}
+        out["messages"] = [*history, asked]
+        # Thinking stays as the conversation has it (changing it would miss the cache);
+        # a thinking budget comes on top of the notes' slot.
+        thinking = body.get("thinking")
+        budget = None
+        if isinstance(thinking, dict) and thinking.get("type") == "enabled":
+            budget = thinking.get("budget_tokens")
+        extra = budget if isinstance(budget, int) else 0
+        out["max_tokens"] = slot + extra
+        return out
+
+    def answer_text(self, answer: JSON) -> str:
+        content = answer.get("content")
+        blocks = content if isinstance(content, list) else []
+        return "".join(
+            str(b.get("text", ""))
+            for b in blocks
+            if isinstance(b, dict) and b.get("type") == "text"
+        )
+
     # -- read_result rounds ------------------------------------------------------------
 
     def split(self, answer: JSON, tool: str) -> Round:
         return anthropic_rounds.split_message(answer, tool)
 
-    def merge(self, answers: Sequence[JSON], tool: str) -> JSON:
-        return anthropic_rounds.merge_messages(answers, tool)
+    def merge(self, answers: Sequence[JSON], tool: str, note: str | None = None) -> JSON:
+        return anthropic_rounds.merge_messages(answers, tool, note)
 
     def continue_messages(
         self, messages: Sequence[JSON], round_: Round, results: Sequence[tuple[str, str, bool]]

@@ -19,12 +19,17 @@ import anthropic
 import orjson
 import pytest
 
-from proxy.core.offload import unknown_ref
+from proxy.core.offload import stub_text, unknown_ref
 from proxy.core.tokens import default_counter
 from proxy.server.app import RunningProxy
+from proxy.server.state import COMPACTOR
 from proxy.testing.agent import run_agent, tool_output
 from proxy.testing.standin import RecordedRequest, StandInOptions
-from tests.server.compaction_checks import assert_prefix_stable_between_crossings
+from tests.server.compaction_checks import (
+    assert_prefix_stable_between_crossings,
+    assert_stubs_frozen_between_folds,
+    folds,
+)
 from tests.server.conftest import SMALL_WINDOW, SMALL_WINDOW_POLICY, MakeProxy
 
 TURNS = 60
@@ -92,26 +97,37 @@ async def test_a_long_conversation_stays_valid_cached_and_cheap(
     ]
     assert len(read_rounds) >= TURNS // 5 - 2, "the stand-in's read_result calls were answered"
 
-    # Hysteresis: a crossing brings the history to the target and each turn adds about
-    # `growth` tokens, so crossings are at least (trigger - target) / growth turns apart.
+    # Hysteresis: a fold brings the history to the target and each turn adds about
+    # `growth` tokens, so folds are at least (trigger - target) / growth turns apart.
     strategies = [t.headers.get("x-compaction-strategy") for t in turns]
-    crossings = [s for s in strategies if s and s != "checkpoint"]
-    growth = counter.count_text(tool_output(1, RESULT_CHARS)) + 60
+    folded = folds(strategies)
+    # Once offloaded, a turn adds a stub and its call: that is what brings the next fold.
+    stub = stub_text(tool_output(1, RESULT_CHARS), "r_" + "0" * 16, "read_result",
+                     SMALL_WINDOW_POLICY["stub_head_chars"], 8_000)  # fmt: skip
+    growth = counter.count_text(stub) + 60
     gap = SMALL_WINDOW_POLICY["trigger"] - SMALL_WINDOW_POLICY["target"]
     bound = math.ceil(TURNS * growth / gap) + 1
+    assert len(folded) <= bound
+    await proxy.app[COMPACTOR].settled()
     summaries = [r for r in standin.recorded if r.headers.get(PURPOSE) == "summary"]
-    assert 1 <= len(summaries) <= len(crossings) <= bound
-    assert sum(1 for t in turns if t.headers.get("x-compaction-summary") == "made") == len(
-        summaries
-    )
+    # Each summary is asked for once: at a fold, or ahead of it (the last one may be
+    # made ahead for a fold the session did not reach).
+    said = [t.headers.get("x-compaction-summary") for t in turns]
+    used = said.count("made") + said.count("ahead")
+    assert 1 <= used <= len(summaries) <= used + 1
 
     # Between crossings the rewritten prefix is byte-identical (cache_control aside).
     requests = turn_requests(standin.recorded)
     assert len(requests) == TURNS
     assert_prefix_stable_between_crossings(requests, strategies)
+    assert_stubs_frozen_between_folds(requests, strategies)
 
     # ...so the stand-in reads it from its prompt cache.
-    steady = [t for t, s in zip(turns, strategies, strict=True) if s == "checkpoint"]
+    # (but the first rewrite: it adds read_result to the tools, the cached prefix's first
+    # block, once per conversation).
+    first = next(n for n, s in enumerate(strategies) if s)
+    steady = [t for t, s in zip(turns[first + 1 :], strategies[first + 1 :], strict=True)
+              if s in ("checkpoint", "offload")]  # fmt: skip
     assert steady and all(t.message.usage.cache_read_input_tokens > 0 for t in steady)
     reads = sum(t.message.usage.cache_read_input_tokens for t in turns)
     total = sum(
@@ -206,7 +222,7 @@ async def test_two_replicas_agree_byte_for_byte_and_share_refs(
             (request,) = standin.recorded[before:]
             sent.append(request.body)
         assert sent[0] == sent[1]
-        assert b"tool result offloaded" in sent[0]
+        assert b"compaction-proxy offloaded this result" in sent[0]
 
 
 def synthetic_history(turns: int) -> list[dict[str, Any]]:
@@ -264,10 +280,12 @@ async def test_calibration_learns_the_upstream_tokenizer(
             StandInOptions(windows={"*": SMALL_WINDOW}, token_scale=scale, max_recorded=None)
         )
         proxy = await make_compacting_proxy(standin.url)
+        # Results under the offload threshold: the first rewrite is the fold, late
+        # enough in the session for the factor to have been learned.
         turns = await run_agent(
             client_for(proxy),
-            turns=12,
-            result_chars=RESULT_CHARS,
+            turns=32,
+            result_chars=1_600,
             model=f"claude-scale-{scale}",
             conversation=f"cal-{uuid.uuid4().hex}",
         )
@@ -295,7 +313,7 @@ async def test_refs_resolve_only_for_their_tenant(
     await owner.messages.create(
         model="claude-test-1", max_tokens=64, messages=history, extra_headers=headers
     )
-    stolen = orjson.loads(standin.recorded[-1].body)["messages"][2]["content"][0]["content"]
+    stolen = orjson.loads(standin.agent_calls[-1].body)["messages"][2]["content"][0]["content"]
     assert "read_result(ref=" in stolen
 
     # Tenant B pastes A's stub ahead of its own long history, in the same conversation id.
@@ -311,7 +329,7 @@ async def test_refs_resolve_only_for_their_tenant(
         extra_headers={**headers, "x-stand-in": '{"read_result": true, "text": "ok"}'},
     )
     assert all(b.type != "tool_use" for b in answer.content)
-    round_two = orjson.loads(standin.recorded[-1].body)["messages"][-1]["content"][0]
+    round_two = orjson.loads(standin.agent_calls[-1].body)["messages"][-1]["content"][0]
     assert round_two["is_error"] is True
     assert round_two["content"] == unknown_ref(stolen.split('ref="')[1].split('"')[0])
 

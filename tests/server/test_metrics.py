@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.server.app import RunningProxy
 from proxy.server.logs import REQUEST_LOGGER, JSONFormatter
 from proxy.server.metrics import METRICS, count_budget_rejection
+from proxy.server.state import COMPACTOR
 from proxy.testing.agent import run_agent
 from proxy.testing.standin import StandInOptions
 from tests.server.conftest import MakeProxy
@@ -45,6 +46,9 @@ def total(samples: dict[Any, float], name: str) -> float:
     return sum(v for (n, _), v in samples.items() if n == name)
 
 
+PURPOSE = "x-compaction-proxy-purpose"
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 async def test_metrics_count_what_the_conversation_did(
     make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, stream: bool
@@ -60,6 +64,7 @@ async def test_metrics_count_what_the_conversation_did(
         read_every=5,
         conversation=f"metrics-{uuid.uuid4().hex}",
     )
+    await proxy.app[COMPACTOR].settled()  # summaries made ahead are counted once made
     m = await scrape(proxy)
     p = "compaction_proxy_"
 
@@ -69,15 +74,21 @@ async def test_metrics_count_what_the_conversation_did(
     assert value(m, p + "proxy_overhead_seconds_count", route="/v1/messages") == len(turns)
     assert value(m, p + "proxy_overhead_seconds_sum", route="/v1/messages") > 0
 
-    # Tokens: what the SDK saw as usage, summed (read_result rounds included).
-    usage = [t.message.usage for t in turns]
-    assert value(m, p + "input_tokens_total") == sum(u.input_tokens for u in usage)
-    assert value(m, p + "output_tokens_total") == sum(u.output_tokens for u in usage)
+    # Tokens: what the upstream reported for every call made for the client, read_result
+    # rounds included (the client itself is told each answer's last round).
+    usage = [
+        r.usage
+        for r in standin.recorded
+        if r.path_qs.startswith("/v1/messages") and not r.headers.get(PURPOSE)
+    ]
+    assert len(usage) > len(turns), "read_result rounds ran"
+    assert value(m, p + "input_tokens_total") == sum(u["input_tokens"] for u in usage)
+    assert value(m, p + "output_tokens_total") == sum(u["output_tokens"] for u in usage)
     assert value(m, p + "cache_read_tokens_total") == sum(
-        u.cache_read_input_tokens or 0 for u in usage
+        u["cache_read_input_tokens"] for u in usage
     )
     assert value(m, p + "cache_write_tokens_total") == sum(
-        u.cache_creation_input_tokens or 0 for u in usage
+        u["cache_creation_input_tokens"] for u in usage
     )
     assert value(m, p + "cache_read_tokens_total") > 0
 
@@ -95,9 +106,12 @@ async def test_metrics_count_what_the_conversation_did(
     crossings = [s for s in strategies if s and s != "checkpoint"]
     assert total(m, p + "compactions_total") == len(crossings) >= 1
     assert value(m, p + "offloads_total") >= 1
-    made = sum(1 for t in turns if t.headers.get("x-compaction-summary") == "made")
-    assert value(m, p + "summaries_total", outcome="made") == made >= 1
-    assert value(m, p + "summariser_calls_total") == made
+    said = [t.headers.get("x-compaction-summary") for t in turns]
+    for outcome in ("made", "ahead"):
+        assert value(m, p + "summaries_total", outcome=outcome) == said.count(outcome)
+    assert said.count("made") + said.count("ahead") >= 1
+    calls = [r for r in standin.recorded if r.headers.get(PURPOSE) == "summary"]
+    assert value(m, p + "summariser_calls_total") == len(calls) >= 1
     assert value(m, p + "summariser_failures_total") == 0
     assert value(m, p + "read_result_rounds_total") >= 1
     assert value(m, p + "requests_in_flight") == 1  # the scrape itself
@@ -106,16 +120,15 @@ async def test_metrics_count_what_the_conversation_did(
 async def test_summariser_failures_store_errors_and_budget_rejections(
     make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, embedded_redis: Any
 ) -> None:
-    # Every request the stand-in gets fails with 500, except those that override the
-    # fault: the client's do, the proxy's summariser call does not.
+    # The proxy's summariser calls fail with 500 (the client's own requests do not).
     standin = await make_standin(
-        StandInOptions(windows={"*": 30_000}, script={"fault": "500"}, max_recorded=None)
+        StandInOptions(windows={"*": 30_000}, script={"summary_fault": "500"}, max_recorded=None)
     )
     redis = embedded_redis()
     proxy = await make_compacting_proxy(standin.url, redis=redis.url)
     client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-fail", max_retries=0)
-    messages = long_history(turns=10, chars=6_000, chat_chars=150)
-    ok = {"x-stand-in": '{"fault": null}', "x-conversation-id": uuid.uuid4().hex}
+    messages = long_history(turns=12, chars=4_000, chat_chars=600)
+    ok = {"x-conversation-id": uuid.uuid4().hex}
     raw = await client.messages.with_raw_response.create(
         model="claude-test-1", max_tokens=64, messages=messages, extra_headers=ok
     )
