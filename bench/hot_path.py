@@ -46,7 +46,6 @@ from proxy.core.driver import CompactionRequest, compaction, run  # noqa: E402
 from proxy.core.identity import conversation_of, tenant_of  # noqa: E402
 from proxy.core.sse import SSEDecoder, encode_event  # noqa: E402
 from proxy.server.app import RunningProxy, start  # noqa: E402
-from proxy.server.executor import CHECKPOINT  # noqa: E402
 from proxy.server.headers import upstream_request_headers  # noqa: E402
 from proxy.server.state import COMPACTOR, STORE, UPSTREAM  # noqa: E402
 from proxy.testing.standin import RECORDED, StandInOptions, create_app  # noqa: E402
@@ -156,8 +155,8 @@ async def prepare_run(rounds: int, policy: dict[str, Any]) -> dict[str, Any]:
         tenant = tenant_of(headers)
         conversation = conversation_of(headers, ANTHROPIC.identity_view(body), tenant)
         slot = checkpoint_slot(counted.digests)
-        found = await store.get_json(tenant, conversation, CHECKPOINT, slot)
-        loaded = Loaded(decode_checkpoint(found))
+        state = await store.load_conversation(tenant, conversation, slot)
+        loaded = Loaded(decode_checkpoint(state.checkpoint))
         assert loaded.checkpoint is not None, "the crossing's checkpoint is stored"
 
         def decide() -> None:
@@ -165,7 +164,7 @@ async def prepare_run(rounds: int, policy: dict[str, Any]) -> dict[str, Any]:
             assert decision.action == "rewrite" and decision.body is not None
 
         async def load_once() -> Any:
-            return await store.get_json(tenant, conversation, CHECKPOINT, slot)
+            return await store.load_conversation(tenant, conversation, slot)
 
         load_p50, _ = await amedian_ms(load_once, rounds)
         parts = {
