@@ -17,20 +17,12 @@ T, C = "tenant0", "conv0"
 
 def every_data_call(store: Store) -> list[Callable[[], object]]:
     return [
-        lambda: store.put_blob(T, C, "r", b"x"),
-        lambda: store.get_blob(T, C, "r"),
-        lambda: store.get_blob_slice(T, C, "r", 0, 10),
-        lambda: store.get_blob_slice(T, C, "r", 0, 0),
         lambda: store.put_json(T, C, "checkpoint", "c", {"a": 1}),
         lambda: store.get_json(T, C, "checkpoint", "c"),
         lambda: store.acquire_lock(T, C, "l", 1000),
         lambda: store.release_lock(T, C, "l", "token"),
-        lambda: store.extend_lock(T, C, "l", "token", 1000),
-        lambda: store.put_global_json("calibration", "m", 1.0),
-        lambda: store.get_global_json("calibration", "m"),
         lambda: store.update_global_mean("calibration", "m", 1.0),
         lambda: store.get_global_mean("calibration", "m"),
-        lambda: store.refresh_ttl(T, C, "blob", ["r"]),
         lambda: store.load_conversation(T, C, "slot"),
         lambda: store.load_conversation(T, C, "slot", summaries=["s1", "s2"]),
         lambda: store.read_blob(T, C, "r_never_cached"),
@@ -92,7 +84,11 @@ async def test_server_that_never_answers_times_out(make_store, silent_server: in
 async def test_stopped_then_restarted_server(make_store, embedded_redis) -> None:
     server: EmbeddedRedis = embedded_redis()
     store = make_store(server.url, op_timeout=0.3)
-    await store.put_blob(T, C, "kept", b"survives a restart")
+    saved = await store.save_crossing(
+        T, C, slot="s", checkpoint=None, blobs=[("kept", "survives a restart")], summary=None,
+        touch=[],
+    )  # fmt: skip
+    assert saved.complete
     token = await store.acquire_lock(T, C, "l", 60_000)
     assert token is not None
 
@@ -102,8 +98,9 @@ async def test_stopped_then_restarted_server(make_store, embedded_redis) -> None
     # Same socket path, same Store object: it recovers without being rebuilt.
     await server.start()
     assert await store.ping() is True
-    assert await store.get_blob(T, C, "kept") == b"survives a restart"
-    assert await store.get_blob_slice(T, C, "kept", 0, 8) == (b"survives", 18)
+    store.blob_cache.clear()  # read from the restarted server
+    assert await store.read_blob(T, C, "kept") == "survives a restart"
+    assert await store.touch_refs(T, C, ["kept"]) == ()
     assert await store.release_lock(T, C, "l", token) is True
     await store.put_json(T, C, "checkpoint", "c", {"after": "restart"})
     assert await store.get_json(T, C, "checkpoint", "c") == {"after": "restart"}
@@ -113,21 +110,25 @@ async def test_stalled_server_times_out_and_answers_stay_in_order(
     make_store, embedded_redis
 ) -> None:
     server: EmbeddedRedis = embedded_redis()
-    store = make_store(server.url, op_timeout=0.2)
-    await store.put_blob(T, C, "a", b"value-a")
-    await store.put_blob(T, C, "b", b"value-b")
+    # No blob cache: every read below goes to Redis.
+    store = make_store(server.url, op_timeout=0.2, blob_cache_chars=0)
+    saved = await store.save_crossing(
+        T, C, slot="s", checkpoint=None, blobs=[("a", "value-a"), ("b", "value-b")],
+        summary=None, touch=[],
+    )  # fmt: skip
+    assert saved.complete
     assert server.pid is not None
     os.kill(server.pid, signal.SIGSTOP)
     try:
         with pytest.raises(StoreUnavailable):
-            await store.get_blob(T, C, "a")
+            await store.read_blob(T, C, "a")
         assert await store.ping() is False
     finally:
         os.kill(server.pid, signal.SIGCONT)
     # The reply to the timed-out GET must never be taken as the answer to a later call.
     for _ in range(20):
-        assert await store.get_blob(T, C, "b") == b"value-b"
-        assert await store.get_blob(T, C, "a") == b"value-a"
+        assert await store.read_blob(T, C, "b") == "value-b"
+        assert await store.read_blob(T, C, "a") == "value-a"
 
 
 async def test_close_is_safe_when_redis_is_down(make_store) -> None:
