@@ -53,13 +53,9 @@ JSON_COMPRESS_MIN = 1024
 OFF_LOOP_BYTES = 256 * 1024
 MAX_REF_CHARS = 200
 
-# Delete or extend a lock only while it still holds the caller's token.
+# Delete a lock only while it still holds the caller's token.
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-_EXTEND = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
 """
 
@@ -75,14 +71,6 @@ local text = string.format('%.17g', mean)
 redis.call('HSET', KEYS[1], 'mean', text, 'samples', n)
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 return {text, n}
-"""
-
-
-# Reset the expiry of several keys of one conversation (one slot); counts those that exist.
-_TOUCH = """
-local found = 0
-for _, key in ipairs(KEYS) do found = found + redis.call('EXPIRE', key, ARGV[1]) end
-return found
 """
 
 
@@ -144,9 +132,7 @@ class Store:
         self.is_cluster = isinstance(client, RedisCluster)
         self.blob_cache = BlobCache(blob_cache_chars)
         self._release = client.register_script(_RELEASE)
-        self._extend = client.register_script(_EXTEND)
         self._mean = client.register_script(_MEAN)
-        self._touch = client.register_script(_TOUCH)
 
     @classmethod
     def from_url(
@@ -461,40 +447,6 @@ class Store:
     async def _unpack(raw: bytes) -> bytes:
         return await asyncio.to_thread(unpack, raw) if len(raw) > OFF_LOOP_BYTES else unpack(raw)
 
-    # -- blobs, one call each: the current pipeline's; unused once the executor calls
-    #    the methods above (put_blob, get_blob, refresh_ttl for blobs). get_blob_slice and
-    #    put_global_json/get_global_json are used by nothing but their tests. ----------
-
-    async def put_blob(
-        self, tenant: str, conversation: str, ref: str, data: bytes, ttl: int | None = None
-    ) -> None:
-        key = self._blob_key(tenant, ref)
-        value = pack(data)
-        await self._call(lambda: self._client.set(key, value, ex=self._ttl(ttl)))
-
-    async def get_blob(self, tenant: str, conversation: str, ref: str) -> bytes | None:
-        raw = await self._get(self._blob_key(tenant, ref))
-        try:
-            data = None if raw is None else await self._unpack(raw)
-        except CorruptValue:
-            data = None
-        if data is None:
-            self._unreadable()
-        return data
-
-    async def get_blob_slice(
-        self, tenant: str, conversation: str, ref: str, start: int, length: int
-    ) -> tuple[bytes, int] | None:
-        """Bytes ``[start, start + length)`` of a blob and its total length, or None.
-
-        A start past the end gives empty bytes; negative arguments raise ValueError (the
-        caller checks the model's input and answers with a tool error).
-        """
-        if start < 0 or length < 0:
-            raise ValueError(f"slice start and length must be >= 0, got {start}, {length}")
-        data = await self.get_blob(tenant, conversation, ref)
-        return None if data is None else (data[start : start + length], len(data))
-
     # -- JSON values (checkpoints, summaries, ...) -------------------------------------
 
     async def put_json(
@@ -514,22 +466,6 @@ class Store:
         key = self._key(tenant, conversation, kind, name)
         return self._decode(key, await self._get(key))
 
-    async def refresh_ttl(
-        self, tenant: str, conversation: str, kind: str, names: list[str], ttl: int | None = None
-    ) -> int:
-        """Give existing keys a fresh TTL (e.g. the blobs a frozen prefix still points
-        to, whose first TTL was set at an older crossing); returns how many exist.
-        (Blobs: ``touch_refs`` replaces this.)"""
-        if not names:
-            return 0
-        if kind == keys.BLOB:
-            found_blobs = await self._expire_blobs(tenant, names, self._ttl(ttl))
-            self._unreadable(found_blobs.count(False))
-            return found_blobs.count(True)
-        found = [self._key(tenant, conversation, kind, name) for name in names]
-        seconds = self._ttl(ttl)
-        return int(await self._call(lambda: self._touch(keys=found, args=[seconds])))
-
     # -- locks ---------------------------------------------------------------------------
 
     async def acquire_lock(
@@ -547,26 +483,7 @@ class Store:
         key = self._key(tenant, conversation, keys.LOCK, name)
         return bool(await self._call(lambda: self._release(keys=[key], args=[token])))
 
-    async def extend_lock(
-        self, tenant: str, conversation: str, name: str, token: str, ttl_ms: int
-    ) -> bool:
-        """Reset the lock's expiry to ``ttl_ms`` if this token still holds it."""
-        key = self._key(tenant, conversation, keys.LOCK, name)
-        px = _positive("ttl_ms", ttl_ms)
-        return bool(await self._call(lambda: self._extend(keys=[key], args=[token, px])))
-
     # -- global values (calibration per model, ...) --------------------------------------
-
-    async def put_global_json(
-        self, kind: str, name: str, value: object, ttl: int | None = None
-    ) -> None:
-        key = keys.global_key(self.prefix, kind, name)
-        data = orjson.dumps(value)
-        await self._call(lambda: self._client.set(key, data, ex=self._ttl(ttl)))
-
-    async def get_global_json(self, kind: str, name: str) -> object | None:
-        key = keys.global_key(self.prefix, kind, name)
-        return self._decode(key, await self._get(key))
 
     async def update_global_mean(
         self, kind: str, name: str, sample: float, max_samples: int = 100, ttl: int | None = None
