@@ -140,10 +140,10 @@ class Working:
     messages: list[dict[str, Any]]
     shapes: list[Shape]
     groups: list[Group]
+    tokens: int = field(init=False)  # of all shapes: the planner asks for it often
 
-    @property
-    def tokens(self) -> int:
-        return sum(s.tokens for s in self.shapes)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokens", sum(s.tokens for s in self.shapes))
 
 
 @dataclass(frozen=True, slots=True)

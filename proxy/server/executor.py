@@ -176,10 +176,11 @@ async def drive(
 ) -> T:
     """Drive a generator to its end with an async executor. `off_loop`: run the
     driver's own (pure, CPU-bound) steps in a worker thread, so a huge history being
-    planned does not stall every other request of the replica."""
+    planned does not stall every other request of the replica; its first step (up to
+    the load: a slot from the digests) runs inline, not worth a thread's hand-over."""
     reply: Reply | None = None
     while True:
-        if off_loop:
+        if off_loop and reply is not None:
             done, value = await asyncio.to_thread(_step, driver, reply)
         else:
             done, value = _step(driver, reply)
