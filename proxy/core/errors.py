@@ -13,6 +13,7 @@ HTTP status and the Anthropic error type naming it; proxy/wire/* render it (Mess
     │   ├── ContextTooLong    400 invalid_request_error: nothing fits the window
     │   ├── RequestTooLarge   413 request_too_large
     │   ├── ExpectationFailed 417
+    │   ├── UpgradeRequired   426: a WebSocket asked for where only HTTP is served
     │   ├── NotAuthenticated  401 authentication_error
     │   └── Forbidden         403 permission_error
     ├── BudgetRefused         429 rate_limit_error, with retry-after
@@ -72,6 +73,11 @@ class RequestTooLarge(ClientError):
 
 class ExpectationFailed(ClientError):
     status = 417
+
+
+class UpgradeRequired(ClientError):
+    status = 426
+    code = "websocket_not_supported"
 
 
 class NotAuthenticated(ClientError):

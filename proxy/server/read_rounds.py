@@ -83,7 +83,7 @@ class ReadRounds:
         self.upstream_headers = upstream_headers
         self.store: Store | None = request.app[STORE].store
         self.sent: dict[str, Any] = dict(prepared.sent)
-        self.messages: list[JSON] = list(self.sent.get("messages") or [])
+        self.messages: list[JSON] = wire.messages(self.sent)
         self.rounds_used = 0
         self.record = detached()
 
@@ -98,7 +98,8 @@ class ReadRounds:
         began = time.perf_counter()
         results = await answer_reads(round_.reads, self.store, self.prepared)
         messages = self.wire.continue_messages(self.messages, round_, results)
-        payload = {**self.sent, "messages": messages}
+        history = self.wire.with_history(self.sent, messages, None)
+        payload = {**self.sent, **history}
         try:
             if budgets.applies(self.request):
                 compactor = self.request.app[COMPACTOR]
@@ -111,7 +112,7 @@ class ReadRounds:
             self.messages = messages
             self.rounds_used += 1
             self.record.read_rounds += 1
-            body = self.wire.encode(self.sent, {"messages": self.messages})
+            body = self.wire.encode(self.sent, history)
         finally:
             self.record.interception_seconds += time.perf_counter() - began
         return await self.upstream.send(
@@ -192,6 +193,7 @@ class ReadRounds:
                     return out
             for chunk in merger.finish():
                 await out.write(chunk)
+            meter.complete = True
             await out.write_eof()
             return out
         except (aiohttp.ClientError, TimeoutError) as e:

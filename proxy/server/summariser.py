@@ -24,6 +24,7 @@ from proxy.core.usage import anthropic_usage
 from proxy.server.record import detached
 from proxy.store import Store, StoreUnavailable
 from proxy.wire.chat_rounds import chat_usage
+from proxy.wire.responses_rounds import responses_usage
 
 log = logging.getLogger(__name__)
 
@@ -160,5 +161,41 @@ async def call_chat_summariser(
     return completion.choices[0].message.content or ""
 
 
+async def call_responses_summariser(
+    need: GetSummary, *, model: str, headers: Mapping[str, str], base_url: str, seconds: float
+) -> str:
+    """One Responses call through the openai SDK, with the caller's credential (and its
+    organization and project headers); stored nowhere upstream (`store: false`)."""
+    async with _openai_client(headers, base_url, seconds) as client:
+        response = await client.responses.create(
+            model=need.model or model,
+            max_output_tokens=need.slot,
+            instructions=INSTRUCTION,
+            input=[{"role": "user", "content": need.transcript}],
+            store=False,
+        )
+    if response.usage is not None:  # the caller's budget pays
+        detached().meter.summariser(responses_usage(response.usage.model_dump()))
+    return response.output_text
+
+
+def _openai_client(headers: Mapping[str, str], base_url: str, seconds: float) -> openai.AsyncOpenAI:
+    extra = {PURPOSE_HEADER: "summary"}
+    for name in ("OpenAI-Organization", "OpenAI-Project"):
+        if headers.get(name):
+            extra[name] = headers[name]
+    return openai.AsyncOpenAI(
+        base_url=base_url.rstrip("/") + "/v1",
+        api_key=credential(headers) or "none",
+        max_retries=1,
+        timeout=seconds,
+        default_headers=extra,
+    )
+
+
 # The summariser call of each wire format (by WireFormat.name).
-SUMMARISERS: dict[str, SummaryCall] = {"anthropic": call_summariser, "chat": call_chat_summariser}
+SUMMARISERS: dict[str, SummaryCall] = {
+    "anthropic": call_summariser,
+    "chat": call_chat_summariser,
+    "responses": call_responses_summariser,
+}

@@ -1,0 +1,241 @@
+"""`/v1/responses`: what the Responses route does beyond the shared request path.
+
+POST goes through proxy/server/routes.py like the other conversation routes, with this
+route's own step first (`before`):
+
+- a `compaction` item the proxy sealed earlier is replaced by its summary (or by a note
+  when it does not open: another tenant's, or its summary gone), so the upstream never
+  sees it and the planner counts what the model will read;
+- a request that asks for a summary (Codex's `compaction_trigger`, or a request with
+  `tools: []` like Codex's handoff-summary request) is compacted like any other but gets
+  no read_result: nothing of its answer is held back;
+- Codex's `compaction_trigger` is forwarded, or answered by the proxy itself, as
+  `[responses] codex_compaction` says: `pass-through`, `serve`, or `auto` (forward it;
+  once the upstream refuses one, as a server that is not OpenAI does, serve them). The
+  proxy's answer is one `compaction` item whose `encrypted_content` is a sealed,
+  tenant-bound reference (proxy/core/seal.py) to a summary of the history stored for the
+  conversation.
+
+GET with `Upgrade: websocket` (Codex's built-in provider tries a WebSocket first) is
+answered 426 at once, so Codex falls back to HTTP without retrying; any other GET is
+passed through.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.core.checkpoint import chain_hash, message_digest
+from proxy.core.commands import GetSummary
+from proxy.core.errors import StoreUnavailable, UpgradeRequired, UpstreamError
+from proxy.core.identity import conversation_of, tenant_of
+from proxy.core.seal import open_sealed, seal
+from proxy.core.summary import INSTRUCTION
+from proxy.server import budgets
+from proxy.server.caller import caller_of
+from proxy.server.errors import new_request_id
+from proxy.server.passthrough import handle_passthrough
+from proxy.server.record import detached
+from proxy.server.routes import (
+    Adjusted,
+    ConversationRoute,
+    _prepare,
+    expect_for,
+    handle_conversation,
+)
+from proxy.server.routing import OPENAI_UPSTREAM
+from proxy.server.seal_key import SealKey
+from proxy.server.state import COMPACTOR, SETTINGS, STORE
+from proxy.server.summariser import SUMMARISERS, obtain_summary
+from proxy.store import Store
+from proxy.wire.responses import RESPONSES, asks_for_summary
+from proxy.wire.responses_compaction import (
+    compaction_events,
+    compaction_item,
+    compaction_response,
+    compaction_usage,
+    expanded,
+    is_trigger,
+    sealed_items,
+)
+from proxy.wire.responses_units import input_items
+
+log = logging.getLogger(__name__)
+
+SERVED_HEADER = "x-compaction-codex-compaction"
+
+
+@dataclass
+class ResponsesState:
+    seal_key: SealKey = field(default_factory=SealKey)
+    lacking: set[str] = field(default_factory=set)  # upstreams that refused a compaction_trigger
+
+
+RESPONSES_STATE = web.AppKey("responses_state", ResponsesState)
+
+
+async def before(request: web.Request, body: bytes, payload: dict[str, Any]) -> Adjusted:
+    if b'"cpx1.' in body:
+        found = sealed_items(payload)
+        if found:
+            payload = await _expand(request, payload, found)
+            body = orjson.dumps(payload)
+    if is_trigger(payload):
+        return await _trigger(request, body, payload)
+    if asks_for_summary(payload):
+        return Adjusted(body, payload, read_result=False)
+    return Adjusted(body, payload)
+
+
+RESPONSES_ROUTE = ConversationRoute(
+    OPENAI_UPSTREAM,
+    RESPONSES,
+    bad_json="We could not parse the JSON body of your request",
+    before=before,
+)
+expect_responses = expect_for(RESPONSES_ROUTE)
+
+
+async def handle_responses(request: web.Request) -> web.StreamResponse:
+    return await handle_conversation(request, RESPONSES_ROUTE)
+
+
+async def handle_responses_get(request: web.Request) -> web.StreamResponse:
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        raise UpgradeRequired(
+            "WebSocket connections to /v1/responses are not served by compaction-proxy;"
+            " use HTTP POST."
+        )
+    return await handle_passthrough(request)
+
+
+# -- sealed compaction items --------------------------------------------------------------
+
+
+def _tenant(request: web.Request) -> str:
+    return caller_of(request).tenant or tenant_of(request.headers)
+
+
+async def _expand(
+    request: web.Request, payload: dict[str, Any], found: list[tuple[int, str]]
+) -> dict[str, Any]:
+    store = request.app[STORE].store
+    key = await request.app[RESPONSES_STATE].seal_key.get(store)
+    tenant = _tenant(request)
+    texts = {n: await _summary_text(store, key, tenant, content) for n, content in found}
+    missing = sum(1 for text in texts.values() if text is None)
+    if missing:
+        log.info("%d sealed compaction item(s) did not open; a note stands in", missing)
+    return expanded(payload, texts)
+
+
+async def _summary_text(
+    store: Store | None, key: bytes | None, tenant: str, content: str
+) -> str | None:
+    """The summary a sealed reference names, for this tenant; None: missing or not
+    theirs (the same answer either way)."""
+    if store is None or key is None:
+        return None
+    reference = open_sealed(key, tenant, content)
+    conversation = reference.get("c") if reference else None
+    name = reference.get("k") if reference else None
+    if not isinstance(conversation, str) or not isinstance(name, str):
+        return None
+    try:
+        text = await store.get_json(tenant, conversation, "summary", name)
+        if isinstance(text, str):  # named again: it lives on
+            await store.refresh_ttl(tenant, conversation, "summary", [name])
+    except (StoreUnavailable, ValueError):
+        return None
+    return text if isinstance(text, str) and text.strip() else None
+
+
+# -- Codex's compaction_trigger -----------------------------------------------------------
+
+
+async def _trigger(request: web.Request, body: bytes, payload: dict[str, Any]) -> Adjusted:
+    app = request.app
+    mode = app[SETTINGS].responses.codex_compaction
+    upstream = app[OPENAI_UPSTREAM].base_url
+    state = app[RESPONSES_STATE]
+    if mode == "serve" or (mode == "auto" and upstream in state.lacking):
+        return Adjusted(body, payload, answer=await serve_compaction(request, payload))
+    if mode != "auto":
+        return Adjusted(body, payload, read_result=False)
+
+    async def refused(raw: bytes) -> web.StreamResponse | None:
+        last = len(input_items(payload)) - 1
+        if b"compaction_trigger" not in raw and f"input[{last}]".encode() not in raw:
+            return None  # refused for another reason: the client gets that answer
+        state.lacking.add(upstream)
+        log.info("the upstream does not know compaction_trigger; the proxy serves them")
+        return await serve_compaction(request, payload)
+
+    return Adjusted(body, payload, read_result=False, on_refusal=refused)
+
+
+async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web.Response:
+    """Answer a compaction_trigger with one compaction item sealing a reference to the
+    proxy's own summary of the history (compacted first, as a turn would be)."""
+    app = request.app
+    store = app[STORE].store
+    key = await app[RESPONSES_STATE].seal_key.get(store)
+    if store is None or key is None:
+        raise StoreUnavailable("compaction-proxy cannot compact without its store; try again")
+    history = {**payload, "input": input_items(payload)[:-1]}
+    prepared = await _prepare(request, RESPONSES_ROUTE, orjson.dumps(history), history)
+    sent = prepared.sent if prepared.sent is not None and prepared.refusal is None else history
+    units = RESPONSES.messages(sent)
+    transcript = RESPONSES.render_transcript(units)
+
+    compactor = app[COMPACTOR]
+    caller = caller_of(request)
+    model = str(payload.get("model", ""))
+    policy = compactor.policy(model, caller.policy)
+    tenant = _tenant(request)
+    conversation = conversation_of(request.headers, RESPONSES.identity_view(payload), tenant)
+    digest = chain_hash([message_digest(unit) for unit in units])
+    need = GetSummary(digest, transcript, policy.summary_max_tokens, policy.summariser_model)
+    estimate = compactor.counter.count_text(INSTRUCTION) + compactor.counter.count_text(transcript)
+    await budgets.reserve(request, estimate, need.slot, b"")
+    record = detached()
+    made = len(record.meter.extra)
+    reply = await obtain_summary(
+        need,
+        store=store,
+        tenant=tenant,
+        conversation=conversation,
+        model=model,
+        headers=request.headers,
+        base_url=app[OPENAI_UPSTREAM].base_url,
+        settings=compactor.summariser,
+        call=SUMMARISERS[RESPONSES.name],
+    )
+    if reply.text is None:
+        raise UpstreamError(f"compaction-proxy could not summarise the history ({reply.failure})")
+    record.summary = "reused" if reply.reused else "made"
+    sealed = seal(key, tenant, {"c": conversation, "k": digest, "n": len(units)})
+    if len(record.meter.extra) > made:  # the summariser's own figures
+        used = record.meter.extra[-1]
+        usage = compaction_usage(used.total_input, used.output_tokens)
+    else:
+        usage = compaction_usage(estimate, compactor.counter.count_text(reply.text))
+    response = compaction_response(payload, compaction_item(sealed), usage, int(time.time()))
+    headers = {
+        RESPONSES.request_id_header: new_request_id(),
+        SERVED_HEADER: "served",
+        "x-compaction-summary": record.summary,
+    }
+    if payload.get("stream") is True:
+        return web.Response(
+            body=compaction_events(response), content_type="text/event-stream", headers=headers
+        )
+    return web.Response(
+        body=orjson.dumps(response), content_type="application/json", headers=headers
+    )
