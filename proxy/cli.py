@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from pathlib import Path
@@ -59,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from proxy.server.app import serve
+    from proxy.server.app import run
     from proxy.server.logs import configure as configure_logging
 
     try:
@@ -76,7 +75,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"compaction-proxy: bad setting: {e}", file=sys.stderr)
         return 2
     configure_logging(settings.server.log_format, args.log_level)
-    asyncio.run(serve(settings))
+    run(settings)
     return 0
 
 

@@ -46,6 +46,8 @@ class ServerSettings:
     log_format: str = "human"
     # Seconds open requests (streams) may run on after SIGTERM before the proxy stops.
     drain_timeout: float = 30.0
+    # The event loop: "auto" (uvloop when installed, else asyncio's), "asyncio" or "uvloop".
+    event_loop: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +197,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "server.max_body_bytes": _positive,
     "server.log_format": _log_format,
     "server.drain_timeout": _non_negative,
+    "server.event_loop": _one_of("auto", "asyncio", "uvloop"),
     "upstream.url": _http_url,
     "upstream.openai_url": _http_url,
     "upstream.connect_timeout": _positive,

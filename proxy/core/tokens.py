@@ -72,30 +72,6 @@ REDACTED_TOKENS_PER_16_CHARS = 3
 
 _SORTED_JSON = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 
-# Categories of breakdown(); roles add their own keys on top of these.
-BREAKDOWN_KEYS = (
-    "system",
-    "tools",
-    "user",
-    "assistant",
-    "tool_use",
-    "tool_result",
-    "thinking",
-    "image",
-    "document",
-)
-_CATEGORY = {
-    "tool_use": "tool_use",
-    "server_tool_use": "tool_use",
-    "mcp_tool_use": "tool_use",
-    "tool_result": "tool_result",
-    "mcp_tool_result": "tool_result",
-    "thinking": "thinking",
-    "redacted_thinking": "thinking",
-    "image": "image",
-    "document": "document",
-}
-
 
 class _Encoding(Protocol):
     def encode_ordinary(self, text: str) -> list[int]: ...
@@ -319,33 +295,6 @@ class TokenCounter:
             + sum(self.count_message(message) for message in history)
         )
 
-    def breakdown(self, body: dict[str, Any]) -> dict[str, int]:
-        """Where the request's tokens go; the values sum to count_request(body).
-
-        Tool calls, tool results, thinking, images and documents are their own
-        categories; other blocks and each message's overhead go to the message's role.
-        """
-        parts = dict.fromkeys(BREAKDOWN_KEYS, 0)
-        if not isinstance(body, dict):
-            parts["other"] = self.count_json(body)
-            return parts
-        parts["system"] += self.count_system(body.get("system"))
-        parts["tools"] += self.count_tools(body.get("tools"))
-        messages = body.get("messages")
-        for message in messages if isinstance(messages, list) else []:
-            if not isinstance(message, dict):
-                parts["other"] = parts.get("other", 0) + self.count_message(message)
-                continue
-            role = message.get("role")
-            role_key = role if isinstance(role, str) else "other"
-            parts[role_key] = parts.get(role_key, 0) + MESSAGE_OVERHEAD
-            content = message.get("content")
-            blocks = content if isinstance(content, list) else [content]
-            for block in blocks if content is not None else []:
-                key = _category(block, role_key)
-                parts[key] = parts.get(key, 0) + self.count_block(block)
-        return parts
-
     # -- one counter per block type (block overhead is added by count_block) -------
 
     def _text_block(self, block: dict[str, Any]) -> int:
@@ -397,15 +346,6 @@ class TokenCounter:
         if count is None:
             count = self._remember(key, pdf_tokens_from_base64(data))
         return extras + count
-
-
-def _category(block: object, role_key: str) -> str:
-    kind = block.get("type") if isinstance(block, dict) else None
-    if not isinstance(kind, str):
-        return role_key
-    if kind.endswith("_tool_result"):  # results of server tools (web search, code, ...)
-        return "tool_result"
-    return _CATEGORY.get(kind, role_key)
 
 
 def image_tokens(width: int, height: int) -> int:

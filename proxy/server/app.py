@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -166,6 +166,27 @@ async def start(settings: Settings) -> RunningProxy:
     if ":" in host:
         host = f"[{host}]"
     return RunningProxy(app, runner, f"http://{host}:{port}")
+
+
+def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The loop `serve` runs on: uvloop unless asyncio's is asked for (or uvloop is
+    missing and "auto" allows going without it)."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise RuntimeError("server.event_loop = uvloop, but uvloop is not installed") from None
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def run(settings: Settings) -> None:
+    """Run `serve` on the configured event loop."""
+    with asyncio.Runner(loop_factory=event_loop_factory(settings.server.event_loop)) as runner:
+        runner.run(serve(settings))
 
 
 async def serve(settings: Settings) -> None:

@@ -107,7 +107,10 @@ def _too_large(limit: int) -> RequestTooLarge:
     return RequestTooLarge(f"Request exceeds the maximum allowed number of bytes ({limit}).")
 
 
-def expect_for(route: ConversationRoute) -> Any:
+ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
+
+
+def expect_for(route: ConversationRoute) -> ExpectHandler:
     async def expect_within_limit(request: web.Request) -> web.StreamResponse | None:
         """Answer `Expect: 100-continue`: go on only when the announced body fits, so a
         client with a body over the limit gets its 413 before uploading it."""

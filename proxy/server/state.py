@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
 
 from proxy.config import Settings
 from proxy.server.compactor import Compactor
 from proxy.server.upstream import Upstream
+from proxy.store import EmbeddedRedis, Store
 
 
 @dataclass(slots=True)
 class StoreState:
     """The store, if one could be set up, and the embedded Redis we started, if any."""
 
-    store: Any = None  # proxy.store Store
-    embedded: Any = None  # proxy.store EmbeddedRedis
+    store: Store | None = None
+    embedded: EmbeddedRedis | None = None
     problem: str = ""  # why there is no store, for /readyz
 
 

@@ -8,7 +8,7 @@ an idle read timeout; never a total timeout, so long streams are not cut.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import aiohttp
 from yarl import URL
@@ -65,7 +65,13 @@ class Upstream:
         return URL(self._base + path_qs, encoded=True)
 
     async def send(
-        self, method: str, path_qs: str, headers: Any, data: Any, *, stream: bool
+        self,
+        method: str,
+        path_qs: str,
+        headers: Sequence[tuple[str, str]],
+        data: bytes | aiohttp.StreamReader | None,
+        *,
+        stream: bool,
     ) -> aiohttp.ClientResponse:
         """Send a request; returns once the response headers are in. The caller must
         release() or close() the response."""

@@ -76,7 +76,7 @@ from proxy.testing.script import (
     plan_call,
     trim_to,
 )
-from proxy.testing.standin import (
+from proxy.testing.standin_http import (
     CACHE,
     COUNTER,
     OPTIONS,

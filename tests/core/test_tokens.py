@@ -15,7 +15,6 @@ import orjson
 import pytest
 import tiktoken
 
-from proxy.core import tokens
 from proxy.core.tokens import (
     BLOCK_OVERHEAD,
     IMAGE_MAX_TOKENS,
@@ -31,6 +30,7 @@ from proxy.core.tokens import (
     default_counter,
     split_for_encoding,
 )
+from proxy.ops.audit import audit
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "agent-requests"
 COUNTER = TokenCounter()  # shared so the encoding loads once for the module
@@ -313,22 +313,24 @@ def _request() -> dict[str, Any]:
     }
 
 
-def test_breakdown_sorts_tokens_into_categories_that_sum_to_the_total() -> None:
+def test_the_audit_sorts_tokens_into_parts_that_sum_to_the_total() -> None:
     body = _request()
-    parts = COUNTER.breakdown(body)
+    parts = {p.name: p.tokens for p in audit(body, COUNTER)}
     assert sum(parts.values()) == COUNTER.count_request(body)
     messages = body["messages"]
-    assert parts["tools"] == COUNTER.count_tools(body["tools"])
-    assert parts["system"] == COUNTER.count_system(body["system"]) + COUNTER.count_message(
-        messages[3]
+    assert parts["tool definitions"] == COUNTER.count_tools(body["tools"])
+    assert parts["system prompt"] == COUNTER.count_system(body["system"])
+    assert parts["system messages"] == COUNTER.count_message(messages[3])
+    assert parts["assistant thinking"] == COUNTER.count_block(messages[1]["content"][0])
+    tool_use = messages[1]["content"][2]
+    assert parts[f"tool calls: {tool_use['name']}"] == COUNTER.count_block(tool_use)
+    assert parts[f"tool results: {tool_use['name']}"] == COUNTER.count_block(
+        messages[2]["content"][0]
     )
-    assert parts["thinking"] == COUNTER.count_block(messages[1]["content"][0])
-    assert parts["tool_use"] == COUNTER.count_block(messages[1]["content"][2])
-    assert parts["tool_result"] == COUNTER.count_block(messages[2]["content"][0])
-    assert parts["image"] == BLOCK_OVERHEAD + 120
-    assert parts["assistant"] == MESSAGE_OVERHEAD + COUNTER.count_block(messages[1]["content"][1])
-    assert parts["document"] == 0
-    assert set(tokens.BREAKDOWN_KEYS) <= set(parts)
+    assert parts["user images"] == BLOCK_OVERHEAD + 120
+    assert parts["assistant text"] == MESSAGE_OVERHEAD + COUNTER.count_block(
+        messages[1]["content"][1]
+    )
 
 
 @pytest.mark.parametrize("name", ["claude-code-turn1.json", "claude-code-turn7.json"])
@@ -336,9 +338,10 @@ def test_recorded_agent_requests(name: str) -> None:
     body = json.loads((FIXTURES / name).read_text())["body"]
     counter = TokenCounter()
     total = counter.count_request(body)
-    parts = counter.breakdown(body)
+    parts = {p.name: p.tokens for p in audit(body, counter)}
     assert sum(parts.values()) == total
-    assert parts["system"] > 0 and parts["tools"] > TOOLS_PREAMBLE and parts["user"] > 0
+    assert parts["system prompt"] > 0 and parts["tool definitions"] > TOOLS_PREAMBLE
+    assert parts["user text"] > 0
     # Every character of the request is accounted for roughly: cl100k averages 3-5
     # characters a token on English-like text and JSON.
     assert len(orjson.dumps(body)) / 8 < total < len(orjson.dumps(body))

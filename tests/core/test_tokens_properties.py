@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.core.tokens import MAX_CHUNK, TokenCounter, split_for_encoding
+from proxy.ops.audit import audit
 
 COUNTER = TokenCounter()  # one warm counter across examples, as in the proxy
 
@@ -56,7 +57,7 @@ def test_the_total_is_the_sum_of_its_parts(body: dict[str, Any]) -> None:
         + COUNTER.count_tools(body.get("tools"))
         + sum(COUNTER.count_message(m) for m in body["messages"])
     )
-    assert total == parts == sum(COUNTER.breakdown(body).values())
+    assert total == parts == sum(p.tokens for p in audit(body, COUNTER))
 
 
 @settings(max_examples=300, deadline=None)

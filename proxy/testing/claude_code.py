@@ -1,0 +1,153 @@
+"""The real Claude Code CLI, installed from the pinned package.json of an agents folder and
+run in print mode against a base URL (the proxy, or anything speaking the Messages API).
+
+`install(folder)` runs `npm ci` there when node_modules is missing or older than the lock;
+`run_claude_code(...)` starts the CLI with a fresh HOME, no inherited credentials or
+settings, and `--output-format stream-json --verbose`, and returns what it printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.testing.agent_install import AgentInstallError
+
+PACKAGE = "@anthropic-ai/claude-code"
+
+
+def claude_command(folder: Path) -> list[str]:
+    """How to start the installed CLI: its bin, or the package's node wrapper when npm
+    left the bin a placeholder (install scripts not run)."""
+    package = folder / "node_modules" / PACKAGE
+    binary = folder / "node_modules" / ".bin" / "claude"
+    if binary.exists():
+        try:
+            probe = subprocess.run(
+                [str(binary), "--version"], capture_output=True, text=True, timeout=60
+            )
+        except OSError:  # the placeholder npm leaves when install scripts did not run
+            probe = None
+        if probe is not None and probe.returncode == 0 and "Claude Code" in probe.stdout:
+            return [str(binary)]
+    wrapper = package / "cli-wrapper.cjs"
+    if wrapper.exists():
+        return ["node", str(wrapper)]
+    raise AgentInstallError(f"{PACKAGE} is not installed under {folder}")
+
+
+@dataclass
+class ClaudeCodeRun:
+    returncode: int | None  # None: killed at the timeout
+    events: list[dict[str, Any]]  # the stream-json lines
+    stdout: str
+    stderr: str
+    home: Path
+    workdir: Path
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def result(self) -> dict[str, Any] | None:
+        """The closing `{"type": "result", ...}` event."""
+        return next((e for e in reversed(self.events) if e.get("type") == "result"), None)
+
+    @property
+    def final_text(self) -> str:
+        result = self.result
+        return str(result.get("result") or "") if result else ""
+
+    def assistant_messages(self) -> list[dict[str, Any]]:
+        return [e["message"] for e in self.events if e.get("type") == "assistant"]
+
+    def transcripts(self) -> str:
+        """Everything Claude Code wrote under its HOME (session transcripts, saved tool
+        output), as one text."""
+        root = self.home / ".claude"
+        if not root.exists():
+            return ""
+        parts = []
+        for path in sorted(root.rglob("*")):
+            if path.is_file():
+                parts.append(path.read_text(errors="replace"))
+        return "\n".join(parts)
+
+
+def claude_env(base_url: str, home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A clean environment: nothing of the caller's (keys, settings) but PATH and locale."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
+    env.update(
+        HOME=str(home),
+        ANTHROPIC_BASE_URL=base_url,
+        ANTHROPIC_API_KEY="sk-ant-test-harness",
+        DISABLE_TELEMETRY="1",
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+    )
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        env["IS_SANDBOX"] = "1"  # else the CLI refuses to skip permission prompts as root
+    env.update(extra or {})
+    return env
+
+
+async def run_claude_code(
+    command: Sequence[str],
+    *,
+    base_url: str,
+    prompt: str,
+    workdir: Path,
+    home: Path,
+    model: str | None = None,
+    allowed_tools: str = "Bash",
+    max_turns: int | None = None,
+    extra_args: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
+    time_limit: float = 600,
+) -> ClaudeCodeRun:
+    """Run `claude -p PROMPT` in `workdir` (HOME must exist); killed with its children
+    after `time_limit` seconds."""
+    argv = [*command, "-p", prompt, "--output-format", "stream-json", "--verbose"]
+    argv += ["--allowedTools", allowed_tools]
+    if model:
+        argv += ["--model", model]
+    if max_turns is not None:
+        argv += ["--max-turns", str(max_turns)]
+    argv += list(extra_args)
+    child = await asyncio.create_subprocess_exec(
+        *argv,
+        cwd=workdir,
+        env=claude_env(base_url, home, extra_env),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,  # its own process group, so a timeout ends its children
+    )
+    returncode: int | None
+    try:
+        out, err = await asyncio.wait_for(child.communicate(), time_limit)
+        returncode = child.returncode
+    except TimeoutError:
+        os.killpg(child.pid, signal.SIGKILL)
+        out, err = await child.communicate()
+        returncode = None
+    except asyncio.CancelledError:
+        os.killpg(child.pid, signal.SIGKILL)
+        raise
+    stdout = out.decode(errors="replace")
+    events = []
+    for line in stdout.splitlines():
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return ClaudeCodeRun(
+        returncode, events, stdout, err.decode(errors="replace"), home, workdir, argv
+    )

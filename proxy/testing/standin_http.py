@@ -1,0 +1,325 @@
+"""What every route of the stand-in upstream shares: options, the record of requests,
+the API shell (request ids, routing errors in the API's shape), credentials, scripts and
+faults, and sending JSON or event streams with the script's delays and faults.
+
+The routes themselves: proxy/testing/standin.py (Messages, and the app), chat_standin.py
+(Chat Completions), responses_standin.py (Responses). They all build on this module, and
+none on another route's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import hashlib
+import math
+import secrets
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.core.tokens import TokenCounter
+from proxy.testing.cache import PromptCache
+from proxy.testing.scenario import Scenario
+from proxy.testing.script import (
+    Script,
+    ScriptError,
+    parse_script,
+)
+
+SUMMARY_PURPOSE = "summary"
+
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+@dataclass
+class StandInOptions:
+    windows: dict[str, int] = field(default_factory=lambda: {"*": 200_000})
+    script: dict[str, Any] = field(default_factory=dict)
+    cache_ttl_seconds: float = 300
+    cache_min_tokens: int = 1024
+    max_body_bytes: int = MAX_BODY_BYTES
+    # app[RECORDED] keeps only the newest requests (bodies included): a long benchmark or
+    # a stand-in left running must not grow without bound. None keeps everything.
+    max_recorded: int | None = 256
+    # The real tokenizer is not ours: input counts (window check, usage, count_tokens) are
+    # the project counter's times this, so the proxy's calibration has something to learn.
+    token_scale: float = 1.0
+    # Script requests by their content, for agents that cannot send `x-stand-in` (a
+    # request carrying that header still follows it). See scenario.py.
+    scenario: Scenario | None = None
+
+    def window_for(self, model: str) -> int:
+        """The exact model's window, else the longest matching glob's, else 200,000."""
+        if model in self.windows:
+            return self.windows[model]
+        matches = [p for p in self.windows if fnmatch.fnmatchcase(model, p)]
+        return self.windows[max(matches, key=len)] if matches else 200_000
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    path_qs: str
+    headers: dict[str, str]  # as received, original case
+    body: bytes
+    # "open", then "complete", "cancelled" (the client went away), "cut" (an eof fault)
+    # or "error"
+    outcome: str = "open"
+    ended_at: float | None = None  # time.monotonic() when the stand-in was done with it
+    status: int | None = None  # the response's status, once sent
+    # Messages requests: what the scenario took it for (scenario.py's kinds; "summary" for
+    # the proxy's summariser), the answer's blocks and the usage it reported.
+    kind: str = ""
+    content: list[dict[str, Any]] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)
+    error: str = ""  # why a Messages request was refused (the 400's message)
+
+
+RECORDED: web.AppKey[list[RecordedRequest]] = web.AppKey("standin_recorded", list)
+
+
+OPTIONS: web.AppKey[StandInOptions] = web.AppKey("standin_options", StandInOptions)
+
+
+CACHE: web.AppKey[PromptCache] = web.AppKey("standin_cache", PromptCache)
+
+
+FAULT_COUNTS: web.AppKey[Counter[str]] = web.AppKey("standin_fault_counts", Counter)
+
+
+COUNTER: web.AppKey[TokenCounter] = web.AppKey("standin_counter", TokenCounter)
+
+
+REQUEST_ID: web.RequestKey[str] = web.RequestKey("standin_request_id", str)
+
+
+RECORD: web.RequestKey[RecordedRequest] = web.RequestKey("standin_record", RecordedRequest)
+
+
+def api_error(
+    status: int, kind: str, message: str, request_id: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    body = {"type": "error", "error": {"type": kind, "message": message}, "request_id": request_id}
+    return web.Response(
+        status=status, body=orjson.dumps(body), content_type="application/json", headers=headers
+    )
+
+
+def _request_id(request: web.Request) -> str:
+    rid = request.get(REQUEST_ID)
+    if rid is None:
+        rid = request[REQUEST_ID] = "req_" + secrets.token_hex(12)
+    return rid
+
+
+def _invalid(request: web.Request, message: str) -> web.Response:
+    return api_error(400, "invalid_request_error", message, _request_id(request))
+
+
+@web.middleware
+async def _api_shell(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Records the request, maps routing errors to the API's shape, notes the outcome."""
+    rid = _request_id(request)
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.raw_headers}
+    record = RecordedRequest(request.method, request.path_qs, headers, b"")
+    recorded = request.app[RECORDED]
+    recorded.append(record)
+    limit = request.app[OPTIONS].max_recorded
+    if limit is not None and len(recorded) > limit:
+        del recorded[: len(recorded) - limit]
+    request[RECORD] = record
+    try:
+        try:
+            record.body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return api_error(413, "request_too_large", "Request exceeds the maximum size", rid)
+        try:
+            response: web.StreamResponse = await handler(request)
+        except web.HTTPNotFound:
+            response = api_error(404, "not_found_error", "Not Found", rid)
+        except web.HTTPMethodNotAllowed:
+            response = api_error(405, "invalid_request_error", "Method Not Allowed", rid)
+        if record.outcome == "open":
+            record.outcome = "complete"
+        record.status = response.status
+        return response
+    except (asyncio.CancelledError, ConnectionResetError):  # the client went away
+        record.outcome = "cancelled"
+        raise
+    except Exception:
+        if record.outcome == "open":
+            record.outcome = "error"
+        raise
+    finally:
+        record.ended_at = time.monotonic()
+
+
+async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.setdefault("request-id", _request_id(request))
+
+
+def _credential(request: web.Request) -> str | None:
+    key = request.headers.get("x-api-key", "").strip()
+    if key:
+        return key
+    auth = request.headers.get("authorization", "")
+    if auth[:7].lower() == "bearer " and auth[7:].strip():
+        return auth[7:].strip()
+    return None
+
+
+def _gate(request: web.Request) -> web.Response | None:
+    """The header checks every route makes before anything else."""
+    if _credential(request) is None:
+        return api_error(
+            401, "authentication_error", "x-api-key header is required", _request_id(request)
+        )
+    if not request.headers.get("anthropic-version"):
+        return _invalid(request, "anthropic-version: header is required")
+    return None
+
+
+def _tenant(request: web.Request) -> str:
+    return hashlib.sha256((_credential(request) or "").encode()).hexdigest()[:32]
+
+
+def request_digest(body: dict[str, Any], ignored: tuple[str, ...]) -> str:
+    """The hash answers derive from: streamed or not, the same request gets the same one."""
+    same = {k: v for k, v in body.items() if k not in ignored}
+    return hashlib.sha256(orjson.dumps(same, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def script_for(request: web.Request) -> Script:
+    """The stand-in's default script with the request's `x-stand-in` laid over it."""
+    try:
+        return parse_script(request.app[OPTIONS].script, request.headers.get("x-stand-in"))
+    except TypeError as exc:  # a key of the wrong type
+        raise ScriptError(str(exc)) from None
+
+
+def retry_headers(script: Script) -> dict[str, str]:
+    """What a 429 fault says about when to come back."""
+    seconds = max(1, -(-int(script.retry_after_ms) // 1000))
+    return {"retry-after": str(seconds), "retry-after-ms": f"{script.retry_after_ms:g}"}
+
+
+async def _json_body(request: web.Request) -> tuple[Any, web.Response | None]:
+    try:
+        return orjson.loads(await request.read()), None
+    except orjson.JSONDecodeError as exc:
+        return None, _invalid(request, f"There was an error parsing the body: {exc}")
+
+
+def _take_fault(app: web.Application, script: Script, kinds: tuple[str, ...]) -> str | None:
+    """The script's fault if it is of these kinds and its `fault_times` is not used up."""
+    fault = script.fault
+    if fault not in kinds:
+        return None
+    seen = app[FAULT_COUNTS][fault]
+    app[FAULT_COUNTS][fault] += 1
+    if script.fault_times is not None and seen >= script.fault_times:
+        return None
+    return fault
+
+
+def answer_faults(streaming: bool) -> tuple[str, ...]:
+    """The faults that strike once the answer is under way."""
+    return ("stream_error", "eof", "stall") if streaming else ("eof", "stall")
+
+
+def _scaled(tokens: int, options: StandInOptions) -> int:
+    return tokens if options.token_scale == 1.0 else math.ceil(tokens * options.token_scale)
+
+
+async def send_json(
+    request: web.Request, payload: bytes, script: Script, fault: str | None
+) -> web.StreamResponse:
+    """A JSON answer; an `eof` fault cuts it halfway, a `stall` holds it back first."""
+    if fault is None:
+        return web.Response(body=payload, content_type="application/json")
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    response.content_length = len(payload)
+    await response.prepare(request)
+    if fault == "eof":
+        await response.write(payload[: len(payload) // 2])
+        _cut(request)
+        return response
+    await _stall(request, script.stall_seconds)
+    await response.write(payload)
+    await response.write_eof()
+    return response
+
+
+def _cut(request: web.Request) -> None:
+    """End the connection mid-body (what a dropped upstream looks like)."""
+    record = request.get(RECORD)
+    if record is not None:
+        record.outcome = "cut"
+    if request.transport is not None:
+        request.transport.close()
+
+
+async def _stall(request: web.Request, seconds: float) -> None:
+    """Send nothing for a while; stop early if the client has gone."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            record = request.get(RECORD)
+            if record is not None:
+                record.outcome = "cancelled"
+            raise ConnectionResetError("the client went away during a stall")
+        await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def _text_pieces(text: str, words_per_piece: int) -> Iterator[str]:
+    words = text.split(" ")
+    for i in range(0, len(words), words_per_piece):
+        piece = " ".join(words[i : i + words_per_piece])
+        yield piece if i + words_per_piece >= len(words) else piece + " "
+
+
+async def send_stream(
+    request: web.Request,
+    events: Iterable[tuple[str, bytes]],
+    script: Script,
+    fault: str | None,
+    error_event: bytes,
+) -> web.StreamResponse:
+    """Write (kind, bytes) events with the script's delays; a `stall` holds back after the
+    start, `stream_error` (then `error_event`) or `eof` strikes after the first delta."""
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    deltas = 0
+    for kind, event in events:
+        if kind == "delta":
+            if deltas and script.token_delay:
+                await asyncio.sleep(script.token_delay)
+            deltas += 1
+        elif kind == "end" and fault in ("stream_error", "eof"):
+            break  # the answer had no delta to cut after
+        await response.write(event)
+        if kind == "start" and fault == "stall":
+            await _stall(request, script.stall_seconds)
+        if kind == "delta" and deltas == 1 and fault in ("stream_error", "eof"):
+            break
+    if fault == "stream_error":
+        await response.write(error_event)
+    elif fault == "eof":
+        _cut(request)
+        return response
+    await response.write_eof()
+    return response

@@ -1,0 +1,143 @@
+"""The compaction driver, Playbook-style: the commands one request yields, in order, and
+what it decides for each reply."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.core.checkpoint import Checkpoint, checkpoint_slot
+from proxy.core.commands import (
+    Command,
+    GetSummary,
+    LoadConversation,
+    Loaded,
+    Reply,
+    SaveCrossing,
+    Saved,
+    SummaryReply,
+)
+from proxy.core.counting import count_request
+from proxy.core.driver import CompactionRequest, Decision, commands_of, compaction
+from proxy.core.policy import Policy
+from proxy.core.tokens import TokenCounter
+from proxy.wire import ANTHROPIC
+from tests.core.test_planner import conversation, policy
+
+COUNTER = TokenCounter()
+NO_OFFLOAD = policy(offload_threshold=100_000)
+
+
+def request(messages: list[dict[str, Any]], limits: Policy | None = None) -> CompactionRequest:
+    body = {"model": "claude-test", "max_tokens": 100, "messages": messages}
+    counted = count_request(ANTHROPIC, COUNTER, body, messages)
+    return CompactionRequest(
+        ANTHROPIC, body, messages, counted, ANTHROPIC.counter(COUNTER), limits or policy(), 1.0
+    )
+
+
+class Store:
+    """A conversation's state as the driver sees it through its replies."""
+
+    def __init__(self, *, down: bool = False, saves: bool = True, summary: str | None = "notes"):
+        self.checkpoints: dict[str, Checkpoint] = {}
+        self.down = down
+        self.saves = saves
+        self.summary = summary
+
+    def __call__(self, command: Command) -> Reply:
+        if isinstance(command, LoadConversation):
+            if self.down:
+                return Loaded(None, store_ok=False)
+            return Loaded(self.checkpoints.get(command.slot))
+        if isinstance(command, GetSummary):
+            return SummaryReply(self.summary, failure="" if self.summary else "it failed")
+        assert isinstance(command, SaveCrossing)
+        if self.saves:
+            self.checkpoints[command.slot] = command.checkpoint
+        return Saved(ok=self.saves)
+
+
+def kinds(commands: list[Command]) -> list[str]:
+    return [type(c).__name__ for c in commands]
+
+
+def test_a_request_under_the_trigger_yields_nothing() -> None:
+    commands, decision = commands_of(compaction(request(conversation(3))), Store())
+    assert commands == []
+    assert decision.action == "forward" and decision.rewrite is None
+
+
+def test_an_offload_crossing_loads_then_saves_once() -> None:
+    messages = conversation(12)
+    store = Store()
+    commands, decision = commands_of(compaction(request(messages, policy(target=5_000))), store)
+    assert kinds(commands) == ["LoadConversation", "SaveCrossing"]
+    load, save = commands
+    assert isinstance(load, LoadConversation) and isinstance(save, SaveCrossing)
+    assert load.slot == save.slot
+    assert len(save.blobs) == 11 and save.touch == ()
+    assert decision.action == "rewrite" and decision.rewrite is not None
+    assert decision.rewrite.strategy == "offload"
+    assert decision.body is not None and b'"read_result"' in decision.body
+
+
+def test_a_request_reusing_the_checkpoint_only_loads() -> None:
+    messages = conversation(12)
+    store = Store()
+    commands_of(compaction(request(messages, policy(target=5_000))), store)
+    grown = [*messages, {"role": "assistant", "content": "Done reading."}]
+    commands, decision = commands_of(compaction(request(grown, policy(target=5_000))), store)
+    assert kinds(commands) == ["LoadConversation"]
+    assert decision.rewrite is not None and decision.rewrite.strategy == "checkpoint"
+
+
+def test_a_fold_asks_for_the_summary_between_load_and_save() -> None:
+    messages = conversation(30, result_words=150)
+    commands, decision = commands_of(compaction(request(messages, NO_OFFLOAD)), Store())
+    assert kinds(commands) == ["LoadConversation", "GetSummary", "SaveCrossing"]
+    ask = commands[1]
+    assert isinstance(ask, GetSummary) and ask.slot > 0 and "toolu_0000" in ask.transcript
+    assert decision.rewrite is not None and decision.rewrite.summary == "made"
+
+
+def test_no_summary_packs_and_says_why() -> None:
+    messages = conversation(30, result_words=150)
+    commands, decision = commands_of(compaction(request(messages, NO_OFFLOAD)), Store(summary=None))
+    assert kinds(commands) == ["LoadConversation", "GetSummary", "SaveCrossing"]
+    assert decision.rewrite is not None and decision.rewrite.strategy == "pack"
+    assert decision.reason == "summary_unavailable"
+    assert decision.summary_failure == "it failed"
+
+
+def test_a_store_that_cannot_be_read_packs_without_offloading() -> None:
+    commands, decision = commands_of(compaction(request(conversation(12))), Store(down=True))
+    assert kinds(commands) == ["LoadConversation", "SaveCrossing"]
+    assert decision.rewrite is not None and decision.rewrite.strategy == "pack"
+    assert decision.rewrite.blobs == [] and decision.rewrite.tool is None
+    assert decision.reason == "store_unavailable"
+
+
+def test_blobs_that_cannot_be_saved_never_become_stubs() -> None:
+    messages = conversation(12)
+    commands, decision = commands_of(
+        compaction(request(messages, policy(target=5_000))), Store(saves=False)
+    )
+    assert kinds(commands) == ["LoadConversation", "SaveCrossing"]
+    assert decision.rewrite is not None and decision.rewrite.refs == []
+    assert decision.body is not None and b"offloaded to save context" not in decision.body
+
+
+def test_nothing_fits_is_refused_before_any_write() -> None:
+    messages = [{"role": "user", "content": " ".join(["huge"] * 30_000)}]
+    commands, decision = commands_of(compaction(request(messages)), Store())
+    assert kinds(commands) == ["LoadConversation"]
+    assert decision == Decision("refuse", decision.estimate, refusal=decision.refusal)
+    assert "more than the 20000-token window" in decision.refusal
+
+
+def test_the_slot_is_the_first_message() -> None:
+    messages = conversation(12)
+    commands, _ = commands_of(compaction(request(messages, policy(target=5_000))), Store())
+    counted = count_request(ANTHROPIC, COUNTER, {"messages": messages}, messages)
+    assert isinstance(commands[0], LoadConversation)
+    assert commands[0].slot == checkpoint_slot(counted.digests)
