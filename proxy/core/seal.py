@@ -50,7 +50,7 @@ def open_sealed(key: bytes, tenant: str, content: object) -> dict[str, Any] | No
         return None
     assert isinstance(content, str)
     data, dot, mac = content[len(PREFIX) :].rpartition(".")
-    if not dot or not hmac.compare_digest(mac, _mac(key, tenant, data)):
+    if not dot or not hmac.compare_digest(mac.encode(), _mac(key, tenant, data).encode()):
         return None
     try:
         payload = orjson.loads(base64.urlsafe_b64decode(data + "=" * (-len(data) % 4)))
