@@ -7,7 +7,7 @@
 message with no top-level `system`. Any of them: Chat; none: Anthropic Messages (a plain
 user/assistant text exchange counts almost the same either way). A trace is judged by its
 first request, so a Chat trace whose first request shows none of these needs
-`--format chat`.
+`--format chat`. A body with `input` and no `messages` is the Responses API's.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.core.wire_format import WireFormat
-from proxy.wire import ANTHROPIC, CHAT
+from proxy.wire import ANTHROPIC, CHAT, RESPONSES
 
-FORMAT_CHOICES = ("auto", "anthropic", "chat")
+FORMAT_CHOICES = ("auto", "anthropic", "chat", "responses")
 _CHAT_ONLY_FIELDS = (
     "max_completion_tokens",
     "stream_options",
@@ -54,6 +54,10 @@ def format_for(name: str, body: Mapping[str, Any] | None) -> WireFormat:
         return CHAT
     if name == "anthropic":
         return ANTHROPIC
+    if name == "responses":
+        return RESPONSES
     if name != "auto":
         raise ValueError(f"unknown format {name!r}; known: {', '.join(FORMAT_CHOICES)}")
+    if body is not None and "input" in body and "messages" not in body:
+        return RESPONSES
     return CHAT if body is not None and looks_like_chat(body) else ANTHROPIC

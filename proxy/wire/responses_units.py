@@ -226,7 +226,14 @@ def tool_results(unit: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]
     if unit.get("unit") != "outputs":
         return []
     return [
-        (n, {"type": "tool_result", "content": output_parts(item.get("output"))})
+        (
+            n,
+            {
+                "type": "tool_result",
+                "tool_use_id": answer_key(item),
+                "content": output_parts(item.get("output")),
+            },
+        )
         for n, item in enumerate(unit_items(unit))
         if item_type(item) in STUBBABLE
     ]

@@ -14,6 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.core.checkpoint import Checkpoint, message_digest
+from proxy.core.commands import LoadConversation, SaveCrossing
+from proxy.core.counting import count_request
+from proxy.core.driver import CompactionRequest, commands_of, compaction
 from proxy.core.planner import FoldPlan, PlanInput, Refuse, Rewrite, Untouched, fold, plan
 from proxy.core.policy import Policy
 from proxy.core.tokens import TokenCounter
@@ -22,6 +25,7 @@ from proxy.testing.responses_standin import ResponsesOptions
 from proxy.testing.responses_validate import validate_responses_request
 from proxy.wire.responses import RESPONSES, ResponsesCounter, read_result_tool
 from proxy.wire.responses_units import flatten, units_of
+from tests.core.test_driver import Store
 
 COUNTER = ResponsesCounter(TokenCounter())
 TOOL_TOKENS = COUNTER.count_tools([read_result_tool("read_result")])
@@ -303,3 +307,31 @@ def test_every_responses_rewrite_is_valid_fits_and_is_deterministic(
     again = run()
     assert isinstance(again, Rewrite)
     assert orjson.dumps(flatten(again.messages)) == orjson.dumps(sent)
+
+
+def test_after_codex_compacts_the_old_checkpoint_stops_matching_at_no_cost() -> None:
+    """Codex's compaction replaces the history: the same start, then its compaction item.
+    Under the trigger that costs nothing (no store call); once it grows over again, the
+    checkpoint of the same slot does not apply and a fresh crossing replaces it."""
+
+    def request(items: list[dict[str, Any]]) -> CompactionRequest:
+        body = {"model": "gpt-test", "input": items, "tools": TOOLS}
+        units = RESPONSES.messages(body)
+        counted = count_request(RESPONSES, TokenCounter(), body, units)
+        return CompactionRequest(RESPONSES, body, units, counted, COUNTER, policy(), 1.0)
+
+    store = Store()
+    before = conversation(12)
+    seen, first = commands_of(compaction(request(before)), store)
+    assert first.action == "rewrite" and isinstance(seen[-1], SaveCrossing)
+    [old] = store.checkpoints.values()
+    compacted = {"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAA" + "y" * 400}
+    after = [*before[:3], compacted]
+    seen, decision = commands_of(compaction(request(after)), store)
+    assert seen == [] and decision.action == "forward"
+    grown = after + [i for k in range(20, 32) for i in conversation(k + 1)[-3:]]
+    seen, decision = commands_of(compaction(request(grown)), store)
+    assert isinstance(seen[0], LoadConversation) and decision.action == "rewrite"
+    assert decision.rewrite is not None and decision.rewrite.strategy != "checkpoint"
+    [new] = store.checkpoints.values()
+    assert new != old and decision.sent is not None and compacted in decision.sent["input"]
