@@ -18,7 +18,6 @@ from proxy.core.commands import LoadConversation, SaveCrossing
 from proxy.core.counting import count_request
 from proxy.core.driver import CompactionRequest, commands_of, compaction
 from proxy.core.planner import FoldPlan, PlanInput, Refuse, Rewrite, Untouched, fold, plan
-from proxy.core.policy import Policy
 from proxy.core.tokens import TokenCounter
 from proxy.testing.responses_items import check_seals, seal
 from proxy.testing.responses_standin import ResponsesOptions
@@ -26,6 +25,7 @@ from proxy.testing.responses_validate import validate_responses_request
 from proxy.wire.responses import RESPONSES, ResponsesCounter, read_result_tool
 from proxy.wire.responses_units import flatten, units_of
 from tests.core.test_driver import Store
+from tests.core.test_planner_chat import policy, words
 
 COUNTER = ResponsesCounter(TokenCounter())
 TOOL_TOKENS = COUNTER.count_tools([read_result_tool("read_result")])
@@ -35,25 +35,6 @@ TOOLS = [
     {"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
     {"type": "custom", "name": "apply_patch"},
 ]
-
-
-def policy(**kw: Any) -> Policy:
-    base: dict[str, Any] = dict(
-        window=20_000,
-        trigger=8_000,
-        target=4_000,
-        keep_last=2,
-        keep_results=1,
-        offload_threshold=300,
-        stub_head_chars=200,
-        note_cost=60,
-    )
-    base.update(kw)
-    return Policy(**base).validate()
-
-
-def words(n: int, seed: str) -> str:
-    return " ".join(f"{seed}{i % 97}" for i in range(n))
 
 
 def message(role: str, text: str) -> dict[str, Any]:
