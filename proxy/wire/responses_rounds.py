@@ -302,14 +302,17 @@ class ResponsesStreamMerger:
         return out
 
     def _emit(self, event: Event, data: dict[str, Any], index: int | None = None) -> bytes:
-        """The event renumbered for the client: the upstream's bytes when nothing changed."""
-        same = data.get("sequence_number") == self._seq and (
-            index is None or data.get("output_index") == index
-        )
-        self._seq += 1
-        if same:
+        """The event renumbered for the client: the upstream's bytes when nothing changed.
+        (An upstream that numbers no events gets none numbered.)"""
+        numbered = "sequence_number" in data
+        same_index = index is None or data.get("output_index") == index
+        if same_index and (not numbered or data["sequence_number"] == self._seq):
+            self._seq += numbered
             return event.raw
-        out = {**data, "sequence_number": self._seq - 1}
+        out = dict(data)
+        if numbered:
+            out["sequence_number"] = self._seq
+            self._seq += 1
         if index is not None:
             out["output_index"] = index
         name = event.name if event.name != "message" else str(data.get("type"))
