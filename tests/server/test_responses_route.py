@@ -343,3 +343,43 @@ async def test_auto_passes_a_trigger_through_to_an_upstream_that_knows_it(
     assert sent["tools"] == TOOLS, "no read_result for a compaction request"
     [item] = events(raw)[-1]["response"]["output"]
     assert item["type"] == "compaction" and item["encrypted_content"].startswith("sti1.")
+
+
+async def test_a_sealed_item_opens_on_every_replica_of_the_fleet(
+    make_responses_standin: MakeResponsesStandIn, make_compacting_proxy: MakeProxy
+) -> None:
+    standin = await standin_with(make_responses_standin, plays_openai=False)
+    serve = {"responses.codex_compaction": "serve"}
+    one = await proxy_for(make_compacting_proxy, standin.url, **serve)
+    two = await proxy_for(make_compacting_proxy, standin.url, **serve)
+    _, _, raw = await post(one, compaction_request())
+    [item] = orjson.loads(raw)["output"]
+    status, _, _ = await post(two, restart(item))
+    assert status == 200
+    text = orjson.loads(posts(standin)[-1].body)["input"][-1]["content"][0]["text"]
+    assert text.startswith(SUMMARY_HEADER)
+
+
+async def test_without_its_store_the_proxy_cannot_serve_but_never_forwards_a_sealed_item(
+    make_responses_standin: MakeResponsesStandIn,
+    make_compacting_proxy: MakeProxy,
+) -> None:
+    standin = await standin_with(make_responses_standin, plays_openai=False)
+    serving = await proxy_for(
+        make_compacting_proxy, standin.url, **{"responses.codex_compaction": "serve"}
+    )
+    _, _, raw = await post(serving, compaction_request())
+    [item] = orjson.loads(raw)["output"]
+    down = await proxy_for(
+        make_compacting_proxy,
+        standin.url,
+        redis="redis://127.0.0.1:1",
+        **{"responses.codex_compaction": "serve", "store.op_timeout": 0.2},
+    )
+    status, headers, raw = await post(down, compaction_request(stream=True))
+    assert status == 503 and headers["x-should-retry"] == "true"
+    assert orjson.loads(raw)["error"]["type"] == "server_error"
+    status, _, _ = await post(down, restart(item))
+    assert status == 200
+    sent = orjson.loads(posts(standin)[-1].body)["input"]
+    assert sent[-1]["content"][0]["text"] == MISSING_NOTE
