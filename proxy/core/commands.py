@@ -30,7 +30,8 @@ class Loaded:
 @dataclass(frozen=True, slots=True)
 class GetSummary:
     """A summary of the folded turns: the stored one for `key`, else made (once for the
-    fleet). `transcript` is what the summariser reads, `slot` its output cap in tokens."""
+    fleet; whoever makes it holds the key's lock until the crossing's SaveCrossing stores
+    it). `transcript` is what the summariser reads, `slot` its output cap in tokens."""
 
     key: str
     transcript: str
@@ -47,13 +48,14 @@ class SummaryReply:
 
 @dataclass(frozen=True, slots=True)
 class SaveCrossing:
-    """Everything a crossing writes: the blobs it offloaded, its checkpoint, and fresh
-    TTLs for the refs it keeps from earlier crossings."""
+    """Everything a crossing writes, at once: the blobs it offloaded, the summary it made,
+    its checkpoint, and fresh TTLs for every ref stored earlier that it still names."""
 
     slot: str
     checkpoint: Checkpoint
     blobs: tuple[tuple[str, str], ...]  # (ref, text)
     touch: tuple[str, ...]  # refs stored earlier that the new checkpoint still names
+    summary: tuple[str, str] | None = None  # (key, text) of a summary made for it
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ runs the commands on Redis and the upstream, the ops simulator's on dicts.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from proxy.core.checkpoint import checkpoint_slot
@@ -36,6 +36,7 @@ from proxy.core.commands import (
     SummaryReply,
 )
 from proxy.core.counting import Counted
+from proxy.core.facts import keep_facts
 from proxy.core.planner import (
     FoldPlan,
     Outcome,
@@ -45,7 +46,7 @@ from proxy.core.planner import (
     Untouched,
     fold,
     plan,
-    without_store,
+    without_blobs,
 )
 from proxy.core.policy import Policy
 from proxy.core.wire_format import MessageCounter, WireFormat
@@ -97,11 +98,20 @@ def compaction(request: CompactionRequest) -> Driver:
     inp = _plan_input(request, loaded)
     outcome: Outcome = plan(inp)
     failure = ""
+    made: tuple[str, str] | None = None  # a summary this request paid for: (key, text)
+    known: tuple[str, str] | None = None  # the summary it folded with: (key, text)
     if isinstance(outcome, FoldPlan):
         got = yield GetSummary(outcome.key, outcome.transcript, outcome.slot, outcome.model)
         assert isinstance(got, SummaryReply)
         failure = got.failure
-        outcome = fold(outcome, got.text, reused=got.reused)
+        text = got.text
+        if text is not None and text.strip():
+            if not got.reused:
+                count = request.counter.count_text
+                text = keep_facts(text, outcome.facts, outcome.facts_budget, count)
+                made = (outcome.key, text)
+            known = (outcome.key, text)
+        outcome = fold(outcome, text, reused=got.reused)
     if isinstance(outcome, Rewrite) and outcome.checkpoint is not None:
         new = {ref for ref, _ in outcome.blobs}
         saved = yield SaveCrossing(
@@ -109,11 +119,18 @@ def compaction(request: CompactionRequest) -> Driver:
             outcome.checkpoint,
             tuple(outcome.blobs),
             tuple(ref for ref in outcome.refs if ref not in new),
+            made if outcome.summary == "made" else None,
         )
         assert isinstance(saved, Saved)
         if not saved.ok and outcome.blobs:
-            # Blobs that could not be stored cannot be read back: plan without the store.
-            outcome = without_store(inp)
+            # A stub whose blob was not kept could never be read: plan again without
+            # offloading, folding with the summary already paid for when it still fits.
+            outcome = without_blobs(inp)
+            if isinstance(outcome, FoldPlan):
+                paid = known[1] if known is not None and known[0] == outcome.key else None
+                outcome = fold(outcome, paid, reused=made is None)
+            if isinstance(outcome, Rewrite):
+                outcome = replace(outcome, checkpoint=None, reason="store_unavailable")
     return _decision(request, inp, outcome, failure)
 
 

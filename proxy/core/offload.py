@@ -9,6 +9,7 @@ every request (the upstream prompt cache depends on it).
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,14 @@ def result_text(block: Mapping[str, Any]) -> str | None:
 
 def ref_for(text: str) -> str:
     return "r_" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+_REF = re.compile(r"\br_[0-9a-f]{16}\b")
+
+
+def refs_in(text: str) -> list[str]:
+    """The refs a text names (a summary may name those of results it folded)."""
+    return list(dict.fromkeys(_REF.findall(text)))
 
 
 def stub_text(text: str, ref: str, tool: str, head_chars: int, read_length: int) -> str:
@@ -150,15 +159,34 @@ def parse_read_args(arguments: object, default_length: int) -> ReadRequest | str
     return ReadRequest(ref, start, min(length, MAX_READ_CHARS))
 
 
-def read_slice(text: str, request: ReadRequest) -> str:
-    """The slice the model asked for, framed so it knows where it is in the whole."""
+def read_slice(text: str, request: ReadRequest, *, cut: bool = False) -> str:
+    """The slice the model asked for, framed so it knows where it is in the whole.
+    `cut`: the slice is shorter than asked, to keep the request inside the window."""
     total = len(text)
     if request.start >= total:
         return f"start {request.start:,} is past the end: the result has {total:,} characters."
     end = min(total, request.start + request.length)
+    why = " Shortened to fit the context window." if cut and end < total else ""
     more = f" Call again with start={end} for more." if end < total else " That is the end."
-    frame = f"[characters {request.start:,} to {end:,} of {total:,}.{more}]"
+    frame = f"[characters {request.start:,} to {end:,} of {total:,}.{why}{more}]"
     return f"{frame}\n{text[request.start : end]}"
+
+
+# What the client's message ends with when the proxy stops the read_result rounds while
+# the model still wanted to read: the agent sees why, and that it can ask to go on.
+STOP_NOTES = {
+    "limit": (
+        "[compaction-proxy: still reading offloaded tool results when the limit of {rounds}"
+        " read rounds per request was reached; ask to continue if more is needed.]"
+    ),
+    "window": (
+        "[compaction-proxy: what was asked of the offloaded tool results does not fit the"
+        " context window; ask for a smaller part.]"
+    ),
+    "budget": (
+        "[compaction-proxy: reading offloaded tool results was stopped by this key's token budget.]"
+    ),
+}
 
 
 def unknown_ref(ref: str) -> str:

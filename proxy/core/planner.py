@@ -31,6 +31,7 @@ from proxy.core.checkpoint import (
     message_digest,
     segments_for,
 )
+from proxy.core.facts import CONVERSATION, EARLIER_SUMMARY, TOOL_RESULT, Source, rank
 from proxy.core.fold import plan_compaction
 from proxy.core.history import (
     Group,
@@ -41,7 +42,7 @@ from proxy.core.history import (
     pack_messages,
     pinned_tokens,
 )
-from proxy.core.offload import ref_for, result_text
+from proxy.core.offload import ref_for, refs_in, result_text
 from proxy.core.pack import pack_context
 from proxy.core.policy import Policy
 from proxy.core.segments import (
@@ -56,7 +57,7 @@ from proxy.core.segments import (
     refs_of,
     stands_for,
 )
-from proxy.core.summary import note_text
+from proxy.core.summary import INSTRUCTION, note_text
 from proxy.core.wire_format import Dialect, MessageCounter
 
 Message = Mapping[str, Any]
@@ -86,6 +87,8 @@ class PlanInput:
     tool: str | None  # the name read_result goes by; None = offload is off
     factor: float = 1.0  # calibration: real tokens / estimated tokens
     store_ok: bool = True  # blobs and summaries can be stored
+    offload_ok: bool = True  # results may be offloaded (False: their blobs could not be kept)
+    sticky_tool: bool = False  # the conversation offers read_result already: keep offering it
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +111,11 @@ class Rewrite:
     tokens_after: int
     blobs: list[tuple[str, str]] = field(default_factory=list)  # (ref, text) to store
     checkpoint: Checkpoint | None = None  # to store; None: the stored one holds
-    refs: list[str] = field(default_factory=list)  # every stub in the history
+    refs: list[str] = field(default_factory=list)  # every ref the history names
     summary: str = ""  # "made", "reused" or ""
     estimate: int = 0  # the rewritten history in estimated tokens (for calibration)
     reason: str = ""  # a REASONS key when the outcome is not what the policy aimed at
+    alone: bool = False  # planned apart from the conversation's rewrite: store nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,9 +144,11 @@ class Limits:
 class FoldPlan:
     """A crossing that folds the oldest groups into a summary, once it has one."""
 
-    key: str  # hash of the folded messages: where the summary is stored
-    transcript: str  # the folded messages as text, for the summariser
-    slot: int  # the summary's cap, in real tokens
+    key: str  # hash of the folded turns as the client sent them: where the summary lives
+    transcript: str  # the folded turns as the client sent them, fitted to the summariser
+    slot: int  # the summary's cap, in real tokens (the facts line's budget apart)
+    facts: tuple[str, ...]  # the folded turns' identifiers, the most telling first
+    facts_budget: int  # tokens the line of identifiers the summary left out may take
     model: str  # summariser model ("" = the request's)
     inp: PlanInput
     work: Working  # the history after offloading, before folding
@@ -159,8 +165,13 @@ Outcome = Untouched | Rewrite | Refuse | FoldPlan
 def plan(inp: PlanInput) -> Outcome:
     segments, applied = segments_for(inp.checkpoint, inp.digests)
     stored = inp.checkpoint if applied else None
+    if stored is not None and stored.tool and inp.tool is None:
+        # This request cannot take the conversation's rewrite (it cannot offer
+        # read_result: several choices, say): plan it on its own and store nothing.
+        return _alone(inp)
     if stored is not None and stored.tool and stored.tool != inp.tool:
         segments, stored = segments_for(None, inp.digests)[0], None  # the client took the name
+    inp = replace(inp, sticky_tool=bool(stored is not None and stored.tool))
     work = working(segments, inp)
     limits = limits_of(inp)
     # What the client sent, not what an earlier rewrite made of it.
@@ -168,15 +179,14 @@ def plan(inp: PlanInput) -> Outcome:
     if work.tokens <= _recross_at(limits, stored):
         if stored is None:
             return Untouched(before)
-        tool = stored.tool if _has_stubs(segments) else None
-        return _rewrite(inp, work, tool, "checkpoint", before, checkpoint=False)
+        return _rewrite(inp, work, stored.tool, "checkpoint", before, checkpoint=False)
 
     # A crossing: offload, then fold, then pack; the outcome is frozen in a new checkpoint.
     blobs: list[tuple[str, str]] = []
     reason = "" if inp.store_ok else "store_unavailable"
     if inp.tool is None and inp.store_ok:
         reason = "offload_off"
-    if inp.tool and inp.store_ok:
+    if inp.tool and inp.store_ok and inp.offload_ok:
         work, blobs = _offload(work, inp)
         if work.tokens <= limits.target:
             return _rewrite(inp, work, inp.tool, "offload", before, blobs=blobs)
@@ -186,13 +196,15 @@ def plan(inp: PlanInput) -> Outcome:
     planned = plan_compaction(turns, budget, inp.policy.keep_last)
     if planned is not None and planned[0] and inp.store_ok:
         fold = frozenset(planned[0])
-        folded = [work.messages[m] for g in work.groups if g.label in fold for m in g.members]
-        key = chain_hash([message_digest(m) for m in folded])
+        members = [m for g in work.groups if g.label in fold for m in g.members]
         slot = min(real(planned[2], inp.factor), inp.policy.summary_max_tokens)
+        facts_budget = min(FACTS_MAX, max(min(slot, FACTS_MIN), slot // 5))
         return FoldPlan(
-            key=key,
-            transcript=inp.dialect.render_transcript(folded),
-            slot=slot,
+            key=summary_key(work.segments, members, inp.digests),
+            transcript=_transcript(work, members, inp, slot),
+            slot=slot - facts_budget,
+            facts=tuple(rank(_facts_sources(work, members, inp), _call_ids(work, members))),
+            facts_budget=facts_budget,
             model=inp.policy.summariser_model,
             inp=inp,
             work=work,
@@ -215,7 +227,7 @@ def fold(need: FoldPlan, text: str | None, *, reused: bool) -> Rewrite | Refuse:
         return _pack(inp, work, need.limits, need.tokens_before, need.blobs, reason)
     folded = [g for g in work.groups if g.label in need.fold]
     count = sum(stands_for(work.segments[m]) for g in folded for m in g.members)
-    summary: Segment = Summary(text.strip(), count)
+    summary = Summary(text.strip(), count)
     segments: list[Segment] = []
     for group in work.groups:
         if group.kind is GroupKind.MALFORMED:
@@ -232,7 +244,7 @@ def fold(need: FoldPlan, text: str | None, *, reused: bool) -> Rewrite | Refuse:
     return _rewrite(
         inp,
         done,
-        inp.tool if _has_stubs(segments) else None,
+        inp.tool if _has_stubs(segments) or inp.sticky_tool or refs_in(summary.text) else None,
         "offload+summary" if need.blobs else "summary",
         need.tokens_before,
         blobs=need.blobs,
@@ -242,9 +254,114 @@ def fold(need: FoldPlan, text: str | None, *, reused: bool) -> Rewrite | Refuse:
     )
 
 
-def without_store(inp: PlanInput) -> Outcome:
-    """The plan again for a store that failed: nothing offloaded, no summary."""
-    return plan(replace(inp, store_ok=False, checkpoint=None))
+def without_blobs(inp: PlanInput) -> Outcome:
+    """The plan again after the crossing's writes failed: nothing offloaded (a stub whose
+    blob was not kept could never be read), nothing to keep; a fold may still use the
+    summary already made for it (the key does not depend on offloading)."""
+    return plan(replace(inp, offload_ok=False, checkpoint=None))
+
+
+def _alone(inp: PlanInput) -> Outcome:
+    """A plan for this request only: no checkpoint applied, nothing offloaded or stored."""
+    outcome = plan(replace(inp, checkpoint=None, store_ok=False))
+    if isinstance(outcome, Rewrite):
+        return replace(outcome, checkpoint=None, alone=True, reason="", blobs=[])
+    return outcome
+
+
+# The line of identifiers a summary left out (proxy/core/facts.py) may take this share of
+# the summary's slot, within these bounds (tokens).
+FACTS_MIN, FACTS_MAX = 200, 1_500
+SUMMARISER_MARGIN = 0.05  # of the summariser's window kept free: counts are estimates
+
+
+def summary_key(
+    segments: Sequence[Segment], members: Sequence[int], digests: Sequence[bytes]
+) -> str:
+    """Where the summary of these folded segments is stored: a hash of the turns as the
+    client sent them (and of an earlier summary's text), so the same turns give the same
+    key whether or not some of their results were offloaded."""
+    parts: list[bytes] = []
+    for m in members:
+        seg = segments[m]
+        if isinstance(seg, (Verbatim, Stubbed)):
+            parts.append(digests[seg.index])
+        else:
+            parts.append(message_digest({"proxy": seg.text}))
+    return chain_hash(parts)
+
+
+def _original(seg: Segment, work: Working, m: int, inp: PlanInput) -> Message:
+    """What the summariser reads for a folded segment: the client's message itself (its
+    results whole, never stubs), or the summary or note the proxy wrote."""
+    if isinstance(seg, (Verbatim, Stubbed)):
+        return inp.messages[seg.index]
+    return work.messages[m]
+
+
+def _transcript(work: Working, members: Sequence[int], inp: PlanInput, slot: int) -> str:
+    """The folded turns as the client sent them, as text for the summariser, cut to fit
+    its window: the longest pieces first, each keeping its head and its tail. Offloaded
+    results say their ref, so the summary can name what the agent may still read."""
+    pieces: list[str] = []
+    tokens: list[int] = []
+    for m in members:
+        seg = work.segments[m]
+        message = _original(seg, work, m, inp)
+        text = inp.dialect.render_transcript([message])
+        if isinstance(seg, Stubbed):
+            refs = ", ".join(s.ref for s in seg.stubs)
+            text += f"\n[offloaded tool results, readable with read_result: {refs}]"
+        pieces.append(text)
+        tokens.append(inp.counts[seg.index] if isinstance(seg, (Verbatim, Stubbed)) else
+                      work.shapes[m].tokens)  # fmt: skip
+    factor = inp.factor if inp.factor > 0 else 1.0
+    window = math.floor(inp.policy.window * (1 - SUMMARISER_MARGIN) / factor)
+    budget = window - math.ceil(slot / factor) - inp.counter.count_text(INSTRUCTION)
+    cap = _water_level(tokens, max(budget, len(pieces) * 64))
+    out = []
+    for text, count in zip(pieces, tokens, strict=True):
+        if count > cap:
+            keep = max(200, len(text) * cap // max(count, 1))
+            half = keep // 2
+            cut = len(text) - 2 * half
+            text = f"{text[:half]}\n[... {cut:,} characters cut ...]\n{text[-half:]}"
+        out.append(text)
+    return "\n\n".join(out)
+
+
+def _water_level(sizes: Sequence[int], budget: int) -> int:
+    """The largest cap such that the sizes, each capped at it, sum to at most `budget`
+    (cutting the largest first); the largest size itself when everything fits."""
+    if sum(sizes) <= budget:
+        return max(sizes, default=0)
+    ordered = sorted(sizes)
+    remaining, left = budget, len(ordered)
+    for size in ordered:
+        if size * left > remaining:
+            return max(1, remaining // left)
+        remaining -= size
+        left -= 1
+    return max(1, remaining)
+
+
+def _call_ids(work: Working, members: Sequence[int]) -> frozenset[str]:
+    return frozenset(i for m in members for i in (*work.shapes[m].calls, *work.shapes[m].answers))
+
+
+def _facts_sources(work: Working, members: Sequence[int], inp: PlanInput) -> list[Source]:
+    sources = []
+    for m in members:
+        seg = work.segments[m]
+        message = _original(seg, work, m, inp)
+        if made_here(seg):
+            kind = EARLIER_SUMMARY
+        elif inp.dialect.tool_results(message):
+            kind = TOOL_RESULT
+        else:
+            kind = CONVERSATION
+        sources.append(Source(kind, inp.dialect.render_transcript([message])))
+    return sources
 
 
 # -- steps -------------------------------------------------------------------------
@@ -325,7 +442,7 @@ def _pack(
     strategy = "offload+pack" if blobs else "pack"
     if done.tokens > limits.trigger:
         reason = reason or "target_unreachable"
-    tool = inp.tool if kept else None
+    tool = inp.tool if kept or inp.sticky_tool or _named(segments) else None
     return _rewrite(inp, done, tool, strategy, before, blobs=blobs, reason=reason)
 
 
@@ -378,7 +495,7 @@ def _rewrite(
         estimate=work.tokens,
         blobs=blobs or [],
         checkpoint=stored,
-        refs=refs_of(work.segments),
+        refs=_named(work.segments),
         summary=summary,
         reason=reason,
     )
@@ -426,6 +543,15 @@ def _recross_at(limits: Limits, stored: Checkpoint | None) -> int:
 
 def real(estimate: int, factor: float) -> int:
     return math.ceil(estimate * factor)
+
+
+def _named(segments: Sequence[Segment]) -> list[str]:
+    """Every ref the history names: its stubs', then those summaries mention."""
+    named = dict.fromkeys(refs_of(segments))
+    for seg in segments:
+        if isinstance(seg, Summary):
+            named.update(dict.fromkeys(refs_in(seg.text)))
+    return list(named)
 
 
 def _has_stubs(segments: Sequence[Segment]) -> bool:

@@ -22,6 +22,15 @@ from typing import Any, Protocol
 from proxy.core.budget import Amounts
 
 _CHARS_PER_TOKEN = 3  # a cut round's output estimate errs high (text runs ~4)
+_CALL_FRAMING = 8  # tokens of a tool call's name, id and markup around its arguments
+
+
+def call_tokens(arguments_chars: int) -> int:
+    """Output tokens a tool call of this many argument characters took to generate (an
+    estimate: what the client is not shown when the proxy holds a read_result call)."""
+    return _CALL_FRAMING + -(-max(0, arguments_chars) // 4)
+
+
 _LOOK = 64  # bytes of a line enough to tell whether it matters
 
 

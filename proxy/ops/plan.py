@@ -69,7 +69,8 @@ def render_plan(step: Step) -> str:
         lines.append(
             f"  would summarise {step.summary.messages} messages into at most"
             f" {step.summary.slot:,} tokens (one summariser call to {model},"
-            f" about {step.summary.input_tokens:,} input tokens)"
+            f" about {step.summary.input_tokens:,} input tokens), then check that it kept the"
+            " folded turns' identifiers and append those it left out"
         )
     if step.dropped:
         lines.append(f"  drop the oldest {step.dropped} messages, with a note where they were")

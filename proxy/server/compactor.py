@@ -120,7 +120,10 @@ class Compactor:
             summariser=self.summariser,
             summarise=SUMMARISERS[wire.name],
         )
-        decision = await drive(compaction(request), executor)
+        try:
+            decision = await drive(compaction(request), executor)
+        finally:
+            await executor.close()
         prepared = Prepared(
             body_bytes, body, model, decision.estimate, policy=policy, sample=sample
         )

@@ -23,7 +23,13 @@ from proxy.core.commands import (
     Saved,
     SummaryReply,
 )
-from proxy.server.summariser import SummariserSettings, SummaryCall, obtain_summary
+from proxy.server.summariser import (
+    SUMMARY,
+    SummariserSettings,
+    SummaryCall,
+    obtain_summary,
+    release,
+)
 from proxy.store import Store, StoreUnavailable
 from proxy.store.keys import BLOB
 
@@ -53,6 +59,7 @@ class StoreExecutor:
         self.upstream_url = upstream_url
         self.summariser = summariser
         self.summarise = summarise
+        self._held: list[tuple[str, str]] = []  # summary locks to release after saving
 
     @cached_property
     def identity(self) -> tuple[str, str]:
@@ -92,7 +99,7 @@ class StoreExecutor:
     async def _summary(self, command: GetSummary) -> SummaryReply:
         if self.store is None:
             return SummaryReply(None, failure="no store")
-        return await obtain_summary(
+        obtained = await obtain_summary(
             command,
             store=self.store,
             tenant=self.tenant,
@@ -103,6 +110,9 @@ class StoreExecutor:
             settings=self.summariser,
             call=self.summarise,
         )
+        if obtained.lock is not None:
+            self._held.append(obtained.lock)
+        return obtained.reply
 
     async def _save(self, command: SaveCrossing) -> Saved:
         store = self.store
@@ -116,18 +126,25 @@ class StoreExecutor:
                     for ref, text in command.blobs
                 )
             )
-            await store.put_json(
-                tenant,
-                conversation,
-                CHECKPOINT,
-                command.slot,
-                encode_checkpoint(command.checkpoint),
-            )
-            # Stubs kept from earlier crossings must live as long as the new checkpoint.
+            if command.summary is not None:
+                key, text = command.summary
+                await store.put_json(tenant, conversation, SUMMARY, key, text)
+            checkpoint = encode_checkpoint(command.checkpoint)
+            await store.put_json(tenant, conversation, CHECKPOINT, command.slot, checkpoint)
+            # Refs named from earlier crossings must live as long as the new checkpoint.
             await store.refresh_ttl(tenant, conversation, BLOB, list(command.touch))
         except StoreUnavailable:
             return Saved(ok=False)
+        finally:
+            await self.close()
         return Saved(ok=True)
+
+    async def close(self) -> None:
+        """Release what the commands still hold (a summary's lock when nothing saved it)."""
+        held, self._held = self._held, []
+        if self.store is not None:
+            for lock in held:
+                await release(self.store, self.tenant, self.conversation, lock)
 
 
 async def drive(

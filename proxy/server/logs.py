@@ -52,6 +52,8 @@ def request_fields(record: RequestRecord, status: int, ended: float) -> dict[str
         fields["summary"] = record.summary
     if record.read_rounds:
         fields["read_rounds"] = record.read_rounds
+    if record.read_outcome:
+        fields["read_outcome"] = record.read_outcome
     if record.meter.rounds:
         for key, value in record.meter.total().as_dict().items():
             if isinstance(value, int):

@@ -94,6 +94,12 @@ class Metrics:
             f"{NS}_read_result_rounds", "read_result round trips answered by the proxy.",
             registry=r,
         )  # fmt: skip
+        self.read_outcomes = Counter(
+            f"{NS}_read_outcomes",
+            "Answers that went through read_result rounds, by how the rounds ended "
+            "(complete, limit, window, budget, upstream_error, broken).",
+            ["outcome"], registry=r,
+        )  # fmt: skip
         self.summaries = Counter(
             f"{NS}_summaries", "Summaries used, by outcome (made or reused).", ["outcome"],
             registry=r,
@@ -170,6 +176,8 @@ class Metrics:
             self.summaries.labels(rec.summary).inc()
         if rec.read_rounds:
             self.read_rounds.inc(rec.read_rounds)
+        if rec.read_outcome:
+            self.read_outcomes.labels(rec.read_outcome).inc()
         if rec.summariser_calls:
             self.summariser_calls.inc(rec.summariser_calls)
         if rec.summariser_failures:

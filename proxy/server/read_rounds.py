@@ -7,13 +7,22 @@ the upstream again, up to the policy's number of rounds. The client gets one mes
 in a stream, read_result blocks are held back and later rounds continue the same message
 (the wire format's RoundMerger); a call mixed with client tool calls is removed from
 what the client sees, so nothing is left unanswered in its history.
+
+Every round is counted before it goes upstream: slices are shortened (the longest
+first, each saying so and where to go on) until the round fits the model's window, and
+the caller's budget is topped up for it. When the rounds stop while the model still
+wanted to read (the round limit, the window, a budget), the message ends with one short
+text saying why, so the client always gets a valid, non-empty answer. How the rounds
+ended is the record's `read_outcome` (log line and metric).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -21,7 +30,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.core.offload import parse_read_args, read_slice, unknown_ref
+from proxy.core.offload import STOP_NOTES, ReadRequest, parse_read_args, read_slice, unknown_ref
 from proxy.core.sse import SSEDecoder
 from proxy.core.wire_format import JSON, MergeState, ReadCall, Round, RoundMerger, WireFormat
 from proxy.server import budgets
@@ -36,31 +45,70 @@ from proxy.store import Store, StoreUnavailable
 log = logging.getLogger(__name__)
 
 UNAVAILABLE = "The offload store is not available right now."
+WINDOW_MARGIN = 0.02  # of the window kept free: the local count is an estimate
+MIN_SLICE = 200  # characters a shortened slice keeps; below that the round is not sent
+FIT_ATTEMPTS = 4
 
 
-async def answer_reads(
+@dataclass(slots=True)
+class Fetched:
+    """One read_result call and what the store had for it."""
+
+    call_id: str
+    request: ReadRequest | None = None
+    text: str | None = None  # the whole offloaded result
+    error: str = ""  # what to tell the model instead
+
+    def result(self, length: int) -> tuple[str, str, bool]:
+        if self.text is None or self.request is None:
+            return self.call_id, self.error, True
+        asked = self.request
+        cut = length < asked.length
+        request = ReadRequest(asked.ref, asked.start, length) if cut else asked
+        return self.call_id, read_slice(self.text, request, cut=cut), False
+
+    @property
+    def slice_length(self) -> int:
+        if self.text is None or self.request is None:
+            return 0
+        return max(0, min(self.request.length, len(self.text) - self.request.start))
+
+
+async def fetch_reads(
     reads: Iterable[ReadCall], store: Store | None, prepared: Prepared
-) -> list[tuple[str, str, bool]]:
-    """(call id, text, is_error) for each read_result call."""
-    results = []
+) -> list[Fetched]:
+    fetched = []
     for call in reads:
         request = parse_read_args(call.input, prepared.policy.read_length)
         if isinstance(request, str):
-            results.append((call.id, request, True))
+            fetched.append(Fetched(call.id, error=request))
             continue
         if store is None:
-            results.append((call.id, UNAVAILABLE, True))
+            fetched.append(Fetched(call.id, error=UNAVAILABLE))
             continue
         try:
             data = await store.get_blob(prepared.tenant, prepared.conversation, request.ref)
         except StoreUnavailable:
-            results.append((call.id, UNAVAILABLE, True))
+            fetched.append(Fetched(call.id, error=UNAVAILABLE))
             continue
         if data is None:
-            results.append((call.id, unknown_ref(request.ref), True))
+            fetched.append(Fetched(call.id, error=unknown_ref(request.ref)))
             continue
-        results.append((call.id, read_slice(data.decode("utf-8", "replace"), request), False))
-    return results
+        fetched.append(Fetched(call.id, request, data.decode("utf-8", "replace")))
+    return fetched
+
+
+def shorten(lengths: list[int], chars: int) -> bool:
+    """Take up to `chars` characters off the longest slices first, none below MIN_SLICE;
+    False when none could give anything (the round cannot get smaller)."""
+    cut = False
+    for i in sorted(range(len(lengths)), key=lambda n: -lengths[n]):
+        take = min(max(0, lengths[i] - MIN_SLICE), chars)
+        if take > 0:
+            lengths[i] -= take
+            chars -= take
+            cut = True
+    return cut
 
 
 class ReadRounds:
@@ -83,8 +131,9 @@ class ReadRounds:
         self.upstream_headers = upstream_headers
         self.store: Store | None = request.app[STORE].store
         self.sent: dict[str, Any] = dict(prepared.sent)
-        self.messages: list[JSON] = wire.messages(self.sent)
+        self.messages: list[JSON] = list(self.wire.messages(self.sent))
         self.rounds_used = 0
+        self.max_rounds = prepared.policy.max_read_rounds
         self.record = detached()
 
     async def answer(self, response: aiohttp.ClientResponse) -> web.StreamResponse:
@@ -92,32 +141,56 @@ class ReadRounds:
             return await self.stream(response)
         return await self.whole(response)
 
-    async def _ask_again(self, round_: Round, stream: bool) -> aiohttp.ClientResponse | None:
-        """The next round's upstream response; None when the caller's budget cannot
-        hold another round (the rounds stop, as at `max_read_rounds`)."""
+    async def _next(self, round_: Round, stream: bool) -> aiohttp.ClientResponse | str:
+        """The next round's upstream response, or why there is none: "limit", "window"
+        (even the shortest slices would not fit) or "budget" (the top-up was refused)."""
+        if self.rounds_used >= self.max_rounds:
+            return "limit"
         began = time.perf_counter()
-        results = await answer_reads(round_.reads, self.store, self.prepared)
-        messages = self.wire.continue_messages(self.messages, round_, results)
-        history = self.wire.with_history(self.sent, messages, None)
-        payload = {**self.sent, **history}
         try:
-            if budgets.applies(self.request):
-                compactor = self.request.app[COMPACTOR]
-                counted = await compactor.count(self.wire, payload, 0)
-                factor = compactor.calibration.factor(self.prepared.model, None)
-                estimate = int(counted.total * max(1.0, factor) + 0.999)
-                if not await budgets.top_up(self.request, estimate, self.wire.max_output(payload)):
-                    log.info("read_result round refused by a budget; ending the answer")
-                    return None
-            self.messages = messages
-            self.rounds_used += 1
-            self.record.read_rounds += 1
-            body = self.wire.encode(self.sent, history)
+            body = await self._fitted(round_)
         finally:
             self.record.interception_seconds += time.perf_counter() - began
+        if isinstance(body, str):
+            return body
         return await self.upstream.send(
             "POST", self.request.raw_path, self.upstream_headers, body, stream=stream
         )
+
+    async def _fitted(self, round_: Round) -> bytes | str:
+        compactor = self.request.app[COMPACTOR]
+        factor = max(1.0, compactor.calibration.factor(self.prepared.model, None))
+        limit = math.floor(self.prepared.policy.window * (1 - WINDOW_MARGIN))
+        fetched = await fetch_reads(round_.reads, self.store, self.prepared)
+        lengths = [f.slice_length for f in fetched]
+        for _ in range(FIT_ATTEMPTS):
+            results = [f.result(n) for f, n in zip(fetched, lengths, strict=True)]
+            messages = self.wire.continue_messages(self.messages, round_, results)
+            payload = {**self.sent, **self.wire.with_history(self.sent, messages, None)}
+            counted = await compactor.count(self.wire, payload, 0)
+            real = math.ceil(counted.total * factor)
+            if real <= limit:
+                break
+            # What the slices must give up, in characters at their own density.
+            chars = sum(lengths)
+            tokens = max(1, sum(counted.counts[len(self.messages) + 1 :]))
+            over = math.ceil((real - limit) / factor)
+            if not shorten(lengths, math.ceil(over * max(1.0, chars / tokens) * 1.1)):
+                log.info("read_result round would not fit the window; ending the answer")
+                return "window"
+        else:
+            return "window"
+        if not await budgets.top_up(self.request, real, self.wire.max_output(payload)):
+            log.info("read_result round refused by a budget; ending the answer")
+            return "budget"
+        self.messages = messages
+        self.rounds_used += 1
+        self.record.read_rounds += 1
+        return self.wire.encode(self.sent, self.wire.with_history(self.sent, messages, None))
+
+    def _stop_note(self, why: str) -> str:
+        self.record.read_outcome = why
+        return STOP_NOTES[why].format(rounds=self.max_rounds)
 
     # -- not streaming -------------------------------------------------------------------
 
@@ -127,6 +200,7 @@ class ReadRounds:
         headers = client_response_headers(response.headers)
         answers: list[JSON] = []
         meter = self.record.meter
+        note = None
         while True:
             try:
                 raw = await response.read()
@@ -136,18 +210,18 @@ class ReadRounds:
             answers.append(message)
             round_ = self.wire.split(message, self.tool)
             meter.round(round_.usage)
-            if (
-                not round_.wants_reads_only
-                or self.rounds_used >= self.prepared.policy.max_read_rounds
-            ):
+            if not round_.wants_reads_only:
+                self.record.read_outcome = "complete"
                 break
-            next_response = await self._ask_again(round_, stream=False)
-            if next_response is None:
+            following = await self._next(round_, stream=False)
+            if isinstance(following, str):
+                note = self._stop_note(following)
                 break
-            response = next_response
+            response = following
             if response.status != 200:
+                self.record.read_outcome = "upstream_error"
                 return await relay(self.request, response, self.prepared.headers, wire=self.wire)
-        merged = self.wire.merge(answers, self.tool)
+        merged = self.wire.merge(answers, self.tool, note)
         out = CIMultiDict(headers)
         out.popall("Content-Encoding", None)
         for name, value in self.prepared.headers:
@@ -167,37 +241,43 @@ class ReadRounds:
         await out.prepare(self.request)
         merger = self.wire.merger(self.tool)
         meter = self.record.meter
+        note = None
         try:
             while True:
                 merger.begin_round()
                 ended = await self._relay_round(response, merger, out)
                 if ended is MergeState.FAILED:
+                    self.record.read_outcome = "upstream_error"
                     await out.write_eof()
                     return out
                 if ended is MergeState.OPEN:  # the upstream stream broke off
+                    self.record.read_outcome = "broken"
                     cut_client(self.request)
                     return out
                 round_ = merger.end_round()
                 meter.round(round_.usage)
-                more = round_.wants_reads_only
-                if not more or self.rounds_used >= self.prepared.policy.max_read_rounds:
+                if not round_.wants_reads_only:
+                    self.record.read_outcome = "complete"
                     break
-                next_response = await self._ask_again(round_, stream=True)
-                if next_response is None:
+                following = await self._next(round_, stream=True)
+                if isinstance(following, str):
+                    note = self._stop_note(following)
                     break
-                response = next_response
+                response = following
                 if response.status != 200:
                     # Too late for a status: end the stream with the upstream's error.
+                    self.record.read_outcome = "upstream_error"
                     await out.write(await _error_event(response, self.wire))
                     await out.write_eof()
                     return out
-            for chunk in merger.finish():
+            for chunk in merger.finish(note):
                 await out.write(chunk)
             meter.complete = True
             await out.write_eof()
             return out
         except (aiohttp.ClientError, TimeoutError) as e:
             log.info("read_result round failed (%s); cutting the stream", type(e).__name__)
+            self.record.read_outcome = "broken"
             cut_client(self.request)
             return out
         finally:

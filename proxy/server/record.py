@@ -30,6 +30,8 @@ class RequestRecord:
     meter: UsageMeter = field(default_factory=UsageMeter)  # every upstream answer's usage
     model: str = ""  # the request's model, when it names one
     read_rounds: int = 0
+    read_outcome: str = ""  # how read_result rounds ended: complete, limit, window, budget,
+    # upstream_error, broken ("" when the answer was relayed as bytes)
     strategy: str = ""  # the rewrite's, "refuse", or "" (untouched)
     reason: str = ""  # why the outcome differs from what the policy aimed at
     tokens_before: int = 0

@@ -24,6 +24,7 @@ passed through.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,9 +33,10 @@ import orjson
 from aiohttp import web
 
 from proxy.core.checkpoint import chain_hash, message_digest
-from proxy.core.commands import GetSummary
+from proxy.core.commands import GetSummary, SummaryReply
 from proxy.core.errors import StoreUnavailable, UpgradeRequired, UpstreamError
 from proxy.core.identity import conversation_of, tenant_of
+from proxy.core.planner import SUMMARISER_MARGIN
 from proxy.core.seal import open_sealed, seal
 from proxy.core.summary import INSTRUCTION
 from proxy.server import budgets
@@ -52,7 +54,7 @@ from proxy.server.routes import (
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.seal_key import SealKey
 from proxy.server.state import COMPACTOR, SETTINGS, STORE
-from proxy.server.summariser import SUMMARISERS, obtain_summary
+from proxy.server.summariser import SUMMARISERS, SUMMARY, obtain_summary, release
 from proxy.store import Store
 from proxy.wire.responses import RESPONSES, asks_for_summary
 from proxy.wire.responses_compaction import (
@@ -61,6 +63,7 @@ from proxy.wire.responses_compaction import (
     compaction_response,
     compaction_usage,
     expanded,
+    fitted,
     is_trigger,
     sealed_items,
 )
@@ -180,6 +183,42 @@ async def _trigger(request: web.Request, body: bytes, payload: dict[str, Any]) -
     return Adjusted(body, payload, read_result=False, on_refusal=refused)
 
 
+async def _summary(
+    request: web.Request,
+    need: GetSummary,
+    store: Store,
+    tenant: str,
+    conversation: str,
+    model: str,
+) -> SummaryReply:
+    """The conversation's summary for `need`: the stored one, or made once for the fleet
+    and stored before it is named in a sealed reference."""
+    app = request.app
+    compactor = app[COMPACTOR]
+    obtained = await obtain_summary(
+        need,
+        store=store,
+        tenant=tenant,
+        conversation=conversation,
+        model=model,
+        headers=request.headers,
+        base_url=app[OPENAI_UPSTREAM].base_url,
+        settings=compactor.summariser,
+        call=SUMMARISERS[RESPONSES.name],
+    )
+    reply = obtained.reply
+    if obtained.lock is None:
+        return reply
+    try:
+        if reply.text is not None:
+            await store.put_json(tenant, conversation, SUMMARY, need.key, reply.text)
+    except StoreUnavailable as e:
+        raise StoreUnavailable("compaction-proxy could not keep the summary; try again") from e
+    finally:
+        await release(store, tenant, conversation, obtained.lock)
+    return reply
+
+
 async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web.Response:
     """Answer a compaction_trigger with one compaction item sealing a reference to the
     proxy's own summary of the history (compacted first, as a turn would be)."""
@@ -201,22 +240,17 @@ async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web
     tenant = _tenant(request)
     conversation = conversation_of(request.headers, RESPONSES.identity_view(payload), tenant)
     digest = chain_hash([message_digest(unit) for unit in units])
-    need = GetSummary(digest, transcript, policy.summary_max_tokens, policy.summariser_model)
-    estimate = compactor.counter.count_text(INSTRUCTION) + compactor.counter.count_text(transcript)
+    slot = policy.summary_max_tokens
+    instruction = compactor.counter.count_text(INSTRUCTION)
+    factor = compactor.calibration.factor(model, store) or 1.0
+    room = math.floor(policy.window * (1 - SUMMARISER_MARGIN) / factor) - slot - instruction
+    transcript = fitted(transcript, compactor.counter.count_text(transcript), room)
+    need = GetSummary(digest, transcript, slot, policy.summariser_model)
+    estimate = instruction + compactor.counter.count_text(transcript)
     await budgets.reserve(request, estimate, need.slot, b"")
     record = detached()
     made = len(record.meter.extra)
-    reply = await obtain_summary(
-        need,
-        store=store,
-        tenant=tenant,
-        conversation=conversation,
-        model=model,
-        headers=request.headers,
-        base_url=app[OPENAI_UPSTREAM].base_url,
-        settings=compactor.summariser,
-        call=SUMMARISERS[RESPONSES.name],
-    )
+    reply = await _summary(request, need, store, tenant, conversation, model)
     if reply.text is None:
         raise UpstreamError(f"compaction-proxy could not summarise the history ({reply.failure})")
     record.summary = "reused" if reply.reused else "made"

@@ -1,9 +1,11 @@
 """Getting a summary for a crossing: reuse a stored one, or make it once for the fleet.
 
-A summary is stored under the hash of the messages it folds, per conversation, so every
-later request (on any replica) whose history starts with that prefix reuses it byte for
-byte. Making one costs an upstream call, so a Redis lock lets one replica make it while
-the others wait briefly for it and, if it does not come in time, pack instead.
+A summary is stored under the hash of the turns it folds, per conversation, so every
+later request (on any replica) whose history starts with them reuses it byte for byte.
+Making one costs an upstream call, so a Redis lock lets one replica make it while the
+others wait briefly for it and, if it does not come in time, pack instead. The maker
+keeps the lock until the crossing's writes have stored the summary (the executor
+releases it), so no second replica pays for the same summary in between.
 """
 
 from __future__ import annotations
@@ -29,9 +31,16 @@ from proxy.wire.responses_rounds import responses_usage
 log = logging.getLogger(__name__)
 
 PURPOSE_HEADER = "x-compaction-proxy-purpose"
+SUMMARY = "summary"  # the store kind summaries are kept under
 
 
 SummaryCall = Callable[..., Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Obtained:
+    reply: SummaryReply
+    lock: tuple[str, str] | None = None  # (lock name, token) still held: release after saving
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,20 +61,22 @@ async def obtain_summary(
     base_url: str,
     settings: SummariserSettings,
     call: SummaryCall,
-) -> SummaryReply:
+) -> Obtained:
     key = need.key
     try:
-        stored = await store.get_json(tenant, conversation, "summary", key)
+        stored = await store.get_json(tenant, conversation, SUMMARY, key)
         if isinstance(stored, str) and stored.strip():
-            return SummaryReply(stored, reused=True)
+            return Obtained(SummaryReply(stored, reused=True))
         lock = f"summary:{key}"
-        ttl_ms = int((settings.timeout + 5) * 1000)
+        # Held through the call and until the crossing's writes (then released).
+        ttl_ms = int((settings.timeout + 30) * 1000)
         token = await store.acquire_lock(tenant, conversation, lock, ttl_ms)
     except StoreUnavailable as e:
-        return SummaryReply(None, failure=f"store unavailable: {e}")
+        return Obtained(SummaryReply(None, failure=f"store unavailable: {e}"))
     if token is None:
-        return await _wait_for_other(store, tenant, conversation, key, settings)
+        return Obtained(await _wait_for_other(store, tenant, conversation, key, settings))
     record = detached()
+    held = (lock, token)
     try:
         record.summariser_calls += 1
         text = await call(
@@ -73,18 +84,22 @@ async def obtain_summary(
         )
         if not text.strip():
             record.summariser_failures += 1
-            return SummaryReply(None, failure="the summariser answered with no text")
-        await store.put_json(tenant, conversation, "summary", key, text)
-        return SummaryReply(text)
-    except StoreUnavailable as e:
-        return SummaryReply(None, failure=f"store unavailable: {e}")
+            await release(store, tenant, conversation, held)
+            return Obtained(SummaryReply(None, failure="the summariser answered with no text"))
+        return Obtained(SummaryReply(text), held)
     except (anthropic.APIError, openai.APIError) as e:
         record.summariser_failures += 1
         log.warning("summariser call failed: %s (%r)", type(e).__name__, e.__cause__)
-        return SummaryReply(None, failure=f"summariser failed: {type(e).__name__}")
-    finally:
-        with contextlib.suppress(StoreUnavailable):  # else it expires by itself
-            await store.release_lock(tenant, conversation, lock, token)
+        await release(store, tenant, conversation, held)
+        return Obtained(SummaryReply(None, failure=f"summariser failed: {type(e).__name__}"))
+    except BaseException:
+        await release(store, tenant, conversation, held)
+        raise
+
+
+async def release(store: Store, tenant: str, conversation: str, held: tuple[str, str]) -> None:
+    with contextlib.suppress(StoreUnavailable):  # else it expires by itself
+        await store.release_lock(tenant, conversation, held[0], held[1])
 
 
 async def _wait_for_other(
@@ -95,7 +110,7 @@ async def _wait_for_other(
     while loop.time() < deadline:
         await asyncio.sleep(settings.poll)
         try:
-            stored = await store.get_json(tenant, conversation, "summary", key)
+            stored = await store.get_json(tenant, conversation, SUMMARY, key)
         except StoreUnavailable as e:
             return SummaryReply(None, failure=f"store unavailable: {e}")
         if isinstance(stored, str) and stored.strip():

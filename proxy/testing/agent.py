@@ -102,7 +102,9 @@ async def run_agent(
     conversation: str | None = None,
     max_tokens: int = 1024,
     on_turn: Callable[[int, Turn], Awaitable[None]] | None = None,
+    output: Callable[[int, int], str] = tool_output,
 ) -> list[Turn]:
+    """`output(turn, chars)`: the tool result of a turn (a build log by default)."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
     done: list[Turn] = []
     for t in range(turns):
@@ -139,7 +141,7 @@ async def run_agent(
                     {
                         "type": "tool_result",
                         "tool_use_id": c.id,
-                        "content": tool_output(t, result_chars),
+                        "content": output(t, result_chars),
                     }
                     for c in calls
                 ],

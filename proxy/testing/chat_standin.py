@@ -47,6 +47,7 @@ from proxy.testing.standin_http import (
     CACHE,
     COUNTER,
     OPTIONS,
+    RECORD,
     SUMMARY_PURPOSE,
     _credential,
     _scaled,
@@ -112,7 +113,7 @@ def _texts(content: Any) -> list[str]:
     ]
 
 
-def next_ref_to_read(body: dict[str, Any]) -> str | None:
+def next_ref_to_read(body: dict[str, Any], keep_reading: bool = False) -> str | None:
     """The first stub ref not read yet, when read_result is offered and the request is not
     itself answering a read (the Chat twin of script.next_ref_to_read)."""
     tools = body.get("tools") or []
@@ -136,7 +137,7 @@ def next_ref_to_read(body: dict[str, Any]) -> str | None:
         for text in _texts(message.get("content")):
             refs.extend(STUB_REF.findall(text))
     last = messages[-1] if messages else {}
-    if last.get("role") == "tool" and last.get("tool_call_id") in read_calls:
+    if not keep_reading and last.get("role") == "tool" and last.get("tool_call_id") in read_calls:
         return None
     already = set(read_calls.values())
     return next((ref for ref in refs if ref not in already), None)
@@ -246,12 +247,13 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
     summary = None
     if purpose == SUMMARY_PURPOSE:
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
-        summary = summarise({**body, "max_tokens": limit}, app[COUNTER])
+        summary = summarise({**body, "max_tokens": limit}, app[COUNTER], options.summary_loss)
     answer = plan_chat_answer(body, script, app[COUNTER], digest[24:], text_override=summary)
     units = prompt_units(body, counter)
     cache = app[CACHE].account(_tenant(request), units, counter.count_request(body))
     cached = _scaled(cache.cache_read_input_tokens, options)
     usage = _usage(total, min(cached, total), answer)
+    request[RECORD].usage = usage  # what this answer reports, for tests to compare
     head = {
         "id": f"chatcmpl-{digest[:24]}",
         "created": CREATED,

@@ -235,7 +235,7 @@ def offered_custom(body: dict[str, Any], name: str) -> bool:
     )
 
 
-def next_ref_to_read(body: dict[str, Any]) -> str | None:
+def next_ref_to_read(body: dict[str, Any], keep_reading: bool = False) -> str | None:
     """The first stub ref not read yet, when read_result is offered as a function tool and
     the request is not itself answering a read (the Responses twin of the other routes')."""
     if not offered_function(body, READ_RESULT):
@@ -257,7 +257,8 @@ def next_ref_to_read(body: dict[str, Any]) -> str | None:
         for text in texts:
             refs.extend(STUB_REF.findall(text))
     last = items[-1] if items else {}
-    if last.get("type") == "function_call_output" and last.get("call_id") in read_calls:
+    answering = last.get("type") == "function_call_output" and last.get("call_id") in read_calls
+    if not keep_reading and answering:
         return None
     already = set(read_calls.values())
     return next((ref for ref in refs if ref not in already), None)

@@ -7,6 +7,8 @@ of a request's `x-stand-in` header laid over it. Keys:
 - `tool`: `{"name": ..., "input": {...}}`: call that client tool (stop_reason tool_use);
 - `read_result`: true: call the `read_result` tool for the first stub ref in the history
   not read yet, when the request offers that tool and is not itself answering one;
+  `keep_reading`: true: even when it is (a model that reads every stub, round after
+  round); `read_length`: the length it asks for;
 - `thinking`: true: with thinking on, start the answer with a signed thinking block;
 - `fault`: "429", "529", "500", "stream_error", "eof", "stall"; `fault_times`: only the
   first N requests carrying that fault get it (counted per stand-in);
@@ -41,6 +43,7 @@ class Script:
     text: str | None = None
     tool: dict[str, Any] | None = None
     read_result: bool = False
+    keep_reading: bool = False
     thinking: bool = False
     fault: str | None = None
     fault_times: int | None = None
@@ -123,8 +126,9 @@ def _texts_of(block: dict[str, Any]) -> list[str]:
     return []
 
 
-def next_ref_to_read(body: dict[str, Any]) -> str | None:
-    """The first stub ref of the history not read yet, if read_result should be called."""
+def next_ref_to_read(body: dict[str, Any], keep_reading: bool = False) -> str | None:
+    """The first stub ref of the history not read yet, if read_result should be called
+    (not right after a read's result, unless `keep_reading`)."""
     tools = body.get("tools") or []
     if not any(isinstance(t, dict) and t.get("name") == READ_RESULT for t in tools):
         return None
@@ -140,11 +144,15 @@ def next_ref_to_read(body: dict[str, Any]) -> str | None:
             for text in _texts_of(block):
                 refs.extend(STUB_REF.findall(text))
     last_user = next((m for m in reversed(messages) if m.get("role") == "user"), None)
-    if last_user is not None and any(
-        isinstance(b, dict)
-        and b.get("type") == "tool_result"
-        and b.get("tool_use_id") in read_calls
-        for b in _blocks(last_user.get("content"))
+    if (
+        not keep_reading
+        and last_user is not None
+        and any(
+            isinstance(b, dict)
+            and b.get("type") == "tool_result"
+            and b.get("tool_use_id") in read_calls
+            for b in _blocks(last_user.get("content"))
+        )
     ):
         return None
     already = set(read_calls.values())
@@ -166,13 +174,14 @@ def trim_to(text: str, budget: int, counter: TokenCounter) -> str:
 def plan_call(
     body: dict[str, Any],
     script: Script,
-    ref_to_read: Callable[[dict[str, Any]], str | None],
+    ref_to_read: Callable[[dict[str, Any], bool], str | None],
     text_override: str | None,
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The tool call (`{"name", "input"}`) and the text the answer carries, either format:
     a summary (`text_override`) never calls a tool."""
     call: dict[str, Any] | None = None
-    ref = ref_to_read(body) if script.read_result and text_override is None else None
+    reads = script.read_result and text_override is None
+    ref = ref_to_read(body, script.keep_reading) if reads else None
     if ref is not None:
         read = {"ref": ref, "start": 0, "length": script.read_length}
         call = {"name": READ_RESULT, "input": read}

@@ -176,7 +176,11 @@ def _analyse(
     if purpose == SUMMARY_PURPOSE:
         kind = SUMMARY
         answer = plan_answer(
-            body, script, counter, digest[24:], text_override=summarise(body, counter)
+            body,
+            script,
+            counter,
+            digest[24:],
+            text_override=summarise(body, counter, app[OPTIONS].summary_loss),
         )
     elif scenario is not None and not scripted:
         kind, answer = scenario_answer(scenario, body, counter, digest[24:])

@@ -54,6 +54,8 @@ class StandInOptions:
     # Script requests by their content, for agents that cannot send `x-stand-in` (a
     # request carrying that header still follows it). See scenario.py.
     scenario: Scenario | None = None
+    # A lossy summariser: every n-th identifier of the folded turns left out (0: none).
+    summary_loss: int = 0
 
     def window_for(self, model: str) -> int:
         """The exact model's window, else the longest matching glob's, else 200,000."""

@@ -183,8 +183,8 @@ class AnthropicMessages:
     def split(self, answer: JSON, tool: str) -> Round:
         return anthropic_rounds.split_message(answer, tool)
 
-    def merge(self, answers: Sequence[JSON], tool: str) -> JSON:
-        return anthropic_rounds.merge_messages(answers, tool)
+    def merge(self, answers: Sequence[JSON], tool: str, note: str | None = None) -> JSON:
+        return anthropic_rounds.merge_messages(answers, tool, note)
 
     def continue_messages(
         self, messages: Sequence[JSON], round_: Round, results: Sequence[tuple[str, str, bool]]

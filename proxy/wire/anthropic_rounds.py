@@ -6,38 +6,74 @@ again; the client sees one ordinary message. This module holds the pure parts:
 - `StreamMerger` turns the SSE events of several upstream rounds into one client stream:
   read_result blocks are held back, every other block is passed on with its index
   shifted to follow the blocks already sent, and one `message_delta`/`message_stop`
-  closes the message with the usage of all rounds summed. With one round and nothing
-  held, every event goes out as the very bytes that came in.
+  closes the message. With one round and nothing held, every event goes out as the very
+  bytes that came in.
+
+The client is told the usage it can act on (`client_usage`): the input of the LAST
+round (what the model saw last; agents size their context from it, and a sum over rounds
+would make them compact for nothing) and the output it received (every round's, less the
+read_result calls it never saw). The request's meter keeps the true totals.
 - `split_message` / `merge_messages` do the same for non-streaming answers.
 - `continue_messages` appends a round's assistant turn and the read results to a request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 
 from proxy.core.sse import Event, encode_event
-from proxy.core.usage import anthropic_usage
+from proxy.core.usage import anthropic_usage, call_tokens
 from proxy.core.wire_format import MergeState, ReadCall, Round
 
-USAGE_SUMS = (
-    "input_tokens",
-    "cache_creation_input_tokens",
-    "cache_read_input_tokens",
-    "output_tokens",
-)
+
+def client_usage(rounds: Sequence[object], held_tokens: int) -> dict[str, Any]:
+    """The usage of the last round, with the output of all rounds less `held_tokens`."""
+    usages = [u for u in rounds if isinstance(u, dict)]
+    if not usages:
+        return {}
+    out = dict(usages[-1])
+    output = sum(u["output_tokens"] for u in usages if isinstance(u.get("output_tokens"), int))
+    out["output_tokens"] = max(0, output - held_tokens)
+    return out
 
 
-def add_usage(total: dict[str, int], usage: object) -> None:
-    if not isinstance(usage, dict):
-        return
-    for key in USAGE_SUMS:
-        value = usage.get(key)
-        if isinstance(value, int):
-            total[key] = total.get(key, 0) + value
+_INPUTS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+
+
+def consistent_with_start(usage: dict[str, Any], start: Mapping[str, Any]) -> dict[str, Any]:
+    """The final usage of a stream whose message_start told `start`, such that a client
+    merging the two either way ends with the final figures: some clients (Claude Code)
+    keep a message_start count unless the message_delta's is non-zero, so an input field
+    that was non-zero at the start must not be zero at the end. One token moves from the
+    largest other input field for each such field; the total input stays exact."""
+    out = dict(usage)
+    for name in _INPUTS:
+        if _int(start.get(name)) > 0 and _int(out.get(name)) == 0:
+            donor = max((n for n in _INPUTS if n != name), key=lambda n: _int(out.get(n)))
+            if _int(out.get(donor)) >= 2:
+                out[donor] = _int(out.get(donor)) - 1
+                out[name] = 1
+    written = _int(out.get("cache_creation_input_tokens"))
+    detail = out.get("cache_creation")
+    if isinstance(detail, dict):
+        hour = min(written, _int(detail.get("ephemeral_1h_input_tokens")))
+        out["cache_creation"] = {
+            **detail,
+            "ephemeral_5m_input_tokens": written - hour,
+            "ephemeral_1h_input_tokens": hour,
+        }
+    return out
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def note_block(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
 
 
 class StreamMerger:
@@ -47,8 +83,10 @@ class StreamMerger:
         self._tool = tool
         self._next_index = 0
         self._rounds = 0
-        self._total: dict[str, int] = {}  # the client's usage: every round's, summed
+        self._usages: list[dict[str, Any]] = []  # every finished round's usage, as given
+        self._held_tokens = 0  # output the client did not see (held read_result calls)
         self._raw_usage: dict[str, Any] = {}  # this round's usage as the upstream gave it
+        self._start_usage: dict[str, Any] = {}  # what the client's message_start told
         self._round = Round()
         self._stop_sequence: Any = None
         self._index_map: dict[int, int | None] = {}  # upstream index -> client index (None: held)
@@ -85,7 +123,10 @@ class StreamMerger:
             data = _loads(event.data)
             message = data.get("message") or {}
             self._raw_usage = dict(message.get("usage") or {})
-            return [event.raw] if self._rounds == 1 else []
+            if self._rounds == 1:
+                self._start_usage = dict(self._raw_usage)
+                return [event.raw]
+            return []
         if name == "content_block_start":
             return self._block_start(event)
         if name in ("content_block_delta", "content_block_stop"):
@@ -115,34 +156,44 @@ class StreamMerger:
             if block.get("type") == "tool_use":
                 if self._index_map.get(index) is None:
                     self._round.reads.append(ReadCall(str(block.get("id", "")), block.get("input")))
+                    self._held_tokens += call_tokens(len(self._partial.get(index, "")))
                 else:
                     self._round.client_calls += 1
         self._round.assistant = {"role": "assistant", "content": content}
         self._round.usage = anthropic_usage(self._raw_usage)
         self._round.asks_to_read = self._round.stop_reason == "tool_use"
-        add_usage(self._total, self._raw_usage)
+        self._usages.append(dict(self._raw_usage))
         return self._round
 
-    def finish(self) -> list[bytes]:
-        """The closing events: the upstream's own when one round held nothing back."""
+    def finish(self, note: str | None = None) -> list[bytes]:
+        """The closing events: the upstream's own when one round held nothing back.
+        `note`: a short text block the proxy adds at the end (why the rounds stopped)."""
         last = self._round
         if (
             self._rounds == 1
             and not last.reads
+            and note is None
             and self._last_delta is not None
             and self._last_stop is not None
         ):
             return [self._last_delta.raw, self._last_stop.raw]
+        out: list[bytes] = []
+        if note is not None:
+            out += _text_block_events(self._next_index, note)
+            self._next_index += 1
         reason = last.stop_reason
         if reason == "tool_use" and not last.client_calls:
             reason = "end_turn"  # the held read_result call is not the client's to answer
         delta = {
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": self._stop_sequence},
-            "usage": dict(self._total),
+            "usage": consistent_with_start(
+                client_usage(self._usages, self._held_tokens), self._start_usage
+            ),
         }
         stop = {"type": "message_stop"}
         return [
+            *out,
             encode_event("message_delta", orjson.dumps(delta)),
             encode_event("message_stop", orjson.dumps(stop)),
         ]
@@ -169,6 +220,21 @@ class StreamMerger:
         if client is None:
             return []  # a held read_result block
         return [_with_index(event, data, client)]
+
+
+def _text_block_events(index: int, text: str) -> list[bytes]:
+    start = {"type": "content_block_start", "index": index, "content_block": note_block("")}
+    delta = {
+        "type": "content_block_delta",
+        "index": index,
+        "delta": {"type": "text_delta", "text": text},
+    }
+    stop = {"type": "content_block_stop", "index": index}
+    return [
+        encode_event("content_block_start", orjson.dumps(start)),
+        encode_event("content_block_delta", orjson.dumps(delta)),
+        encode_event("content_block_stop", orjson.dumps(stop)),
+    ]
 
 
 def _loads(data: str) -> dict[str, Any]:
@@ -234,21 +300,24 @@ def split_message(message: dict[str, Any], tool: str) -> Round:
     )
 
 
-def merge_messages(messages: Sequence[dict[str, Any]], tool: str) -> dict[str, Any]:
+def merge_messages(
+    messages: Sequence[dict[str, Any]], tool: str, note: str | None = None
+) -> dict[str, Any]:
     """One message for the client from every round's answer: read_result calls removed,
-    content joined, usage summed, the last round's stop."""
+    content joined, the usage the client can act on (`client_usage`), the last round's
+    stop; `note` ends it with a short text block of the proxy's."""
     first, last = messages[0], messages[-1]
-    content = [
-        b
-        for m in messages
-        for b in m.get("content") or []
-        if not (isinstance(b, dict) and b.get("type") == "tool_use" and b.get("name") == tool)
-    ]
-    usage = dict(first.get("usage") or {})
-    total: dict[str, int] = {}
+    content: list[Any] = []
+    held = 0
     for m in messages:
-        add_usage(total, m.get("usage"))
-    usage.update(total)
+        for b in m.get("content") or []:
+            if isinstance(b, dict) and b.get("type") == "tool_use" and b.get("name") == tool:
+                held += call_tokens(len(orjson.dumps(b.get("input", {}))))
+            else:
+                content.append(b)
+    if note is not None:
+        content.append(note_block(note))
+    usage = client_usage([m.get("usage") for m in messages], held)
     stop = last.get("stop_reason")
     if stop == "tool_use" and not any(b.get("type") == "tool_use" for b in content):
         stop = "end_turn"

@@ -312,8 +312,8 @@ class ChatCompletions:
     def split(self, answer: JSON, tool: str) -> Round:
         return chat_rounds.split_completion(answer, tool)
 
-    def merge(self, answers: Sequence[JSON], tool: str) -> JSON:
-        return chat_rounds.merge_completions(answers, tool)
+    def merge(self, answers: Sequence[JSON], tool: str, note: str | None = None) -> JSON:
+        return chat_rounds.merge_completions(answers, tool, note)
 
     def continue_messages(
         self, messages: Sequence[JSON], round_: Round, results: Sequence[tuple[str, str, bool]]

@@ -7,8 +7,12 @@ again; the client sees one completion:
   stream: read_result tool_call deltas are held back, other tool_calls keep their order
   with indices shifted to follow those already sent, later rounds' chunks carry the first
   round's completion id, and one final chunk with the finish_reason, one usage chunk
-  (summed, when the client asked for usage) and one `[DONE]` end it. With one round and
-  nothing held, every chunk goes out as the very bytes that came in.
+  (when the client asked for usage) and one `[DONE]` end it. With one round and nothing
+  held, every chunk goes out as the very bytes that came in.
+
+The usage the client is told is the one it can act on (`client_usage`): the prompt of the
+LAST round (what the model saw last) and the completion tokens it received (every
+round's, less the read_result calls it never saw).
 - `split_completion` / `merge_completions` do the same for non-streaming answers.
 - `continue_messages` appends a round's assistant message and the read results.
 
@@ -24,7 +28,7 @@ from typing import Any
 import orjson
 
 from proxy.core.sse import Event
-from proxy.core.usage import Usage, count
+from proxy.core.usage import Usage, call_tokens, count
 from proxy.core.wire_format import MergeState, ReadCall, Round
 
 DONE = "[DONE]"
@@ -45,20 +49,23 @@ def chat_usage(raw: Mapping[str, Any]) -> Usage:
     )
 
 
-def add_usage(total: dict[str, Any], usage: object) -> None:
-    """Sum every number of a usage object into total, nested details included."""
-    if not isinstance(usage, dict):
-        return
-    for key, value in usage.items():
-        if isinstance(value, bool):
-            continue
-        if isinstance(value, int):
-            total[key] = total.get(key, 0) + value
-        elif isinstance(value, dict):
-            inner = total.get(key)
-            if not isinstance(inner, dict):
-                inner = total[key] = {}
-            add_usage(inner, value)
+def client_usage(rounds: Sequence[object], held_tokens: int) -> dict[str, Any]:
+    """The last round's usage, with the completion tokens of all rounds less
+    `held_tokens` (and the total made of the two)."""
+    usages = [u for u in rounds if isinstance(u, dict)]
+    if not usages:
+        return {}
+    out = dict(usages[-1])
+    completion = sum(count(u.get("completion_tokens")) for u in usages)
+    out["completion_tokens"] = max(0, completion - held_tokens)
+    out["total_tokens"] = count(out.get("prompt_tokens")) + out["completion_tokens"]
+    return out
+
+
+def _held_tokens(call: Mapping[str, Any]) -> int:
+    function = call.get("function")
+    arguments = function.get("arguments") if isinstance(function, Mapping) else None
+    return call_tokens(len(arguments) if isinstance(arguments, str) else 0)
 
 
 def _read_call(call: dict[str, Any]) -> ReadCall:
@@ -113,18 +120,28 @@ def _assistant(message: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def merge_completions(completions: Sequence[dict[str, Any]], tool: str) -> dict[str, Any]:
+def merge_completions(
+    completions: Sequence[dict[str, Any]], tool: str, note: str | None = None
+) -> dict[str, Any]:
     """One completion for the client from every round's answer: read_result calls
-    removed, texts joined, usage summed, the last round's finish_reason."""
+    removed, texts joined, the usage the client can act on, the last round's
+    finish_reason; `note` ends the text with a short line of the proxy's."""
     first, last = completions[0], completions[-1]
     texts: list[str] = []
     calls: list[Any] = []
+    held = 0
     for completion in completions:
         message = _first_choice(completion).get("message") or {}
         content = message.get("content")
         if isinstance(content, str) and content:
             texts.append(content)
-        calls.extend(c for c in message.get("tool_calls") or () if not _is_read(c, tool))
+        for call in message.get("tool_calls") or ():
+            if _is_read(call, tool):
+                held += _held_tokens(call)
+            else:
+                calls.append(call)
+    if note is not None:
+        texts.append(note)
     choice = dict(_first_choice(first))
     message = dict(choice.get("message") or {})
     message["content"] = ROUND_SEPARATOR.join(texts) if texts else None
@@ -138,10 +155,7 @@ def merge_completions(completions: Sequence[dict[str, Any]], tool: str) -> dict[
     choice.update(message=message, finish_reason=reason)
     out = {**first, "choices": [choice]}
     if any(isinstance(c.get("usage"), dict) for c in completions):
-        total: dict[str, Any] = {}
-        for completion in completions:
-            add_usage(total, completion.get("usage"))
-        out["usage"] = {**(first.get("usage") or {}), **total}
+        out["usage"] = client_usage([c.get("usage") for c in completions], held)
     return out
 
 
@@ -175,7 +189,8 @@ class ChatStreamMerger:
         self._head: dict[str, Any] = {}  # id, object, created, model of the first chunk
         self._next_index = 0  # the next client tool_call index
         self._sent_text = False
-        self._total: dict[str, Any] = {}
+        self._usages: list[dict[str, Any]] = []  # every finished round's usage, as given
+        self._held_tokens = 0  # completion the client did not see (held read_result calls)
         self._usage_seen = False
         self._round = Round()
         self.state = MergeState.OPEN
@@ -335,32 +350,41 @@ class ChatStreamMerger:
             calls.append(entry)
             if self._index_map.get(index) is None:
                 round_.reads.append(_read_call(entry))
+                self._held_tokens += _held_tokens(entry)
             else:
                 round_.client_calls += 1
         text = "".join(self._text)
         round_.assistant = {"role": "assistant", "content": text or None, "tool_calls": calls}
         round_.usage = chat_usage(self._raw_usage)
         round_.asks_to_read = round_.stop_reason == "tool_calls"
-        add_usage(self._total, self._raw_usage)
+        if self._raw_usage:
+            self._usages.append(dict(self._raw_usage))
         return round_
 
-    def finish(self) -> list[bytes]:
-        """The closing chunks: the upstream's own when one round held nothing back."""
+    def finish(self, note: str | None = None) -> list[bytes]:
+        """The closing chunks: the upstream's own when one round held nothing back.
+        `note`: a short line the proxy adds to the text (why the rounds stopped)."""
         last = self._round
-        if self._rounds == 1 and not last.reads:
+        if self._rounds == 1 and not last.reads and note is None:
             out = list(self._held)
             return [*out, self._done.raw] if self._done is not None else out
         reason = last.stop_reason
         if reason == "tool_calls" and not last.client_calls:
             reason = "stop"  # the held read_result call is not the client's to answer
         head = {**self._head, "object": "chat.completion.chunk"}
+        out = []
+        if note is not None:
+            text = ROUND_SEPARATOR + note if self._sent_text else note
+            said = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+            out.append(encode_chunk({**head, "choices": [said]}))
         final = {
             **head,
             "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}],
         }
-        out = [encode_chunk(final)]
+        out.append(encode_chunk(final))
         if self._usage_seen:
-            out.append(encode_chunk({**head, "choices": [], "usage": dict(self._total)}))
+            usage = client_usage(self._usages, self._held_tokens)
+            out.append(encode_chunk({**head, "choices": [], "usage": usage}))
         out.append(DONE_EVENT)
         return out
 

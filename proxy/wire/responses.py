@@ -294,8 +294,8 @@ class ResponsesAPI:
     def split(self, answer: JSON, tool: str) -> Round:
         return responses_rounds.split_response(answer, tool)
 
-    def merge(self, answers: Sequence[JSON], tool: str) -> JSON:
-        return responses_rounds.merge_responses(answers, tool)
+    def merge(self, answers: Sequence[JSON], tool: str, note: str | None = None) -> JSON:
+        return responses_rounds.merge_responses(answers, tool, note)
 
     def continue_messages(
         self, messages: Sequence[JSON], round_: Round, results: Sequence[tuple[str, str, bool]]

@@ -35,6 +35,17 @@ MISSING_NOTE = (
 )
 
 
+def fitted(transcript: str, tokens: int, budget: int) -> str:
+    """The transcript cut to about `budget` tokens: its start (the task) and its end (the
+    latest work) kept, the middle cut with a line saying so."""
+    if tokens <= budget or tokens <= 0:
+        return transcript
+    keep = max(400, len(transcript) * max(budget, 0) // tokens)
+    half = keep // 2
+    cut = len(transcript) - 2 * half
+    return f"{transcript[:half]}\n[... {cut:,} characters cut ...]\n{transcript[-half:]}"
+
+
 def is_trigger(body: Mapping[str, Any]) -> bool:
     """Codex's remote compaction request: the last input item is a compaction_trigger."""
     items = input_items(body)

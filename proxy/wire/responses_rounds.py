@@ -19,9 +19,10 @@ again; the client sees one response:
   proxy/wire/responses_units.py) for the next round.
 
 Usage the client is told: the input of the last round (what the model saw last) and the
-output of the rounds that showed it something; the usage meter keeps every round's.
-When the rounds end while the model was still reading (the round limit, a budget), the
-answer ends with one short assistant message saying so, so it is never empty.
+output it received (the output of the rounds that showed it something, less the
+read_result calls held back); the usage meter keeps every round's. When the rounds stop
+while the model was still reading (the round limit, the window, a budget), the answer
+ends with one short assistant message saying why (`note`), so it is never empty.
 """
 
 from __future__ import annotations
@@ -32,14 +33,10 @@ from typing import Any
 import orjson
 
 from proxy.core.sse import Event, encode_event
-from proxy.core.usage import Usage, count
+from proxy.core.usage import Usage, call_tokens, count
 from proxy.core.wire_format import MergeState, ReadCall, Round
 from proxy.wire.responses_units import call_key, item_type
 
-STILL_READING = (
-    "[compaction-proxy: the model was still reading offloaded tool results when the proxy's"
-    " limit of read rounds was reached. Ask it to go on to continue.]"
-)
 _HEAD = ("response.created", "response.in_progress", "response.queued")
 _ENDS = ("response.completed", "response.incomplete")
 
@@ -111,9 +108,19 @@ def shown_items(output: Sequence[dict[str, Any]], tool: str, *, ending: bool) ->
     return shown + pending if ending else shown
 
 
-def reading_message(response_id: str) -> dict[str, Any]:
-    """The assistant message ending an answer cut while the model was still reading."""
-    part = {"type": "output_text", "text": STILL_READING, "annotations": [], "logprobs": []}
+def held_tokens(output: Sequence[dict[str, Any]], tool: str) -> int:
+    """Output tokens of a round's read_result calls (what the client is not shown)."""
+    return sum(
+        call_tokens(len(item["arguments"]) if isinstance(item.get("arguments"), str) else 0)
+        for item in output
+        if is_read(item, tool)
+    )
+
+
+def reading_message(response_id: str, note: str) -> dict[str, Any]:
+    """The assistant message ending an answer whose rounds stopped while the model was
+    still reading: the proxy's note saying why."""
+    part = {"type": "output_text", "text": note, "annotations": [], "logprobs": []}
     return {
         "id": "msg_proxy_" + response_id.removeprefix("resp_")[-32:],
         "type": "message",
@@ -123,11 +130,13 @@ def reading_message(response_id: str) -> dict[str, Any]:
     }
 
 
-def client_usage(last: object, shown: Sequence[object]) -> dict[str, Any] | None:
-    """The usage the client is told: the last round's input, the shown rounds' output."""
+def client_usage(last: object, shown: Sequence[object], held: int = 0) -> dict[str, Any] | None:
+    """The usage the client is told: the last round's input, the output of the rounds
+    that showed it something less `held` (their read_result calls)."""
     if not isinstance(last, dict):
         return None
     output = sum(count(u.get("output_tokens")) for u in shown if isinstance(u, dict))
+    output = max(0, output - held)
     reasoning = 0
     for usage in shown:
         details = usage.get("output_tokens_details") if isinstance(usage, dict) else None
@@ -143,31 +152,35 @@ def client_usage(last: object, shown: Sequence[object]) -> dict[str, Any] | None
     return out
 
 
-def merge_responses(answers: Sequence[dict[str, Any]], tool: str) -> dict[str, Any]:
-    """One response for the client from every round's answer."""
+def merge_responses(
+    answers: Sequence[dict[str, Any]], tool: str, note: str | None = None
+) -> dict[str, Any]:
+    """One response for the client from every round's answer; `note`: the rounds stopped
+    while the model was still reading, and why."""
     first, last = answers[0], answers[-1]
-    final = split_response(last, tool)
-    if len(answers) == 1 and not final.reads:
+    if len(answers) == 1 and not split_response(last, tool).reads and note is None:
         return first
-    reading = final.wants_reads_only
+    reading = note is not None
     shown: list[Any] = []
     shown_usage: list[object] = []
+    held = 0
     for n, answer in enumerate(answers):
         ending = n == len(answers) - 1 and not reading
         items = shown_items(_output(answer), tool, ending=ending)
         shown.extend(items)
         if items:
             shown_usage.append(answer.get("usage"))
+            held += held_tokens(_output(answer), tool)
     response_id = str(first.get("id", "resp_"))
-    if reading:
-        shown.append(reading_message(response_id))
+    if note is not None:
+        shown.append(reading_message(response_id, note))
     out = {**last, "id": response_id, "output": shown}
     if "created_at" in first:
         out["created_at"] = first["created_at"]
     if reading:
         out["status"] = "completed"
     if "usage" in last:
-        out["usage"] = client_usage(last.get("usage"), shown_usage)
+        out["usage"] = client_usage(last.get("usage"), shown_usage, held)
     return out
 
 
@@ -198,6 +211,7 @@ class ResponsesStreamMerger:
         self._head: dict[str, Any] = {}  # the first round's response (from created)
         self._shown: list[Any] = []  # items the client was shown, in its order
         self._shown_usage: list[object] = []  # usage of the rounds that showed something
+        self._held_tokens = 0  # ... of which read_result calls the client was not shown
         self._held_any = False
         self._round = Round()
         self.state = MergeState.OPEN
@@ -209,6 +223,7 @@ class ResponsesStreamMerger:
         self._items: dict[int, dict[str, Any]] = {}  # done items, by upstream index
         self._end: dict[str, Any] | None = None  # the round's completed/incomplete event
         self._end_event: Event | None = None
+        self._output: list[dict[str, Any]] = []  # the round's output items
         self._showed = False
         self.state = MergeState.OPEN
 
@@ -326,16 +341,20 @@ class ResponsesStreamMerger:
         response = response if isinstance(response, dict) else {}
         output = _output(response) or [self._items[i] for i in sorted(self._items)]
         self._round = round_of(output, response.get("status"), response.get("usage"), self._tool)
+        self._output = output
         if self._showed:
             self._shown_usage.append(response.get("usage"))
+            self._held_tokens += held_tokens(output, self._tool)
         return self._round
 
-    def finish(self) -> list[bytes]:
-        """The closing events: the upstream's own when one round held nothing back."""
+    def finish(self, note: str | None = None) -> list[bytes]:
+        """The closing events: the upstream's own when one round held nothing back.
+        `note`: the rounds stopped while the model was still reading, and why."""
         end = self._end or {}
-        if self._rounds == 1 and not self._held_any and not self._pending:
+        single = self._rounds == 1 and not self._held_any and not self._pending
+        if single and note is None:
             return [self._emit(self._end_event, end)] if self._end_event is not None else []
-        reading = self._round.wants_reads_only
+        reading = note is not None
         out: list[bytes] = []
         if reading:
             self._pending.clear()
@@ -344,26 +363,29 @@ class ResponsesStreamMerger:
             out.extend(self._flush_pending())
             if self._showed and not showed:
                 self._shown_usage.append((end.get("response") or {}).get("usage"))
+                self._held_tokens += held_tokens(self._output, self._tool)
         response = dict(end.get("response") or {})
         response_id = str(self._head.get("id") or response.get("id") or "resp_")
-        if reading:
-            out.extend(self._reading_events(response_id))
+        if note is not None:
+            out.extend(self._reading_events(response_id, note))
         response["id"] = response_id
         if "created_at" in self._head:
             response["created_at"] = self._head["created_at"]
         response["output"] = list(self._shown)
         status = "completed" if reading else str(response.get("status") or "completed")
         response["status"] = status
-        response["usage"] = client_usage(response.get("usage"), self._shown_usage)
+        response["usage"] = client_usage(
+            response.get("usage"), self._shown_usage, self._held_tokens
+        )
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
         data = {"type": kind, "sequence_number": self._seq, "response": response}
         self._seq += 1
         out.append(encode_event(kind, orjson.dumps(data)))
         return out
 
-    def _reading_events(self, response_id: str) -> list[bytes]:
-        """The events of the assistant message saying the model was still reading."""
-        item = reading_message(response_id)
+    def _reading_events(self, response_id: str, note: str) -> list[bytes]:
+        """The events of the assistant message saying why the rounds stopped."""
+        item = reading_message(response_id, note)
         part = item["content"][0]
         index = self._next_index
         self._next_index += 1

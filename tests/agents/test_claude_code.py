@@ -86,10 +86,6 @@ summary_max_tokens = 2000
 
 
 @pytest.mark.timeout(1500)
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 in progress: usage summed over read rounds, rounds not fitted to the window",
-)
 async def test_claude_code_small_window_with_read_rounds(
     agent_stack: MakeStack, claude_code_cli: list[str], tmp_path: Path
 ) -> None:
@@ -120,10 +116,6 @@ async def test_claude_code_small_window_with_read_rounds(
 
 
 @pytest.mark.timeout(1500)
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 in progress: usage summed over read rounds, rounds not fitted to the window",
-)
 async def test_claude_code_small_window_reads_that_would_overflow_it(
     agent_stack: MakeStack, claude_code_cli: list[str], tmp_path: Path
 ) -> None:
@@ -150,10 +142,6 @@ async def test_claude_code_small_window_reads_that_would_overflow_it(
 
 
 @pytest.mark.timeout(1500)
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 in progress: usage summed over read rounds, rounds not fitted to the window",
-)
 async def test_claude_code_sonnet_four_reads_in_one_turn(
     agent_stack: MakeStack, claude_code_cli: list[str], tmp_path: Path
 ) -> None:

@@ -141,3 +141,38 @@ def test_the_slot_is_the_first_message() -> None:
     counted = count_request(ANTHROPIC, COUNTER, {"messages": messages}, messages)
     assert isinstance(commands[0], LoadConversation)
     assert commands[0].slot == checkpoint_slot(counted.digests)
+
+
+def test_a_request_that_cannot_offer_read_result_leaves_the_rewrite_alone() -> None:
+    messages = conversation(12)
+    store = Store()
+    commands_of(compaction(request(messages, policy(target=5_000))), store)
+    (stored,) = store.checkpoints.values()
+    # Both read_result names taken by client tools: this request cannot read stubs.
+    taken = [
+        {"name": n, "input_schema": {}} for n in ("read_result", "compaction_proxy_read_result")
+    ]
+    body = {"model": "claude-test", "max_tokens": 100, "tools": taken, "messages": messages}
+    counted = count_request(ANTHROPIC, COUNTER, body, messages)
+    alone = CompactionRequest(
+        ANTHROPIC, body, messages, counted, ANTHROPIC.counter(COUNTER), policy(target=5_000), 1.0
+    )
+    commands, decision = commands_of(compaction(alone), store)
+    assert kinds(commands) == ["LoadConversation"], "nothing is written over the rewrite"
+    assert decision.rewrite is not None and decision.rewrite.tool is None
+    assert decision.rewrite.refs == [] and decision.rewrite.checkpoint is None
+    assert list(store.checkpoints.values()) == [stored]
+
+
+def test_a_summary_paid_for_is_used_when_the_writes_fail() -> None:
+    messages = conversation(30, result_words=150)
+    limits = policy(offload_threshold=300, target=4_000)
+    commands, decision = commands_of(compaction(request(messages, limits)), Store(saves=False))
+    assert kinds(commands) == ["LoadConversation", "GetSummary", "SaveCrossing"]
+    save = commands[-1]
+    assert isinstance(save, SaveCrossing) and save.blobs and save.summary is not None
+    rewrite = decision.rewrite
+    assert rewrite is not None and rewrite.summary == "made" and rewrite.strategy == "summary"
+    assert rewrite.refs == [] and rewrite.checkpoint is None
+    assert decision.reason == "store_unavailable"
+    assert decision.body is not None and b"offloaded to save context" not in decision.body

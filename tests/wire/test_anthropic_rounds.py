@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 
 from proxy.core.sse import Event, SSEDecoder, encode_event
+from proxy.core.usage import call_tokens
 from proxy.wire.anthropic_rounds import (
     StreamMerger,
     continue_messages,
@@ -169,10 +170,13 @@ def test_read_result_is_held_and_the_next_round_continues_the_message() -> None:
     assert starts == [0, 1, 2], "indices continue across rounds without gaps"
     (delta,) = [d for n, d in seen if n == "message_delta"]
     assert delta["delta"]["stop_reason"] == "tool_use"
+    # The client is told the last round's input (what the model saw last) and the output
+    # it received: both rounds' less the held read_result call's (an estimate).
+    held = call_tokens(len(orjson.dumps({"ref": "r_00", "start": 0})))
     assert delta["usage"] == {
-        "input_tokens": 400,
-        "cache_read_input_tokens": 20,
-        "output_tokens": 50,
+        "input_tokens": 300,
+        "cache_read_input_tokens": 10,
+        "output_tokens": 50 - held,
     }
 
 
@@ -229,7 +233,8 @@ def test_non_streaming_rounds_merge_into_one_message() -> None:
         {"type": "text", "text": "Done."},
     ]
     assert merged["stop_reason"] == "end_turn"
-    assert merged["usage"] == {"input_tokens": 250, "output_tokens": 15}
+    held = call_tokens(len(orjson.dumps({"ref": "r_1"})))
+    assert merged["usage"] == {"input_tokens": 150, "output_tokens": 15 - held}
     messages = continue_messages(
         [{"role": "user", "content": "q"}], round1, [("r1", "text", False)]
     )
@@ -256,3 +261,35 @@ def test_a_mixed_answer_hides_the_read_call_and_keeps_the_client_call() -> None:
     assert round_.client_calls == 1 and not round_.wants_reads_only
     merged = merge_messages([message], TOOL)
     assert [b["id"] for b in merged["content"]] == ["c1"] and merged["stop_reason"] == "tool_use"
+
+
+def test_a_closing_note_ends_the_message_with_a_text_block() -> None:
+    merger = StreamMerger(TOOL)
+    merger.begin_round()
+    events = round_events(
+        [{"type": "tool_use", "id": "t", "name": TOOL, "input": {"ref": "r"}}], "tool_use", 10, 5
+    )
+    out = [b for e in events for b in merger.feed(e)]
+    merger.end_round()
+    out += merger.finish("[still reading]")
+    seen = client_events(out)
+    assert [n for n, _ in seen] == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    assert seen[3][1]["delta"] == {"type": "text_delta", "text": "[still reading]"}
+    assert seen[2][1]["index"] == seen[4][1]["index"] == 0
+    whole = {
+        "id": "m",
+        "content": [{"type": "tool_use", "id": "t", "name": TOOL, "input": {"ref": "r"}}],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
+    merged = merge_messages([whole], TOOL, "[still reading]")
+    assert merged["content"] == [{"type": "text", "text": "[still reading]"}]
+    assert merged["stop_reason"] == "end_turn"

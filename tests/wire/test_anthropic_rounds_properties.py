@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.core.sse import SSEDecoder
-from proxy.wire.anthropic_rounds import StreamMerger
+from proxy.wire.anthropic_rounds import StreamMerger, consistent_with_start
 from tests.wire.test_anthropic_rounds import TOOL, round_events
 
 blocks = st.lists(
@@ -84,3 +84,23 @@ def test_the_client_sees_one_well_formed_message(
     )
     if delta["delta"]["stop_reason"] == "tool_use":
         assert client_calls, "tool_use is only the stop reason when the client has a call"
+
+
+INPUTS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+counts = st.integers(0, 200_000)
+
+
+@given(st.tuples(counts, counts, counts), st.tuples(counts, counts, counts))
+def test_a_client_merging_start_and_delta_either_way_ends_with_the_last_round(
+    start: tuple[int, int, int], last: tuple[int, int, int]
+) -> None:
+    """Clients merge message_delta's usage over message_start's by overwriting every
+    field, or (Claude Code) only the non-zero ones: both must end with the last round's
+    total input, so an agent sizing its context from it is told the truth."""
+    start_usage = dict(zip(INPUTS, start, strict=True))
+    final = consistent_with_start(dict(zip(INPUTS, last, strict=True)), start_usage)
+    overwrite = {k: final[k] for k in INPUTS}
+    nonzero = {k: final[k] if final[k] else start_usage[k] for k in INPUTS}
+    if sum(last) >= 2 * len(INPUTS):  # room to move a token where one is needed
+        assert sum(overwrite.values()) == sum(nonzero.values()) == sum(last)
+        assert all(abs(final[k] - v) <= 2 for k, v in zip(INPUTS, last, strict=True))
