@@ -1,9 +1,11 @@
 """`compaction-proxy keys ...` and `compaction-proxy budgets ...`: manage proxy keys,
-teams and budgets in the Redis the proxies share.
+teams and budgets in the Redis the proxies share, or through a proxy's admin API.
 
 The Redis is the one `serve` would use (same settings: --config, environment,
 --redis-url); with no Redis URL, the embedded Redis of the state directory, which must be
-running (a `serve` on this machine). `--json` prints machine-readable output.
+running (a `serve` on this machine). With `--url URL` the commands go to that proxy's
+admin API instead (the admin key from $COMPACTION_PROXY_ADMIN_KEY), for replicas whose
+Redis is private. `--json` prints machine-readable output.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ from typing import Any
 
 import orjson
 
+from proxy.admin_client import AdminAPIError
 from proxy.config import ConfigError, load_settings
 from proxy.core import proxy_keys
-from proxy.core.budget import METRICS, PERIODS, POLICY_FIELDS, limit_field, limits_of
+from proxy.core.budget import METRICS, PERIODS, POLICY_FIELDS, limit_field
+from proxy.core.management import KeyRequest
 from proxy.store import EmbeddedRedis, Store, StoreUnavailable
-from proxy.store.accounts import Accounts, Scope
+from proxy.store import management as manage
+from proxy.store.accounts import Accounts
 
 
 def add_commands(commands: Any) -> None:
@@ -30,6 +35,11 @@ def add_commands(commands: Any) -> None:
     common.add_argument("--config", type=Path, help="TOML settings file, as for serve")
     common.add_argument("--redis-url", help="Redis URL (store.redis_url)")
     common.add_argument("--json", action="store_true", help="print JSON")
+    common.add_argument(
+        "--url",
+        help="a proxy's base URL: use its admin API (the admin key from"
+        " $COMPACTION_PROXY_ADMIN_KEY) instead of Redis",
+    )
 
     keys = commands.add_parser("keys", help="create, list or revoke proxy keys")
     key_commands = keys.add_subparsers(dest="action", required=True)
@@ -76,17 +86,40 @@ def _store(args: argparse.Namespace) -> Store:
     return Store.from_url(url, prefix=settings.store.key_prefix, op_timeout=5.0)
 
 
+class RedisBackend:
+    """The keys and budgets in the Redis the proxies share (the other backend is the
+    admin API: proxy/admin_client.py)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.accounts = Accounts(store)
+
+    async def create_key(self, request: KeyRequest) -> dict[str, Any]:
+        return await manage.create_key(self.accounts, request)
+
+    async def list_keys(self) -> list[dict[str, str]]:
+        return await manage.list_keys(self.accounts)
+
+    async def revoke_key(self, key_id: str) -> bool:
+        return await self.accounts.revoke_key(key_id)
+
+    async def budget(self, kind: str, name: str) -> dict[str, Any]:
+        return await manage.budget(self.accounts, kind, name, time.time())
+
+    async def set_budget(
+        self, kind: str, name: str, changes: dict[str, int | None]
+    ) -> dict[str, Any]:
+        return await manage.set_budget(self.accounts, kind, name, changes, time.time())
+
+    async def close(self) -> None:
+        await self.store.close()
+
+
 def _print(args: argparse.Namespace, value: Any, human: str) -> None:
     if args.json:
         print(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode())
     else:
         print(human)
-
-
-def _scope(args: argparse.Namespace) -> Scope:
-    if args.key:
-        return Scope("key", args.key)
-    return Scope("team", proxy_keys.check_team(args.team))
 
 
 def _conf_changes(args: argparse.Namespace) -> dict[str, int | None]:
@@ -110,47 +143,41 @@ def _conf_changes(args: argparse.Namespace) -> dict[str, int | None]:
     return changes
 
 
-def _check_policy(conf: dict[str, str]) -> None:
-    numbers = {f: int(conf[f"policy:{f}"]) for f in POLICY_FIELDS if f"policy:{f}" in conf}
-    window, trigger, target = (numbers.get(f) for f in POLICY_FIELDS)
-    if window is not None and trigger is not None and trigger > window:
-        raise ValueError(f"trigger ({trigger}) exceeds the window ({window})")
-    if trigger is not None and target is not None and target >= trigger:
-        raise ValueError(f"target ({target}) must be below trigger ({trigger})")
-
-
 async def _run(args: argparse.Namespace) -> int:
-    store = _store(args)
-    accounts = Accounts(store)
+    if args.url:
+        from proxy.admin_client import AdminClient
+
+        backend: Any = AdminClient.from_environment(args.url)
+    else:
+        backend = RedisBackend(_store(args))
     try:
         if args.command == "keys":
-            return await _keys(args, accounts)
-        return await _budgets(args, accounts)
+            return await _keys(args, backend)
+        return await _budgets(args, backend)
     finally:
-        await store.close()
+        await backend.close()
 
 
-async def _keys(args: argparse.Namespace, accounts: Accounts) -> int:
+async def _keys(args: argparse.Namespace, backend: Any) -> int:
     if args.action == "create":
-        text, record = await accounts.create_key(
-            team=args.team,
-            upstream_env=args.upstream_env,
-            upstream_scheme=args.upstream_scheme,
-            name=args.name,
+        created = await backend.create_key(
+            KeyRequest(
+                team=proxy_keys.check_team(args.team),
+                upstream_env=proxy_keys.check_env_name(args.upstream_env),
+                upstream_scheme=args.upstream_scheme,
+                name=args.name,
+            )
         )
-        shown = {k: v for k, v in record.items() if k != "digest"}
         _print(
             args,
-            {"key": text, **shown},
-            f"{text}\nid {record['id']}, team {record['team']}, upstream ${args.upstream_env}"
-            f" ({args.upstream_scheme}).\nKeep the key now: it is not stored and not shown"
-            " again.",
+            created,
+            f"{created['key']}\nid {created['id']}, team {created['team']}, upstream"
+            f" ${created['upstream_env']} ({created['upstream_scheme']}).\nKeep the key now:"
+            " it is not stored and not shown again.",
         )
         return 0
     if args.action == "list":
-        records = [
-            {k: v for k, v in r.items() if k != "digest"} for r in await accounts.list_keys()
-        ]
+        records = await backend.list_keys()
         lines = [
             f"{r['id']}  team={r['team']}  upstream=${r['upstream_env']}"
             f"  {'REVOKED' if r['revoked'] == '1' else 'active'}  {r.get('name', '')}"
@@ -158,44 +185,28 @@ async def _keys(args: argparse.Namespace, accounts: Accounts) -> int:
         ]
         _print(args, records, "\n".join(lines) or "no keys")
         return 0
-    if not await accounts.revoke_key(args.key_id):
+    if not await backend.revoke_key(args.key_id):
         print(f"compaction-proxy: no key {args.key_id}", file=sys.stderr)
         return 1
     _print(args, {"revoked": args.key_id}, f"revoked {args.key_id}")
     return 0
 
 
-async def _budgets(args: argparse.Namespace, accounts: Accounts) -> int:
-    scope = _scope(args)
-    if args.key and await accounts.get_key(args.key) is None:
-        print(f"compaction-proxy: no key {args.key}", file=sys.stderr)
+async def _budgets(args: argparse.Namespace, backend: Any) -> int:
+    kind, name = ("key", args.key) if args.key else ("team", args.team)
+    try:
+        if args.action == "set":
+            report = await backend.set_budget(kind, name, _conf_changes(args))
+        else:
+            report = await backend.budget(kind, name)
+    except LookupError as e:
+        print(f"compaction-proxy: {e.args[0]}", file=sys.stderr)
         return 1
-    if args.action == "set":
-        changes = _conf_changes(args)
-        current = await accounts.get_conf(scope)
-        merged = {**current, **{k: str(v) for k, v in changes.items() if v is not None}}
-        for k, v in changes.items():
-            if v is None:
-                merged.pop(k, None)
-        _check_policy(merged)
-        await accounts.set_conf(scope, changes)
-    conf = await accounts.get_conf(scope)
-    usage = await accounts.usage(scope, time.time())
-    limits = limits_of(conf)
-    report = {
-        "scope": scope.label,
-        "limits": {p: {m: limits[(p, m)] for m in METRICS if (p, m) in limits} for p in PERIODS},
-        "used": usage,
-        "policy": {f: int(conf[f"policy:{f}"]) for f in POLICY_FIELDS if f"policy:{f}" in conf},
-    }
-    lines = [scope.label]
+    lines = [report["scope"]]
     for period in PERIODS:
-        for metric in METRICS:
-            if (period, metric) in limits:
-                lines.append(
-                    f"  {period:<6} {metric:<8} {usage[period][metric]:>12} /"
-                    f" {limits[(period, metric)]}"
-                )
+        for metric, limit in report["limits"][period].items():
+            used = report["used"][period][metric]
+            lines.append(f"  {period:<6} {metric:<8} {used:>12} / {limit}")
     policy = report["policy"] or "the model's"
     lines.append(f"  policy {policy}")
     _print(args, report, "\n".join(lines))
@@ -213,4 +224,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except StoreUnavailable as e:
         print(f"compaction-proxy: Redis unreachable: {e}", file=sys.stderr)
+        return 1
+    except AdminAPIError as e:
+        print(f"compaction-proxy: {e}", file=sys.stderr)
         return 1

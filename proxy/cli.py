@@ -75,7 +75,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"compaction-proxy: bad setting: {e}", file=sys.stderr)
         return 2
     configure_logging(settings.server.log_format, args.log_level)
-    run(settings)
+    try:
+        run(settings)
+    except ConfigError as e:  # found at start: e.g. the admin key's variable is unset
+        print(f"compaction-proxy: bad setting: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -89,6 +90,9 @@ class AuthSettings:
     keys: str = "off"
     # Seconds a replica trusts its copy of a key record or a budget's limits.
     cache_seconds: float = 5.0
+    # Name of the environment variable holding the admin key (the admin API and the
+    # dashboard); empty: no admin API. The key itself is never in a file or in Redis.
+    admin_key_env: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +191,12 @@ def _one_of(*choices: str) -> Callable[[str], str | None]:
     return check
 
 
+def _env_name(value: str) -> str | None:
+    if value == "" or re.fullmatch(r"[A-Z_][A-Z0-9_]{0,127}", value):
+        return None
+    return "must be empty or an environment variable name (A-Z, 0-9, _)"
+
+
 def _not_empty(value: str) -> str | None:
     return None if value.strip() else "must not be empty"
 
@@ -212,6 +222,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "store.ttl": _positive,
     "auth.keys": _one_of("off", "required"),
     "auth.cache_seconds": _non_negative,
+    "auth.admin_key_env": _env_name,
     "budgets.on_store_down": _one_of("open", "closed"),
     "responses.codex_compaction": _one_of("auto", "pass-through", "serve"),
 }

@@ -4,7 +4,12 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.plugins.redis", "tests.plugins.standin", "tests.plugins.responses"]
+pytest_plugins = [
+    "tests.plugins.redis",
+    "tests.plugins.standin",
+    "tests.plugins.responses",
+    "tests.plugins.browser",
+]
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

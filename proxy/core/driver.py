@@ -167,7 +167,8 @@ def _decision(
     if isinstance(outcome, Refuse):
         return Decision("refuse", request.counted.total, refusal=outcome.message)
     assert isinstance(outcome, Rewrite), "a store-less plan never folds"
-    fields = request.wire.with_history(request.body, outcome.messages, outcome.tool)
+    messages = _with_proxy_breakpoint(request, outcome)
+    fields = request.wire.with_history(request.body, messages, outcome.tool)
     estimate = inp.fixed_tokens + (inp.tool_tokens if outcome.tool else 0) + outcome.estimate
     return Decision(
         "rewrite",
@@ -177,6 +178,24 @@ def _decision(
         body=request.wire.encode(request.body, fields),
         summary_failure=failure,
     )
+
+
+# The API takes at most this many cache breakpoints in a request.
+MAX_BREAKPOINTS = 4
+
+
+def _with_proxy_breakpoint(request: CompactionRequest, rewrite: Rewrite) -> list[dict[str, Any]]:
+    """The rewritten messages, with one cache breakpoint of the proxy's at the end of the
+    stubbed region when the request has room for it (fewer than four). The client's own
+    are never moved or removed; the region's end moves only as it grows."""
+    at = rewrite.breakpoint_at
+    messages = rewrite.messages
+    if at is None or request.wire.breakpoints(request.body) >= MAX_BREAKPOINTS:
+        return messages
+    marked = request.wire.with_breakpoint(messages[at])
+    if marked is None:
+        return messages
+    return [*messages[:at], marked, *messages[at + 1 :]]
 
 
 def run(driver: Generator[Command, Reply, T], execute: Callable[[Command], Reply]) -> T:

@@ -90,11 +90,10 @@ def refs_in(text: str) -> list[str]:
 def stub_text(text: str, ref: str, tool: str, head_chars: int, read_length: int) -> str:
     head = _head(text, head_chars)
     shown = len(head)
+    length = min(read_length, MAX_READ_CHARS)
     return (
-        f"{head}\n[compaction-proxy: tool result offloaded to save context: {len(text):,}"
-        f" characters in all, the first {shown:,} shown above. Call"
-        f' {tool}(ref="{ref}", start={shown}, length={min(read_length, MAX_READ_CHARS)})'
-        " to read more.]"
+        f"{head}\n[compaction-proxy offloaded this result: {len(text):,} characters, the first"
+        f' {shown:,} above. {tool}(ref="{ref}", start={shown}, length={length}) reads more.]'
     )
 
 

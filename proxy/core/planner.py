@@ -116,6 +116,7 @@ class Rewrite:
     estimate: int = 0  # the rewritten history in estimated tokens (for calibration)
     reason: str = ""  # a REASONS key when the outcome is not what the policy aimed at
     alone: bool = False  # planned apart from the conversation's rewrite: store nothing
+    breakpoint_at: int | None = None  # the last message of the stubbed region
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +136,9 @@ class Working:
 @dataclass(frozen=True, slots=True)
 class Limits:
     limit: int  # the most history the window allows, estimated
-    trigger: int
-    target: int
+    offload_at: int  # from here on, results leaving the keep window are offloaded
+    trigger: int  # over this, the oldest turns are folded
+    target: int  # ... down to this
     note: int
 
 
@@ -176,21 +178,23 @@ def plan(inp: PlanInput) -> Outcome:
     limits = limits_of(inp)
     # What the client sent, not what an earlier rewrite made of it.
     before = real(sum(inp.counts), inp.factor)
+    blobs: list[tuple[str, str]] = []
+    if inp.tool and inp.store_ok and inp.offload_ok and work.tokens > limits.offload_at:
+        # An offload step: every large result that has left the keep window becomes a
+        # stub, added after what is frozen (stubs already sent never change).
+        work, blobs = _offload(work, inp)
     if work.tokens <= _recross_at(limits, stored):
+        if blobs:
+            return _rewrite(inp, work, inp.tool, "offload", before, blobs=blobs)
         if stored is None:
             return Untouched(before)
         return _rewrite(inp, work, stored.tool, "checkpoint", before, checkpoint=False)
 
-    # A crossing: offload, then fold, then pack; the outcome is frozen in a new checkpoint.
-    blobs: list[tuple[str, str]] = []
+    # Over the trigger: fold the oldest turns into a summary, else pack, to the target;
+    # the outcome is frozen in a new checkpoint.
     reason = "" if inp.store_ok else "store_unavailable"
     if inp.tool is None and inp.store_ok:
         reason = "offload_off"
-    if inp.tool and inp.store_ok and inp.offload_ok:
-        work, blobs = _offload(work, inp)
-        if work.tokens <= limits.target:
-            return _rewrite(inp, work, inp.tool, "offload", before, blobs=blobs)
-
     turns = compaction_turns(work.groups)
     budget = limits.target - pinned_tokens(work.groups)
     planned = plan_compaction(turns, budget, inp.policy.keep_last)
@@ -198,7 +202,7 @@ def plan(inp: PlanInput) -> Outcome:
         fold = frozenset(planned[0])
         members = [m for g in work.groups if g.label in fold for m in g.members]
         slot = min(real(planned[2], inp.factor), inp.policy.summary_max_tokens)
-        facts_budget = min(FACTS_MAX, max(min(slot, FACTS_MIN), slot // 5))
+        facts_budget = min(FACTS_MAX, slot // 5)
         return FoldPlan(
             key=summary_key(work.segments, members, inp.digests),
             transcript=_transcript(work, members, inp, slot),
@@ -269,9 +273,9 @@ def _alone(inp: PlanInput) -> Outcome:
     return outcome
 
 
-# The line of identifiers a summary left out (proxy/core/facts.py) may take this share of
-# the summary's slot, within these bounds (tokens).
-FACTS_MIN, FACTS_MAX = 200, 1_500
+# The line of identifiers a summary left out (proxy/core/facts.py) may take a fifth of the
+# summary's slot, at most this many tokens.
+FACTS_MAX = 1_500
 SUMMARISER_MARGIN = 0.05  # of the summariser's window kept free: counts are estimates
 
 
@@ -315,7 +319,9 @@ def _transcript(work: Working, members: Sequence[int], inp: PlanInput, slot: int
         pieces.append(text)
         tokens.append(inp.counts[seg.index] if isinstance(seg, (Verbatim, Stubbed)) else
                       work.shapes[m].tokens)  # fmt: skip
-    factor = inp.factor if inp.factor > 0 else 1.0
+    # Plain text counts about as estimated: a factor below 1 (learnt on requests whose
+    # sealed content the estimate overcounts) must not let the transcript grow.
+    factor = max(1.0, inp.factor)
     window = math.floor(inp.policy.window * (1 - SUMMARISER_MARGIN) / factor)
     budget = window - math.ceil(slot / factor) - inp.counter.count_text(INSTRUCTION)
     cap = _water_level(tokens, max(budget, len(pieces) * 64))
@@ -496,6 +502,7 @@ def _rewrite(
         blobs=blobs or [],
         checkpoint=stored,
         refs=_named(work.segments),
+        breakpoint_at=_last_stub(work.segments),
         summary=summary,
         reason=reason,
     )
@@ -528,14 +535,16 @@ def limits_of(inp: PlanInput) -> Limits:
     limit = math.floor(policy.window / factor) - inp.fixed_tokens - inp.tool_tokens
     trigger = min(math.floor(policy.trigger_tokens / factor), limit)
     target = min(math.floor(policy.target_tokens / factor), trigger)
-    return Limits(limit, trigger, target, math.ceil(policy.note_cost / factor))
+    offload_at = min(math.floor(policy.offload_tokens / factor), trigger)
+    return Limits(limit, offload_at, trigger, target, math.ceil(policy.note_cost / factor))
 
 
 def _recross_at(limits: Limits, stored: Checkpoint | None) -> int:
     """The history size that makes a new crossing. A checkpoint that could not get under
     the trigger (what cannot be dropped is larger) keeps the hysteresis from where it got
     to, so identical resends reuse it instead of compacting again every time."""
-    if stored is None or stored.tokens_after <= limits.target:
+    folded = stored is not None and ("summary" in stored.strategy or "pack" in stored.strategy)
+    if stored is None or not folded or stored.tokens_after <= limits.target:
         return limits.trigger
     gap = limits.trigger - limits.target
     return min(limits.limit, max(limits.trigger, stored.tokens_after + gap))
@@ -552,6 +561,12 @@ def _named(segments: Sequence[Segment]) -> list[str]:
         if isinstance(seg, Summary):
             named.update(dict.fromkeys(refs_in(seg.text)))
     return list(named)
+
+
+def _last_stub(segments: Sequence[Segment]) -> int | None:
+    return next(
+        (n for n in range(len(segments) - 1, -1, -1) if isinstance(segments[n], Stubbed)), None
+    )
 
 
 def _has_stubs(segments: Sequence[Segment]) -> bool:

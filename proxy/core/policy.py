@@ -1,9 +1,12 @@
 """Context policy: per-model numbers that decide when and how a history is rewritten.
 
-All sizes are in tokens of the message history (system prompt and tools excluded), as
-in seed 000: a rewrite starts when the history crosses `trigger` and brings it down to
-`target`, so compactions are many turns apart (the hysteresis that keeps the upstream
-prompt cache warm). The window bounds the whole request.
+All sizes are in tokens of the message history (system prompt and tools excluded). Two
+thresholds: from `offload_trigger` on, every large tool result that has left the keep
+window is offloaded as soon as it has (a stub in its place, the stubbed region only ever
+growing at its end); when the history crosses `trigger`, the oldest turns are folded into
+a summary (or dropped) down to `target`, as in seed 000, so folds are many turns apart
+(the hysteresis that keeps the upstream prompt cache warm). The window bounds the whole
+request.
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ class PolicyError(ValueError):
 class Policy:
     match: str = "*"  # glob on the request's `model`
     window: int = 200_000  # the model's context window, whole request
-    trigger: int = 0  # history size that starts a rewrite; 0 = 70% of the window
-    target: int = 0  # history size after a rewrite; 0 = 30% of the window
+    trigger: int = 0  # history size that starts a fold; 0 = 70% of the window
+    target: int = 0  # history size after a fold; 0 = 30% of the window
+    offload_trigger: int = 0  # history size from which results are offloaded; 0 = 15% of the window
     keep_last: int = 6  # newest groups that stay verbatim when folding
     note_cost: int = 48  # tokens reserved for a "history was dropped" note
-    offload_threshold: int = 2_000  # tool results above this many tokens may be offloaded
-    keep_results: int = 3  # the newest tool results are never offloaded
-    stub_head_chars: int = 1_200  # how much of an offloaded result stays in the stub
+    offload_threshold: int = 500  # tool results above this many tokens may be offloaded
+    keep_results: int = 1  # the newest tool results are never offloaded
+    stub_head_chars: int = 200  # how much of an offloaded result stays in the stub
     read_length: int = 8_000  # default slice length read_result suggests
     summariser_model: str = ""  # empty = the request's own model
     summary_max_tokens: int = 8_000  # cap on the summary, below the slot
@@ -42,13 +46,18 @@ class Policy:
     def target_tokens(self) -> int:
         return self.target or int(self.window * 0.3)
 
+    @property
+    def offload_tokens(self) -> int:
+        return self.offload_trigger or min(int(self.window * 0.15), self.trigger_tokens)
+
     def validate(self) -> Policy:
         where = f"policy {self.match!r}"
         positive = ("window", "note_cost", "offload_threshold", "stub_head_chars", "read_length")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise PolicyError(f"{where}: {name} must be a positive number of tokens")
-        for name in ("trigger", "target", "keep_last", "keep_results", "max_read_rounds"):
+        names = ("trigger", "target", "offload_trigger", "keep_last", "keep_results")
+        for name in (*names, "max_read_rounds"):
             if getattr(self, name) < 0:
                 raise PolicyError(f"{where}: {name} must not be negative")
         if self.summary_max_tokens <= 0:
@@ -59,6 +68,11 @@ class Policy:
             raise PolicyError(
                 f"{where}: target ({self.target_tokens}) must be below trigger"
                 f" ({self.trigger_tokens}), or every request would compact"
+            )
+        if self.offload_tokens > self.trigger_tokens:
+            raise PolicyError(
+                f"{where}: offload_trigger ({self.offload_tokens}) must not be above trigger"
+                f" ({self.trigger_tokens})"
             )
         return self
 

@@ -120,6 +120,11 @@ class Dialect(Protocol):
         """The injected tool's definition in this format: the same bytes every time."""
         ...
 
+    def with_breakpoint(self, message: Message) -> JSON | None:
+        """A copy of the message with a prompt-cache breakpoint on its last block, or
+        None when the format has no breakpoints or the message already carries one."""
+        ...
+
 
 class WireFormat(Dialect, UsageScan, Protocol):
     """Everything the proxy does that depends on one API's shapes."""
@@ -156,6 +161,10 @@ class WireFormat(Dialect, UsageScan, Protocol):
 
     def max_output(self, body: Mapping[str, Any]) -> int | None:
         """The request's output cap (max_tokens and the like), if it names one."""
+        ...
+
+    def breakpoints(self, body: Mapping[str, Any]) -> int:
+        """How many prompt-cache breakpoints the body carries (system, tools, messages)."""
         ...
 
     # -- read_result rounds -----------------------------------------------------------

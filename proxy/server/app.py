@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from proxy.config import Settings
+from proxy.server.admin.routes import install as install_admin
 from proxy.server.auth import authenticate
 from proxy.server.compactor import Compactor
 from proxy.server.errors import render_errors
@@ -130,6 +131,7 @@ def create_app(settings: Settings) -> web.Application:
     )
     app.router.add_post("/v1/responses", handle_responses, expect_handler=expect_responses)
     app.router.add_get("/v1/responses", handle_responses_get)
+    install_admin(app)  # the admin API and the dashboard (404 without an admin key)
     app.router.add_route("*", "/{tail:.*}", handle_passthrough)
     return app
 

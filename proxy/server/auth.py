@@ -21,18 +21,26 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.core import proxy_keys
 from proxy.core.budget import limits_of, policy_override
-from proxy.core.errors import NotAuthenticated
+from proxy.core.errors import Forbidden, NotAuthenticated
 from proxy.core.errors import StoreUnavailable as CannotCheck
 from proxy.core.identity import credential
 from proxy.server.budgets import TICKET, admission
 from proxy.server.caller import CALLER, Caller, count_rejection
 from proxy.server.fleet import FLEET
+from proxy.server.record import detached
+from proxy.server.routing import upstream_for
 from proxy.server.state import SETTINGS
 from proxy.store import StoreUnavailable
 from proxy.store.accounts import Scope
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+# The admin API and the dashboard check the admin key themselves (proxy/server/admin).
+ADMIN_PREFIXES = ("/admin/", "/dashboard/")
 STORE_DOWN_RETRY_AFTER = 2
+
+
+def is_admin_path(path: str) -> bool:
+    return path in ("/admin", "/dashboard") or path.startswith(ADMIN_PREFIXES)
 
 
 def _reject(request: web.Request, message: str, reason: str) -> NotAuthenticated:
@@ -59,7 +67,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
     app = request.app
-    if app[SETTINGS].auth.keys != "required" or request.path in OPEN_PATHS:
+    path = request.path
+    if app[SETTINGS].auth.keys != "required" or path in OPEN_PATHS or is_admin_path(path):
         return await handler(request)
     text = credential(request.headers)
     key_id = proxy_keys.key_id_of(text)
@@ -85,6 +94,10 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         or not proxy_keys.matches(text, record.get("digest", ""))
     ):
         raise _reject(request, "invalid x-api-key", "key")
+    refused = proxy_keys.refusal(record, path, upstream_for(path, request.headers))
+    if refused is not None:
+        count_rejection(app, "scope")
+        raise Forbidden(refused)
     secret = os.environ.get(record.get("upstream_env", ""), "").strip()
     if not secret:
         raise _reject(
@@ -94,6 +107,8 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
             "key",
         )
     team = record.get("team") or None
+    noted = detached()  # for the admin stats
+    noted.key_id, noted.team = key_id, team or ""
     key_scope = Scope("key", key_id)
     team_scope = Scope("team", team) if team else None
     confs: list[dict[str, str]] = []
@@ -112,7 +127,7 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
             scopes.append(scope)
     confs.reverse()  # the team's policy first, the key's over it
     caller = Caller(
-        tenant=proxy_keys.tenant_for(key_id),
+        tenant=proxy_keys.tenant_for(key_id, record.get("tenant", "")),
         key_id=key_id,
         team=team,
         policy=policy_override(*confs) or None,

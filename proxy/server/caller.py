@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from proxy.server.metrics import count_budget_rejection
+from proxy.server.record import detached
 from proxy.store.accounts import Scope
 
 
@@ -32,5 +33,6 @@ def caller_of(request: web.Request) -> Caller:
 
 def count_rejection(app: web.Application, reason: str) -> None:
     """Count a request refused by a key or budget check (`reason`: a fixed word)."""
+    detached().rejected = reason
     with contextlib.suppress(KeyError):  # an app built without metrics
         count_budget_rejection(app, reason)

@@ -129,6 +129,7 @@ class Compactor:
         )
         if executor.identified:
             prepared.tenant, prepared.conversation = executor.identity
+            detached().conversation = prepared.conversation  # for the admin stats
         return self._finish(prepared, decision, policy)
 
     def _finish(self, prepared: Prepared, decision: Decision, policy: Policy) -> Prepared:

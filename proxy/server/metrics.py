@@ -185,6 +185,8 @@ class Metrics:
 
 
 METRICS = web.AppKey("metrics", Metrics)
+# Called with (record, status) as each request ends (the admin stats listen here).
+REQUEST_ENDED = web.AppKey("request_ended", list)
 
 
 def count_budget_rejection(app: web.Application, reason: str) -> None:
@@ -194,11 +196,12 @@ def count_budget_rejection(app: web.Application, reason: str) -> None:
 
 
 def route_of(request: web.Request) -> str:
-    """The matched path pattern: a small fixed set, whatever the client asks for."""
+    """The matched path pattern (`/admin/keys/{key_id}`, never the id): a small fixed
+    set, whatever the client asks for; the pass-through catch-all is `other`."""
     info = request.match_info
     resource = info.route.resource if info.route is not None else None
     canonical = resource.canonical if resource is not None else ""
-    return canonical if canonical.startswith("/") and "{" not in canonical else "other"
+    return canonical if canonical.startswith("/") and not canonical.startswith("/{") else "other"
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -233,6 +236,8 @@ async def observe_requests(request: web.Request, handler: Handler) -> web.Stream
         metrics.in_flight.dec()
         metrics.record(record, status, ended)
         app[REQUEST_LOG].emit(record, status, ended)
+        for listener in app.get(REQUEST_ENDED, ()):
+            listener(record, status)
 
 
 async def handle_metrics(request: web.Request) -> web.Response:

@@ -41,6 +41,11 @@ class RequestRecord:
     summariser_calls: int = 0
     summariser_failures: int = 0
     upstream_request_id: str = ""
+    # For the admin stats (proxy/server/admin/stats.py): ids and fixed words only.
+    conversation: str = ""  # the conversation id, when the compactor made it
+    key_id: str = ""  # the proxy key's id and team
+    team: str = ""
+    rejected: str = ""  # why a key or budget check refused the request ("tokens", ...)
 
     def reads_answers_as(self, scan: UsageScan | None) -> None:
         """The wire format whose answers this request relays (how usage is read)."""

@@ -242,7 +242,7 @@ async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web
     digest = chain_hash([message_digest(unit) for unit in units])
     slot = policy.summary_max_tokens
     instruction = compactor.counter.count_text(INSTRUCTION)
-    factor = compactor.calibration.factor(model, store) or 1.0
+    factor = max(1.0, compactor.calibration.factor(model, store))  # as the planner's
     room = math.floor(policy.window * (1 - SUMMARISER_MARGIN) / factor) - slot - instruction
     transcript = fitted(transcript, compactor.counter.count_text(transcript), room)
     need = GetSummary(digest, transcript, slot, policy.summariser_model)

@@ -141,12 +141,24 @@ class Accounts:
     # -- keys ----------------------------------------------------------------------------
 
     async def create_key(
-        self, *, team: str, upstream_env: str, upstream_scheme: str = "x-api-key", name: str = ""
+        self,
+        *,
+        team: str,
+        upstream_env: str,
+        upstream_scheme: str = "x-api-key",
+        name: str = "",
+        tenant: str = "",
+        provider: str = "",
+        scopes: tuple[str, ...] = (),
     ) -> tuple[str, dict[str, str]]:
-        """A new key: its text (shown once, never stored) and its record."""
+        """A new key: its text (shown once, never stored) and its record. `tenant`
+        (empty: the key's own), `provider` (empty: any) and `scopes` (empty: every
+        route) are optional (proxy/core/proxy_keys.py)."""
         proxy_keys.check_team(team)
         proxy_keys.check_env_name(upstream_env)
         proxy_keys.check_scheme(upstream_scheme)
+        proxy_keys.check_tenant(tenant)
+        proxy_keys.check_provider(provider)
         key_id = secrets.token_hex(6)
         text = proxy_keys.format_key(key_id, secrets.token_urlsafe(32))
         record = {
@@ -159,6 +171,12 @@ class Accounts:
             "created": str(int(time.time())),
             "revoked": "0",
         }
+        optional = {
+            "tenant": tenant,
+            "provider": provider,
+            "scopes": ",".join(proxy_keys.check_scopes(scopes)),
+        }
+        record.update({k: v for k, v in optional.items() if v})
         scope = Scope("key", key_id)
         client = self.store.client
         mapping: dict[Any, Any] = dict(record)

@@ -171,7 +171,9 @@ def plan_chat_answer(
 
 
 def prompt_units(body: dict[str, Any], counter: ChatCounter) -> list[Unit]:
-    """Tools, then messages, as cache units; the last one is the breakpoint."""
+    """Tools, then messages, as cache units. OpenAI caches the longest prefix of a prompt
+    it has seen before (in 128-token steps, from 1,024 tokens), not only whole prompts:
+    every message boundary is a breakpoint here, the closest whole-message model of it."""
     digest = hashlib.sha256(b"chat-model\0" + str(body.get("model")).encode()).digest()
     units: list[Unit] = []
     running = 0
@@ -183,11 +185,10 @@ def prompt_units(body: dict[str, Any], counter: ChatCounter) -> list[Unit]:
     for i, message in enumerate(body.get("messages") or []):
         running += counter.count_message(message)
         pieces.append((f"message\0{i}".encode(), message, running))
-    for n, (tag, value, cumulative) in enumerate(pieces):
+    for tag, value, cumulative in pieces:
         canonical = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
         digest = hashlib.sha256(digest + tag + b"\0" + canonical).digest()
-        last = n == len(pieces) - 1
-        units.append(Unit(digest, cumulative, "5m" if last else None, last))
+        units.append(Unit(digest, cumulative, "5m", True))
     return units
 
 

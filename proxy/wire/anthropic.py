@@ -178,6 +178,19 @@ class AnthropicMessages:
     def read_result_tool(self, name: str) -> JSON:
         return offload.read_result_tool(name)
 
+    def with_breakpoint(self, message: Message) -> JSON | None:
+        content = message.get("content")
+        if not isinstance(content, list) or not content or not isinstance(content[-1], dict):
+            return None
+        if any(isinstance(b, dict) and "cache_control" in b for b in content):
+            return None  # the client's own breakpoint: never moved
+        last = {**content[-1], "cache_control": {"type": "ephemeral"}}
+        return {**message, "content": [*content[:-1], last]}
+
+    def breakpoints(self, body: Mapping[str, Any]) -> int:
+        # A key of the JSON: inside a string its quotes would be escaped.
+        return orjson.dumps(body).count(b'"cache_control"')
+
     # -- read_result rounds ------------------------------------------------------------
 
     def split(self, answer: JSON, tool: str) -> Round:

@@ -307,6 +307,12 @@ class ChatCompletions:
     def read_result_tool(self, name: str) -> JSON:
         return read_result_tool(name)
 
+    def with_breakpoint(self, message: Message) -> JSON | None:
+        return None  # OpenAI caches prompt prefixes without breakpoints
+
+    def breakpoints(self, body: Mapping[str, Any]) -> int:
+        return 0
+
     # -- read_result rounds ------------------------------------------------------------
 
     def split(self, answer: JSON, tool: str) -> Round:

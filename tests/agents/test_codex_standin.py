@@ -192,10 +192,17 @@ PROXY_POLICY = {
     "keep_results": 1,
     "summary_max_tokens": 1_500,
 }
+# For Codex told the window: the proxy's thresholds above Codex's own compaction limit,
+# so Codex compacts first and the proxy only passes its requests through.
+LATE_POLICY = {**PROXY_POLICY, "trigger": 36_000, "offload_trigger": 36_000, "target": 20_000}
 
 
 async def proxy_in_front(
-    upstream_url: str, redis_url: str, prefix: str, **settings: Any
+    upstream_url: str,
+    redis_url: str,
+    prefix: str,
+    policy: dict[str, Any] = PROXY_POLICY,
+    **settings: Any,
 ) -> RunningProxy:
     """A proxy whose OpenAI upstream is the stand-in, compacting gpt-* at the stand-in's
     40k window."""
@@ -211,7 +218,7 @@ async def proxy_in_front(
             **settings,
         },
     )
-    return await start(dataclasses.replace(base, policies=(PROXY_POLICY,)))
+    return await start(dataclasses.replace(base, policies=(policy,)))
 
 
 def responses_statuses(proxy: RunningProxy) -> dict[str, float]:
@@ -268,7 +275,9 @@ async def test_through_the_proxy_codex_finishes_in_a_small_window(
     assert_every_request_fits(standin, sent)
     assert all(p.kind in ("turn", "None") for p in sent)  # Codex never compacted
     # The proxy compacted: stubs went upstream, and it answered read_result itself.
-    assert any("tool result offloaded" in orjson.dumps(p.items).decode() for p in sent)
+    assert any(
+        "compaction-proxy offloaded this result" in orjson.dumps(p.items).decode() for p in sent
+    )
     assert any(read_calls(p) for p in sent)
     # ... and Codex never saw one.
     kept = codex_items(tmp_path / "codex-home")
@@ -294,7 +303,7 @@ async def test_codex_compaction_passes_through_the_proxy(
     compaction requests go upstream whole (no read_result), and what it gets back comes
     back unchanged (the stand-in's sealed compaction item verifies)."""
     standin = await start_standin(make_responses_standin, plays_openai=provider == "openai")
-    proxy = await proxy_in_front(standin.url, redis_url, redis_key_prefix)
+    proxy = await proxy_in_front(standin.url, redis_url, redis_key_prefix, LATE_POLICY)
     try:
         run = await codex_task(
             tmp_path, proxy.url, provider, context_window=WINDOW, auto_compact_limit=COMPACT_AT
@@ -333,7 +342,11 @@ async def test_the_proxy_serves_codex_compaction_for_an_upstream_that_lacks_it(
     upstream refused the first one) and puts the summary back in later requests."""
     standin = await start_standin(make_responses_standin, plays_openai=False)
     proxy = await proxy_in_front(
-        standin.url, redis_url, redis_key_prefix, **{"responses.codex_compaction": mode}
+        standin.url,
+        redis_url,
+        redis_key_prefix,
+        LATE_POLICY,
+        **{"responses.codex_compaction": mode},
     )
     try:
         run = await codex_task(

@@ -124,7 +124,7 @@ def test_blobs_that_cannot_be_saved_never_become_stubs() -> None:
     )
     assert kinds(commands) == ["LoadConversation", "SaveCrossing"]
     assert decision.rewrite is not None and decision.rewrite.refs == []
-    assert decision.body is not None and b"offloaded to save context" not in decision.body
+    assert decision.body is not None and b"compaction-proxy offloaded" not in decision.body
 
 
 def test_nothing_fits_is_refused_before_any_write() -> None:
@@ -165,7 +165,7 @@ def test_a_request_that_cannot_offer_read_result_leaves_the_rewrite_alone() -> N
 
 
 def test_a_summary_paid_for_is_used_when_the_writes_fail() -> None:
-    messages = conversation(30, result_words=150)
+    messages = conversation(100, result_words=150)  # over the trigger even offloaded
     limits = policy(offload_threshold=300, target=4_000)
     commands, decision = commands_of(compaction(request(messages, limits)), Store(saves=False))
     assert kinds(commands) == ["LoadConversation", "GetSummary", "SaveCrossing"]
@@ -175,4 +175,4 @@ def test_a_summary_paid_for_is_used_when_the_writes_fail() -> None:
     assert rewrite is not None and rewrite.summary == "made" and rewrite.strategy == "summary"
     assert rewrite.refs == [] and rewrite.checkpoint is None
     assert decision.reason == "store_unavailable"
-    assert decision.body is not None and b"offloaded to save context" not in decision.body
+    assert decision.body is not None and b"compaction-proxy offloaded" not in decision.body

@@ -50,9 +50,9 @@ def test_stub_names_length_ref_and_how_to_read_on() -> None:
     text = "line\n" * 1000
     ref = ref_for(text)
     stub = stub_text(text, ref, "read_result", 100, 4000)
-    head, _, tail = stub.rpartition("\n[compaction-proxy:")
+    head, _, tail = stub.rpartition("\n[compaction-proxy offloaded this result:")
     assert text.startswith(head) and len(head) <= 100 and head.endswith("line")
-    assert "5,000 characters in all" in tail
+    assert "5,000 characters" in tail
     assert f'read_result(ref="{ref}", start={len(head)}, length=4000)' in tail
 
 

@@ -31,6 +31,7 @@ def policy(**kw: Any) -> Policy:
         offload_threshold=300,
         stub_head_chars=200,
         note_cost=60,
+        offload_trigger=8_000,  # offload only when folding is due (incremental: test_offload_steps)
     )
     base.update(kw)
     return Policy(**base).validate()

@@ -4,7 +4,37 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from proxy.core.checkpoint import message_digest
+
+STUB = b"compaction-proxy offloaded this result"
+FOLDS = ("summary", "pack")
+
+
+def folds(strategies: list[str | None]) -> list[str]:
+    """The crossings that folded or dropped turns (not the offload steps between them)."""
+    return [s for s in strategies if s and any(kind in s for kind in FOLDS)]
+
+
+def assert_stubs_frozen_between_folds(
+    requests: list[dict[str, Any]], strategies: list[str | None]
+) -> None:
+    """Between folds the stubbed region only grows: a message sent as a stub is sent the
+    same, at the same place, on every later request until the next fold."""
+    grew = 0
+    for n in range(1, len(requests)):
+        if strategies[n] and any(kind in str(strategies[n]) for kind in FOLDS):
+            continue
+        before, after = requests[n - 1]["messages"], requests[n]["messages"]
+        for j, message in enumerate(before):
+            if STUB in orjson.dumps(message):
+                assert message_digest(after[j]) == message_digest(message), (
+                    f"turn {n}: the stub at {j} changed or moved between folds"
+                )
+        stubs = [j for j, m in enumerate(after) if STUB in orjson.dumps(m)]
+        grew += len(stubs) > len([m for m in before if STUB in orjson.dumps(m)])
+    assert grew, "the stubbed region never grew: nothing was tested"
 
 
 def assert_prefix_stable_between_crossings(

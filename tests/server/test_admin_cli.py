@@ -1,15 +1,20 @@
-"""`compaction-proxy keys ...` and `budgets ...` against a real Redis, as an operator runs
-them."""
+"""`compaction-proxy keys ...` and `budgets ...` against a real Redis, and with `--url`
+against a proxy's admin API, as an operator runs them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from proxy.admin_client import ADMIN_KEY_ENV as ADMIN_KEY_ENV_FOR_CLI
 from proxy.cli import main
+from proxy.server.app import RunningProxy
+from tests.plugins.standin import RunningStandIn
+from tests.server.conftest import ADMIN_KEY_ENV
 
 
 @pytest.fixture
@@ -78,3 +83,69 @@ def test_operator_mistakes_are_named(run: Any) -> None:
     assert code == 1
     code, _, err = run("keys", "create", "--team", "bad team")
     assert code == 2 and "team" in err
+
+
+@pytest.fixture
+def run_url(
+    admin_key: str,
+    monkeypatch: pytest.MonkeyPatch,
+    standin_thread: RunningStandIn,
+    make_proxy_thread: Callable[..., RunningProxy],
+    redis_key_prefix: str,
+    capsys: pytest.CaptureFixture[str],
+) -> Any:
+    """The commands with --url against a proxy's admin API (its Redis not given)."""
+    proxy = make_proxy_thread(
+        standin_thread.url,
+        **{"auth.admin_key_env": ADMIN_KEY_ENV, "store.key_prefix": redis_key_prefix},
+    )
+    monkeypatch.setenv(ADMIN_KEY_ENV_FOR_CLI, admin_key)
+
+    def run(*argv: str, url: str = proxy.url) -> tuple[int, Any, str]:
+        code = main([*argv, "--url", url, "--json"])
+        out, err = capsys.readouterr()
+        return code, orjson.loads(out) if out.strip() else None, err
+
+    return run
+
+
+def test_the_commands_work_through_the_admin_api(run_url: Any, run: Any) -> None:
+    code, created, _ = run_url("keys", "create", "--team", "infra", "--name", "over http")
+    assert code == 0 and created["key"].startswith("cpk_") and "digest" not in created
+    key_id = created["id"]
+    # The same record as the Redis commands see.
+    assert [k["id"] for k in run("keys", "list")[1]] == [key_id]
+    code, shown, _ = run_url(
+        "budgets", "set", "--key", key_id, "--period", "day", "--input", "900", "--window", "9000"
+    )
+    assert code == 0 and shown["limits"]["day"] == {"input": 900}
+    assert shown["policy"] == {"window": 9000}
+    assert run("budgets", "show", "--key", key_id)[1]["limits"] == shown["limits"]
+    code, shown, _ = run_url("budgets", "set", "--key", key_id, "--period", "day", "--input", "-1")
+    assert shown["limits"]["day"] == {}
+    code, listed, _ = run_url("keys", "list")
+    assert [(k["id"], k["name"]) for k in listed] == [(key_id, "over http")]
+    assert run_url("keys", "revoke", key_id)[0] == 0
+    assert run("keys", "list")[1][0]["revoked"] == "1"
+
+    code, _, err = run_url("budgets", "show", "--key", "000000000000")
+    assert code == 1 and "no key" in err
+    code, _, err = run_url("keys", "revoke", "000000000000")
+    assert code == 1 and "no key" in err
+    code, _, err = run_url("budgets", "set", "--team", "x", "--trigger", "5000", "--target", "6000")
+    assert code == 2 and "target" in err
+    code, _, err = run_url("keys", "list", url="http://127.0.0.1:1")
+    assert code == 1 and "cannot reach" in err
+
+
+def test_url_mistakes_are_named(
+    run_url: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_url("keys", "list", url="ftp://x")
+    assert code == 2 and "--url" in err
+    monkeypatch.setenv(ADMIN_KEY_ENV_FOR_CLI, "not-the-admin-key-at-all")
+    code, _, err = run_url("keys", "list")
+    assert code == 1 and "401" in err and "invalid admin key" in err
+    monkeypatch.delenv(ADMIN_KEY_ENV_FOR_CLI)
+    code, _, err = run_url("keys", "list")
+    assert code == 2 and ADMIN_KEY_ENV_FOR_CLI in err

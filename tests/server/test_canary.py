@@ -1,4 +1,5 @@
-"""No prompt text or credential leaves the proxy through its logs, metrics or key names.
+"""No prompt text or credential leaves the proxy through its logs, metrics or key names,
+and the admin API shows a key's secret only in the answer that creates it.
 
 Unique canary strings go into the prompt, the tool results, `x-api-key` and
 `Authorization`; the request is big enough to be offloaded and summarised, and the
@@ -22,8 +23,9 @@ import redis
 
 from proxy.server.logs import JSONFormatter
 from proxy.store.keys import scan_pattern
+from proxy.testing.agent import run_agent
 from proxy.testing.standin import StandInOptions
-from tests.server.conftest import MakeProxy
+from tests.server.conftest import UPSTREAM_KEY_ENV, AdminAPI, MakeProxy
 from tests.server.test_metrics import MakeStandIn, long_history
 
 
@@ -135,3 +137,85 @@ async def test_a_redis_password_is_not_logged(
         assert r.status == 503
     assert any("does not answer" in line and "user:***@" in line for line in all_logs.lines)
     assert not any(secret in line for line in all_logs.lines)
+
+
+def _every_value(url: str, prefix: str) -> list[bytes]:
+    """Every key name under `prefix` and everything stored under it."""
+    client_redis = redis.Redis.from_url(url)
+    out: list[bytes] = []
+    try:
+        for key in client_redis.scan_iter(match=scan_pattern(prefix)):
+            out.append(key)
+            kind = client_redis.type(key)
+            if kind == b"string":
+                out.append(client_redis.get(key) or b"")
+            elif kind == b"hash":
+                out.extend(b for pair in client_redis.hgetall(key).items() for b in pair)
+            elif kind == b"list":
+                out.extend(client_redis.lrange(key, 0, -1))
+            elif kind == b"set":
+                out.extend(client_redis.smembers(key))
+            elif kind == b"zset":
+                out.extend(client_redis.zrange(key, 0, -1))
+    finally:
+        client_redis.close()
+    return out
+
+
+async def test_admin_endpoints_keep_key_secrets_and_the_admin_key_to_themselves(
+    make_standin: MakeStandIn,
+    make_admin_proxy: MakeProxy,
+    admin_key: str,
+    redis_url: str,
+    redis_key_prefix: str,
+    all_logs: Everything,
+) -> None:
+    standin = await make_standin(StandInOptions(windows={"*": 30_000}, max_recorded=None))
+    proxy = await make_admin_proxy(standin.url)
+    api = AdminAPI(proxy.url, admin_key)
+    created = await api.ok(
+        "POST", "/admin/keys", {"team": "canary", "upstream_env": UPSTREAM_KEY_ENV}
+    )
+    secret = created["key"]
+    hidden = secret.removeprefix(f"cpk_{created['id']}_")  # the part that is not the id
+    # The key at work: offloads, a summary and read_result rounds.
+    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key=secret, max_retries=0)
+    async with client:
+        turns = await run_agent(
+            client, turns=24, result_chars=8_000, read_every=4, conversation="canary-admin"
+        )
+    assert any(t.headers.get("x-compaction-summary") == "made" for t in turns)
+    assert any(int(t.headers.get("x-compaction-read-rounds", 0)) for t in turns)
+    # Every admin endpoint, and the mistakes an attacker would try.
+    answers = [
+        await api.ok("GET", "/admin/keys"),
+        await api.ok("GET", "/admin/budgets"),
+        await api.ok(
+            "PUT", f"/admin/budgets/key/{created['id']}", {"limits": {"day": {"input": 10**7}}}
+        ),
+        await api.ok("GET", "/admin/budgets/team/canary"),
+        await api.ok("GET", "/admin/stats"),
+    ]
+    for headers in ({"Authorization": f"Bearer {secret}"}, {"x-api-key": admin_key}):
+        status, refused = await api.call("GET", "/admin/stats", headers=headers)
+        assert status == 401
+        answers.append(refused)
+    answers.append(await api.ok("DELETE", f"/admin/keys/{created['id']}"))
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{proxy.url}/dashboard#admin_key={admin_key}") as r:
+            answers.append(await r.text())
+        async with session.get(f"{proxy.url}/metrics") as r:
+            metrics = await r.text()
+    await api.ok("GET", "/admin/stats")  # flushes this replica's stats to Redis
+    stored = _every_value(redis_url, redis_key_prefix)
+
+    assert any(b"g:stats:" in value for value in stored), "the stats reached Redis"
+    assert "compaction_proxy_budget_rejections_total" in metrics
+    text = orjson.dumps(answers).decode()
+    for name, canary in {"key secret": hidden, "admin key": admin_key}.items():
+        assert canary not in text, f"the {name} is in an admin answer"
+        for line in all_logs.lines:
+            assert canary not in line, f"the {name} is in a log line"
+        assert canary not in metrics, f"the {name} is in /metrics"
+        for value in stored:
+            assert canary.encode() not in value, f"the {name} is in Redis"

@@ -19,6 +19,7 @@ import openai
 import orjson
 import pytest
 
+from proxy.core.offload import stub_text
 from proxy.core.tokens import default_counter
 from proxy.server.app import RunningProxy
 from proxy.testing.agent import tool_output
@@ -26,7 +27,11 @@ from proxy.testing.agent_openai import run_openai_agent
 from proxy.testing.chat_validate import validate_chat_request
 from proxy.testing.standin import RecordedRequest, StandInOptions
 from proxy.wire.chat import ChatCounter
-from tests.server.compaction_checks import assert_prefix_stable_between_crossings
+from tests.server.compaction_checks import (
+    assert_prefix_stable_between_crossings,
+    assert_stubs_frozen_between_folds,
+    folds,
+)
 from tests.server.conftest import SMALL_WINDOW, SMALL_WINDOW_POLICY, MakeProxy
 
 TURNS = 60
@@ -119,11 +124,15 @@ async def test_a_long_chat_conversation_stays_valid_cached_and_cheap(
     # (trigger - target) / growth turns apart; each makes at most one summary.
     strategies = [t.headers.get("x-compaction-strategy") for t in turns]
     crossings = [s for s in strategies if s and s != "checkpoint"]
-    growth = default_counter().count_text(tool_output(1, RESULT_CHARS)) + 60
+    folded = folds(strategies)
+    # Once offloaded, a turn adds a stub and its call: that is what brings the next fold.
+    stub = stub_text(tool_output(1, RESULT_CHARS), "r_" + "0" * 16, "read_result",
+                     SMALL_WINDOW_POLICY["stub_head_chars"], 8_000)  # fmt: skip
+    growth = default_counter().count_text(stub) + 60
     gap = SMALL_WINDOW_POLICY["trigger"] - SMALL_WINDOW_POLICY["target"]
     bound = math.ceil(TURNS * growth / gap) + 1
     summaries = [r for r in standin.recorded if r.headers.get(PURPOSE) == "summary"]
-    assert 1 <= len(summaries) <= len(crossings) <= bound
+    assert 1 <= len(summaries) <= len(folded) <= bound
     made = sum(1 for t in turns if t.headers.get("x-compaction-summary") == "made")
     assert made == len(summaries)
     for r in summaries:  # the summariser spoke Chat to the same upstream
@@ -133,9 +142,10 @@ async def test_a_long_chat_conversation_stays_valid_cached_and_cheap(
     requests = turn_requests(standin.recorded)
     assert len(requests) == TURNS
     assert_prefix_stable_between_crossings(requests, strategies)
+    assert_stubs_frozen_between_folds(requests, strategies)
 
     # ...so the stand-in reads it from its prompt cache.
-    steady = [t for t, s in zip(turns, strategies, strict=True) if s == "checkpoint"]
+    steady = [t for t, s in zip(turns, strategies, strict=True) if s in ("checkpoint", "offload")]
     assert steady
     assert all(t.completion.usage.prompt_tokens_details.cached_tokens > 0 for t in steady)
     cached = sum(t.completion.usage.prompt_tokens_details.cached_tokens for t in turns)

@@ -19,12 +19,16 @@ import anthropic
 import orjson
 import pytest
 
-from proxy.core.offload import unknown_ref
+from proxy.core.offload import stub_text, unknown_ref
 from proxy.core.tokens import default_counter
 from proxy.server.app import RunningProxy
 from proxy.testing.agent import run_agent, tool_output
 from proxy.testing.standin import RecordedRequest, StandInOptions
-from tests.server.compaction_checks import assert_prefix_stable_between_crossings
+from tests.server.compaction_checks import (
+    assert_prefix_stable_between_crossings,
+    assert_stubs_frozen_between_folds,
+    folds,
+)
 from tests.server.conftest import SMALL_WINDOW, SMALL_WINDOW_POLICY, MakeProxy
 
 TURNS = 60
@@ -92,15 +96,18 @@ async def test_a_long_conversation_stays_valid_cached_and_cheap(
     ]
     assert len(read_rounds) >= TURNS // 5 - 2, "the stand-in's read_result calls were answered"
 
-    # Hysteresis: a crossing brings the history to the target and each turn adds about
-    # `growth` tokens, so crossings are at least (trigger - target) / growth turns apart.
+    # Hysteresis: a fold brings the history to the target and each turn adds about
+    # `growth` tokens, so folds are at least (trigger - target) / growth turns apart.
     strategies = [t.headers.get("x-compaction-strategy") for t in turns]
-    crossings = [s for s in strategies if s and s != "checkpoint"]
-    growth = counter.count_text(tool_output(1, RESULT_CHARS)) + 60
+    folded = folds(strategies)
+    # Once offloaded, a turn adds a stub and its call: that is what brings the next fold.
+    stub = stub_text(tool_output(1, RESULT_CHARS), "r_" + "0" * 16, "read_result",
+                     SMALL_WINDOW_POLICY["stub_head_chars"], 8_000)  # fmt: skip
+    growth = counter.count_text(stub) + 60
     gap = SMALL_WINDOW_POLICY["trigger"] - SMALL_WINDOW_POLICY["target"]
     bound = math.ceil(TURNS * growth / gap) + 1
     summaries = [r for r in standin.recorded if r.headers.get(PURPOSE) == "summary"]
-    assert 1 <= len(summaries) <= len(crossings) <= bound
+    assert 1 <= len(summaries) <= len(folded) <= bound
     assert sum(1 for t in turns if t.headers.get("x-compaction-summary") == "made") == len(
         summaries
     )
@@ -109,9 +116,10 @@ async def test_a_long_conversation_stays_valid_cached_and_cheap(
     requests = turn_requests(standin.recorded)
     assert len(requests) == TURNS
     assert_prefix_stable_between_crossings(requests, strategies)
+    assert_stubs_frozen_between_folds(requests, strategies)
 
     # ...so the stand-in reads it from its prompt cache.
-    steady = [t for t, s in zip(turns, strategies, strict=True) if s == "checkpoint"]
+    steady = [t for t, s in zip(turns, strategies, strict=True) if s in ("checkpoint", "offload")]
     assert steady and all(t.message.usage.cache_read_input_tokens > 0 for t in steady)
     reads = sum(t.message.usage.cache_read_input_tokens for t in turns)
     total = sum(
@@ -206,7 +214,7 @@ async def test_two_replicas_agree_byte_for_byte_and_share_refs(
             (request,) = standin.recorded[before:]
             sent.append(request.body)
         assert sent[0] == sent[1]
-        assert b"tool result offloaded" in sent[0]
+        assert b"compaction-proxy offloaded this result" in sent[0]
 
 
 def synthetic_history(turns: int) -> list[dict[str, Any]]:

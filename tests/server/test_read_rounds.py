@@ -131,14 +131,17 @@ async def test_anthropic_rounds_fit_and_end_in_a_valid_message(
     assert texts and texts[-1].startswith("[compaction-proxy: still reading")
     assert all(b.type != "tool_use" for b in message.content)
     assert message.stop_reason == "end_turn"
+    # The last round's input (a stream may move a token between its fields so that every
+    # way of merging message_start and message_delta gives that total).
     last = calls[-1].usage
-    assert message.usage.input_tokens == last["input_tokens"]
+    assert abs(message.usage.input_tokens - last["input_tokens"]) <= 2
     told = (
         message.usage.input_tokens
         + (message.usage.cache_read_input_tokens or 0)
         + (message.usage.cache_creation_input_tokens or 0)
     )
-    assert told <= WINDOW
+    fields = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    assert told == sum(last[f] for f in fields) <= WINDOW
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
