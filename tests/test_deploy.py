@@ -116,7 +116,9 @@ def test_the_deployment_runs_a_fleet_the_way_the_readme_says() -> None:
     assert plain["REDIS_URL"].endswith("?cluster=1"), "Redis Cluster is the store"
     # The file from the ConfigMap, then the environment: every setting given is real.
     config = docs["ConfigMap"]["data"]["proxy.toml"]
-    assert config == (ROOT / "config" / "proxy.toml").read_text(), "renew configmap.yaml"
+    assert config == (ROOT / "config" / "proxy.toml").read_text(), (
+        "run python3 deploy/kubernetes/configmap.py"
+    )
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == "config"]
     assert container["args"] == ["serve", "--config", f"{mount['mountPath']}/proxy.toml"]
     with tempfile.TemporaryDirectory() as tmp:

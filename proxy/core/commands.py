@@ -10,6 +10,7 @@ a request produces.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from proxy.core.checkpoint import Checkpoint
 
@@ -31,12 +32,14 @@ class Loaded:
 class GetSummary:
     """A summary of the folded turns: the stored one for `key`, else made (once for the
     fleet; whoever makes it holds the key's lock until the crossing's SaveCrossing stores
-    it). `transcript` is what the summariser reads, `slot` its output cap in tokens."""
+    it). `body` is the summariser's request, in the conversation's API (made in place,
+    reading the conversation's cached prefix, when the summariser is its model); `slot`
+    is its output cap in tokens."""
 
     key: str
-    transcript: str
+    body: dict[str, Any]
     slot: int
-    model: str  # "" = the request's own model
+    model: str
 
 
 @dataclass(frozen=True, slots=True)

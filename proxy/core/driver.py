@@ -101,7 +101,7 @@ def compaction(request: CompactionRequest) -> Driver:
     made: tuple[str, str] | None = None  # a summary this request paid for: (key, text)
     known: tuple[str, str] | None = None  # the summary it folded with: (key, text)
     if isinstance(outcome, FoldPlan):
-        got = yield GetSummary(outcome.key, outcome.transcript, outcome.slot, outcome.model)
+        got = yield _summary_request(request, outcome)
         assert isinstance(got, SummaryReply)
         failure = got.failure
         text = got.text
@@ -132,6 +132,26 @@ def compaction(request: CompactionRequest) -> Driver:
             if isinstance(outcome, Rewrite):
                 outcome = replace(outcome, checkpoint=None, reason="store_unavailable")
     return _decision(request, inp, outcome, failure)
+
+
+def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
+    """In place when the summariser is the conversation's own model (its prefix is then
+    read from the prompt cache), else a request of its own holding the transcript."""
+    own = str(request.body.get("model", ""))
+    model = fold.model or own
+    body = None
+    if model == own:
+        place = fold.in_place
+        history = _marked(request, place.history, place.breakpoint_at)
+        body = request.wire.summary_request(
+            request.body, model=model, slot=fold.slot, prompt=place.prompt, history=history
+        )
+    if body is None:
+        body = request.wire.summary_request(
+            request.body, model=model, slot=fold.slot, prompt=fold.transcript, history=None
+        )
+    assert body is not None
+    return GetSummary(fold.key, body, fold.slot, model)
 
 
 def _plan_input(request: CompactionRequest, loaded: Loaded) -> PlanInput:
@@ -188,8 +208,12 @@ def _with_proxy_breakpoint(request: CompactionRequest, rewrite: Rewrite) -> list
     """The rewritten messages, with one cache breakpoint of the proxy's at the end of the
     stubbed region when the request has room for it (fewer than four). The client's own
     are never moved or removed; the region's end moves only as it grows."""
-    at = rewrite.breakpoint_at
-    messages = rewrite.messages
+    return _marked(request, rewrite.messages, rewrite.breakpoint_at)
+
+
+def _marked(
+    request: CompactionRequest, messages: list[dict[str, Any]], at: int | None
+) -> list[dict[str, Any]]:
     if at is None or request.wire.breakpoints(request.body) >= MAX_BREAKPOINTS:
         return messages
     marked = request.wire.with_breakpoint(messages[at])

@@ -11,10 +11,13 @@ and class names (snake_case, camelCase, CamelCase, `name(`), error codes and con
 (`E1234`, `ERR_CONN_RESET`), ids (hex runs, uuids, `#1234`), versions (`1.2.3`), and
 numbers with units (`512 MiB`, `35 ms`). Bare numbers and plain words are not.
 
-Which go first when not all fit (`rank`): those from an earlier summary, then those the
-user or the assistant wrote, then tool calls, then tool results; within each, identifiers
-of a rare *shape* before those a template printed many times (a log's thousand
-`cache_key=k00123` lines share one shape once digits are masked), then the earliest.
+Which go first when not all fit (`rank`): identifiers of a rare *shape* before those a
+template printed many times (a log's thousand `module_3_17.py:248` lines share one shape
+once digits are masked); among the rare ones, those from an earlier summary, then those
+the user or the assistant wrote, then tool results; then the earliest. Ids a protocol
+made up (tool call ids, message and request ids) are not facts and never listed; refs of
+offloaded results rank with template values (the named-ref mechanism keeps them
+readable).
 """
 
 from __future__ import annotations
@@ -47,8 +50,11 @@ _IDENTIFIER = re.compile(
     re.VERBOSE,
 )
 _TRAILING = ".,;:!?'\""
-# Digit runs, and hex runs holding a digit: a template's values, and generated ids.
-_VALUES = re.compile(r"(?=[0-9a-f]*\d)[0-9a-f]{6,}|\d+")
+_DIGITS = re.compile(r"\d+")
+# Ids the APIs and the proxy make up: tool call, message, request ids, and refs.
+_PROTOCOL_ID = re.compile(r"(?:toolu|srvtoolu|call|fc|fco|msg|req|chatcmpl|resp)_\w+")
+_REF = re.compile(r"r_[0-9a-f]{16}")
+TEMPLATED = 4  # identifiers of a shape seen this often came from a template
 LINE_HEAD = "[compaction-proxy: identifiers from the folded turns, verbatim:"
 
 # Where an identifier was seen, most telling first.
@@ -66,9 +72,8 @@ def identifiers(text: str) -> list[str]:
 
 
 def shape(identifier: str) -> str:
-    """The identifier with its values masked (digits, generated hex): a template's values
-    and a protocol's ids share one shape."""
-    return _VALUES.sub("#", identifier)
+    """The identifier with its digits masked: a template's values share one shape."""
+    return _DIGITS.sub("#", identifier)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +92,7 @@ def rank(sources: Iterable[Source], ignore: frozenset[str] = frozenset()) -> lis
     shapes: Counter[str] = Counter()
     for source in sources:
         for found in identifiers(source.text):
-            if found in ignore:
+            if found in ignore or _PROTOCOL_ID.fullmatch(found):
                 continue
             if found not in kinds:
                 order[found] = len(order)
@@ -95,7 +100,13 @@ def rank(sources: Iterable[Source], ignore: frozenset[str] = frozenset()) -> lis
                 kinds[found] = source.kind
             else:
                 kinds[found] = min(kinds[found], source.kind)
-    return sorted(kinds, key=lambda f: (kinds[f], shapes[shape(f)], order[f]))
+
+    def key(found: str) -> tuple[bool, int, int, int]:
+        count = shapes[shape(found)]
+        templated = count >= TEMPLATED or _REF.fullmatch(found) is not None
+        return templated, kinds[found], count, order[found]
+
+    return sorted(kinds, key=key)
 
 
 def missing(ranked: Sequence[str], summary: str) -> list[str]:

@@ -57,7 +57,7 @@ from proxy.core.segments import (
     refs_of,
     stands_for,
 )
-from proxy.core.summary import INSTRUCTION, note_text
+from proxy.core.summary import INSTRUCTION, in_place_prompt, note_text
 from proxy.core.wire_format import Dialect, MessageCounter
 
 Message = Mapping[str, Any]
@@ -143,11 +143,22 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class InPlace:
+    """A summary asked of the conversation's own request (its prefix read from the prompt
+    cache): the history as it would go now, and the prompt that ends it."""
+
+    history: list[dict[str, Any]]
+    breakpoint_at: int | None  # where the proxy's cache breakpoint goes in it
+    prompt: str  # which messages to replace, and the originals of their offloaded results
+
+
+@dataclass(frozen=True, slots=True)
 class FoldPlan:
     """A crossing that folds the oldest groups into a summary, once it has one."""
 
     key: str  # hash of the folded turns as the client sent them: where the summary lives
     transcript: str  # the folded turns as the client sent them, fitted to the summariser
+    in_place: InPlace  # what a summary made in the conversation's own request needs
     slot: int  # the summary's cap, in real tokens (the facts line's budget apart)
     facts: tuple[str, ...]  # the folded turns' identifiers, the most telling first
     facts_budget: int  # tokens the line of identifiers the summary left out may take
@@ -202,11 +213,12 @@ def plan(inp: PlanInput) -> Outcome:
         fold = frozenset(planned[0])
         members = [m for g in work.groups if g.label in fold for m in g.members]
         slot = min(real(planned[2], inp.factor), inp.policy.summary_max_tokens)
-        facts_budget = min(FACTS_MAX, slot // 5)
+        facts_budget = min(FACTS_MAX, max(FACTS_MIN, slot // 5))
         return FoldPlan(
             key=summary_key(work.segments, members, inp.digests),
             transcript=_transcript(work, members, inp, slot),
-            slot=slot - facts_budget,
+            in_place=_in_place(work, members, inp, limits, slot),
+            slot=max(slot - facts_budget, slot // 2),
             facts=tuple(rank(_facts_sources(work, members, inp), _call_ids(work, members))),
             facts_budget=facts_budget,
             model=inp.policy.summariser_model,
@@ -274,8 +286,9 @@ def _alone(inp: PlanInput) -> Outcome:
 
 
 # The line of identifiers a summary left out (proxy/core/facts.py) may take a fifth of the
-# summary's slot, at most this many tokens.
-FACTS_MAX = 1_500
+# summary's slot, at least FACTS_MIN and at most FACTS_MAX tokens; the summariser keeps at
+# least half of the slot (a small slot may so end a little over the target).
+FACTS_MIN, FACTS_MAX = 200, 1_500
 SUMMARISER_MARGIN = 0.05  # of the summariser's window kept free: counts are estimates
 
 
@@ -293,6 +306,55 @@ def summary_key(
         else:
             parts.append(message_digest({"proxy": seg.text}))
     return chain_hash(parts)
+
+
+def _in_place(
+    work: Working, members: Sequence[int], inp: PlanInput, limits: Limits, slot: int
+) -> InPlace:
+    """The conversation's history as it would go without the fold, and a last message
+    naming the messages to replace, with the originals of the results offloaded among
+    them (the summariser reads what the stubs hide), cut to what the window leaves."""
+    pieces: list[str] = []
+    tokens: list[int] = []
+    for m in members:
+        seg = work.segments[m]
+        if isinstance(seg, Stubbed):
+            original = inp.dialect.render_transcript([inp.messages[seg.index]])
+            pieces.append(f"[{', '.join(seg.refs)}]\n{original}")
+            tokens.append(inp.counts[seg.index])
+    # The originals are plain text, which counts about as estimated: a factor below 1
+    # (learnt on requests whose sealed content the estimate overcounts) must not let them
+    # grow, so the window is taken in real tokens then.
+    factor = max(1.0, inp.factor)
+    limit = min(limits.limit, math.floor(inp.policy.window / factor) - inp.fixed_tokens
+                - inp.tool_tokens)  # fmt: skip
+    room = limit - work.tokens - math.ceil(slot / factor) - IN_PLACE_OVERHEAD
+    originals = _fitted(pieces, tokens, max(room, 0)) if room > 0 else ""
+    first, last = members[0], members[-1]
+    heads = (
+        _head_of(work.messages[first], inp.dialect),
+        _head_of(work.messages[last], inp.dialect),
+    )
+    prompt = in_place_prompt(first + 1, last + 1, heads, originals)
+    return InPlace(work.messages, _last_stub(work.segments), prompt)
+
+
+IN_PLACE_OVERHEAD = 600  # tokens of the in-place prompt's own words, with a margin
+
+
+def _head_of(message: Message, dialect: Dialect) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    for block in content if isinstance(content, list) else []:
+        if isinstance(block, dict):
+            for key in ("text", "content"):
+                value = block.get(key)
+                if isinstance(value, str) and value.strip():
+                    return value
+    # A message of another shape (a Responses unit): its text as the summariser reads it.
+    lines = dialect.render_transcript([message]).splitlines()
+    return lines[1] if len(lines) > 1 else str(message.get("role", ""))
 
 
 def _original(seg: Segment, work: Working, m: int, inp: PlanInput) -> Message:
@@ -324,7 +386,13 @@ def _transcript(work: Working, members: Sequence[int], inp: PlanInput, slot: int
     factor = max(1.0, inp.factor)
     window = math.floor(inp.policy.window * (1 - SUMMARISER_MARGIN) / factor)
     budget = window - math.ceil(slot / factor) - inp.counter.count_text(INSTRUCTION)
-    cap = _water_level(tokens, max(budget, len(pieces) * 64))
+    return _fitted(pieces, tokens, max(budget, len(pieces) * 64))
+
+
+def _fitted(pieces: Sequence[str], tokens: Sequence[int], budget: int) -> str:
+    """The pieces joined, the longest cut first (each keeping its head and its tail)
+    until their tokens (given, per piece) fit `budget`."""
+    cap = _water_level(tokens, budget)
     out = []
     for text, count in zip(pieces, tokens, strict=True):
         if count > cap:

@@ -27,6 +27,31 @@ Leave out pleasantries, restated questions and anything later superseded. If the
 conversation already starts with an earlier summary, carry its facts forward."""
 
 
+IN_PLACE = """[compaction-proxy] This conversation is getting long. Write notes that will \
+replace messages {first} to {last} above (counted from the first message as 1: from the one \
+that begins "{first_head}" to the one that begins "{last_head}"). The agent will continue \
+from your notes and the later messages: it will not see those messages again. Record:
+- the user's goal and what they are currently trying to do;
+- decisions made and constraints agreed, verbatim where the wording matters;
+- facts established, keeping every identifier verbatim: file paths, function and variable \
+names, commands, URLs, ids, error messages, numbers and versions;
+- what was tried and failed, and why, so it is not tried again;
+- refs of offloaded tool results (like r_0123abcd...) next to what they hold, since the \
+agent can still read them with read_result.
+Leave out pleasantries and anything later superseded; carry forward the facts of an earlier \
+summary among those messages. Answer with the notes only, as plain text: call no tool."""
+ORIGINALS = "\n\nThe offloaded tool results among those messages, in full where they fit:\n\n"
+HEAD_CHARS = 60
+
+
+def in_place_prompt(first: int, last: int, heads: tuple[str, str], originals: str) -> str:
+    """The last user message of a summary made in place: which messages to replace, and
+    the originals of the results that were offloaded among them."""
+    first_head, last_head = (" ".join(h.split())[:HEAD_CHARS] for h in heads)
+    prompt = IN_PLACE.format(first=first, last=last, first_head=first_head, last_head=last_head)
+    return prompt + ORIGINALS + originals if originals else prompt
+
+
 def summary_message(text: str, folded: int) -> dict[str, Any]:
     header = SUMMARY_HEADER.format(folded=folded)
     return {"role": "user", "content": [{"type": "text", "text": f"{header}\n{text}"}]}

@@ -167,6 +167,27 @@ class WireFormat(Dialect, UsageScan, Protocol):
         """How many prompt-cache breakpoints the body carries (system, tools, messages)."""
         ...
 
+    # -- the summariser --------------------------------------------------------------
+    def summary_request(
+        self,
+        body: Mapping[str, Any],
+        *,
+        model: str,
+        slot: int,
+        prompt: str,
+        history: Sequence[JSON] | None,
+    ) -> JSON | None:
+        """The summariser's request in this API. With `history`: in place, the
+        conversation's own request with `history` as its messages and `prompt` as the
+        last user message, so its prefix is read from the prompt cache (None when the
+        request cannot be reused so: a forced tool choice). Without: a request of its own,
+        the instruction as system text and `prompt` (a transcript) as its one message."""
+        ...
+
+    def answer_text(self, answer: JSON) -> str:
+        """The text of a (non-stream) answer."""
+        ...
+
     # -- read_result rounds -----------------------------------------------------------
     def split(self, answer: JSON, tool: str) -> Round: ...
     def merge(self, answers: Sequence[JSON], tool: str, note: str | None = None) -> JSON: ...

@@ -33,7 +33,6 @@ from proxy.core.offload import ref_for, result_text
 from proxy.core.planner import Refuse, Rewrite
 from proxy.core.policy import Policy, policy_for
 from proxy.core.segments import Stubbed, Summary, Verbatim
-from proxy.core.summary import INSTRUCTION
 from proxy.core.tokens import TokenCounter
 from proxy.core.wire_format import Dialect, WireFormat
 from proxy.wire import ANTHROPIC
@@ -53,7 +52,8 @@ class Summarise:
     messages: int  # client messages folded into it
     slot: int  # the output cap, tokens
     reused: bool
-    input_tokens: int  # the summariser call's prompt (instruction + transcript)
+    input_tokens: int  # the summariser call's whole input
+    request: dict[str, Any] | None = None  # the summariser's request (priced with a cache)
 
 
 @dataclass(slots=True)
@@ -191,10 +191,9 @@ class Simulator:
             memory.summaries[asked.key] = memory.summaries.get(
                 asked.key, placeholder_summary(asked.slot, asked.key)
             )
-            prompt = self.counter.count_text(INSTRUCTION) + self.counter.count_text(
-                asked.transcript
-            )
-            summary = Summarise(0, asked.slot, reused, prompt)
+            asked_messages = wire.messages(asked.body)
+            prompt = count_request(wire, self.counter, asked.body, asked_messages).total
+            summary = Summarise(0, asked.slot, reused, prompt, asked.body)
             fallback = self._without_summary(request, before)
         slot = checkpoint_slot(counted.digests)
         stored = rewrite.checkpoint or memory.checkpoints.get(slot)
@@ -238,7 +237,9 @@ class Simulator:
             for ref, text in rewrite.blobs
         ]
         if summary is not None:
-            summary = Summarise(folded, summary.slot, summary.reused, summary.input_tokens)
+            summary = Summarise(
+                folded, summary.slot, summary.reused, summary.input_tokens, summary.request
+            )
         return Step(
             sent,
             policy,

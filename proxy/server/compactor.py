@@ -11,6 +11,7 @@ crossing, which the executor (proxy/server/executor.py) carries out.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,8 @@ from proxy.core.wire_format import WireFormat
 from proxy.server.calibration import Calibration
 from proxy.server.executor import StoreExecutor, drive
 from proxy.server.record import detached
-from proxy.server.summariser import SUMMARISERS, SummariserSettings
+from proxy.server.summariser import SummariserSettings, post_summary
+from proxy.server.upstream import Upstream
 from proxy.store import Store
 
 log = logging.getLogger(__name__)
@@ -92,7 +94,9 @@ class Compactor:
         *,
         wire: WireFormat,
         store: Store | None,
-        upstream_url: str,
+        upstream: Upstream,
+        path: str,
+        upstream_headers: Sequence[tuple[str, str]],
         tenant: str | None = None,
         policy_override: Mapping[str, int] | None = None,
     ) -> Prepared:
@@ -114,11 +118,15 @@ class Compactor:
         executor = StoreExecutor(
             store,
             lambda: _identity(wire, body, headers, tenant),
-            model=model,
-            headers=headers,
-            upstream_url=upstream_url,
             summariser=self.summariser,
-            summarise=SUMMARISERS[wire.name],
+            summarise=functools.partial(
+                post_summary,
+                upstream=upstream,
+                path=path,
+                headers=upstream_headers,
+                wire=wire,
+                seconds=self.summariser.timeout,
+            ),
         )
         try:
             decision = await drive(compaction(request), executor)

@@ -8,7 +8,7 @@ reply saying so (never an exception): the driver then plans without the store.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator
 from functools import cached_property
 from typing import TypeVar
 
@@ -46,17 +46,11 @@ class StoreExecutor:
         store: Store | None,
         identify: Callable[[], tuple[str, str]],
         *,
-        model: str,
-        headers: Mapping[str, str],
-        upstream_url: str,
         summariser: SummariserSettings,
         summarise: SummaryCall,
     ) -> None:
         self.store = store
         self._identify = identify
-        self.model = model
-        self.headers = headers
-        self.upstream_url = upstream_url
         self.summariser = summariser
         self.summarise = summarise
         self._held: list[tuple[str, str]] = []  # summary locks to release after saving
@@ -104,9 +98,6 @@ class StoreExecutor:
             store=self.store,
             tenant=self.tenant,
             conversation=self.conversation,
-            model=self.model,
-            headers=self.headers,
-            base_url=self.upstream_url,
             settings=self.summariser,
             call=self.summarise,
         )

@@ -23,6 +23,7 @@ passed through.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -34,14 +35,16 @@ from aiohttp import web
 
 from proxy.core.checkpoint import chain_hash, message_digest
 from proxy.core.commands import GetSummary, SummaryReply
+from proxy.core.counting import count_request
 from proxy.core.errors import StoreUnavailable, UpgradeRequired, UpstreamError
 from proxy.core.identity import conversation_of, tenant_of
-from proxy.core.planner import SUMMARISER_MARGIN
+from proxy.core.planner import IN_PLACE_OVERHEAD, SUMMARISER_MARGIN
 from proxy.core.seal import open_sealed, seal
-from proxy.core.summary import INSTRUCTION
+from proxy.core.summary import INSTRUCTION, in_place_prompt
 from proxy.server import budgets
 from proxy.server.caller import caller_of
 from proxy.server.errors import new_request_id
+from proxy.server.headers import upstream_request_headers
 from proxy.server.passthrough import handle_passthrough
 from proxy.server.record import detached
 from proxy.server.routes import (
@@ -54,7 +57,7 @@ from proxy.server.routes import (
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.seal_key import SealKey
 from proxy.server.state import COMPACTOR, SETTINGS, STORE
-from proxy.server.summariser import SUMMARISERS, SUMMARY, obtain_summary, release
+from proxy.server.summariser import SUMMARY, obtain_summary, post_summary, release
 from proxy.store import Store
 from proxy.wire.responses import RESPONSES, asks_for_summary
 from proxy.wire.responses_compaction import (
@@ -67,7 +70,7 @@ from proxy.wire.responses_compaction import (
     is_trigger,
     sealed_items,
 )
-from proxy.wire.responses_units import input_items
+from proxy.wire.responses_units import flatten, heads_of, input_items
 
 log = logging.getLogger(__name__)
 
@@ -184,27 +187,27 @@ async def _trigger(request: web.Request, body: bytes, payload: dict[str, Any]) -
 
 
 async def _summary(
-    request: web.Request,
-    need: GetSummary,
-    store: Store,
-    tenant: str,
-    conversation: str,
-    model: str,
+    request: web.Request, need: GetSummary, store: Store, tenant: str, conversation: str
 ) -> SummaryReply:
     """The conversation's summary for `need`: the stored one, or made once for the fleet
-    and stored before it is named in a sealed reference."""
+    and stored before a sealed reference names it."""
     app = request.app
     compactor = app[COMPACTOR]
+    call = functools.partial(
+        post_summary,
+        upstream=app[OPENAI_UPSTREAM],
+        path=request.raw_path,
+        headers=upstream_request_headers(request.headers),
+        wire=RESPONSES,
+        seconds=compactor.summariser.timeout,
+    )
     obtained = await obtain_summary(
         need,
         store=store,
         tenant=tenant,
         conversation=conversation,
-        model=model,
-        headers=request.headers,
-        base_url=app[OPENAI_UPSTREAM].base_url,
         settings=compactor.summariser,
-        call=SUMMARISERS[RESPONSES.name],
+        call=call,
     )
     reply = obtained.reply
     if obtained.lock is None:
@@ -219,47 +222,68 @@ async def _summary(
     return reply
 
 
+def _summary_need(
+    request: web.Request, sent: dict[str, Any], model: str, store: Store
+) -> tuple[GetSummary, int]:
+    """The summariser's request for the whole history as sent, and its input estimate: in
+    place (the conversation's own request, its prefix read from the prompt cache) when
+    the summariser is the conversation's model and it fits, else a transcript of its own
+    cut to the window."""
+    compactor = request.app[COMPACTOR]
+    policy = compactor.policy(model, caller_of(request).policy)
+    counter = compactor.counter
+    units = RESPONSES.messages(sent)
+    key = chain_hash([message_digest(unit) for unit in units])
+    slot = policy.summary_max_tokens
+    factor = max(1.0, compactor.calibration.factor(model, store))  # as the planner's
+    window = math.floor(policy.window * (1 - SUMMARISER_MARGIN) / factor)
+    if policy.summariser_model in ("", model):
+        used = count_request(RESPONSES, counter, sent, units).total + IN_PLACE_OVERHEAD
+        items = flatten(units)
+        prompt = in_place_prompt(1, len(items), heads_of(units), "")
+        body = RESPONSES.summary_request(sent, model=model, slot=slot, prompt=prompt, history=units)
+        if body is not None and used + slot <= window:
+            return GetSummary(key, body, slot, model), used
+    instruction = counter.count_text(INSTRUCTION)
+    transcript = RESPONSES.render_transcript(units)
+    transcript = fitted(transcript, counter.count_text(transcript), window - slot - instruction)
+    summariser = policy.summariser_model or model
+    body = RESPONSES.summary_request(
+        sent, model=summariser, slot=slot, prompt=transcript, history=None
+    )
+    assert body is not None
+    estimate = instruction + counter.count_text(transcript)
+    return GetSummary(key, body, slot, summariser), estimate
+
+
 async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web.Response:
     """Answer a compaction_trigger with one compaction item sealing a reference to the
     proxy's own summary of the history (compacted first, as a turn would be)."""
     app = request.app
     store = app[STORE].store
-    key = await app[RESPONSES_STATE].seal_key.get(store)
-    if store is None or key is None:
+    seal_key = await app[RESPONSES_STATE].seal_key.get(store)
+    if store is None or seal_key is None:
         raise StoreUnavailable("compaction-proxy cannot compact without its store; try again")
     history = {**payload, "input": input_items(payload)[:-1]}
     prepared = await _prepare(request, RESPONSES_ROUTE, orjson.dumps(history), history)
-    sent = prepared.sent if prepared.sent is not None and prepared.refusal is None else history
-    units = RESPONSES.messages(sent)
-    transcript = RESPONSES.render_transcript(units)
-
-    compactor = app[COMPACTOR]
-    caller = caller_of(request)
+    sent = dict(prepared.sent) if prepared.sent and prepared.refusal is None else history
     model = str(payload.get("model", ""))
-    policy = compactor.policy(model, caller.policy)
+    need, estimate = _summary_need(request, sent, model, store)
+    await budgets.reserve(request, estimate, need.slot, b"")
     tenant = _tenant(request)
     conversation = conversation_of(request.headers, RESPONSES.identity_view(payload), tenant)
-    digest = chain_hash([message_digest(unit) for unit in units])
-    slot = policy.summary_max_tokens
-    instruction = compactor.counter.count_text(INSTRUCTION)
-    factor = max(1.0, compactor.calibration.factor(model, store))  # as the planner's
-    room = math.floor(policy.window * (1 - SUMMARISER_MARGIN) / factor) - slot - instruction
-    transcript = fitted(transcript, compactor.counter.count_text(transcript), room)
-    need = GetSummary(digest, transcript, slot, policy.summariser_model)
-    estimate = instruction + compactor.counter.count_text(transcript)
-    await budgets.reserve(request, estimate, need.slot, b"")
     record = detached()
     made = len(record.meter.extra)
-    reply = await _summary(request, need, store, tenant, conversation, model)
+    reply = await _summary(request, need, store, tenant, conversation)
     if reply.text is None:
         raise UpstreamError(f"compaction-proxy could not summarise the history ({reply.failure})")
     record.summary = "reused" if reply.reused else "made"
-    sealed = seal(key, tenant, {"c": conversation, "k": digest, "n": len(units)})
+    sealed = seal(seal_key, tenant, {"c": conversation, "k": need.key})
     if len(record.meter.extra) > made:  # the summariser's own figures
         used = record.meter.extra[-1]
         usage = compaction_usage(used.total_input, used.output_tokens)
     else:
-        usage = compaction_usage(estimate, compactor.counter.count_text(reply.text))
+        usage = compaction_usage(estimate, app[COMPACTOR].counter.count_text(reply.text))
     response = compaction_response(payload, compaction_item(sealed), usage, int(time.time()))
     headers = {
         RESPONSES.request_id_header: new_request_id(),

@@ -175,7 +175,9 @@ async def _prepare(
             request.headers,
             wire=route.wire,
             store=app[STORE].store,
-            upstream_url=app[route.upstream].base_url,
+            upstream=app[route.upstream],
+            path=request.raw_path,
+            upstream_headers=upstream_request_headers(request.headers),
             tenant=caller.tenant,
             policy_override=caller.policy,
         )

@@ -13,20 +13,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-import anthropic
-import openai
+import aiohttp
+import orjson
 
 from proxy.core.commands import GetSummary, SummaryReply
-from proxy.core.identity import credential
-from proxy.core.summary import INSTRUCTION
-from proxy.core.usage import anthropic_usage
+from proxy.core.wire_format import WireFormat
 from proxy.server.record import detached
+from proxy.server.upstream import Upstream
 from proxy.store import Store, StoreUnavailable
-from proxy.wire.chat_rounds import chat_usage
-from proxy.wire.responses_rounds import responses_usage
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +31,7 @@ PURPOSE_HEADER = "x-compaction-proxy-purpose"
 SUMMARY = "summary"  # the store kind summaries are kept under
 
 
-SummaryCall = Callable[..., Awaitable[str]]
+SummaryCall = Callable[[GetSummary], Awaitable[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +53,6 @@ async def obtain_summary(
     store: Store,
     tenant: str,
     conversation: str,
-    model: str,
-    headers: Mapping[str, str],
-    base_url: str,
     settings: SummariserSettings,
     call: SummaryCall,
 ) -> Obtained:
@@ -79,17 +73,15 @@ async def obtain_summary(
     held = (lock, token)
     try:
         record.summariser_calls += 1
-        text = await call(
-            need, model=model, headers=headers, base_url=base_url, seconds=settings.timeout
-        )
+        text = await call(need)
         if not text.strip():
             record.summariser_failures += 1
             await release(store, tenant, conversation, held)
             return Obtained(SummaryReply(None, failure="the summariser answered with no text"))
         return Obtained(SummaryReply(text), held)
-    except (anthropic.APIError, openai.APIError) as e:
+    except (SummariserFailed, aiohttp.ClientError, TimeoutError) as e:
         record.summariser_failures += 1
-        log.warning("summariser call failed: %s (%r)", type(e).__name__, e.__cause__)
+        log.warning("summariser call failed: %s (%s)", type(e).__name__, e)
         await release(store, tenant, conversation, held)
         return Obtained(SummaryReply(None, failure=f"summariser failed: {type(e).__name__}"))
     except BaseException:
@@ -118,99 +110,48 @@ async def _wait_for_other(
     return SummaryReply(None, failure="another replica is still summarising")
 
 
-async def call_summariser(
-    need: GetSummary, *, model: str, headers: Mapping[str, str], base_url: str, seconds: float
+class SummariserFailed(Exception):
+    """The summariser gave no usable answer (an error status, or no text)."""
+
+
+async def post_summary(
+    need: GetSummary,
+    *,
+    upstream: Upstream,
+    path: str,
+    headers: Sequence[tuple[str, str]],
+    wire: WireFormat,
+    seconds: float,
 ) -> str:
-    """One Messages call through the anthropic SDK, with the caller's own credential."""
-    secret = credential(headers)
-    uses_bearer = not headers.get("x-api-key") and bool(headers.get("authorization"))
-    client = anthropic.AsyncAnthropic(
-        base_url=base_url,
-        api_key=None if uses_bearer else secret,
-        auth_token=secret if uses_bearer else None,
-        max_retries=1,
-        timeout=seconds,
-        default_headers={PURPOSE_HEADER: "summary"},
-    )
-    async with client:
-        message = await client.messages.create(
-            model=need.model or model,
-            max_tokens=need.slot,
-            system=INSTRUCTION,
-            messages=[{"role": "user", "content": need.transcript}],
-        )
-    # The caller's budget pays for it.
-    detached().meter.summariser(anthropic_usage(message.usage.model_dump()))
-    return "".join(b.text for b in message.content if b.type == "text")
-
-
-async def call_chat_summariser(
-    need: GetSummary, *, model: str, headers: Mapping[str, str], base_url: str, seconds: float
-) -> str:
-    """One Chat Completions call through the openai SDK, with the caller's credential
-    (and its organization and project headers)."""
-    extra = {PURPOSE_HEADER: "summary"}
-    for name in ("OpenAI-Organization", "OpenAI-Project"):
-        if headers.get(name):
-            extra[name] = headers[name]
-    client = openai.AsyncOpenAI(
-        base_url=base_url.rstrip("/") + "/v1",
-        api_key=credential(headers) or "none",
-        max_retries=1,
-        timeout=seconds,
-        default_headers=extra,
-    )
-    async with client:
-        completion = await client.chat.completions.create(
-            model=need.model or model,
-            max_completion_tokens=need.slot,
-            messages=[
-                {"role": "system", "content": INSTRUCTION},
-                {"role": "user", "content": need.transcript},
-            ],
-        )
-    if completion.usage is not None:  # the caller's budget pays
-        detached().meter.summariser(chat_usage(completion.usage.model_dump()))
-    if not completion.choices:
-        return ""
-    return completion.choices[0].message.content or ""
-
-
-async def call_responses_summariser(
-    need: GetSummary, *, model: str, headers: Mapping[str, str], base_url: str, seconds: float
-) -> str:
-    """One Responses call through the openai SDK, with the caller's credential (and its
-    organization and project headers); stored nowhere upstream (`store: false`)."""
-    async with _openai_client(headers, base_url, seconds) as client:
-        response = await client.responses.create(
-            model=need.model or model,
-            max_output_tokens=need.slot,
-            instructions=INSTRUCTION,
-            input=[{"role": "user", "content": need.transcript}],
-            store=False,
-        )
-    if response.usage is not None:  # the caller's budget pays
-        detached().meter.summariser(responses_usage(response.usage.model_dump()))
-    return response.output_text
-
-
-def _openai_client(headers: Mapping[str, str], base_url: str, seconds: float) -> openai.AsyncOpenAI:
-    extra = {PURPOSE_HEADER: "summary"}
-    for name in ("OpenAI-Organization", "OpenAI-Project"):
-        if headers.get(name):
-            extra[name] = headers[name]
-    return openai.AsyncOpenAI(
-        base_url=base_url.rstrip("/") + "/v1",
-        api_key=credential(headers) or "none",
-        max_retries=1,
-        timeout=seconds,
-        default_headers=extra,
-    )
-
-
-# The summariser call of each wire format (by WireFormat.name).
-SUMMARISERS: dict[str, SummaryCall] = {
-    "anthropic": call_summariser,
-    "chat": call_chat_summariser,
-    "responses": call_responses_summariser,
-}
+    """One summariser call: the request the driver built, sent through the proxy's own
+    upstream client with the caller's credential, betas and API version (a summary made
+    in place must match the conversation's requests to read their cache). Its usage is
+    charged to the request it was made for; it says what it is in PURPOSE_HEADER."""
+    sent = [
+        (name, value)
+        for name, value in headers
+        if name.lower() not in ("accept-encoding", "content-type", PURPOSE_HEADER)
+    ]
+    sent += [
+        ("Content-Type", "application/json"),
+        ("Accept-Encoding", "identity"),
+        (PURPOSE_HEADER, "summary"),
+    ]
+    async with asyncio.timeout(seconds):
+        response = await upstream.send("POST", path, sent, orjson.dumps(need.body), stream=False)
+        try:
+            raw = await response.read()
+        finally:
+            response.release()
+    if response.status != 200:
+        raise SummariserFailed(f"upstream answered {response.status}")
+    try:
+        answer = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise SummariserFailed("the answer was not JSON") from None
+    if not isinstance(answer, dict):
+        raise SummariserFailed("the answer was not a JSON object")
+    usage = wire.body_usage(answer)
+    if usage is not None:  # the caller's budget pays for it
+        detached().meter.summariser(usage)
+    return wire.answer_text(answer)

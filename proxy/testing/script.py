@@ -11,7 +11,8 @@ of a request's `x-stand-in` header laid over it. Keys:
   round); `read_length`: the length it asks for;
 - `thinking`: true: with thinking on, start the answer with a signed thinking block;
 - `fault`: "429", "529", "500", "stream_error", "eof", "stall"; `fault_times`: only the
-  first N requests carrying that fault get it (counted per stand-in);
+  first N requests carrying that fault get it (counted per stand-in); `summary_fault`: a
+  status fault ("429", "529", "500") for the proxy's summariser requests only;
   `stall_seconds` (default 30), `retry_after_ms` (default 1000);
 - `token_delay`: seconds between streamed deltas; `chunk_tokens`: words per text delta.
 """
@@ -47,6 +48,7 @@ class Script:
     thinking: bool = False
     fault: str | None = None
     fault_times: int | None = None
+    summary_fault: str | None = None
     stall_seconds: float = 30.0
     retry_after_ms: float = 1000.0
     token_delay: float = 0.0
@@ -75,6 +77,8 @@ def parse_script(defaults: dict[str, Any], header: str | None) -> Script:
     script = Script(**merged)
     if script.fault is not None and script.fault not in STATUS_FAULTS + STREAM_FAULTS:
         raise ScriptError(f"x-stand-in: unknown fault {script.fault!r}")
+    if script.summary_fault is not None and script.summary_fault not in STATUS_FAULTS:
+        raise ScriptError(f"x-stand-in: unknown summary_fault {script.summary_fault!r}")
     tool = script.tool
     if tool is not None and (
         not isinstance(tool, dict)

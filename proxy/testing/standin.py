@@ -15,6 +15,7 @@ Every request is appended to `app[RECORDED]` when it arrives, with its outcome w
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections import Counter
 from collections.abc import Iterator
@@ -217,6 +218,9 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
     except ScriptError as exc:
         return _invalid(request, str(exc))
 
+    purpose = request.headers.get("x-compaction-proxy-purpose", "").strip().lower()
+    if script.summary_fault is not None and purpose == SUMMARY_PURPOSE:
+        script = dataclasses.replace(script, fault=script.summary_fault, fault_times=None)
     fault = _take_fault(app, script, STATUS_FAULTS)
     if fault is not None:
         status, kind, text = _FAULT_STATUS[fault]

@@ -191,6 +191,49 @@ class AnthropicMessages:
         # A key of the JSON: inside a string its quotes would be escaped.
         return orjson.dumps(body).count(b'"cache_control"')
 
+    # -- the summariser ----------------------------------------------------------------
+
+    def summary_request(
+        self,
+        body: Mapping[str, Any],
+        *,
+        model: str,
+        slot: int,
+        prompt: str,
+        history: Sequence[JSON] | None,
+    ) -> JSON | None:
+        if history is None:
+            return {
+                "model": model,
+                "max_tokens": slot,
+                "system": summary.INSTRUCTION,
+                "messages": [{"role": "user", "content": prompt}],
+            }
+        choice = body.get("tool_choice")
+        if isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
+            return None  # the model would have to call a tool, not write notes
+        out = {k: v for k, v in body.items() if k != "stream"}
+        asked = {"role": "user", "content": [{"type": "text", "text": prompt}]}
+        out["messages"] = [*history, asked]
+        # Thinking stays as the conversation has it (changing it would miss the cache);
+        # a thinking budget comes on top of the notes' slot.
+        thinking = body.get("thinking")
+        budget = None
+        if isinstance(thinking, dict) and thinking.get("type") == "enabled":
+            budget = thinking.get("budget_tokens")
+        extra = budget if isinstance(budget, int) else 0
+        out["max_tokens"] = slot + extra
+        return out
+
+    def answer_text(self, answer: JSON) -> str:
+        content = answer.get("content")
+        blocks = content if isinstance(content, list) else []
+        return "".join(
+            str(b.get("text", ""))
+            for b in blocks
+            if isinstance(b, dict) and b.get("type") == "text"
+        )
+
     # -- read_result rounds ------------------------------------------------------------
 
     def split(self, answer: JSON, tool: str) -> Round:

@@ -313,6 +313,47 @@ class ChatCompletions:
     def breakpoints(self, body: Mapping[str, Any]) -> int:
         return 0
 
+    # -- the summariser ----------------------------------------------------------------
+
+    def summary_request(
+        self,
+        body: Mapping[str, Any],
+        *,
+        model: str,
+        slot: int,
+        prompt: str,
+        history: Sequence[JSON] | None,
+    ) -> JSON | None:
+        if history is None:
+            return {
+                "model": model,
+                "max_completion_tokens": slot,
+                "messages": [
+                    {"role": "system", "content": summary.INSTRUCTION},
+                    {"role": "user", "content": prompt},
+                ],
+            }
+        choice = body.get("tool_choice")
+        if choice == "required" or isinstance(choice, dict):
+            return None  # the model would have to call a tool, not write notes
+        dropped = ("stream", "stream_options", "n")
+        out = {k: v for k, v in body.items() if k not in dropped}
+        out["messages"] = [*history, {"role": "user", "content": prompt}]
+        cap = (
+            "max_tokens"
+            if "max_tokens" in body and "max_completion_tokens" not in body
+            else ("max_completion_tokens")
+        )
+        out[cap] = slot
+        return out
+
+    def answer_text(self, answer: JSON) -> str:
+        choices = answer.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else {}
+        message = first.get("message") if isinstance(first, dict) else None
+        text = message.get("content") if isinstance(message, dict) else None
+        return text if isinstance(text, str) else ""
+
     # -- read_result rounds ------------------------------------------------------------
 
     def split(self, answer: JSON, tool: str) -> Round:

@@ -47,6 +47,7 @@ from proxy.wire.responses_units import (
     part_texts,
     render_transcript,
     stubbed_unit,
+    text_message,
     tool_names,
     tool_results,
     unit_items,
@@ -294,6 +295,42 @@ class ResponsesAPI:
 
     def breakpoints(self, body: Mapping[str, Any]) -> int:
         return 0
+
+    # -- the summariser ----------------------------------------------------------------
+
+    def summary_request(
+        self,
+        body: Mapping[str, Any],
+        *,
+        model: str,
+        slot: int,
+        prompt: str,
+        history: Sequence[JSON] | None,
+    ) -> JSON | None:
+        if history is None:
+            return {
+                "model": model,
+                "max_output_tokens": slot,
+                "instructions": summary.INSTRUCTION,
+                "input": [text_message("user", prompt)],
+                "store": False,
+            }
+        choice = body.get("tool_choice")
+        if choice == "required" or isinstance(choice, dict):
+            return None  # the model would have to call a tool, not write notes
+        if body.get("previous_response_id") or body.get("conversation"):
+            return None  # the history lives upstream
+        out = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        out["input"] = [*flatten(history), text_message("user", prompt)]
+        out["max_output_tokens"] = slot
+        return out
+
+    def answer_text(self, answer: JSON) -> str:
+        return "".join(
+            "".join(part_texts(item.get("content")))
+            for item in answer.get("output") or ()
+            if isinstance(item, dict) and item_type(item) == "message"
+        )
 
     # -- read_result rounds ------------------------------------------------------------
 

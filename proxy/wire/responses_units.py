@@ -259,10 +259,13 @@ def stubbed_unit(
     return {**unit, "items": items}
 
 
+def text_message(role: str, text: str) -> dict[str, Any]:
+    return {"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}
+
+
 def user_text_unit(text: str) -> Unit:
     """A user message the proxy writes (a summary, a drop note)."""
-    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-    return {"unit": "message", "items": [item]}
+    return {"unit": "message", "items": [text_message("user", text)]}
 
 
 # -- texts --------------------------------------------------------------------------------
@@ -301,6 +304,13 @@ def _item_lines(item: Item) -> Iterator[tuple[str, str]]:
         yield "context", "[an earlier part of the conversation, compacted by the API]"
     elif kind and kind != "compaction_trigger":
         yield "assistant", f"[{kind}]"
+
+
+def heads_of(units: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+    """The text the first and the last of these units begin with (for a prompt naming
+    them)."""
+    texts = [text for unit in units for item in unit_items(unit) for _, text in _item_lines(item)]
+    return (texts[0], texts[-1]) if texts else ("", "")
 
 
 def render_transcript(units: Sequence[Mapping[str, Any]]) -> str:

@@ -96,7 +96,16 @@ def test_a_fold_asks_for_the_summary_between_load_and_save() -> None:
     commands, decision = commands_of(compaction(request(messages, NO_OFFLOAD)), Store())
     assert kinds(commands) == ["LoadConversation", "GetSummary", "SaveCrossing"]
     ask = commands[1]
-    assert isinstance(ask, GetSummary) and ask.slot > 0 and "toolu_0000" in ask.transcript
+    assert isinstance(ask, GetSummary) and ask.slot > 0
+    # In place: the conversation's own request (its history as it would go without the
+    # fold, the same system, tools and model), then one message naming what to replace.
+    asked = ask.body["messages"]
+    assert len(asked) == len(messages) + 1 and asked[0] == messages[0]
+    assert asked[1]["content"][1]["id"] == "toolu_0000"
+    assert ask.body["model"] == "claude-test" and ask.body["max_tokens"] == ask.slot
+    prompt = asked[-1]["content"][0]["text"]
+    assert prompt.startswith("[compaction-proxy] This conversation is getting long.")
+    assert "Write notes that will replace messages 2 to " in prompt
     assert decision.rewrite is not None and decision.rewrite.summary == "made"
 
 

@@ -121,7 +121,7 @@ async def test_plan_predicts_what_the_proxy_does(
     proxy = await make_compacting_proxy(standin.url)
     client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-plan", max_retries=0)
     for turns, chars, chat, strategy in [(12, 4_000, 10, "offload"),
-                                         (20, 6_000, 300, "offload+summary")]:  # fmt: skip
+                                         (12, 4_000, 100, "offload+summary")]:  # fmt: skip
         body = {"model": "claude-test-1", "max_tokens": 32,
                 "messages": long_history(turns, chars, chat)}  # fmt: skip
         file = write_json(tmp_path / f"{strategy}.json", body)
@@ -141,8 +141,8 @@ async def test_plan_predicts_what_the_proxy_does(
             assert f"{before:,} -> {after:,} tokens" in out
             assert len(offloaded) == int(raw.headers["x-compaction-offloaded"])
         else:
-            # The summariser's cap: the slot less a fifth for the identifiers line.
-            assert "would summarise 35 messages into at most 692 tokens" in out
+            # The summariser's cap: the slot (1,500) less a fifth for the identifiers line.
+            assert "would summarise 21 messages into at most 1,200 tokens" in out
             assert "if the summariser failed: offload+pack: drop the oldest" in out
 
 

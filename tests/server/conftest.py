@@ -57,13 +57,13 @@ SMALL_WINDOW_POLICY: dict[str, Any] = {
     "match": "*",
     "window": SMALL_WINDOW,
     "trigger": 12_000,
-    "target": 6_000,
+    "target": 7_000,
     # From 6,000 on every result is offloaded as it ages; folds at 12,000.
     "offload_trigger": 6_000,
-    "keep_last": 4,
+    "keep_last": 3,
     "keep_results": 1,
     "offload_threshold": 500,
-    "stub_head_chars": 600,
+    "stub_head_chars": 1_500,
     "summary_max_tokens": 1_500,
 }
 

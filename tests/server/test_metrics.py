@@ -115,16 +115,15 @@ async def test_metrics_count_what_the_conversation_did(
 async def test_summariser_failures_store_errors_and_budget_rejections(
     make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, embedded_redis: Any
 ) -> None:
-    # Every request the stand-in gets fails with 500, except those that override the
-    # fault: the client's do, the proxy's summariser call does not.
+    # The proxy's summariser calls fail with 500 (the client's own requests do not).
     standin = await make_standin(
-        StandInOptions(windows={"*": 30_000}, script={"fault": "500"}, max_recorded=None)
+        StandInOptions(windows={"*": 30_000}, script={"summary_fault": "500"}, max_recorded=None)
     )
     redis = embedded_redis()
     proxy = await make_compacting_proxy(standin.url, redis=redis.url)
     client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-fail", max_retries=0)
-    messages = long_history(turns=10, chars=6_000, chat_chars=150)
-    ok = {"x-stand-in": '{"fault": null}', "x-conversation-id": uuid.uuid4().hex}
+    messages = long_history(turns=12, chars=4_000, chat_chars=100)
+    ok = {"x-conversation-id": uuid.uuid4().hex}
     raw = await client.messages.with_raw_response.create(
         model="claude-test-1", max_tokens=64, messages=messages, extra_headers=ok
     )

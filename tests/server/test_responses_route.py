@@ -292,8 +292,13 @@ async def test_served_compaction_is_a_sealed_item_that_comes_back_as_its_summary
     [item] = response["output"]
     assert item["type"] == "compaction" and item["encrypted_content"].startswith("cpx1.")
     assert response["usage"]["output_tokens"] > 0
-    # Nothing but the summariser's call went upstream: no compaction_trigger.
+    # Nothing but the summariser's call went upstream: no compaction_trigger. It was made
+    # in place: the conversation's own request (its prefix cached), then the proxy's ask.
     assert len(posts(standin)) == len(summaries(standin)) == 1
+    asked = orjson.loads(summaries(standin)[0].body)
+    history = compaction_request()["input"][:-1]
+    assert asked["tools"] == TOOLS and asked["input"][: len(history)] == history
+    assert asked["input"][-1]["content"][0]["text"].startswith("[compaction-proxy] This")
 
     status, _, _ = await post(proxy, restart(item))
     assert status == 200

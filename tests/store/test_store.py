@@ -208,7 +208,9 @@ async def test_running_mean_keeps_full_precision(store: Store) -> None:
 
 
 async def test_running_mean_is_atomic_under_concurrency(make_store) -> None:
-    replicas = [make_store() for _ in range(4)]
+    # A generous timeout: this checks atomicity, not speed (on a loaded machine 100 calls
+    # at once can take longer than the default half second).
+    replicas = [make_store(op_timeout=10.0) for _ in range(4)]
     await asyncio.gather(
         *(r.update_global_mean("calibration", "m", 2.0, max_samples=1000) for r in replicas * 25)
     )
