@@ -16,6 +16,7 @@ RUN groupadd --system --gid 10001 proxy \
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY proxy ./proxy
+# No extras: the CI smoke step (.ci/readme_smoke.py) runs this same line on these files.
 RUN pip install --no-cache-dir . && rm -rf /root/.cache
 
 # Listen on every interface of the container; the embedded Redis keeps its data in the

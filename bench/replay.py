@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from proxy.config import load_settings  # noqa: E402
+from proxy.core.pricing import CACHE_MODEL  # noqa: E402
 from proxy.core.tokens import default_counter  # noqa: E402
 from proxy.server.app import RunningProxy, start  # noqa: E402
 from proxy.store import EmbeddedRedis  # noqa: E402
@@ -50,7 +51,13 @@ from proxy.testing.agent import run_agent, tool_output  # noqa: E402
 from proxy.testing.standin import RECORDED, StandInOptions, create_app  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
-PRICES = {"input": 1.0, "write": 1.25, "read": 0.1, "output": 5.0}
+# The one price model (proxy/core/pricing.py), split by kind for the breakdown below.
+PRICES = {
+    "input": CACHE_MODEL.input,
+    "write": CACHE_MODEL.cache_write,
+    "read": CACHE_MODEL.cache_read,
+    "output": CACHE_MODEL.output,
+}
 WINDOW = 200_000
 PURPOSE = "x-compaction-proxy-purpose"
 

@@ -2,8 +2,9 @@
 teams and budgets in the Redis the proxies share, or through a proxy's admin API.
 
 The Redis is the one `serve` would use (same settings: --config, environment,
---redis-url); with no Redis URL, the embedded Redis of the state directory, which must be
-running (a `serve` on this machine). With `--url URL` the commands go to that proxy's
+--redis-url); with no Redis URL, the embedded Redis of the state directory: the one a
+`serve` on this machine runs, else started for the command and stopped after it (a
+`serve` starting meanwhile waits for it). With `--url URL` the commands go to that proxy's
 admin API instead (the admin key from $COMPACTION_PROXY_ADMIN_KEY), for replicas whose
 Redis is private. `--json` prints machine-readable output.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,13 +20,16 @@ from typing import Any
 import orjson
 
 from proxy.admin_client import AdminAPIError
-from proxy.config import ConfigError, load_settings
+from proxy.config import ConfigError, Settings, load_settings
+from proxy.console import fail, warn
 from proxy.core import proxy_keys
 from proxy.core.budget import METRICS, PERIODS, POLICY_FIELDS, limit_field
 from proxy.core.management import KeyRequest
-from proxy.store import EmbeddedRedis, Store, StoreUnavailable
+from proxy.server.logs import redacted_url as redacted
+from proxy.store import EmbeddedRedis, EmbeddedRedisError, Store, StoreUnavailable
 from proxy.store import management as manage
 from proxy.store.accounts import Accounts
+from proxy.store.probe import addressing_problem
 
 
 def add_commands(commands: Any) -> None:
@@ -80,10 +83,43 @@ def add_commands(commands: Any) -> None:
                 )
 
 
-def _store(args: argparse.Namespace) -> Store:
-    settings = load_settings(args.config, overrides={"store.redis_url": args.redis_url})
-    url = settings.store.redis_url or EmbeddedRedis(settings.resolved_state_dir() / "redis").url
-    return Store.from_url(url, prefix=settings.store.key_prefix, op_timeout=5.0)
+class StoreSetupError(Exception):
+    """The store cannot be used as set up; the message names the setting."""
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(
+        args.config,
+        overrides={"store.redis_url": args.redis_url},
+        flags={"store.redis_url": "--redis-url"},
+        warn=warn,
+    )
+
+
+def _embedded(settings: Settings, command: str) -> tuple[str, EmbeddedRedis | None]:
+    """With no Redis URL: the embedded Redis of the state dir, a serve's if one runs it,
+    else started for this command (returned, to be stopped when the command ends)."""
+    embedded = EmbeddedRedis(settings.resolved_state_dir() / "redis", role=command)
+    try:
+        started = embedded.start_or_attach_sync()
+    except EmbeddedRedisError as e:
+        source = settings.source_of("store.state_dir")
+        raise StoreSetupError(
+            f"store.state_dir {settings.resolved_state_dir()} ({source}): the embedded Redis"
+            f" did not start: {e}"
+        ) from None
+    return embedded.url, embedded if started else None
+
+
+async def _redis_backend(settings: Settings, url: str) -> RedisBackend:
+    """The Redis at `url`, once it is known to accept how it is addressed."""
+    store = Store.from_url(url, prefix=settings.store.key_prefix, op_timeout=5.0)
+    problem = await addressing_problem(store, url)
+    if problem:
+        await store.close()
+        source = settings.source_of("store.redis_url")
+        raise StoreSetupError(f"store.redis_url {redacted(url)} ({source}): {problem}")
+    return RedisBackend(store)
 
 
 class RedisBackend:
@@ -143,13 +179,13 @@ def _conf_changes(args: argparse.Namespace) -> dict[str, int | None]:
     return changes
 
 
-async def _run(args: argparse.Namespace) -> int:
-    if args.url:
+async def _run(args: argparse.Namespace, settings: Settings | None, url: str) -> int:
+    if settings is None:
         from proxy.admin_client import AdminClient
 
         backend: Any = AdminClient.from_environment(args.url)
     else:
-        backend = RedisBackend(_store(args))
+        backend = await _redis_backend(settings, url)
     try:
         if args.command == "keys":
             return await _keys(args, backend)
@@ -186,8 +222,7 @@ async def _keys(args: argparse.Namespace, backend: Any) -> int:
         _print(args, records, "\n".join(lines) or "no keys")
         return 0
     if not await backend.revoke_key(args.key_id):
-        print(f"compaction-proxy: no key {args.key_id}", file=sys.stderr)
-        return 1
+        return fail(f"no key {args.key_id}", status=1)
     _print(args, {"revoked": args.key_id}, f"revoked {args.key_id}")
     return 0
 
@@ -200,8 +235,7 @@ async def _budgets(args: argparse.Namespace, backend: Any) -> int:
         else:
             report = await backend.budget(kind, name)
     except LookupError as e:
-        print(f"compaction-proxy: {e.args[0]}", file=sys.stderr)
-        return 1
+        return fail(str(e.args[0]), status=1)
     lines = [report["scope"]]
     for period in PERIODS:
         for metric, limit in report["limits"][period].items():
@@ -214,17 +248,23 @@ async def _budgets(args: argparse.Namespace, backend: Any) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    embedded = None
     try:
-        return asyncio.run(_run(args))
+        settings, url = None, ""
+        if not args.url:  # through the shared Redis, not a proxy's admin API
+            settings = _settings(args)
+            url = settings.store.redis_url
+            if not url:
+                url, embedded = _embedded(settings, args.command)
+        return asyncio.run(_run(args, settings, url))
     except ConfigError as e:
-        print(f"compaction-proxy: bad setting: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:
-        print(f"compaction-proxy: {e}", file=sys.stderr)
-        return 2
+        return fail(f"bad setting: {e}")
+    except (StoreSetupError, ValueError) as e:
+        return fail(str(e))
     except StoreUnavailable as e:
-        print(f"compaction-proxy: Redis unreachable: {e}", file=sys.stderr)
-        return 1
+        return fail(f"Redis unreachable: {e}", status=1)
     except AdminAPIError as e:
-        print(f"compaction-proxy: {e}", file=sys.stderr)
-        return 1
+        return fail(str(e), status=1)
+    finally:
+        if embedded is not None:
+            embedded.stop_sync()

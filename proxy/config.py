@@ -15,10 +15,11 @@ tables (optional prices per model, proxy/core/pricing.py) are parsed into `Setti
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,15 @@ class Settings:
     policies: tuple[dict[str, Any], ...] = ()
     # `[[price]]` tables: what tokens cost per model (reports and stats; optional).
     prices: PriceTable = field(default_factory=PriceTable)
+    # Where the settings came from, for messages: the file read ("" = none), and the
+    # source of each setting not left at its default ("file X", "environment VAR", "flag
+    # --port"). Not part of what the settings are, so equality ignores them.
+    config_file: str = field(default="", compare=False)
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def source_of(self, name: str) -> str:
+        """Where the dotted setting's value came from ("default" when nothing set it)."""
+        return self.sources.get(name, "default")
 
     def resolved_state_dir(self) -> Path:
         if self.store.state_dir:
@@ -158,6 +168,21 @@ def _http_url(value: str) -> str | None:
         return "must be an http:// or https:// URL with a host"
     if parts.query or parts.fragment:
         return "must not have a query or fragment"
+    return None
+
+
+def _upstream_url(value: str) -> str | None:
+    problem = _http_url(value)
+    if problem:
+        return problem
+    path = urlsplit(value).path.rstrip("/")
+    if path.endswith("/v1"):
+        # Clients' paths already start with /v1: the request would go to .../v1/v1/...
+        bare = value.rstrip("/").removesuffix("/v1")
+        return (
+            "must not end in /v1: the proxy appends the client's path, which starts with"
+            f" /v1 (requests would go to /v1/v1/...); use {bare!r}"
+        )
     return None
 
 
@@ -208,8 +233,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "server.log_format": _log_format,
     "server.drain_timeout": _non_negative,
     "server.event_loop": _one_of("auto", "asyncio", "uvloop"),
-    "upstream.url": _http_url,
-    "upstream.openai_url": _http_url,
+    "upstream.url": _upstream_url,
+    "upstream.openai_url": _upstream_url,
     "upstream.connect_timeout": _positive,
     "upstream.stream_idle_timeout": _positive,
     "upstream.response_timeout": _positive,
@@ -273,9 +298,46 @@ def _apply(
     types = _field_types(_SECTIONS[section])
     if key not in types:
         known = ", ".join(sorted(types))
-        raise ConfigError(f"{name}: unknown setting ({source}); known in [{section}]: {known}")
+        raise ConfigError(
+            f"{name}: unknown setting ({source}){_did_you_mean(key, types)};"
+            f" known in [{section}]: {known}"
+        )
     values[section][key] = _coerce(name, types[key], value, source)
     sources[name] = source
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+# COMPACTION_PROXY_* variables read elsewhere than as a setting: the admin CLI's key
+# (proxy/admin_client.py; the server names its own with auth.admin_key_env).
+OTHER_VARIABLES = {"admin key of the CLI": ENV_PREFIX + "ADMIN_KEY"}
+
+
+def environment_names() -> dict[str, str]:
+    """Every COMPACTION_PROXY_* variable read, by the dotted setting it sets."""
+    names = {"config file": CONFIG_ENV, **OTHER_VARIABLES}
+    for section, cls in _SECTIONS.items():
+        for key in _field_types(cls):
+            name = f"{section}.{key}"
+            names[name] = ENV_PREFIX + name.replace(".", "_").upper()
+    return names
+
+
+def misspelled_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each COMPACTION_PROXY_* variable that is no setting's (a typo would
+    otherwise be ignored without a word), naming the closest real one."""
+    known = environment_names().values()
+    warnings = []
+    for var in sorted(environ):
+        if var.startswith(ENV_PREFIX) and var not in known:
+            close = difflib.get_close_matches(var, list(known), n=1, cutoff=0.0)
+            warnings.append(
+                f"environment {var} is not a setting and is ignored; the closest is {close[0]}"
+            )
+    return warnings
 
 
 def load_file(path: Path) -> dict[str, Any]:
@@ -300,9 +362,13 @@ def load_settings(
     config_path: Path | None = None,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    *,
+    flags: Mapping[str, str] | None = None,
+    warn: Callable[[str], object] | None = None,
 ) -> Settings:
     """Build validated settings. `overrides` maps dotted names to values (from flags;
-    None values are ignored)."""
+    None values are ignored); `flags` names the flag of each (for messages). `warn` is
+    told of COMPACTION_PROXY_* variables that are no setting's."""
     env = os.environ if environ is None else environ
     values: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
     sources: dict[str, str] = {}
@@ -349,7 +415,8 @@ def load_settings(
         section, _, key = name.partition(".")
         if section not in _SECTIONS:
             raise ConfigError(f"{name}: unknown setting (flag)")
-        _apply(values, sources, section, key, value, "flag")
+        flag = (flags or {}).get(name)
+        _apply(values, sources, section, key, value, f"flag {flag}" if flag else "flag")
 
     for section in _SECTIONS:
         for key, value in values[section].items():
@@ -364,6 +431,11 @@ def load_settings(
     except PolicyError as e:
         raise ConfigError(f"{e} ({source if path is not None else 'built-in'})") from None
 
+    if warn is not None:
+        admin_key = values["auth"].get("admin_key_env", "")  # named by a setting: read
+        for warning in misspelled_variables({k: v for k, v in env.items() if k != admin_key}):
+            warn(warning)
+
     return Settings(
         server=ServerSettings(**values["server"]),
         upstream=UpstreamSettings(**values["upstream"]),
@@ -373,4 +445,6 @@ def load_settings(
         responses=ResponsesSettings(**values["responses"]),
         policies=policies,
         prices=prices,
+        config_file=str(path) if path is not None else "",
+        sources=dict(sources),
     )

@@ -23,9 +23,25 @@ class LoadConversation:
 
 
 @dataclass(frozen=True, slots=True)
+class PreparedSummary:
+    """A summary made ahead for this checkpoint slot, in the background: the key of the
+    turns it folds, and its text once it is ready (None while it is being made, or when
+    the summariser failed: then the crossing makes it itself)."""
+
+    key: str
+    text: str | None = None
+    failed: bool = False
+
+    @property
+    def pending(self) -> bool:
+        return self.text is None and not self.failed
+
+
+@dataclass(frozen=True, slots=True)
 class Loaded:
     checkpoint: Checkpoint | None
     store_ok: bool = True  # False: the store could not be read; plan without it
+    prepared: PreparedSummary | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +78,26 @@ class SaveCrossing:
 
 
 @dataclass(frozen=True, slots=True)
+class PrepareSummary:
+    """Make, in the background, the summary the next fold will want (so no agent turn
+    waits for it): store it under `key`, checked for `facts` within `facts_budget`, and
+    note it as this slot's prepared summary. Fire and forget: the reply is `Started`."""
+
+    slot: str
+    ask: GetSummary
+    facts: tuple[str, ...]
+    facts_budget: int
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
 class Saved:
     ok: bool  # False: some write failed; nothing may depend on what was written
 
 
-Command = LoadConversation | GetSummary | SaveCrossing
-Reply = Loaded | SummaryReply | Saved
+Command = LoadConversation | GetSummary | SaveCrossing | PrepareSummary
+Reply = Loaded | SummaryReply | Saved | Started

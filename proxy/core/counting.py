@@ -53,10 +53,11 @@ class Counted:
         return self.history + self.fixed
 
     def fits(self, policy: Policy, factor: float) -> bool:
-        """Under the window and the trigger, calibrated: nothing to plan."""
+        """Under the window and below anything the policy does (offload, a summary made
+        ahead, a fold), calibrated: nothing to plan."""
         history = self.history
         return (history + self.fixed) * factor <= policy.window and (
-            history * factor <= policy.trigger_tokens
+            history * factor <= policy.quiet_tokens
         )
 
 

@@ -15,7 +15,12 @@ runs the commands on Redis and the upstream, the ops simulator's on dicts.
                               ├─ fold ─► GetSummary ─► fold ─┐
                               └─ rewrite ────────────────────┴► SaveCrossing ─► rewrite
                                                                   │ failed, with blobs
-                                                                  └► replan without store
+                                                                  └► replan without blobs
+
+    Near the trigger, the next fold's summary is made ahead: a PrepareSummary command
+    (fire and forget) before the decision; at the fold, a summary made ahead is used
+    (whole, or for the oldest groups it covers), and one still in the making is not
+    waited for while the window has room.
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ from proxy.core.commands import (
     GetSummary,
     LoadConversation,
     Loaded,
+    PrepareSummary,
     Reply,
     SaveCrossing,
     Saved,
+    Started,
     SummaryReply,
 )
 from proxy.core.counting import Counted
@@ -77,12 +84,13 @@ class Decision:
     body: bytes | None = None  # ... encoded
     refusal: str = ""
     summary_failure: str = ""  # why a wanted summary could not be had
+    untouched_reason: str = ""  # why a request over the trigger went on as it came
 
     @property
     def reason(self) -> str:
         if self.action == "refuse":
             return "too_long"
-        return self.rewrite.reason if self.rewrite is not None else ""
+        return self.rewrite.reason if self.rewrite is not None else self.untouched_reason
 
 
 Driver = Generator[Command, Reply, Decision]
@@ -111,7 +119,7 @@ def compaction(request: CompactionRequest) -> Driver:
                 text = keep_facts(text, outcome.facts, outcome.facts_budget, count)
                 made = (outcome.key, text)
             known = (outcome.key, text)
-        outcome = fold(outcome, text, reused=got.reused)
+        outcome = fold(outcome, text, summary="reused" if got.reused else "made")
     if isinstance(outcome, Rewrite) and outcome.checkpoint is not None:
         new = {ref for ref, _ in outcome.blobs}
         saved = yield SaveCrossing(
@@ -128,9 +136,16 @@ def compaction(request: CompactionRequest) -> Driver:
             outcome = without_blobs(inp)
             if isinstance(outcome, FoldPlan):
                 paid = known[1] if known is not None and known[0] == outcome.key else None
-                outcome = fold(outcome, paid, reused=made is None)
+                outcome = fold(outcome, paid, summary="reused" if made is None else "made")
             if isinstance(outcome, Rewrite):
                 outcome = replace(outcome, checkpoint=None, reason="store_unavailable")
+    if isinstance(outcome, (Rewrite, Untouched)) and outcome.prepare is not None:
+        # The next fold's summary, made in the background: no turn waits for it.
+        ahead = outcome.prepare
+        started = yield PrepareSummary(
+            slot, _summary_request(request, ahead), ahead.facts, ahead.facts_budget
+        )
+        assert isinstance(started, Started)
     return _decision(request, inp, outcome, failure)
 
 
@@ -176,6 +191,7 @@ def _plan_input(request: CompactionRequest, loaded: Loaded) -> PlanInput:
         tool=tool,
         factor=request.factor,
         store_ok=loaded.store_ok,
+        prepared=loaded.prepared,
     )
 
 
@@ -183,7 +199,12 @@ def _decision(
     request: CompactionRequest, inp: PlanInput, outcome: Outcome, failure: str
 ) -> Decision:
     if isinstance(outcome, Untouched):
-        return Decision("forward", request.counted.total, summary_failure=failure)
+        return Decision(
+            "forward",
+            request.counted.total,
+            summary_failure=failure,
+            untouched_reason=outcome.reason,
+        )
     if isinstance(outcome, Refuse):
         return Decision("refuse", request.counted.total, refusal=outcome.message)
     assert isinstance(outcome, Rewrite), "a store-less plan never folds"

@@ -31,6 +31,7 @@ from proxy.core.checkpoint import (
     message_digest,
     segments_for,
 )
+from proxy.core.commands import PreparedSummary
 from proxy.core.facts import CONVERSATION, EARLIER_SUMMARY, TOOL_RESULT, Source, rank
 from proxy.core.fold import plan_compaction
 from proxy.core.history import (
@@ -44,7 +45,7 @@ from proxy.core.history import (
 )
 from proxy.core.offload import ref_for, refs_in, result_text
 from proxy.core.pack import pack_context
-from proxy.core.policy import Policy
+from proxy.core.policy import Policy, prepare_at
 from proxy.core.segments import (
     Note,
     Segment,
@@ -62,9 +63,17 @@ from proxy.core.wire_format import Dialect, MessageCounter
 
 Message = Mapping[str, Any]
 
+# How a crossing had its summary (header x-compaction-summary; "" when it has none).
+SUMMARY_STATES = {
+    "made": "made for this request by a summariser call it waited for",
+    "ahead": "made ahead, in the background, for this fold: the request did not wait",
+    "reused": "already in the store (a resend, or a summary from an earlier crossing)",
+}
+
 # Why an outcome differs from what the policy aimed at (header x-compaction-reason).
 REASONS = {
     "store_unavailable": "the store is unreachable: nothing can be offloaded or summarised",
+    "summary_pending": "over the trigger, but the fold's summary is still being made ahead",
     "summary_unavailable": "no summary could be had (summariser failed or busy): packed",
     "no_fold": "the newest groups alone exceed the target: packed instead of folding",
     "offload_off": "the client uses both read_result names: offloading is off",
@@ -89,11 +98,14 @@ class PlanInput:
     store_ok: bool = True  # blobs and summaries can be stored
     offload_ok: bool = True  # results may be offloaded (False: their blobs could not be kept)
     sticky_tool: bool = False  # the conversation offers read_result already: keep offering it
+    prepared: PreparedSummary | None = None  # a summary made ahead for this slot
 
 
 @dataclass(frozen=True, slots=True)
 class Untouched:
     tokens: int  # history, calibrated
+    prepare: FoldPlan | None = None  # a fold to summarise ahead, in the background
+    reason: str = ""  # a REASONS key when the policy aimed at more
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +124,12 @@ class Rewrite:
     blobs: list[tuple[str, str]] = field(default_factory=list)  # (ref, text) to store
     checkpoint: Checkpoint | None = None  # to store; None: the stored one holds
     refs: list[str] = field(default_factory=list)  # every ref the history names
-    summary: str = ""  # "made", "reused" or ""
+    summary: str = ""  # "made", "ahead", "reused" or "" (SUMMARY_STATES)
     estimate: int = 0  # the rewritten history in estimated tokens (for calibration)
     reason: str = ""  # a REASONS key when the outcome is not what the policy aimed at
     alone: bool = False  # planned apart from the conversation's rewrite: store nothing
     breakpoint_at: int | None = None  # the last message of the stubbed region
+    prepare: FoldPlan | None = None  # a fold to summarise ahead, in the background
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +153,17 @@ class Limits:
     trigger: int  # over this, the oldest turns are folded
     target: int  # ... down to this
     note: int
+
+    @property
+    def prepare_at(self) -> int:
+        """From here on, the next fold's summary is made ahead, in the background."""
+        return prepare_at(self.trigger, self.target)
+
+    @property
+    def defer_at(self) -> int:
+        """Over the trigger but under this, a fold whose summary is not ready yet waits
+        for it (the request goes on unfolded); over this, the request waits for it."""
+        return self.trigger + (self.limit - self.trigger) // 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,62 +219,134 @@ def plan(inp: PlanInput) -> Outcome:
         # stub, added after what is frozen (stubs already sent never change).
         work, blobs = _offload(work, inp)
     if work.tokens <= _recross_at(limits, stored):
+        quiet: Outcome
         if blobs:
-            return _rewrite(inp, work, inp.tool, "offload", before, blobs=blobs)
-        if stored is None:
-            return Untouched(before)
-        return _rewrite(inp, work, stored.tool, "checkpoint", before, checkpoint=False)
+            quiet = _rewrite(inp, work, inp.tool, "offload", before, blobs=blobs)
+        elif stored is None:
+            quiet = Untouched(before)
+        else:
+            quiet = _rewrite(inp, work, stored.tool, "checkpoint", before, checkpoint=False)
+        if inp.store_ok and work.tokens > limits.prepare_at:
+            ahead = _fold_plan(inp, work, limits, before, blobs, "")
+            if ahead is not None and not _covers_a_prefix(inp.prepared, ahead):
+                return replace(quiet, prepare=ahead)
+        return quiet
 
     # Over the trigger: fold the oldest turns into a summary, else pack, to the target;
     # the outcome is frozen in a new checkpoint.
     reason = "" if inp.store_ok else "store_unavailable"
     if inp.tool is None and inp.store_ok:
         reason = "offload_off"
+    planned = _fold_plan(inp, work, limits, before, blobs, reason)
+    if planned is None:
+        if inp.store_ok:
+            reason = reason or "no_fold"
+        return _pack(inp, work, limits, before, blobs, reason)
+    ready = inp.prepared
+    if ready is not None and ready.text is not None:
+        if ready.key == planned.key:
+            return fold(planned, ready.text, summary="ahead")
+        adopted = _adopted(planned, ready.key, ready.text)
+        if isinstance(adopted, Rewrite) and adopted.estimate <= limits.trigger:
+            return adopted
+    covered = _covers_a_prefix(ready, planned)
+    if work.tokens <= limits.defer_at and not (covered and ready is not None and ready.failed):
+        # Its summary is not ready: go on unfolded (the window still has room) and have
+        # it made in the background, rather than make this turn wait for it. (When the
+        # summariser failed at it, the fold asks for it now.)
+        prepare = None if covered else planned
+        if not blobs and stored is None:
+            return Untouched(before, prepare=prepare, reason="summary_pending")
+        strategy = "offload" if blobs else "checkpoint"
+        tool = inp.tool if blobs or (stored is not None and stored.tool) else None
+        deferred = _rewrite(inp, work, tool, strategy, before, blobs=blobs, checkpoint=bool(blobs))
+        return replace(deferred, reason="summary_pending", prepare=prepare)
+    return planned
+
+
+def _fold_plan(
+    inp: PlanInput,
+    work: Working,
+    limits: Limits,
+    before: int,
+    blobs: list[tuple[str, str]],
+    reason: str,
+) -> FoldPlan | None:
+    """The fold that brings `work` to the target (seed 000), with what its summariser
+    needs; None when the planner refuses (nothing to fold, no room for a summary)."""
+    if not inp.store_ok:
+        return None
     turns = compaction_turns(work.groups)
     budget = limits.target - pinned_tokens(work.groups)
     planned = plan_compaction(turns, budget, inp.policy.keep_last)
-    if planned is not None and planned[0] and inp.store_ok:
-        fold = frozenset(planned[0])
-        members = [m for g in work.groups if g.label in fold for m in g.members]
-        slot = min(real(planned[2], inp.factor), inp.policy.summary_max_tokens)
-        facts_budget = min(FACTS_MAX, max(FACTS_MIN, slot // 5))
-        return FoldPlan(
-            key=summary_key(work.segments, members, inp.digests),
-            transcript=_transcript(work, members, inp, slot),
-            in_place=_in_place(work, members, inp, limits, slot),
-            slot=max(slot - facts_budget, slot // 2),
-            facts=tuple(rank(_facts_sources(work, members, inp), _call_ids(work, members))),
-            facts_budget=facts_budget,
-            model=inp.policy.summariser_model,
-            inp=inp,
-            work=work,
-            limits=limits,
-            fold=fold,
-            tokens_before=before,
-            blobs=blobs,
-            reason=reason,
-        )
-    if planned is None and inp.store_ok:
-        reason = reason or "no_fold"
-    return _pack(inp, work, limits, before, blobs, reason)
+    if planned is None or not planned[0]:
+        return None
+    fold = frozenset(planned[0])
+    members = [m for g in work.groups if g.label in fold for m in g.members]
+    slot = min(real(planned[2], inp.factor), inp.policy.summary_max_tokens)
+    facts_budget = min(FACTS_MAX, max(FACTS_MIN, slot // 5))
+    return FoldPlan(
+        key=summary_key(work.segments, members, inp.digests),
+        transcript=_transcript(work, members, inp, slot),
+        in_place=_in_place(work, members, inp, limits, slot),
+        slot=max(slot - facts_budget, slot // 2),
+        facts=tuple(rank(_facts_sources(work, members, inp), _call_ids(work, members))),
+        facts_budget=facts_budget,
+        model=inp.policy.summariser_model,
+        inp=inp,
+        work=work,
+        limits=limits,
+        fold=fold,
+        tokens_before=before,
+        blobs=blobs,
+        reason=reason,
+    )
 
 
-def fold(need: FoldPlan, text: str | None, *, reused: bool) -> Rewrite | Refuse:
-    """Complete a crossing with the summary (None: there is none, so pack instead)."""
+def _prefix_keys(plan: FoldPlan) -> dict[str, frozenset[str]]:
+    """The summary key of every run of the fold's oldest groups, to the labels it folds."""
+    work = plan.work
+    folded = [g for g in work.groups if g.label in plan.fold]
+    keys: dict[str, frozenset[str]] = {}
+    parts: list[int] = []
+    for n, group in enumerate(folded):
+        parts.extend(group.members)
+        key = summary_key(work.segments, parts, plan.inp.digests)
+        keys[key] = frozenset(g.label for g in folded[: n + 1])
+    return keys
+
+
+def _covers_a_prefix(prepared: PreparedSummary | None, plan: FoldPlan) -> bool:
+    """Whether a summary made (or being made) ahead folds some oldest groups of `plan`."""
+    return prepared is not None and prepared.key in _prefix_keys(plan)
+
+
+def _adopted(plan: FoldPlan, key: str, text: str) -> Rewrite | Refuse | None:
+    """The fold of the oldest groups a summary made ahead covers (fewer than `plan`
+    would fold: the turns since stay verbatim), or None when it covers none of them."""
+    labels = _prefix_keys(plan).get(key)
+    if labels is None:
+        return None
+    return fold(replace(plan, key=key, fold=labels), text, summary="ahead")
+
+
+def fold(need: FoldPlan, text: str | None, *, summary: str) -> Rewrite | Refuse:
+    """Complete a crossing with the summary (None: there is none, so pack instead);
+    `summary` says how it was had (SUMMARY_STATES)."""
     inp, work = need.inp, need.work
     if text is None or not text.strip():
         reason = need.reason or "summary_unavailable"
         return _pack(inp, work, need.limits, need.tokens_before, need.blobs, reason)
     folded = [g for g in work.groups if g.label in need.fold]
     count = sum(stands_for(work.segments[m]) for g in folded for m in g.members)
-    summary = Summary(text.strip(), count)
+    folded_into = Summary(text.strip(), count)
     segments: list[Segment] = []
     for group in work.groups:
         if group.kind is GroupKind.MALFORMED:
             continue  # the API would reject it; dropping needs no note (seed 001)
         if group.label in need.fold:
             if group is folded[0]:
-                segments.append(summary)  # where the folded history began
+                segments.append(folded_into)  # where the folded history began
             continue
         segments.extend(work.segments[m] for m in group.members)
     done = working(segments, inp)
@@ -260,11 +356,11 @@ def fold(need: FoldPlan, text: str | None, *, reused: bool) -> Rewrite | Refuse:
     return _rewrite(
         inp,
         done,
-        inp.tool if _has_stubs(segments) or inp.sticky_tool or refs_in(summary.text) else None,
+        inp.tool if _has_stubs(segments) or inp.sticky_tool or refs_in(folded_into.text) else None,
         "offload+summary" if need.blobs else "summary",
         need.tokens_before,
         blobs=need.blobs,
-        summary="reused" if reused else "made",
+        summary=summary,
         summary_key=need.key,
         reason=need.reason,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from difflib import get_close_matches
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -50,6 +51,16 @@ class Policy:
     def offload_tokens(self) -> int:
         return self.offload_trigger or min(int(self.window * 0.15), self.trigger_tokens)
 
+    @property
+    def prepare_tokens(self) -> int:
+        """From here on, the next fold's summary is made ahead, in the background."""
+        return prepare_at(self.trigger_tokens, self.target_tokens)
+
+    @property
+    def quiet_tokens(self) -> int:
+        """Up to here there is nothing to plan: no offload, no summary made ahead."""
+        return min(self.offload_tokens, self.prepare_tokens)
+
     def validate(self) -> Policy:
         where = f"policy {self.match!r}"
         positive = ("window", "note_cost", "offload_threshold", "stub_head_chars", "read_length")
@@ -77,6 +88,12 @@ class Policy:
         return self
 
 
+def prepare_at(trigger: int, target: int) -> int:
+    """Four fifths of the way from the target to the trigger: a summary made from here
+    has the turns until the trigger to be ready."""
+    return target + (trigger - target) * 4 // 5
+
+
 FIELD_TYPES = {f.name: f.type for f in fields(Policy)}
 
 
@@ -86,15 +103,25 @@ def parse_policies(raw: Sequence[Mapping[str, Any]]) -> list[Policy]:
     for n, table in enumerate(raw):
         if not isinstance(table, Mapping):
             raise PolicyError(f"policy #{n + 1} must be a table")
-        unknown = set(table) - set(FIELD_TYPES)
+        where = f"policy #{n + 1}" + (f" ({table['match']!r})" if "match" in table else "")
+        unknown = sorted(set(table) - set(FIELD_TYPES))
         if unknown:
-            raise PolicyError(f"policy #{n + 1}: unknown setting(s) {sorted(unknown)}")
+            named = ", ".join(_with_hint(name) for name in unknown)
+            raise PolicyError(
+                f"{where}: unknown field(s) {named}; valid fields: {', '.join(FIELD_TYPES)}"
+            )
         for key, value in table.items():
             want = str if FIELD_TYPES[key] == "str" else int
             if not isinstance(value, want) or isinstance(value, bool):
-                raise PolicyError(f"policy #{n + 1}: {key} must be {want.__name__}")
+                raise PolicyError(f"{where}: {key} must be {want.__name__}, got {value!r}")
         out.append(Policy(**table).validate())
     return out
+
+
+def _with_hint(name: str) -> str:
+    """An unknown field's name, with the field it most likely meant."""
+    close = get_close_matches(name, list(FIELD_TYPES), n=1)
+    return f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
 
 
 def policy_for(

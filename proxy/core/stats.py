@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.core.planner import SUMMARY_STATES
 from proxy.core.pricing import CACHE_MODEL, PriceTable, Rates
 
 MICRO = 1_000_000
@@ -61,7 +62,7 @@ class RequestFacts:
     strategy: str = ""  # "" untouched, "refuse", "checkpoint", or a crossing's strategy
     tokens_before: int = 0  # history tokens, for rewritten requests
     tokens_after: int = 0
-    summary: str = ""  # "made", "reused" or ""
+    summary: str = ""  # planner.SUMMARY_STATES, or ""
     offloaded: int = 0
     read_rounds: int = 0
     summariser_failures: int = 0
@@ -258,7 +259,7 @@ def summarise(counters: Mapping[str, int]) -> dict[str, Any]:
         "rewrites_by_strategy": groups["rewrite"],
         "crossings_by_strategy": groups["crossing"],
         "crossings": sum(groups["crossing"].values()),
-        "summaries": {o: groups["summary"].get(o, 0) for o in ("made", "reused")},
+        "summaries": {o: groups["summary"].get(o, 0) for o in SUMMARY_STATES},
         "read_rounds": counters.get("read_rounds", 0),
         "offloaded_results": counters.get("offloaded", 0),
         "refusals": groups["refusal"],

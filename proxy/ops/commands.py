@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from proxy.config import ConfigError, load_settings
+from proxy.config import ConfigError, Settings, load_settings
+from proxy.console import fail, warn
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies
 from proxy.core.tokens import default_counter
-from proxy.ops.formats import FORMAT_CHOICES, format_for
+from proxy.ops.formats import FORMAT_CHOICES, format_for, format_mismatch
 from proxy.ops.requests import RequestFileError, load_request, load_trace, trace_length
 
 CONFIG_HELP = (
@@ -49,7 +50,9 @@ def add_commands(commands: Any) -> None:
         " (strategy, what is offloaded, folded or dropped, tokens before and after),"
         " computed by the planner alone: nothing is called or stored.",
     )
-    plan.add_argument("file", type=Path, help="a JSON Messages or Chat body, or a recorded request")
+    plan.add_argument(
+        "file", type=Path, help="a JSON Messages or Chat body, or a recorded request (.gz too)"
+    )
     plan.add_argument("--config", type=Path, help=CONFIG_HELP)
     plan.add_argument("--format", choices=FORMAT_CHOICES, default="auto", help=FORMAT_HELP)
     plan.set_defaults(ops_run=run_plan)
@@ -61,7 +64,9 @@ def add_commands(commands: Any) -> None:
         " request files) through the planner and the stand-in's prompt-cache cost model,"
         " and write an HTML report of context size and billed cost per turn.",
     )
-    replay.add_argument("trace", type=Path, help="JSONL of requests, or a directory of them")
+    replay.add_argument(
+        "trace", type=Path, help="JSONL of requests (.jsonl or .jsonl.gz), or a directory of them"
+    )
     replay.add_argument("--config", type=Path, help=CONFIG_HELP)
     replay.add_argument("--format", choices=FORMAT_CHOICES, default="auto", help=FORMAT_HELP)
     replay.add_argument(
@@ -70,8 +75,11 @@ def add_commands(commands: Any) -> None:
     replay.set_defaults(ops_run=run_replay)
 
 
-def _policies(config: Path | None) -> list[Policy]:
-    settings = load_settings(config)
+def _settings(config: Path | None) -> Settings:
+    return load_settings(config, warn=warn)
+
+
+def _policies(settings: Settings) -> list[Policy]:
     return [*parse_policies(settings.policies), *DEFAULT_POLICIES]
 
 
@@ -80,19 +88,28 @@ def _guarded(run: Any) -> Any:
         try:
             return int(run(args))
         except ConfigError as e:
-            print(f"compaction-proxy: bad setting: {e}", file=sys.stderr)
+            return fail(f"bad setting: {e}")
         except RequestFileError as e:
-            print(f"compaction-proxy: {e}", file=sys.stderr)
-        return 2
+            return fail(str(e))
 
     return wrapped
+
+
+def _warn_on_mismatch(name: str, bodies: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The trace's requests; a forced format that does not fit the first one is warned of
+    (the trace is judged by its first request, as `auto` does)."""
+    for n, body in enumerate(bodies):
+        mismatch = format_mismatch(name, body) if n == 0 else None
+        if mismatch:
+            warn(f"first request: {mismatch}")
+        yield body
 
 
 @_guarded
 def run_audit(args: argparse.Namespace) -> int:
     from proxy.ops.audit import render_audit
 
-    policies = _policies(args.config)
+    policies = _policies(_settings(args.config))
     print(render_audit(load_request(args.file), default_counter(), policies))
     return 0
 
@@ -101,8 +118,11 @@ def run_audit(args: argparse.Namespace) -> int:
 def run_plan(args: argparse.Namespace) -> int:
     from proxy.ops.plan import plan_text
 
-    policies = _policies(args.config)
+    policies = _policies(_settings(args.config))
     body = load_request(args.file)
+    mismatch = format_mismatch(args.format, body)
+    if mismatch:
+        warn(mismatch)
     fmt = format_for(args.format, body)
     print(f"format: {FORMAT_LABELS[fmt.name]}")
     print(plan_text(body, default_counter(), policies, fmt))
@@ -115,13 +135,20 @@ def run_replay(args: argparse.Namespace) -> int:
     from proxy.ops.replay import replay, summary_lines
     from proxy.ops.report import render_report
 
-    policies = _policies(args.config)
+    settings = _settings(args.config)
     if not args.trace.exists():
         raise RequestFileError(f"{args.trace}: no such file or directory")
     progress = Progress(trace_length(args.trace), "replay")
     try:
         fmt = None if args.format == "auto" else format_for(args.format, None)
-        result = replay(load_trace(args.trace), policies, default_counter(), progress, fmt)
+        result = replay(
+            _warn_on_mismatch(args.format, load_trace(args.trace)),
+            _policies(settings),
+            default_counter(),
+            progress,
+            fmt,
+            settings.prices,
+        )
     finally:
         progress.close()
     if not result.turns:

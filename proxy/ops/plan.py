@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.core.planner import Refuse, Rewrite
+from proxy.core.planner import REASONS, Refuse, Rewrite
 from proxy.core.policy import Policy
 from proxy.core.segments import Stubbed, Summary, Verbatim
 from proxy.core.tokens import TokenCounter
@@ -55,6 +55,14 @@ def render_plan(step: Step) -> str:
         lines.append(f"refused (400 invalid_request_error): {step.refusal}")
         return "\n".join(lines)
     lines.append(f"strategy: {step.strategy}")
+    if step.reason:
+        lines.append(f"  why: {REASONS.get(step.reason, step.reason)}")
+    if step.made_ahead is not None:
+        lines.append(
+            f"  has the next fold's summary made in the background (at most"
+            f" {step.made_ahead.slot:,} tokens, about {step.made_ahead.input_tokens:,} input"
+            " tokens): no request waits for it"
+        )
     if step.offloaded:
         tokens = sum(o.tokens for o in step.offloaded)
         lines.append(

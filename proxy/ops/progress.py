@@ -38,6 +38,14 @@ class Progress:
             self.stream.write(self._line(note) + "\n")
             self.stream.flush()
 
+    def print_above(self, line: str, stream: TextIO) -> None:
+        """Print a line to `stream` (say stdout) without garbling the bar: on a terminal
+        the bar's line is cleared first, and the next advance() draws it again below."""
+        if self._tty:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+        print(line, file=stream, flush=True)
+
     def close(self) -> None:
         if self._tty:
             self.stream.write("\n")

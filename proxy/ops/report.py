@@ -7,7 +7,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.ops.replay import PRICES, Replay, summary_lines
+from proxy.core.pricing import CACHE_MODEL
+from proxy.ops.replay import Replay, money, summary_lines
 
 DIRECT = "#c0392b"
 PROXY = "#1f6fb2"
@@ -18,7 +19,8 @@ GUIDE = "#7f8c8d"
 class Series:
     label: str
     color: str
-    values: Sequence[float]
+    values: Sequence[float | None]  # None: no point (the line breaks there)
+    crosses: Sequence[int] = ()  # indices of points marked with an x (refused requests)
 
 
 def _nice_step(span: float, ticks: int = 5) -> float:
@@ -52,7 +54,9 @@ def line_chart(
     `marks` the turns to flag (compactions)."""
     left, right, top, bottom = 70, 20, 36, 44
     n = max(len(s.values) for s in series)
-    top_value = max([v for s in series for v in s.values] + [g[1] for g in guides] + [1.0])
+    points = [v for s in series for v in s.values if v is not None]
+    top_value = max(points + [g[1] for g in guides if g[1] <= 1.5 * max(points, default=0)])
+    top_value = top_value or 1.0
     step = _nice_step(top_value)
     y_max = step * math.ceil(top_value / step)
     plot_w, plot_h = width - left - right, height - top - bottom
@@ -108,30 +112,67 @@ def line_chart(
     out.append(
         f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>'
     )
-    for k, s in enumerate(series):
-        points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(s.values))
-        out.append(f'<polyline points="{points}" fill="none" stroke="{s.color}" stroke-width="2"/>')
-        lx = left + 10 + 190 * k
+    lx = left + 10
+    for s in series:
+        for run in _runs(s.values):
+            line = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in run)
+            out.append(
+                f'<polyline points="{line}" fill="none" stroke="{s.color}" stroke-width="2"/>'
+            )
+        for i in s.crosses:
+            point = s.values[i]
+            if point is not None:
+                cx, cy = x(i), y(point)
+                out.append(
+                    f'<path d="M{cx - 4:.1f},{cy - 4:.1f}L{cx + 4:.1f},{cy + 4:.1f}'
+                    f'M{cx - 4:.1f},{cy + 4:.1f}L{cx + 4:.1f},{cy - 4:.1f}"'
+                    f' stroke="{s.color}" stroke-width="2"/>'
+                )
         out.append(
             f'<rect x="{lx}" y="{top + 8}" width="14" height="4" fill="{s.color}"/>'
             f'<text x="{lx + 20}" y="{top + 14}" font-size="12">{html.escape(s.label)}</text>'
         )
+        lx += 40 + 7 * len(s.label)  # about 7 px a character at this size
     out.append("</svg>")
     return "\n".join(out)
 
 
-def _cumulative(values: Sequence[float]) -> list[float]:
-    total, out = 0.0, []
+def _runs(values: Sequence[float | None]) -> list[list[tuple[int, float]]]:
+    """The stretches of consecutive points that have a value."""
+    runs: list[list[tuple[int, float]]] = [[]]
+    for i, v in enumerate(values):
+        if v is None:
+            runs.append([])
+        else:
+            runs[-1].append((i, v))
+    return [r for r in runs if r]
+
+
+def _cumulative(values: Sequence[float | None]) -> list[float | None]:
+    """Running totals; None from the first missing value on (nothing after it happens)."""
+    total = 0.0
+    out: list[float | None] = []
     for v in values:
+        if v is None or (out and out[-1] is None):
+            out.append(None)
+            continue
         total += v
         out.append(total)
     return out
+
+
+def _unit_label(result: Replay) -> str:
+    if result.unit == CACHE_MODEL.unit:
+        return "cost (units: 1 = an uncached input token)"
+    return f"cost ({result.unit})"
 
 
 def render_report(result: Replay, source: str) -> str:
     turns = result.turns
     p = result.policy
     marks = [t.n - 1 for t in result.crossings]
+    refused = [t.n - 1 for t in turns if t.direct_refused]
+    without = f"without the proxy{' (x: refused, over the window)' if refused else ''}"
     guides = []
     if p is not None:
         guides = [("window", float(p.window)), ("trigger (history)", float(p.trigger_tokens)),
@@ -139,41 +180,48 @@ def render_report(result: Replay, source: str) -> str:
     context = line_chart(
         "Context sent per turn (tokens)",
         [
-            Series("without the proxy", DIRECT, [t.direct_tokens for t in turns]),
+            Series(without, DIRECT, [t.direct_tokens for t in turns], refused),
             Series("with the proxy", PROXY, [t.proxy_tokens for t in turns]),
         ],
         guides=guides,
         marks=marks,
         y_label="tokens",
     )
+    direct_costs = [None if t.direct_refused else t.direct_cost for t in turns]
+    unit = _unit_label(result)
+    without = f"without the proxy{' (ends where the API refuses)' if refused else ''}"
     cost = line_chart(
-        "Billed cost per turn",
+        f"Billed cost per turn ({result.unit})",
         [
-            Series("without the proxy", DIRECT, [t.direct_cost for t in turns]),
+            Series(without, DIRECT, direct_costs),
             Series("with the proxy", PROXY, [t.proxy_cost for t in turns]),
         ],
         marks=marks,
-        y_label="cost (uncached input token = 1)",
+        y_label=unit,
     )
     cumulative = line_chart(
-        "Billed cost, cumulative",
+        f"Billed cost, cumulative ({result.unit})",
         [
-            Series("without the proxy", DIRECT, _cumulative([t.direct_cost for t in turns])),
+            Series(without, DIRECT, _cumulative(direct_costs)),
             Series("with the proxy", PROXY, _cumulative([t.proxy_cost for t in turns])),
         ],
         marks=marks,
-        y_label="cost",
+        y_label=unit,
     )
     rows = "\n".join(
         f"<tr><td>{t.n}</td><td>{t.direct_tokens:,}</td><td>{t.proxy_tokens:,}</td>"
         f"<td>{html.escape(t.strategy or '-')}{' + summary' if t.summary_made else ''}</td>"
         f"<td>{t.proxied.cache_read_input_tokens:,}</td>"
         f"<td>{t.proxied.cache_creation_input_tokens:,}</td>"
-        f"<td>{t.direct_cost:,.0f}</td><td>{t.proxy_cost:,.0f}</td></tr>"
+        + (
+            "<td>refused (over the window)</td>"
+            if t.direct_refused
+            else f"<td>{html.escape(money(t.direct_cost, result.unit))}</td>"
+        )
+        + f"<td>{html.escape(money(t.proxy_cost, result.unit))}</td></tr>"
         for t in turns
     )
     summary = "".join(f"<li>{html.escape(line)}</li>" for line in summary_lines(result))
-    prices = ", ".join(f"{k} {v:g}" for k, v in PRICES.items())
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <title>compaction-proxy replay: {html.escape(source)}</title>
@@ -187,17 +235,19 @@ th {{ background: #f4f4f4; }} svg {{ display: block; margin: 18px 0; }}
 </style></head><body>
 <h1>Replay of {html.escape(source)}</h1>
 <ul>{summary}</ul>
-<p class="note">Prices per token: {prices}. Both runs priced with the stand-in's
-prompt-cache model; without the proxy the window is taken as unlimited. Dotted vertical
-lines: turns where the proxy made a new rewrite (a crossing of the trigger). A summary the
-proxy makes is billed as one extra call (prompt uncached, output at its cap).
-read_result rounds are not simulated.</p>
+<p class="note">Prices: {html.escape(result.price_note)}. Both runs are counted with the
+stand-in's prompt-cache model. Without the proxy, a request over the model's window is
+refused by the API (marked x, billed nothing). Dotted vertical lines: turns where the
+proxy made a new rewrite (a crossing of the trigger). A summary the proxy makes is billed
+as one extra call (prompt uncached, output at its cap). read_result rounds are not
+simulated.</p>
 {context}
 {cost}
 {cumulative}
-<table><tr><th>turn</th><th>tokens without</th><th>tokens with</th><th>proxy</th>
-<th>cache read (with)</th><th>cache write (with)</th><th>cost without</th>
-<th>cost with</th></tr>
+<table><tr><th>turn</th><th>tokens sent without</th><th>tokens sent with</th>
+<th>proxy</th><th>cache read with (tokens)</th><th>cache write with (tokens)</th>
+<th>cost without ({html.escape(result.unit)})</th>
+<th>cost with ({html.escape(result.unit)})</th></tr>
 {rows}
 </table>
 </body></html>

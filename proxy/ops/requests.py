@@ -5,11 +5,14 @@ Responses API) or a recorded
 request `{"method", "path", "headers", "body"}` as in tests/fixtures/agent-requests/
 (the body an object, or a JSON string of one). A trace is a JSONL file with one such
 request per line, or a directory of request files taken in natural name order
-(turn2.json before turn10.json).
+(turn2.json before turn10.json). Any of these files may be gzip-compressed (`.gz`), as
+traces are usually kept.
 """
 
 from __future__ import annotations
 
+import gzip
+import io
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,15 +46,56 @@ def _is_body(value: dict[str, Any]) -> bool:
     return isinstance(value.get("messages"), list) or isinstance(value.get("input"), (list, str))
 
 
-def load_request(path: Path) -> dict[str, Any]:
+def _open(path: Path) -> io.BufferedIOBase:
+    """The file's bytes, decompressed when its name ends in .gz."""
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    return path.open("rb")
+
+
+def _read(path: Path) -> bytes:
+    if path.is_dir():
+        raise RequestFileError(
+            f"{path}: a directory (a trace?); this command takes one request:"
+            f" `compaction-proxy replay {path}` runs a whole conversation"
+        )
     try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise RequestFileError(f"{path}: {e.strerror or e}") from None
+        with _open(path) as f:
+            return f.read()
+    except gzip.BadGzipFile:
+        raise RequestFileError(f"{path}: named .gz but not gzip-compressed") from None
+    except (OSError, EOFError) as e:
+        raise RequestFileError(f"{path}: {getattr(e, 'strerror', None) or e}") from None
+
+
+def _requests_per_line(raw: bytes) -> int:
+    """How many JSON objects the bytes hold one per line (0: not a JSONL trace)."""
+    lines = [line for line in raw.splitlines() if line.strip()]
+    if len(lines) < 2:
+        return 0
+    try:
+        orjson.loads(lines[0])
+    except orjson.JSONDecodeError:
+        return 0
+    return len(lines)
+
+
+def load_request(path: Path) -> dict[str, Any]:
+    raw = _read(path)
     try:
         return body_of(orjson.loads(raw), str(path))
     except orjson.JSONDecodeError as e:
+        n = _requests_per_line(raw)
+        if n:
+            raise RequestFileError(
+                f"{path}: a trace of {n} requests, one per line; this command takes one"
+                f" request: `compaction-proxy replay {path}` runs a whole conversation"
+            ) from None
         raise RequestFileError(f"{path}: not valid JSON: {e}") from None
+
+
+def _is_request_file(path: Path) -> bool:
+    return path.name.endswith((".json", ".json.gz"))
 
 
 def _natural(path: Path) -> list[Any]:
@@ -61,9 +105,12 @@ def _natural(path: Path) -> list[Any]:
 def trace_length(path: Path) -> int:
     """How many requests a trace holds (for a progress bar), without parsing them."""
     if path.is_dir():
-        return sum(1 for p in path.iterdir() if p.suffix == ".json")
-    with path.open("rb") as f:
-        return sum(1 for line in f if line.strip())
+        return sum(1 for p in path.iterdir() if _is_request_file(p))
+    try:
+        with _open(path) as f:
+            return sum(1 for line in f if line.strip())
+    except (OSError, EOFError) as e:
+        raise RequestFileError(f"{path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def load_trace(path: Path) -> Iterator[dict[str, Any]]:
@@ -71,17 +118,23 @@ def load_trace(path: Path) -> Iterator[dict[str, Any]]:
     if not path.exists():
         raise RequestFileError(f"{path}: no such file or directory")
     if path.is_dir():
-        files = sorted((p for p in path.iterdir() if p.suffix == ".json"), key=_natural)
+        files = sorted((p for p in path.iterdir() if _is_request_file(p)), key=_natural)
         if not files:
             raise RequestFileError(f"{path}: no .json request files in this directory")
         for file in files:
             yield load_request(file)
         return
-    with path.open("rb") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield body_of(orjson.loads(line), f"{path}:{n}")
-            except orjson.JSONDecodeError as e:
-                raise RequestFileError(f"{path}:{n}: not valid JSON: {e}") from None
+    try:
+        with _open(path) as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    value = orjson.loads(line)
+                except orjson.JSONDecodeError as e:
+                    raise RequestFileError(f"{path}:{n}: not valid JSON: {e}") from None
+                yield body_of(value, f"{path}:{n}")
+    except gzip.BadGzipFile:
+        raise RequestFileError(f"{path}: named .gz but not gzip-compressed") from None
+    except (OSError, EOFError) as e:  # a truncated .gz ends in EOFError
+        raise RequestFileError(f"{path}: {getattr(e, 'strerror', None) or e}") from None

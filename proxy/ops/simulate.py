@@ -22,9 +22,12 @@ from proxy.core.commands import (
     GetSummary,
     LoadConversation,
     Loaded,
+    PreparedSummary,
+    PrepareSummary,
     Reply,
     SaveCrossing,
     Saved,
+    Started,
     SummaryReply,
 )
 from proxy.core.counting import count_request
@@ -62,6 +65,7 @@ class Step:
     policy: Policy
     kind: str  # "untouched", "rewrite" or "refuse"
     strategy: str = ""  # the rewrite's strategy ("checkpoint": a frozen one reapplied)
+    reason: str = ""  # why the outcome is not what the policy aimed at (planner.REASONS)
     tokens_before: int = 0  # history, as the client sent it
     tokens_after: int = 0  # history, as sent
     fixed_tokens: int = 0  # system prompt and tools (read_result's definition included)
@@ -70,6 +74,7 @@ class Step:
     folded: int = 0  # client messages behind the summary
     dropped: int = 0  # client messages behind a drop note
     summary: Summarise | None = None
+    made_ahead: Summarise | None = None  # a summary this request had made in the background
     pack_fallback: Rewrite | Refuse | None = None  # what a failed summariser would give
     refusal: str = ""
 
@@ -125,17 +130,28 @@ class MemoryExecutor:
         self.checkpoints: dict[str, Checkpoint] = {}  # slot -> checkpoint, as stored
         self.summaries: dict[str, str] = {}  # key -> text, as the store would keep them
         self.blobs: dict[str, int] = {}  # ref -> length in characters
+        self.prepared: dict[str, PreparedSummary] = {}  # slot -> summary made ahead
         self.asked: GetSummary | None = None  # the last request's summary, if any
+        self.ahead: GetSummary | None = None  # ... and the one it had made ahead
 
     def __call__(self, command: Command) -> Reply:
         if isinstance(command, LoadConversation):
-            return Loaded(self.checkpoints.get(command.slot))
+            slot = command.slot
+            return Loaded(self.checkpoints.get(slot), prepared=self.prepared.get(slot))
         if isinstance(command, GetSummary):
             self.asked = command
             stored = self.summaries.get(command.key)
             if stored is not None:
                 return SummaryReply(stored, reused=True)
             return SummaryReply(placeholder_summary(command.slot, command.key))
+        if isinstance(command, PrepareSummary):
+            # Made at once here: the next request finds it ready, as it would in a
+            # session whose turns are further apart than the summariser takes.
+            ask = command.ask
+            self.ahead = ask
+            text = self.summaries.setdefault(ask.key, placeholder_summary(ask.slot, ask.key))
+            self.prepared[command.slot] = PreparedSummary(ask.key, text)
+            return Started()
         assert isinstance(command, SaveCrossing)
         self.checkpoints[command.slot] = command.checkpoint
         for ref, text in command.blobs:
@@ -171,14 +187,15 @@ class Simulator:
         counter = wire.counter(self.counter)
         request = CompactionRequest(wire, body, messages, counted, counter, policy, self.factor)
         memory = self.memory
-        memory.asked = None
+        memory.asked = memory.ahead = None
         known = set(memory.summaries)
         before = dict(memory.checkpoints)
         decision = run(compaction(request), memory)
         history, fixed = counted.history, counted.fixed
+        ahead = self._summarise(memory.ahead, reused=False)
         if decision.action == "forward":
             return Step(body, policy, "untouched", tokens_before=history, tokens_after=history,
-                        fixed_tokens=fixed)  # fmt: skip
+                        fixed_tokens=fixed, made_ahead=ahead)  # fmt: skip
         if decision.action == "refuse":
             return Step(body, policy, "refuse", tokens_before=history, fixed_tokens=fixed,
                         refusal=decision.refusal)  # fmt: skip
@@ -191,14 +208,21 @@ class Simulator:
             memory.summaries[asked.key] = memory.summaries.get(
                 asked.key, placeholder_summary(asked.slot, asked.key)
             )
-            asked_messages = wire.messages(asked.body)
-            prompt = count_request(wire, self.counter, asked.body, asked_messages).total
-            summary = Summarise(0, asked.slot, reused, prompt, asked.body)
+            summary = self._summarise(asked, reused)
             fallback = self._without_summary(request, before)
         slot = checkpoint_slot(counted.digests)
         stored = rewrite.checkpoint or memory.checkpoints.get(slot)
-        return self._rewritten(body, decision.sent, rewrite, stored, policy, decision.estimate,
+        step = self._rewritten(body, decision.sent, rewrite, stored, policy, decision.estimate,
                                summary, fallback)  # fmt: skip
+        step.made_ahead = ahead
+        return step
+
+    def _summarise(self, asked: GetSummary | None, reused: bool) -> Summarise | None:
+        if asked is None:
+            return None
+        wire = self.format
+        prompt = count_request(wire, self.counter, asked.body, wire.messages(asked.body)).total
+        return Summarise(0, asked.slot, reused, prompt, asked.body)
 
     def _without_summary(
         self, request: CompactionRequest, before: dict[str, Checkpoint]
@@ -245,6 +269,7 @@ class Simulator:
             policy,
             "rewrite",
             strategy=rewrite.strategy,
+            reason=rewrite.reason,
             tokens_before=rewrite.tokens_before,
             tokens_after=rewrite.tokens_after,
             fixed_tokens=estimate - rewrite.estimate,

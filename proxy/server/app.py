@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
+import socket
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from proxy.config import Settings
+from proxy.core.policy import DEFAULT_POLICIES
 from proxy.server.admin.routes import install as install_admin
 from proxy.server.auth import authenticate
 from proxy.server.compactor import Compactor
@@ -40,7 +44,8 @@ from proxy.server.routes import (
 from proxy.server.routing import openai_upstream_lifetime
 from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM, StoreState
 from proxy.server.upstream import Upstream
-from proxy.store import EmbeddedRedis, Store
+from proxy.store import EmbeddedRedis, StateDirBusy, Store
+from proxy.store.probe import addressing_problem
 
 log = logging.getLogger(__name__)
 
@@ -51,22 +56,61 @@ async def _upstream_lifetime(app: web.Application) -> AsyncIterator[None]:
     await app[UPSTREAM].close()
 
 
+class StartupError(Exception):
+    """A setting that keeps the proxy from starting; the message names it and its source."""
+
+
+# A `keys` or `budgets` command runs the embedded Redis for a moment when no serve does;
+# a serve starting meanwhile waits this long for it to finish.
+COMMAND_HOLD_WAIT = 30.0
+
+
+async def _start_embedded(settings: Settings, embedded: EmbeddedRedis) -> str:
+    """Start the embedded Redis; refuse (StartupError) when another serve runs one over
+    the same state dir, since two proxies must not write the same files."""
+    deadline = time.monotonic() + COMMAND_HOLD_WAIT
+    while True:
+        try:
+            return await embedded.start()
+        except StateDirBusy as busy:
+            owner = busy.owner
+            if (owner is None or owner.role == "serve") or time.monotonic() > deadline:
+                who = f"another serve (pid {owner.pid})" if owner else "another process"
+                source = settings.source_of("store.state_dir")
+                raise StartupError(
+                    f"store.state_dir {settings.resolved_state_dir()} ({source}): {who} runs"
+                    " the embedded Redis there; stop it, give this one its own state"
+                    " directory (COMPACTION_PROXY_STORE_STATE_DIR), or share that Redis"
+                    f" with --redis-url {embedded.url}"
+                ) from None
+        await asyncio.sleep(0.1)
+
+
 async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
     """Connect the store (or start the embedded Redis). A store that is down at start
-    does not stop the proxy: it forwards without it, and /readyz says so."""
+    does not stop the proxy: it forwards without it, and /readyz says so. A store that
+    can never work as addressed (another serve's state dir, a database Redis does not
+    have, credentials it refuses) stops start-up with a StartupError."""
     settings = app[SETTINGS]
     state = app[STORE]
     url = settings.store.redis_url
     if not url:
         state_dir = settings.resolved_state_dir()
-        embedded = EmbeddedRedis(state_dir / "redis")
+        embedded = EmbeddedRedis(state_dir / "redis", role="serve")
         try:
-            url = await embedded.start()
+            url = await _start_embedded(settings, embedded)
             state.embedded = embedded
-        except Exception as e:  # a missing binary, a busy state dir: degrade, say why
+        except StartupError:
+            raise
+        except Exception as e:  # a missing binary, a broken data file: degrade, say why
             log.warning("embedded Redis did not start (%s); running without a store", e)
             state.problem = f"embedded Redis did not start: {e}"
             await embedded.stop()
+    elif problem := await _addressing_problem(settings, url):
+        raise StartupError(
+            f"store.redis_url {redacted_url(url)} ({settings.source_of('store.redis_url')}):"
+            f" {problem}"
+        )
     if url:
         try:
             state.store = Store.from_url(
@@ -91,6 +135,17 @@ async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
         await state.embedded.stop()
 
 
+async def _addressing_problem(settings: Settings, url: str) -> str | None:
+    try:
+        store = Store.from_url(url, prefix=settings.store.key_prefix, op_timeout=2.0)
+    except Exception:  # redis-py refuses the URL itself: said where it is used below
+        return None
+    try:
+        return await addressing_problem(store, url)
+    finally:
+        await store.close()
+
+
 async def _compactor_lifetime(app: web.Application) -> AsyncIterator[None]:
     """Load the encoding before the first request (it takes a few hundred ms), in a
     thread, so no request stalls the event loop waiting for it; stop calibration's
@@ -110,6 +165,7 @@ def create_app(settings: Settings) -> web.Application:
     app[REQUEST_LOG] = RequestLog(settings.server.log_format)
     app[STORE] = StoreState()
     app[COMPACTOR] = Compactor(settings.policies)
+    app[COMPACTOR].on_background_summary = app[METRICS].summariser_call
     app[RESPONSES_STATE] = ResponsesState()
     # Started in this order, stopped in the reverse: nothing outlives what it uses.
     app.cleanup_ctx.append(_upstream_lifetime)
@@ -146,8 +202,44 @@ class RunningProxy:
         await self.runner.cleanup()
 
 
+def _listen_problem(settings: Settings, error: OSError) -> str:
+    host, port = settings.server.host, settings.server.port
+    where = (
+        f"server.host {host} ({settings.source_of('server.host')}),"
+        f" server.port {port} ({settings.source_of('server.port')})"
+    )
+    if error.errno == errno.EADDRINUSE:
+        return (
+            f"{where}: {host}:{port} is already in use (another compaction-proxy?);"
+            " choose another with --port (0: any free port)"
+        )
+    if isinstance(error, socket.gaierror):
+        return f"{where}: cannot resolve {host!r} ({error.strerror})"
+    if error.errno == errno.EADDRNOTAVAIL:
+        return f"{where}: {host} is not an address of this machine"
+    if error.errno == errno.EACCES:
+        return f"{where}: not allowed to listen on port {port} (ports below 1024 need root)"
+    return f"{where}: cannot listen on {host}:{port}: {error.strerror or error}"
+
+
+def check_listen(settings: Settings) -> None:
+    """Fail fast, before anything starts, when the address cannot be listened on."""
+    host, port = settings.server.host, settings.server.port
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, address in infos if port else []:
+            with socket.socket(family, kind, proto) as probe:
+                # As asyncio's server does: a port in TIME_WAIT is free to take.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+    except OSError as e:
+        raise StartupError(_listen_problem(settings, e)) from None
+
+
 async def start(settings: Settings) -> RunningProxy:
-    """Start listening on settings.server.host:port (port 0: any free port)."""
+    """Start listening on settings.server.host:port (port 0: any free port). A setting
+    that keeps it from starting raises StartupError, with nothing left running."""
+    check_listen(settings)
     app = create_app(settings)
     runner = web.AppRunner(
         app,
@@ -161,13 +253,46 @@ async def start(settings: Settings) -> RunningProxy:
         max_field_size=65536,
         max_line_size=65536,
     )
-    await runner.setup()
-    site = web.TCPSite(runner, settings.server.host, settings.server.port, backlog=1024)
-    await site.start()
+    try:
+        await runner.setup()
+        site = web.TCPSite(runner, settings.server.host, settings.server.port, backlog=1024)
+        await site.start()
+    except BaseException as e:
+        await runner.cleanup()  # what did start (the embedded Redis, upstream pools) stops
+        if isinstance(e, OSError):
+            raise StartupError(_listen_problem(settings, e)) from None
+        raise
     host, port = runner.addresses[0][:2]
     if ":" in host:
         host = f"[{host}]"
     return RunningProxy(app, runner, f"http://{host}:{port}")
+
+
+def startup_line(running: RunningProxy) -> str:
+    """What the proxy is doing, in one line: where it listens, where requests go, which
+    file configured it, its store, who may call it, and how many policies it applies."""
+    settings = running.app[SETTINGS]
+    state = running.app[STORE]
+    if state.embedded is not None:
+        store = f"embedded Redis in {state.embedded.state_dir}"
+    elif state.store is not None:
+        store = f"Redis {redacted_url(settings.store.redis_url)}"
+    else:
+        store = f"none ({state.problem or 'not started'}; forwarding without one)"
+    auth = (
+        "proxy keys required"
+        if settings.auth.keys == "required"
+        else "off (callers' own keys go upstream)"
+    )
+    own = len(settings.policies)
+    policies = f"{own + len(DEFAULT_POLICIES)} ({own} from the file, {len(DEFAULT_POLICIES)}"
+    policies += " built-in)"
+    return (
+        f"compaction-proxy listening on {running.url}, anthropic upstream"
+        f" {settings.upstream.url}, openai upstream {settings.upstream.openai_url},"
+        f" config {settings.config_file or 'none (built-in defaults)'}, store {store},"
+        f" auth {auth}, policies {policies}"
+    )
 
 
 def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -179,7 +304,10 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] |
         import uvloop
     except ImportError:
         if choice == "uvloop":
-            raise RuntimeError("server.event_loop = uvloop, but uvloop is not installed") from None
+            raise StartupError(
+                "server.event_loop uvloop: uvloop is not installed (pip install uvloop,"
+                " or set it to auto or asyncio)"
+            ) from None
         return None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory
@@ -187,19 +315,24 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] |
 
 def run(settings: Settings) -> None:
     """Run `serve` on the configured event loop."""
-    with asyncio.Runner(loop_factory=event_loop_factory(settings.server.event_loop)) as runner:
+    try:
+        factory = event_loop_factory(settings.server.event_loop)
+    except StartupError as e:
+        raise StartupError(f"{e} ({settings.source_of('server.event_loop')})") from None
+    with asyncio.Runner(loop_factory=factory) as runner:
         runner.run(serve(settings))
 
 
 async def serve(settings: Settings) -> None:
     """Run until SIGINT or SIGTERM; then drain (readiness fails, open requests finish
     within server.drain_timeout) and stop."""
-    running = await start(settings)
-    log.info("compaction-proxy listening on %s, upstream %s", running.url, settings.upstream.url)
+    # Handlers first: a SIGTERM that comes as soon as /healthz answers still drains.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    running = await start(settings)
+    log.info("%s", startup_line(running))
     try:
         await stop.wait()
         running.app[METRICS].draining.set(1)

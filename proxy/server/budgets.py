@@ -21,6 +21,7 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 from aiohttp import web
@@ -28,7 +29,7 @@ from aiohttp import web
 from proxy.core.budget import Amounts, over_limit_message, reservation
 from proxy.core.errors import BudgetRefused
 from proxy.core.errors import StoreUnavailable as CannotCheck
-from proxy.core.usage import UsageMeter
+from proxy.core.usage import Usage, UsageMeter
 from proxy.server.caller import Caller, count_rejection
 from proxy.server.fleet import FLEET, Fleet
 from proxy.server.record import detached
@@ -180,6 +181,25 @@ class Ticket:
 
 
 TICKET = web.RequestKey("compaction_proxy_ticket", Ticket)
+
+
+def late_charge(request: web.Request) -> Callable[[Usage], None]:
+    """How to charge the caller for upstream work done for it after its request ended (a
+    summary made ahead in the background): a no-op for callers without budgets."""
+    ticket: Ticket | None = request.get(TICKET)
+    if ticket is None or not ticket.caller.scopes:
+        return _nothing
+
+    def charge(usage: Usage) -> None:
+        ticket._fleet.spawn(ticket._charge_only(usage.cost()))
+
+    return charge
+
+
+def _nothing(usage: Usage) -> None:
+    return None
+
+
 DEFAULT_MAX_OUTPUT = 4_096  # reserved when a Chat request names no output cap
 _ONE_HOUR = re.compile(rb'"ttl"\s*:\s*"1h"')
 

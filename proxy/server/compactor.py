@@ -11,9 +11,10 @@ crossing, which the executor (proxy/server/executor.py) carries out.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from proxy.core.errors import ContextTooLong, ProxyError
 from proxy.core.identity import conversation_of, tenant_of
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies, policy_for
 from proxy.core.tokens import TokenCounter, default_counter
+from proxy.core.usage import Usage
 from proxy.core.wire_format import WireFormat
 from proxy.server.calibration import Calibration
 from proxy.server.executor import StoreExecutor, drive
@@ -57,6 +59,14 @@ class Prepared:
         return self.tool is not None
 
 
+def _ignore(ok: bool) -> None:
+    return None
+
+
+def _ignore_usage(usage: Usage) -> None:
+    return None
+
+
 class Compactor:
     """Per-process compaction state: policies, the counter, calibration."""
 
@@ -71,8 +81,26 @@ class Compactor:
         self.counter = counter or default_counter()
         self.summariser = summariser or SummariserSettings()
         self.calibration = Calibration()
+        self._background: set[asyncio.Task[None]] = set()
+        # Told of each summariser call made in the background (metrics count them).
+        self.on_background_summary: Callable[[bool], None] = _ignore
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Work that outlives the request that started it (a summary made ahead), in a
+        context of its own: nothing of the request's record or meter is touched."""
+        task = asyncio.get_running_loop().create_task(work, context=contextvars.Context())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def settled(self) -> None:
+        """Wait for the background work started so far (tests, benchmarks, replay)."""
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
 
     async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         await self.calibration.close()
 
     def policy(self, model: str, override: Mapping[str, int] | None = None) -> Policy:
@@ -99,6 +127,7 @@ class Compactor:
         upstream_headers: Sequence[tuple[str, str]],
         tenant: str | None = None,
         policy_override: Mapping[str, int] | None = None,
+        charge_later: Callable[[Usage], None] = _ignore_usage,
     ) -> Prepared:
         """`tenant` and `policy_override` come from a proxy key when keys are required
         (else the tenant is the hash of the forwarded credential)."""
@@ -127,6 +156,10 @@ class Compactor:
                 wire=wire,
                 seconds=self.summariser.timeout,
             ),
+            background=self.spawn,
+            count=self.counter.count_text,
+            charge_later=charge_later,
+            on_background_call=self.on_background_summary,
         )
         try:
             decision = await drive(compaction(request), executor)

@@ -8,9 +8,9 @@ reply saying so (never an exception): the driver then plans without the store.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from functools import cached_property
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from proxy.core.checkpoint import decode_checkpoint, encode_checkpoint
 from proxy.core.commands import (
@@ -18,16 +18,22 @@ from proxy.core.commands import (
     GetSummary,
     LoadConversation,
     Loaded,
+    PrepareSummary,
     Reply,
     SaveCrossing,
     Saved,
+    Started,
     SummaryReply,
 )
+from proxy.core.usage import Usage
 from proxy.server.summariser import (
+    PREPARED,
     SUMMARY,
     SummariserSettings,
     SummaryCall,
     obtain_summary,
+    prepare_summary,
+    prepared_of,
     release,
 )
 from proxy.store import Store, StoreUnavailable
@@ -48,11 +54,19 @@ class StoreExecutor:
         *,
         summariser: SummariserSettings,
         summarise: SummaryCall,
+        background: Callable[[Coroutine[Any, Any, None]], None],
+        count: Callable[[str], int],
+        charge_later: Callable[[Usage], None],
+        on_background_call: Callable[[bool], None],
     ) -> None:
         self.store = store
         self._identify = identify
         self.summariser = summariser
         self.summarise = summarise
+        self.background = background
+        self.count = count
+        self.charge_later = charge_later
+        self.on_background_call = on_background_call
         self._held: list[tuple[str, str]] = []  # summary locks to release after saving
 
     @cached_property
@@ -77,18 +91,41 @@ class StoreExecutor:
             return await self._load(command)
         if isinstance(command, GetSummary):
             return await self._summary(command)
+        if isinstance(command, PrepareSummary):
+            return self._prepare(command)
         return await self._save(command)
 
     async def _load(self, command: LoadConversation) -> Loaded:
         if self.store is None:
             return Loaded(None, store_ok=False)
+        store, tenant, conversation = self.store, self.tenant, self.conversation
         try:
-            found = await self.store.get_json(
-                self.tenant, self.conversation, CHECKPOINT, command.slot
+            found, prepared = await asyncio.gather(
+                store.get_json(tenant, conversation, CHECKPOINT, command.slot),
+                store.get_json(tenant, conversation, PREPARED, command.slot),
             )
         except StoreUnavailable:
             return Loaded(None, store_ok=False)
-        return Loaded(decode_checkpoint(found))
+        return Loaded(decode_checkpoint(found), prepared=prepared_of(prepared))
+
+    def _prepare(self, command: PrepareSummary) -> Started:
+        """Start the summary made ahead, off the request: it must outlive it (the caller
+        pays when it is made) and never hold it up."""
+        if self.store is not None:
+            self.background(
+                prepare_summary(
+                    command,
+                    store=self.store,
+                    tenant=self.tenant,
+                    conversation=self.conversation,
+                    settings=self.summariser,
+                    call=self.summarise,
+                    count=self.count,
+                    charge=self.charge_later,
+                    on_call=self.on_background_call,
+                )
+            )
+        return Started()
 
     async def _summary(self, command: GetSummary) -> SummaryReply:
         if self.store is None:

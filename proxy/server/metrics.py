@@ -101,7 +101,7 @@ class Metrics:
             ["outcome"], registry=r,
         )  # fmt: skip
         self.summaries = Counter(
-            f"{NS}_summaries", "Summaries used, by outcome (made or reused).", ["outcome"],
+            f"{NS}_summaries", "Summaries used, by outcome (made, ahead or reused).", ["outcome"],
             registry=r,
         )  # fmt: skip
         self.summariser_calls = Counter(
@@ -143,6 +143,12 @@ class Metrics:
                 None if probe else self.upstream_latency.labels(route),
             )
         return timed
+
+    def summariser_call(self, ok: bool) -> None:
+        """A summariser call made outside any request (a summary made ahead)."""
+        self.summariser_calls.inc()
+        if not ok:
+            self.summariser_failures.inc()
 
     def record(self, rec: RequestRecord, status: int, ended: float) -> None:
         route = rec.route

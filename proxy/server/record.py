@@ -37,7 +37,7 @@ class RequestRecord:
     tokens_before: int = 0
     tokens_after: int = 0
     offloaded: int = 0  # results newly offloaded by this request
-    summary: str = ""  # "made", "reused" or ""
+    summary: str = ""  # planner.SUMMARY_STATES, or ""
     summariser_calls: int = 0
     summariser_failures: int = 0
     upstream_request_id: str = ""

@@ -180,6 +180,7 @@ async def _prepare(
             upstream_headers=upstream_request_headers(request.headers),
             tenant=caller.tenant,
             policy_override=caller.policy,
+            charge_later=budgets.late_charge(request),
         )
     except Exception:
         log.exception("compaction failed; forwarding the request untouched")

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
-from proxy.core.commands import GetSummary, SummaryReply
+from proxy.core.commands import GetSummary, PreparedSummary, PrepareSummary, SummaryReply
+from proxy.core.facts import keep_facts
+from proxy.core.usage import Usage
 from proxy.core.wire_format import WireFormat
 from proxy.server.record import detached
 from proxy.server.upstream import Upstream
@@ -31,7 +33,7 @@ PURPOSE_HEADER = "x-compaction-proxy-purpose"
 SUMMARY = "summary"  # the store kind summaries are kept under
 
 
-SummaryCall = Callable[[GetSummary], Awaitable[str]]
+SummaryCall = Callable[[GetSummary], Awaitable[tuple[str, Usage | None]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +75,9 @@ async def obtain_summary(
     held = (lock, token)
     try:
         record.summariser_calls += 1
-        text = await call(need)
+        text, usage = await call(need)
+        if usage is not None:  # the caller's budget pays for it
+            record.meter.summariser(usage)
         if not text.strip():
             record.summariser_failures += 1
             await release(store, tenant, conversation, held)
@@ -122,11 +126,11 @@ async def post_summary(
     headers: Sequence[tuple[str, str]],
     wire: WireFormat,
     seconds: float,
-) -> str:
+) -> tuple[str, Usage | None]:
     """One summariser call: the request the driver built, sent through the proxy's own
     upstream client with the caller's credential, betas and API version (a summary made
-    in place must match the conversation's requests to read their cache). Its usage is
-    charged to the request it was made for; it says what it is in PURPOSE_HEADER."""
+    in place must match the conversation's requests to read their cache); it says what it
+    is in PURPOSE_HEADER. Returns its text and the usage the upstream reported."""
     sent = [
         (name, value)
         for name, value in headers
@@ -151,7 +155,71 @@ async def post_summary(
         raise SummariserFailed("the answer was not JSON") from None
     if not isinstance(answer, dict):
         raise SummariserFailed("the answer was not a JSON object")
-    usage = wire.body_usage(answer)
-    if usage is not None:  # the caller's budget pays for it
-        detached().meter.summariser(usage)
-    return wire.answer_text(answer)
+    return wire.answer_text(answer), wire.body_usage(answer)
+
+
+PREPARED = "prepared"  # the store kind of a checkpoint slot's summary made ahead
+
+
+def prepared_of(raw: object) -> PreparedSummary | None:
+    """A stored record of a summary made ahead (None when absent or malformed)."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("key"), str):
+        return None
+    text = raw.get("text")
+    usable = text if isinstance(text, str) and text.strip() else None
+    return PreparedSummary(raw["key"], usable, failed=raw.get("failed") is True)
+
+
+async def prepare_summary(
+    command: PrepareSummary,
+    *,
+    store: Store,
+    tenant: str,
+    conversation: str,
+    settings: SummariserSettings,
+    call: SummaryCall,
+    count: Callable[[str], int],
+    charge: Callable[[Usage], None],
+    on_call: Callable[[bool], None],
+) -> None:
+    """Make the next fold's summary in the background, once for the fleet (the same lock
+    as a summary made at a crossing), and note it as the slot's summary made ahead: first
+    as being made (so no replica starts it again), then with its text. Its usage is
+    charged to the caller; a failure is logged and leaves the note (the crossing then makes
+    the summary itself)."""
+    key = command.ask.key
+    lock = f"summary:{key}"
+    try:
+        token = await store.acquire_lock(
+            tenant, conversation, lock, int((settings.timeout + 30) * 1000)
+        )
+        if token is None:
+            return  # another replica is making it
+        held = (lock, token)
+    except StoreUnavailable:
+        return
+    try:
+        await store.put_json(tenant, conversation, PREPARED, command.slot, {"key": key})
+        try:
+            text, usage = await call(command.ask)
+        except (SummariserFailed, aiohttp.ClientError, TimeoutError) as e:
+            on_call(False)
+            log.warning("summary made ahead failed: %s (%s)", type(e).__name__, e)
+            text, usage = "", None
+        else:
+            on_call(True)
+        if usage is not None:
+            charge(usage)
+        if not text.strip():
+            # Said, so the crossing asks for it itself rather than wait for it.
+            failed = {"key": key, "failed": True}
+            await store.put_json(tenant, conversation, PREPARED, command.slot, failed)
+            return
+        text = keep_facts(text, command.facts, command.facts_budget, count)
+        await store.put_json(tenant, conversation, SUMMARY, key, text)
+        record = {"key": key, "text": text}
+        await store.put_json(tenant, conversation, PREPARED, command.slot, record)
+    except StoreUnavailable as e:
+        log.info("summary made ahead not stored: %s", e)
+    finally:
+        await release(store, tenant, conversation, held)

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -35,6 +36,30 @@ _POLL = 0.01
 
 class EmbeddedRedisError(RuntimeError):
     """The embedded server could not be found, started or stopped."""
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The process that runs the embedded Redis over a state directory."""
+
+    pid: int
+    role: str  # "serve", or the command that started it for itself ("keys", "budgets")
+
+
+class StateDirBusy(EmbeddedRedisError):
+    """Another process runs the embedded Redis over this state directory."""
+
+    def __init__(self, state_dir: Path, owner: Owner | None) -> None:
+        self.state_dir = state_dir
+        self.owner = owner
+        who = f"{owner.role} (pid {owner.pid})" if owner else "another process"
+        super().__init__(f"{who} runs the embedded Redis over {state_dir}")
+
+
+def _read_owner(lock_file: IO[bytes]) -> Owner | None:
+    lock_file.seek(0)
+    pid, _, role = lock_file.read(200).decode(errors="replace").strip().partition(" ")
+    return Owner(int(pid), role or "?") if pid.isdigit() else None
 
 
 def find_redis_server() -> str:
@@ -121,8 +146,11 @@ class EmbeddedRedis:
         options: Mapping[str, str] | None = None,
         startup_timeout: float = 30.0,
         shutdown_timeout: float = 10.0,
+        role: str = "serve",
     ) -> None:
         self.state_dir = Path(state_dir).absolute()
+        # Written into the lock file, so another process can say who holds it.
+        self.role = role
         self.executable = executable
         # Loading a big append-only file takes a while; saving one at shutdown too.
         self.startup_timeout = startup_timeout
@@ -165,14 +193,18 @@ class EmbeddedRedis:
 
     def _take_lock(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        lock_file = (self.state_dir / "embedded.lock").open("wb")
+        # Opened without truncating: the holder's pid and role stay readable.
+        fd = os.open(self.state_dir / "embedded.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        lock_file = os.fdopen(fd, "r+b")
         try:
             fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            owner = _read_owner(lock_file)
             lock_file.close()
-            raise EmbeddedRedisError(
-                f"another process runs the embedded Redis over {self.state_dir}"
-            ) from None
+            raise StateDirBusy(self.state_dir, owner) from None
+        lock_file.truncate(0)
+        lock_file.write(f"{os.getpid()} {self.role}\n".encode())
+        lock_file.flush()
         self._lock_file = lock_file
 
     def _drop_lock(self) -> None:
@@ -245,6 +277,26 @@ class EmbeddedRedis:
             self._abandon_start()
             raise
         return self.url
+
+    def answers(self) -> bool:
+        """Whether a server (ours or another process's) answers PING on the socket."""
+        return _ping(self.socket_path, timeout=0.5) == b"+PONG"
+
+    def start_or_attach_sync(self, timeout: float = 30.0) -> bool:
+        """For a short command: start the server for it (True: stop it when done), or
+        use the one another process runs over the state dir (False), waiting up to
+        `timeout` seconds for that one to answer."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.start_sync()
+                return True
+            except StateDirBusy:
+                if self.answers():
+                    return False
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)
 
     async def start(self) -> str:
         """Like ``start_sync``; the process is forked from the event loop's thread, which

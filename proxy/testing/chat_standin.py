@@ -60,6 +60,7 @@ from proxy.testing.standin_http import (
     script_for,
     send_json,
     send_stream,
+    summariser_pace,
 )
 from proxy.testing.summary import summarise
 from proxy.wire.chat import ChatCounter
@@ -249,6 +250,7 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
     if purpose == SUMMARY_PURPOSE:
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         summary = summarise({**body, "max_tokens": limit}, app[COUNTER], options.summary_loss)
+        await summariser_pace(options)
     answer = plan_chat_answer(body, script, app[COUNTER], digest[24:], text_override=summary)
     units = prompt_units(body, counter)
     cache = app[CACHE].account(_tenant(request), units, counter.count_request(body))

@@ -15,8 +15,10 @@ Every request is appended to `app[RECORDED]` when it arrives, with its outcome w
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
+import signal
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -70,6 +72,7 @@ from proxy.testing.standin_http import (
     script_for,
     send_json,
     send_stream,
+    summariser_pace,
 )
 from proxy.testing.summary import summarise
 from proxy.testing.validate import (
@@ -232,6 +235,8 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
         request[RECORD].error = analysis.error or ""
         return _invalid(request, analysis.error or "")
     fault = _take_fault(app, script, answer_faults(analysis.streaming))
+    if analysis.kind == SUMMARY:
+        await summariser_pace(app[OPTIONS])
     tenant = _tenant(request)
     usage = app[CACHE].account(tenant, list(analysis.units), analysis.total).as_usage()
     if app[OPTIONS].token_scale != 1.0:
@@ -342,16 +347,41 @@ def create_app(options: StandInOptions | None = None) -> web.Application:
     return app
 
 
-def run(host: str, port: int, options: StandInOptions) -> None:
-    """Serve the stand-in until interrupted (the `compaction-proxy stand-in` command)."""
-    web.run_app(
-        create_app(options),
-        host=host,
-        port=port,
-        handler_cancellation=True,
-        shutdown_timeout=1.0,
-        print=lambda *_: print(f"stand-in upstream listening on http://{host}:{port}", flush=True),
+async def start(host: str, port: int, options: StandInOptions) -> tuple[web.AppRunner, str]:
+    """Listen on host:port (0: any free port); the runner (cleanup() stops it) and the
+    URL. An address that cannot be listened on raises OSError, with nothing left open."""
+    runner = web.AppRunner(create_app(options), handler_cancellation=True, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound_host, bound_port = runner.addresses[0][:2]
+    bound_host = f"[{bound_host}]" if ":" in bound_host else bound_host
+    return runner, f"http://{bound_host}:{bound_port}"
+
+
+async def _serve(host: str, port: int, options: StandInOptions) -> None:
+    runner, url = await start(host, port, options)
+    print(
+        f"stand-in upstream (Messages, Chat Completions, Responses) listening on {url}",
+        flush=True,
     )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def run(host: str, port: int, options: StandInOptions) -> None:
+    """Serve the stand-in until SIGINT or SIGTERM (the `compaction-proxy stand-in`
+    command); OSError when host:port cannot be listened on."""
+    asyncio.run(_serve(host, port, options))
 
 
 __all__ = [
@@ -393,4 +423,5 @@ __all__ = [
     "script_for",
     "send_json",
     "send_stream",
+    "start",
 ]

@@ -56,6 +56,10 @@ class StandInOptions:
     scenario: Scenario | None = None
     # A lossy summariser: every n-th identifier of the folded turns left out (0: none).
     summary_loss: int = 0
+    # A slow summariser: each summary call takes this many seconds before it answers (a
+    # real model takes tens), and, when a gate is set, waits for it to open first.
+    summary_delay: float = 0.0
+    summary_gate: asyncio.Event | None = None
 
     def window_for(self, model: str) -> int:
         """The exact model's window, else the longest matching glob's, else 200,000."""
@@ -325,3 +329,11 @@ async def send_stream(
         return response
     await response.write_eof()
     return response
+
+
+async def summariser_pace(options: StandInOptions) -> None:
+    """Hold a summary call as long as the options' summariser takes."""
+    if options.summary_gate is not None:
+        await options.summary_gate.wait()
+    if options.summary_delay > 0:
+        await asyncio.sleep(options.summary_delay)

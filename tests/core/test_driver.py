@@ -11,9 +11,12 @@ from proxy.core.commands import (
     GetSummary,
     LoadConversation,
     Loaded,
+    PreparedSummary,
+    PrepareSummary,
     Reply,
     SaveCrossing,
     Saved,
+    Started,
     SummaryReply,
 )
 from proxy.core.counting import count_request
@@ -40,6 +43,7 @@ class Store:
 
     def __init__(self, *, down: bool = False, saves: bool = True, summary: str | None = "notes"):
         self.checkpoints: dict[str, Checkpoint] = {}
+        self.prepared: dict[str, PreparedSummary] = {}  # slot -> made ahead (text: ready)
         self.down = down
         self.saves = saves
         self.summary = summary
@@ -48,7 +52,11 @@ class Store:
         if isinstance(command, LoadConversation):
             if self.down:
                 return Loaded(None, store_ok=False)
-            return Loaded(self.checkpoints.get(command.slot))
+            slot = command.slot
+            return Loaded(self.checkpoints.get(slot), prepared=self.prepared.get(slot))
+        if isinstance(command, PrepareSummary):
+            self.prepared[command.slot] = PreparedSummary(command.ask.key)  # in the making
+            return Started()
         if isinstance(command, GetSummary):
             return SummaryReply(self.summary, failure="" if self.summary else "it failed")
         assert isinstance(command, SaveCrossing)
@@ -185,3 +193,85 @@ def test_a_summary_paid_for_is_used_when_the_writes_fail() -> None:
     assert rewrite.refs == [] and rewrite.checkpoint is None
     assert decision.reason == "store_unavailable"
     assert decision.body is not None and b"compaction-proxy offloaded" not in decision.body
+
+
+# Summaries made ahead. The test policy: trigger 8,000, target 4,000, window 20,000, so
+# they are made from 7,200 tokens (Limits.prepare_at) and, over the trigger, not waited
+# for up to 11,000 (Limits.defer_at).
+def history_between(low: int, high: int) -> list[dict[str, Any]]:
+    """The shortest test conversation whose history is within (low, high] tokens."""
+    for turns in range(1, 200):
+        messages = conversation(turns, result_words=150)
+        tokens = count_request(ANTHROPIC, COUNTER, {"messages": messages}, messages).history
+        if low < tokens <= high:
+            return messages
+    raise AssertionError(f"no test conversation of {low}-{high} tokens")
+
+
+def ready(store: Store, text: str = "notes made ahead") -> None:
+    """The background calls finish: every summary in the making is ready."""
+    for slot, made in store.prepared.items():
+        store.prepared[slot] = PreparedSummary(made.key, text)
+
+
+def test_near_the_trigger_the_next_summary_is_made_ahead() -> None:
+    messages = history_between(7_200, 8_000)
+    store = Store()
+    commands, decision = commands_of(compaction(request(messages, NO_OFFLOAD)), store)
+    assert kinds(commands) == ["LoadConversation", "PrepareSummary"]
+    prepare = commands[1]
+    assert isinstance(prepare, PrepareSummary) and prepare.ask.slot > 0
+    assert prepare.facts and prepare.facts_budget > 0
+    assert decision.action == "forward", "the request itself goes on untouched"
+    # The next turn finds it in the making: nothing is asked twice.
+    commands, _ = commands_of(compaction(request(messages, NO_OFFLOAD)), store)
+    assert kinds(commands) == ["LoadConversation"]
+
+
+def test_far_from_the_trigger_nothing_is_made_ahead() -> None:
+    messages = history_between(5_000, 7_000)
+    commands, decision = commands_of(compaction(request(messages, NO_OFFLOAD)), Store())
+    assert commands == [] and decision.action == "forward"
+
+
+def test_a_fold_uses_the_summary_made_ahead_without_waiting() -> None:
+    store = Store()
+    commands_of(compaction(request(history_between(7_200, 8_000), NO_OFFLOAD)), store)
+    ready(store)
+    over = history_between(8_000, 11_000)
+    commands, decision = commands_of(compaction(request(over, NO_OFFLOAD)), store)
+    assert "GetSummary" not in kinds(commands), "no turn waits for the summariser"
+    assert kinds(commands)[0] == "LoadConversation" and kinds(commands)[-1] == "SaveCrossing"
+    rewrite = decision.rewrite
+    assert rewrite is not None and rewrite.strategy == "summary"
+    assert decision.body is not None and b"notes made ahead" in decision.body
+    assert rewrite.estimate <= 8_000
+
+
+def test_a_summary_still_in_the_making_is_not_waited_for_while_there_is_room() -> None:
+    store = Store()
+    commands_of(compaction(request(history_between(7_200, 8_000), NO_OFFLOAD)), store)
+    over = history_between(8_000, 11_000)
+    commands, decision = commands_of(compaction(request(over, NO_OFFLOAD)), store)
+    assert kinds(commands) == ["LoadConversation"], "not asked again, not waited for"
+    assert decision.action == "forward" and decision.reason == "summary_pending"
+
+
+def test_far_over_the_trigger_the_request_waits_for_its_summary() -> None:
+    store = Store()
+    commands_of(compaction(request(history_between(7_200, 8_000), NO_OFFLOAD)), store)
+    far = history_between(11_000, 16_000)
+    commands, decision = commands_of(compaction(request(far, NO_OFFLOAD)), store)
+    assert kinds(commands) == ["LoadConversation", "GetSummary", "SaveCrossing"]
+    assert decision.rewrite is not None and decision.rewrite.summary == "made"
+
+
+def test_a_summary_that_failed_ahead_is_asked_for_at_the_fold() -> None:
+    store = Store()
+    commands_of(compaction(request(history_between(7_200, 8_000), NO_OFFLOAD)), store)
+    for slot, made in store.prepared.items():
+        store.prepared[slot] = PreparedSummary(made.key, failed=True)
+    over = history_between(8_000, 11_000)
+    commands, decision = commands_of(compaction(request(over, NO_OFFLOAD)), store)
+    assert kinds(commands) == ["LoadConversation", "GetSummary", "SaveCrossing"]
+    assert decision.rewrite is not None and decision.rewrite.summary == "made"

@@ -162,7 +162,7 @@ def test_over_target_after_offload_asks_for_a_summary_then_folds() -> None:
     out = planned(messages, policy=NO_OFFLOAD)
     assert isinstance(out, FoldPlan)
     assert out.slot > 0 and "toolu_0000" in out.transcript
-    done = fold(out, "Goal: fix src/app.py. Tried toolu_0000.", reused=False)
+    done = fold(out, "Goal: fix src/app.py. Tried toolu_0000.", summary="made")
     assert isinstance(done, Rewrite) and done.summary == "made"
     assert done.messages[0] == messages[0], "the task (last user message) is pinned"
     summary = done.messages[1]["content"][0]["text"]
@@ -176,13 +176,13 @@ def test_a_second_crossing_folds_the_earlier_summary_first() -> None:
     messages = conversation(30, result_words=150)
     need = planned(messages, policy=NO_OFFLOAD)
     assert isinstance(need, FoldPlan)
-    first = fold(need, "first summary", reused=False)
+    first = fold(need, "first summary", summary="made")
     assert isinstance(first, Rewrite)
     longer = conversation(60, result_words=150)
     need2 = planned(longer, first.checkpoint, policy=NO_OFFLOAD)
     assert isinstance(need2, FoldPlan)
     assert need2.transcript.index("first summary") < need2.transcript.index("toolu_0030")
-    second = fold(need2, "second summary", reused=False)
+    second = fold(need2, "second summary", summary="made")
     assert isinstance(second, Rewrite)
     texts = orjson.dumps(second.messages).decode()
     assert "second summary" in texts and "first summary" not in texts
@@ -192,7 +192,7 @@ def test_no_summary_falls_back_to_packing_with_a_note() -> None:
     messages = conversation(30, result_words=150)
     need = planned(messages, policy=NO_OFFLOAD)
     assert isinstance(need, FoldPlan)
-    packed = fold(need, None, reused=False)
+    packed = fold(need, None, summary="made")
     assert isinstance(packed, Rewrite) and packed.strategy == "pack"
     note = packed.messages[1]["content"][0]["text"]
     assert "earlier messages were dropped" in note
@@ -276,7 +276,7 @@ def test_every_rewrite_is_valid_fits_and_is_deterministic(
     limits = policy()
     out = planned(messages, store_ok=store_ok)
     if isinstance(out, FoldPlan):
-        out = fold(out, "notes: " + out.key if summarise else None, reused=False)
+        out = fold(out, "notes: " + out.key if summarise else None, summary="made")
     if isinstance(out, Untouched):
         assert history_tokens(messages) <= limits.trigger_tokens
         return
@@ -293,7 +293,7 @@ def test_every_rewrite_is_valid_fits_and_is_deterministic(
     )
     again = planned(messages, store_ok=store_ok)
     if isinstance(again, FoldPlan):
-        again = fold(again, "notes: " + again.key if summarise else None, reused=False)
+        again = fold(again, "notes: " + again.key if summarise else None, summary="made")
     assert isinstance(again, Rewrite)
     assert orjson.dumps(again.messages) == orjson.dumps(out.messages)
 

@@ -106,7 +106,7 @@ def test_folding_writes_a_user_summary_after_the_system_prompt() -> None:
     out = planned(messages, policy=policy(offload_threshold=100_000))
     assert isinstance(out, FoldPlan)
     assert "[tool call Read id=c0]" in out.transcript and "## tool" in out.transcript
-    done = fold(out, "notes about src/app.py", reused=False)
+    done = fold(out, "notes about src/app.py", summary="made")
     assert isinstance(done, Rewrite) and done.strategy == "summary"
     assert done.messages[0] == messages[0], "the system prompt stays first"
     summary = next(m for m in done.messages if "notes about src/app.py" in str(m["content"]))
@@ -154,7 +154,7 @@ def test_every_chat_rewrite_is_valid_fits_and_is_deterministic(
     def run() -> Untouched | Rewrite | Refuse:
         out = planned(messages, store_ok=store_ok)
         if isinstance(out, FoldPlan):
-            return fold(out, "notes: " + out.key if summarise else None, reused=False)
+            return fold(out, "notes: " + out.key if summarise else None, summary="made")
         return out
 
     out = run()

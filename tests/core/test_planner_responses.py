@@ -140,7 +140,7 @@ def test_folding_writes_a_user_summary_after_the_pinned_start() -> None:
     assert "[tool call exec_command id=call_0_0]" in out.transcript
     assert "## tool\n[tool result id=call_0_0]" in out.transcript
     assert "thinking about" not in out.transcript  # sealed reasoning stays sealed
-    done = fold(out, "notes about src/app.py", reused=False)
+    done = fold(out, "notes about src/app.py", summary="made")
     assert isinstance(done, Rewrite) and done.strategy == "summary"
     sent = request(done)["input"]
     assert sent[:3] == items[:3], "the instructions, environment and task stay first"
@@ -155,7 +155,7 @@ def test_a_codex_compaction_item_is_pinned_and_untouched() -> None:
         items += [reasoning(k), function_call(k), output(k, 0, 150)]
     out = planned(items, policy=policy(offload_threshold=100_000))
     if isinstance(out, FoldPlan):
-        out = fold(out, None, reused=False)
+        out = fold(out, None, summary="made")
     assert isinstance(out, Rewrite)
     assert request(out)["input"][3] == compaction
 
@@ -259,14 +259,16 @@ def test_every_responses_rewrite_is_valid_fits_and_is_deterministic(
     def run() -> Untouched | Rewrite | Refuse:
         out = planned(items, store_ok=store_ok)
         if isinstance(out, FoldPlan):
-            return fold(out, "notes: " + out.key if summarise else None, reused=False)
+            return fold(out, "notes: " + out.key if summarise else None, summary="made")
         assert isinstance(out, (Untouched, Rewrite, Refuse))
         return out
 
     out = run()
     units = units_of(items)
     if isinstance(out, Untouched):
-        assert sum(COUNTER.count_message(u) for u in units) <= limits.trigger_tokens
+        history = sum(COUNTER.count_message(u) for u in units)
+        assert history <= limits.trigger_tokens or out.reason == "summary_pending"
+        assert history <= limits.window - FIXED - TOOL_TOKENS
         return
     if isinstance(out, Refuse):
         return

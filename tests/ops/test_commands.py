@@ -3,6 +3,7 @@ main, on files), and checked against the proxy's own behaviour where they predic
 
 from __future__ import annotations
 
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,7 @@ async def test_plan_predicts_what_the_proxy_does(
     proxy = await make_compacting_proxy(standin.url)
     client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-plan", max_retries=0)
     for turns, chars, chat, strategy in [(12, 4_000, 10, "offload"),
-                                         (12, 4_000, 100, "offload+summary")]:  # fmt: skip
+                                         (20, 4_000, 200, "offload+summary")]:  # fmt: skip
         body = {"model": "claude-test-1", "max_tokens": 32,
                 "messages": long_history(turns, chars, chat)}  # fmt: skip
         file = write_json(tmp_path / f"{strategy}.json", body)
@@ -142,7 +143,7 @@ async def test_plan_predicts_what_the_proxy_does(
             assert len(offloaded) == int(raw.headers["x-compaction-offloaded"])
         else:
             # The summariser's cap: the slot (1,500) less a fifth for the identifiers line.
-            assert "would summarise 21 messages into at most 1,200 tokens" in out
+            assert "would summarise 37 messages into at most 1,200 tokens" in out
             assert "if the summariser failed: offload+pack: drop the oldest" in out
 
 
@@ -181,7 +182,7 @@ async def test_replay_writes_a_report_from_a_jsonl_or_a_directory(
         record = {"method": "POST", "path": "/v1/messages", "headers": {}, "body": b}
         write_json(folder / f"turn{n}.json", record)
 
-    outputs = []
+    outputs, pages = [], []
     for trace in (jsonl, folder):
         report = tmp_path / f"{trace.stem}.html"
         code, out, err = run(
@@ -191,17 +192,59 @@ async def test_replay_writes_a_report_from_a_jsonl_or_a_directory(
         assert "24/24" in err  # the progress bar reached the end
         page = report.read_text()
         assert page.count("<svg") == 3 and "Context sent per turn" in page
-        assert "<polyline" in page and "Billed cost per turn" in page
+        assert "<polyline" in page and "Billed cost per turn (units)" in page
+        assert "cost (units: 1 = an uncached input token)" in page  # every axis says its unit
         outputs.append(out.replace(str(report), ""))
+        pages.append(page)
     assert outputs[0] == outputs[1], "the same conversation gives the same report"
 
     out = outputs[0]
     assert "turns: 24; policy '*': window 30,000" in out
-    assert "requests over the window: " in out and " 0 with the proxy" in out
-    assert "crossings: turn " in out
-    without = float(out.split("billed without the proxy: ")[1].split("\n")[0].replace(",", ""))
-    with_ = float(out.split("billed with the proxy:")[1].split("(")[0].strip().replace(",", ""))
-    assert 0 < with_ < without
+    assert "prices: relative units: uncached input token = 1" in out
+    assert re.search(r"crossings: \S+ at turns? \d", out)
+    # Without the proxy the conversation outgrows the window: those requests are refused
+    # by the API, so they are counted as impossible, never billed as if they had worked.
+    over = int(out.split("requests over the window: ")[1].split(" without")[0])
+    assert over > 0 and "without (refused by the API), 0 with the proxy" in out
+    assert f"; {over} are over the window" in out
+    assert pages[0].count("<td>refused (over the window)</td>") == over
+    possible = 24 - over
+    without = _units(out.split("billed without the proxy: ")[1])
+    same_turns = out.split("for all 24 turns; ")[1]
+    assert same_turns.split(" (")[1].startswith(f"{_units(same_turns) / without:.2f}x)")
+    assert f"for the same {possible} turns" in same_turns
+    assert without > 0 and _units(out.split("billed with the proxy:")[1]) > 0
+
+
+def _units(text: str) -> float:
+    """The number before ' units' at the start of text."""
+    return float(text.strip().split(" units")[0].replace(",", ""))
+
+
+async def test_replay_prices_in_a_currency_when_every_model_has_a_price(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, make_standin: MakeStandIn
+) -> None:
+    bodies = await record_trace(make_standin, turns=6)
+    trace = tmp_path / "trace.jsonl"
+    trace.write_bytes(b"".join(orjson.dumps(b) + b"\n" for b in bodies))
+    priced = tmp_path / "priced.toml"
+    priced.write_text(
+        SMALL_WINDOW_TOML + '[[price]]\nmatch = "claude-*"\ncurrency = "EUR"\n'
+        "input = 3.0\noutput = 15.0\n"
+    )
+    report = tmp_path / "r.html"
+    code, out, _ = run(capsys, "replay", str(trace), "--config", str(priced), "--out", str(report))
+    assert code == 0
+    assert "prices: EUR per million tokens from [[price]]: claude-test-1: input 3," in out
+    assert " EUR\n" in out.split("billed without the proxy: ")[1].split("billed with")[0]
+    page = report.read_text()
+    assert "Billed cost per turn (EUR)" in page and "cost (EUR)" in page
+
+    other = tmp_path / "other.toml"
+    other.write_text(SMALL_WINDOW_TOML + '[[price]]\nmatch = "gpt-*"\ninput = 1.0\noutput = 4.0\n')
+    code, out, _ = run(capsys, "replay", str(trace), "--config", str(other), "--out", str(report))
+    assert code == 0  # a model without a price: every cost in the same relative units
+    assert "prices: relative units" in out and "(no [[price]] for claude-test-1)" in out
 
 
 def test_replay_of_nothing_is_an_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

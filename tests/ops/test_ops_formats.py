@@ -129,4 +129,4 @@ def test_codex_requests_are_planned_and_replayed_as_responses(
     report = tmp_path / "report.html"
     code, out = run(capsys, "replay", "--config", str(config), str(trace), "--out", str(report))
     assert code == 0 and report.exists()
-    assert "requests over the window: 0 without, 0 with the proxy" in out
+    assert "requests over the window: 0 without (refused by the API), 0 with the proxy" in out

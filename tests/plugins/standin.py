@@ -30,6 +30,11 @@ class RunningStandIn:
     def recorded(self) -> list[RecordedRequest]:
         return self.app[RECORDED]
 
+    @property
+    def agent_calls(self) -> list[RecordedRequest]:
+        """What was sent for the client: the proxy's own calls (summaries) left out."""
+        return [r for r in self.recorded if not r.headers.get("x-compaction-proxy-purpose")]
+
 
 async def _start(options: StandInOptions) -> tuple[RunningStandIn, web.AppRunner]:
     app = create_app(options)

@@ -22,6 +22,7 @@ import pytest
 from proxy.core.offload import stub_text, unknown_ref
 from proxy.core.tokens import default_counter
 from proxy.server.app import RunningProxy
+from proxy.server.state import COMPACTOR
 from proxy.testing.agent import run_agent, tool_output
 from proxy.testing.standin import RecordedRequest, StandInOptions
 from tests.server.compaction_checks import (
@@ -106,11 +107,14 @@ async def test_a_long_conversation_stays_valid_cached_and_cheap(
     growth = counter.count_text(stub) + 60
     gap = SMALL_WINDOW_POLICY["trigger"] - SMALL_WINDOW_POLICY["target"]
     bound = math.ceil(TURNS * growth / gap) + 1
+    assert len(folded) <= bound
+    await proxy.app[COMPACTOR].settled()
     summaries = [r for r in standin.recorded if r.headers.get(PURPOSE) == "summary"]
-    assert 1 <= len(summaries) <= len(folded) <= bound
-    assert sum(1 for t in turns if t.headers.get("x-compaction-summary") == "made") == len(
-        summaries
-    )
+    # Each summary is asked for once: at a fold, or ahead of it (the last one may be
+    # made ahead for a fold the session did not reach).
+    said = [t.headers.get("x-compaction-summary") for t in turns]
+    used = said.count("made") + said.count("ahead")
+    assert 1 <= used <= len(summaries) <= used + 1
 
     # Between crossings the rewritten prefix is byte-identical (cache_control aside).
     requests = turn_requests(standin.recorded)
@@ -119,7 +123,11 @@ async def test_a_long_conversation_stays_valid_cached_and_cheap(
     assert_stubs_frozen_between_folds(requests, strategies)
 
     # ...so the stand-in reads it from its prompt cache.
-    steady = [t for t, s in zip(turns, strategies, strict=True) if s in ("checkpoint", "offload")]
+    # (but the first rewrite: it adds read_result to the tools, the cached prefix's first
+    # block, once per conversation).
+    first = next(n for n, s in enumerate(strategies) if s)
+    steady = [t for t, s in zip(turns[first + 1 :], strategies[first + 1 :], strict=True)
+              if s in ("checkpoint", "offload")]  # fmt: skip
     assert steady and all(t.message.usage.cache_read_input_tokens > 0 for t in steady)
     reads = sum(t.message.usage.cache_read_input_tokens for t in turns)
     total = sum(
@@ -272,10 +280,12 @@ async def test_calibration_learns_the_upstream_tokenizer(
             StandInOptions(windows={"*": SMALL_WINDOW}, token_scale=scale, max_recorded=None)
         )
         proxy = await make_compacting_proxy(standin.url)
+        # Results under the offload threshold: the first rewrite is the fold, late
+        # enough in the session for the factor to have been learned.
         turns = await run_agent(
             client_for(proxy),
-            turns=12,
-            result_chars=RESULT_CHARS,
+            turns=32,
+            result_chars=1_600,
             model=f"claude-scale-{scale}",
             conversation=f"cal-{uuid.uuid4().hex}",
         )
@@ -303,7 +313,7 @@ async def test_refs_resolve_only_for_their_tenant(
     await owner.messages.create(
         model="claude-test-1", max_tokens=64, messages=history, extra_headers=headers
     )
-    stolen = orjson.loads(standin.recorded[-1].body)["messages"][2]["content"][0]["content"]
+    stolen = orjson.loads(standin.agent_calls[-1].body)["messages"][2]["content"][0]["content"]
     assert "read_result(ref=" in stolen
 
     # Tenant B pastes A's stub ahead of its own long history, in the same conversation id.
@@ -319,7 +329,7 @@ async def test_refs_resolve_only_for_their_tenant(
         extra_headers={**headers, "x-stand-in": '{"read_result": true, "text": "ok"}'},
     )
     assert all(b.type != "tool_use" for b in answer.content)
-    round_two = orjson.loads(standin.recorded[-1].body)["messages"][-1]["content"][0]
+    round_two = orjson.loads(standin.agent_calls[-1].body)["messages"][-1]["content"][0]
     assert round_two["is_error"] is True
     assert round_two["content"] == unknown_ref(stolen.split('ref="')[1].split('"')[0])
 

@@ -76,7 +76,7 @@ def test_policies_are_kept_and_checked(tmp_path: Path) -> None:
         ("[server]\nprot = 1\n", {}, {}, "server.prot: unknown setting"),
         ("[serve]\nport = 1\n", {}, {}, "serve: unknown section"),
         ("policy = 3\n", {}, {}, "policy: must be [[policy]] tables"),
-        ('[[policy]]\nmodel = "x"\n', {}, {}, "policy #1: unknown setting"),
+        ('[[policy]]\nmodel = "x"\n', {}, {}, "policy #1: unknown field"),
         ("[[policy]]\ntrigger = 9\ntarget = 10\n", {}, {}, "must be below trigger"),
         ('[server]\nport = "80"\n', {}, {}, "server.port: expected int"),
         ("[server]\nport = true\n", {}, {}, "server.port: expected int"),
@@ -141,3 +141,37 @@ def test_a_wrong_price_table_stops_start_up(tmp_path: Path) -> None:
     path = write(tmp_path, '[[price]]\nmatch = "x"\ninput = 1\n')
     with pytest.raises(ConfigError, match="output is required"):
         load_settings(path, environ={})
+
+
+def test_every_variable_the_docs_and_deployments_name_is_known() -> None:
+    """None of them would get the misspelled-variable warning."""
+    import re
+
+    from proxy.config import misspelled_variables
+
+    named: set[str] = set()
+    for path in [REPO / "README.md", REPO / "Dockerfile", REPO / "docker-compose.yml",
+                 *(REPO / "deploy").rglob("*.yaml"), *(REPO / "config").iterdir()]:  # fmt: skip
+        named.update(re.findall(r"COMPACTION_PROXY_[A-Z0-9_]+", path.read_text()))
+    named -= {"COMPACTION_PROXY_SECTION_KEY"}  # the README's pattern, not a variable
+    assert {"COMPACTION_PROXY_ADMIN_KEY", "COMPACTION_PROXY_SERVER_PORT"} <= named
+    assert misspelled_variables(dict.fromkeys(named, "x")) == []
+    warned = misspelled_variables({"COMPACTION_PROXY_SERVER_PROT": "1"})
+    assert warned == [
+        "environment COMPACTION_PROXY_SERVER_PROT is not a setting and is ignored; the closest"
+        " is COMPACTION_PROXY_SERVER_PORT"
+    ]
+
+
+def test_the_variable_the_admin_key_setting_names_is_not_warned_of(tmp_path: Path) -> None:
+    warnings: list[str] = []
+    environ = {
+        "COMPACTION_PROXY_AUTH_ADMIN_KEY_ENV": "COMPACTION_PROXY_OPS_KEY",
+        "COMPACTION_PROXY_OPS_KEY": "secret",
+        "COMPACTION_PROXY_STORE_TTLL": "5",
+    }
+    load_settings(write(tmp_path, ""), environ=environ, warn=warnings.append)
+    assert warnings == [
+        "environment COMPACTION_PROXY_STORE_TTLL is not a setting and is ignored; the closest"
+        " is COMPACTION_PROXY_STORE_TTL"
+    ]

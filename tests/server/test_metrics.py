@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.server.app import RunningProxy
 from proxy.server.logs import REQUEST_LOGGER, JSONFormatter
 from proxy.server.metrics import METRICS, count_budget_rejection
+from proxy.server.state import COMPACTOR
 from proxy.testing.agent import run_agent
 from proxy.testing.standin import StandInOptions
 from tests.server.conftest import MakeProxy
@@ -63,6 +64,7 @@ async def test_metrics_count_what_the_conversation_did(
         read_every=5,
         conversation=f"metrics-{uuid.uuid4().hex}",
     )
+    await proxy.app[COMPACTOR].settled()  # summaries made ahead are counted once made
     m = await scrape(proxy)
     p = "compaction_proxy_"
 
@@ -104,9 +106,12 @@ async def test_metrics_count_what_the_conversation_did(
     crossings = [s for s in strategies if s and s != "checkpoint"]
     assert total(m, p + "compactions_total") == len(crossings) >= 1
     assert value(m, p + "offloads_total") >= 1
-    made = sum(1 for t in turns if t.headers.get("x-compaction-summary") == "made")
-    assert value(m, p + "summaries_total", outcome="made") == made >= 1
-    assert value(m, p + "summariser_calls_total") == made
+    said = [t.headers.get("x-compaction-summary") for t in turns]
+    for outcome in ("made", "ahead"):
+        assert value(m, p + "summaries_total", outcome=outcome) == said.count(outcome)
+    assert said.count("made") + said.count("ahead") >= 1
+    calls = [r for r in standin.recorded if r.headers.get(PURPOSE) == "summary"]
+    assert value(m, p + "summariser_calls_total") == len(calls) >= 1
     assert value(m, p + "summariser_failures_total") == 0
     assert value(m, p + "read_result_rounds_total") >= 1
     assert value(m, p + "requests_in_flight") == 1  # the scrape itself
@@ -122,7 +127,7 @@ async def test_summariser_failures_store_errors_and_budget_rejections(
     redis = embedded_redis()
     proxy = await make_compacting_proxy(standin.url, redis=redis.url)
     client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-fail", max_retries=0)
-    messages = long_history(turns=12, chars=4_000, chat_chars=100)
+    messages = long_history(turns=12, chars=4_000, chat_chars=600)
     ok = {"x-conversation-id": uuid.uuid4().hex}
     raw = await client.messages.with_raw_response.create(
         model="claude-test-1", max_tokens=64, messages=messages, extra_headers=ok

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from proxy.store import EmbeddedRedis, EmbeddedRedisError, Store
-from proxy.store.embedded import find_redis_server
+from proxy.store import EmbeddedRedis, EmbeddedRedisError, StateDirBusy, Store
+from proxy.store.embedded import Owner, find_redis_server
 
 
 def alive(pid: int) -> bool:
@@ -79,10 +79,29 @@ def test_data_survives_a_restart_in_the_same_state_dir(tmp_path: Path) -> None:
 
 def test_one_server_per_state_dir(tmp_path: Path) -> None:
     with EmbeddedRedis(tmp_path) as first:
-        with pytest.raises(EmbeddedRedisError, match="another process"):
+        with pytest.raises(StateDirBusy, match="runs the embedded Redis") as busy:
             EmbeddedRedis(tmp_path).start_sync()
+        assert busy.value.owner == Owner(os.getpid(), "serve")  # who holds it, for hints
         with redis.Redis.from_url(first.url) as client:
             assert client.ping() is True
+
+
+def test_a_command_attaches_to_a_running_server_or_starts_its_own(tmp_path: Path) -> None:
+    with EmbeddedRedis(tmp_path) as running:
+        command = EmbeddedRedis(tmp_path, role="keys")
+        assert command.start_or_attach_sync() is False  # another's: used, not stopped
+        assert command.url == running.url and not command.running
+    command = EmbeddedRedis(tmp_path, role="keys")
+    assert command.start_or_attach_sync() is True  # none running: its own, for a while
+    try:
+        with redis.Redis.from_url(command.url) as client:
+            assert client.ping() is True
+        with pytest.raises(StateDirBusy) as busy:
+            EmbeddedRedis(tmp_path).start_sync()
+        assert busy.value.owner is not None and busy.value.owner.role == "keys"
+    finally:
+        command.stop_sync()
+    assert not command.answers()
 
 
 def test_starting_twice_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,74 @@
+"""Summaries made ahead (issue 12.6): near the trigger the proxy starts the next fold's
+summary in the background, so the crossing turn does not wait for the summariser. With a
+summariser held back by a gate, the session goes on unfolded (reason summary_pending)
+until the summary is ready, then folds with it; only far over the trigger would a turn
+wait (tests/core/test_driver.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import anthropic
+import orjson
+
+from proxy.server.state import COMPACTOR
+from proxy.testing.agent import Turn, run_agent
+from proxy.testing.standin import StandInOptions
+from tests.plugins.standin import RunningStandIn
+from tests.server.conftest import SMALL_WINDOW, MakeProxy
+
+PURPOSE = "x-compaction-proxy-purpose"
+
+
+async def test_a_crossing_turn_does_not_wait_for_the_summariser(
+    make_standin: Any, make_compacting_proxy: MakeProxy
+) -> None:
+    gate = asyncio.Event()
+    standin: RunningStandIn = await make_standin(
+        StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None, summary_gate=gate)
+    )
+    proxy = await make_compacting_proxy(standin.url)
+    compactor = proxy.app[COMPACTOR]
+    pending: list[int] = []
+
+    def summary_calls() -> list[Any]:
+        return [r for r in standin.recorded if r.headers.get(PURPOSE) == "summary"]
+
+    async def on_turn(t: int, turn: Turn) -> None:
+        if turn.headers.get("x-compaction-reason") != "summary_pending":
+            return
+        pending.append(t)
+        # While the summary is held, every call to the summariser is still open: none of
+        # the agent's turns is waiting on it.
+        assert all(r.outcome == "open" for r in summary_calls())
+        if len(pending) == 2:
+            gate.set()  # the summariser answers: the next crossing folds with its notes
+            await compactor.settled()
+
+    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-ahead", max_retries=0)
+    turns = await run_agent(
+        client, turns=24, result_chars=3_000, conversation=uuid.uuid4().hex, on_turn=on_turn
+    )
+    await client.close()
+    await compactor.settled()
+
+    assert len(pending) >= 2, "the summary was never pending: the gate tested nothing"
+    folded = [t for t in turns if t.headers.get("x-compaction-summary") == "ahead"]
+    assert folded, "no fold used the summary made ahead"
+    assert not [t for t in turns if t.headers.get("x-compaction-summary") == "made"], (
+        "a crossing waited for its summary"
+    )
+    first = turns.index(folded[0])
+    assert first == pending[-1] + 1, "the first turn after the summary was ready folds"
+    # Each summary was asked once, as the conversation's own request (in place).
+    calls = summary_calls()
+    assert calls and all(r.outcome == "complete" for r in calls)
+    keys = [orjson.loads(r.body)["messages"][-1]["content"][0]["text"] for r in calls]
+    assert len(set(keys)) == len(keys), "a summary was asked for twice"
+    agent = [r for r in standin.recorded if not r.headers.get(PURPOSE)]
+    assert all(r.outcome == "complete" for r in agent) and len(agent) == len(turns)
+    assert all(orjson.loads(r.body)["messages"] for r in agent)
+    for t in turns:
+        assert int(t.headers.get("x-compaction-tokens-after", "0")) <= SMALL_WINDOW
