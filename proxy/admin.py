@@ -25,6 +25,7 @@ from proxy.console import fail, warn
 from proxy.core import proxy_keys
 from proxy.core.budget import METRICS, PERIODS, POLICY_FIELDS, limit_field
 from proxy.core.management import KeyRequest
+from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies
 from proxy.server.logs import redacted_url as redacted
 from proxy.store import EmbeddedRedis, EmbeddedRedisError, Store, StoreUnavailable
 from proxy.store import management as manage
@@ -49,15 +50,27 @@ def add_commands(commands: Any) -> None:
     create = key_commands.add_parser("create", parents=[common], help="issue a new key")
     create.add_argument("--team", required=True, help="the key's team (budgets, policy)")
     create.add_argument(
+        "--provider",
+        default="anthropic",
+        choices=proxy_keys.PROVIDERS,
+        help="the one API the key may use; its credential never goes to the other",
+    )
+    create.add_argument(
+        "--scope",
+        action="append",
+        default=[],
+        choices=proxy_keys.SCOPES,
+        help="a family of paths beyond the metered routes the key may reach (repeat it)",
+    )
+    create.add_argument(
         "--upstream-env",
-        default="ANTHROPIC_API_KEY",
-        help="environment variable (on every replica) holding the upstream credential",
+        help="environment variable (on every replica) holding the upstream credential"
+        " (default: ANTHROPIC_API_KEY, or OPENAI_API_KEY for --provider openai)",
     )
     create.add_argument(
         "--upstream-scheme",
-        default="x-api-key",
         choices=proxy_keys.SCHEMES,
-        help="how the upstream credential is sent",
+        help="how the upstream credential is sent (default: x-api-key, bearer for openai)",
     )
     create.add_argument("--name", default="", help="a label for people")
     key_commands.add_parser("list", parents=[common], help="list keys (never their secret)")
@@ -119,16 +132,18 @@ async def _redis_backend(settings: Settings, url: str) -> RedisBackend:
         await store.close()
         source = settings.source_of("store.redis_url")
         raise StoreSetupError(f"store.redis_url {redacted(url)} ({source}): {problem}")
-    return RedisBackend(store)
+    return RedisBackend(store, [*parse_policies(settings.policies), *DEFAULT_POLICIES])
 
 
 class RedisBackend:
     """The keys and budgets in the Redis the proxies share (the other backend is the
-    admin API: proxy/admin_client.py)."""
+    admin API: proxy/admin_client.py). `policies`: the models' (configured, then built
+    in), which a key's or team's policy override must fit."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, policies: list[Policy]) -> None:
         self.store = store
         self.accounts = Accounts(store)
+        self.policies = policies
 
     async def create_key(self, request: KeyRequest) -> dict[str, Any]:
         return await manage.create_key(self.accounts, request)
@@ -145,7 +160,9 @@ class RedisBackend:
     async def set_budget(
         self, kind: str, name: str, changes: dict[str, int | None]
     ) -> dict[str, Any]:
-        return await manage.set_budget(self.accounts, kind, name, changes, time.time())
+        return await manage.set_budget(
+            self.accounts, kind, name, changes, time.time(), self.policies
+        )
 
     async def close(self) -> None:
         await self.store.close()
@@ -196,19 +213,24 @@ async def _run(args: argparse.Namespace, settings: Settings | None, url: str) ->
 
 async def _keys(args: argparse.Namespace, backend: Any) -> int:
     if args.action == "create":
+        env, scheme = proxy_keys.PROVIDER_DEFAULTS[args.provider]
         created = await backend.create_key(
             KeyRequest(
                 team=proxy_keys.check_team(args.team),
-                upstream_env=proxy_keys.check_env_name(args.upstream_env),
-                upstream_scheme=args.upstream_scheme,
+                upstream_env=proxy_keys.check_env_name(args.upstream_env or env),
+                upstream_scheme=args.upstream_scheme or scheme,
                 name=args.name,
+                provider=args.provider,
+                scopes=proxy_keys.check_scopes(args.scope),
             )
         )
         _print(
             args,
             created,
-            f"{created['key']}\nid {created['id']}, team {created['team']}, upstream"
-            f" ${created['upstream_env']} ({created['upstream_scheme']}).\nKeep the key now:"
+            f"{created['key']}\nid {created['id']}, team {created['team']},"
+            f" {created['provider']} API, upstream ${created['upstream_env']}"
+            f" ({created['upstream_scheme']}), scopes"
+            f" {created.get('scopes') or 'none (metered routes only)'}.\nKeep the key now:"
             " it is not stored and not shown again.",
         )
         return 0

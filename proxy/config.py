@@ -48,6 +48,13 @@ class ServerSettings:
     log_format: str = "human"
     # Seconds open requests (streams) may run on after SIGTERM before the proxy stops.
     drain_timeout: float = 30.0
+    # Seconds a connection may take to send a request's headers, from its opening or the
+    # end of its previous answer (an idle keep-alive connection is closed then too).
+    header_timeout: float = 30.0
+    # Seconds a request body may take, plus one per 64 KiB of it (a trickle is cut).
+    body_timeout: float = 60.0
+    # Open client connections at most (lowered at start to fit the open-file limit).
+    max_connections: int = 2048
     # The event loop: "auto" (uvloop when installed, else asyncio's), "asyncio" or "uvloop".
     event_loop: str = "auto"
 
@@ -56,8 +63,10 @@ class ServerSettings:
 class UpstreamSettings:
     url: str = "https://api.anthropic.com"
     # Where OpenAI-format traffic goes (/v1/chat/completions and the other OpenAI paths;
-    # see proxy/server/routing.py): OpenAI itself or any compatible server.
-    openai_url: str = "https://api.openai.com"
+    # see proxy/server/routing.py): OpenAI itself or any compatible server. Empty: with
+    # auth.keys = "off", https://api.openai.com (callers send their own credential); with
+    # "required", none (OpenAI-format requests are refused until it is set).
+    openai_url: str = ""
     # Seconds to open a new TCP/TLS connection to the upstream.
     connect_timeout: float = 10.0
     # Seconds a stream may stay silent before the proxy ends it (no total stream timeout).
@@ -98,8 +107,15 @@ class AuthSettings:
 
 @dataclass(frozen=True, slots=True)
 class BudgetSettings:
-    # While Redis is unreachable: "open" admits requests uncounted, "closed" refuses them.
+    # While Redis is unreachable: "open" admits requests uncounted (up to
+    # outage_allowance per key and replica), "closed" refuses them.
     on_store_down: str = "open"
+    # Seconds a key, limit or reservation call to Redis may take before Redis counts as
+    # unreachable (a stall shorter than this only delays requests).
+    timeout: float = 2.0
+    # Tokens (input + output reserved) one replica admits uncounted per key during one
+    # outage with on_store_down = "open"; past it, that key's requests are refused (503).
+    outage_allowance: int = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +202,10 @@ def _upstream_url(value: str) -> str | None:
     return None
 
 
+def _optional_upstream_url(value: str) -> str | None:
+    return None if value == "" else _upstream_url(value)
+
+
 def _redis_url(value: str) -> str | None:
     if value == "":
         return None
@@ -232,9 +252,12 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "server.max_body_bytes": _positive,
     "server.log_format": _log_format,
     "server.drain_timeout": _non_negative,
+    "server.header_timeout": _positive,
+    "server.body_timeout": _positive,
+    "server.max_connections": _positive,
     "server.event_loop": _one_of("auto", "asyncio", "uvloop"),
     "upstream.url": _upstream_url,
-    "upstream.openai_url": _upstream_url,
+    "upstream.openai_url": _optional_upstream_url,
     "upstream.connect_timeout": _positive,
     "upstream.stream_idle_timeout": _positive,
     "upstream.response_timeout": _positive,
@@ -249,6 +272,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "auth.cache_seconds": _non_negative,
     "auth.admin_key_env": _env_name,
     "budgets.on_store_down": _one_of("open", "closed"),
+    "budgets.timeout": _positive,
+    "budgets.outage_allowance": _non_negative,
     "responses.codex_compaction": _one_of("auto", "pass-through", "serve"),
 }
 

@@ -11,8 +11,11 @@ for how that stays atomic across replicas.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from proxy.core.policy import Policy, PolicyError
 
 PERIODS = ("minute", "day", "month")
 METRICS = ("input", "output", "weighted")
@@ -132,6 +135,73 @@ def usage_cost(usage: Mapping[str, object]) -> Amounts:
     )
 
 
+# -- what a request asks the upstream to generate ------------------------------------
+
+DEFAULT_MAX_OUTPUT = 4_096  # reserved per choice when a request names no output cap
+MAX_OUTPUT = 100_000_000  # no model generates more in one call: a larger cap is refused
+MAX_CHOICES = 128  # OpenAI's own limit on `n`
+# Output caps of the APIs (Messages, Chat, Responses, legacy Text Completions): the
+# largest given is reserved. `n` (choices) and `best_of` (candidates generated) multiply it.
+OUTPUT_CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "max_tokens_to_sample")
+CHOICE_FIELDS = ("n", "best_of")
+
+
+class BadRequestField(ValueError):
+    """A field a budget must read is not what the API allows; `param` names it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _whole(name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadRequestField(
+            name, f"{name}: must be a whole number from {low} to {high}, got {value!r}"
+        )
+    return value
+
+
+def output_reservation(payload: Mapping[str, Any]) -> int:
+    """The output tokens a request may make the upstream generate: its largest output
+    cap (DEFAULT_MAX_OUTPUT when it names none) times the choices it asks for. Raises
+    BadRequestField for a cap or a count that is not a whole number in range (a float
+    such as 6.4e4 or 1e17 included), so what is reserved is what the API will obey."""
+    caps = [
+        _whole(name, payload[name], 0, MAX_OUTPUT)
+        for name in OUTPUT_CAPS
+        if payload.get(name) is not None
+    ]
+    choices = [
+        _whole(name, payload[name], 1, MAX_CHOICES)
+        for name in CHOICE_FIELDS
+        if payload.get(name) is not None
+    ]
+    return max(caps, default=DEFAULT_MAX_OUTPUT) * max(choices, default=1)
+
+
+def batch_reservation(
+    payload: Mapping[str, Any], count: Callable[[dict[str, Any]], int]
+) -> tuple[int, int]:
+    """(input, output) of a Message Batch: every request's params counted with `count`
+    and its output reservation, summed. BadRequestField when the batch is malformed."""
+    requests = payload.get("requests")
+    if not isinstance(requests, list) or not requests:
+        raise BadRequestField("requests", "requests: must be a non-empty list")
+    total_input = total_output = 0
+    for n, item in enumerate(requests):
+        params = item.get("params") if isinstance(item, Mapping) else None
+        if not isinstance(params, dict):
+            raise BadRequestField(f"requests.{n}.params", f"requests.{n}.params: must be an object")
+        where = f"requests.{n}.params."
+        try:
+            total_output += output_reservation(params)
+        except BadRequestField as e:
+            raise BadRequestField(where + e.param, where + str(e)) from None
+        total_input += count(params)
+    return total_input, total_output
+
+
 # -- limits and policy overrides -----------------------------------------------------
 
 
@@ -164,6 +234,21 @@ def policy_override(*confs: Mapping[str, str]) -> dict[str, int]:
             if raw is not None and raw.isdigit():
                 out[name] = int(raw)
     return out
+
+
+def override_problem(override: Mapping[str, Any], policies: Sequence[Policy]) -> str | None:
+    """Why a key's or team's window/trigger/target cannot stand over one of `policies`
+    (what a request of a model matching it would get), or None when it fits them all.
+    Policies after one matching every model (`*`) are never used, so not checked."""
+    for policy in policies:
+        try:
+            replace(policy, **override).validate()
+        except PolicyError as e:
+            reason = str(e).split(": ", 1)[-1]
+            return f"for models matching {policy.match!r}: {reason}"
+        if policy.match == "*":
+            break
+    return None
 
 
 def over_limit_message(

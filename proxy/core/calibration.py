@@ -11,6 +11,8 @@ cache_read_input_tokens. Where the factor is stored is the caller's business.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 MIN_FACTOR = 0.5
 MAX_FACTOR = 3.0
@@ -60,3 +62,33 @@ def sample_ratio(estimated: int, reported: int) -> float | None:
     if estimated <= 0 or reported <= 0:
         return None
     return _clamp(reported / estimated)
+
+
+# Blocks the counter can only guess at (a flat charge per image, per PDF page, per file):
+# a request holding one says nothing about how text tokenizes.
+MEDIA_TYPES = frozenset(
+    {"image", "document", "image_url", "input_image", "file", "input_file", "input_audio"}
+)
+MEDIA_SCAN_LIMIT = 100_000  # blocks looked at; a request with more is not sampled
+
+
+def calibrates(payload: Mapping[str, Any]) -> bool:
+    """Whether a request's reported usage may calibrate text counting: not when it holds
+    media blocks (nor when it is too large to look through cheaply)."""
+    stack: list[Any] = [payload.get("messages"), payload.get("input"), payload.get("system")]
+    seen = 0
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            seen += len(node)
+            if seen > MEDIA_SCAN_LIMIT:
+                return False
+            stack.extend(node)
+        elif isinstance(node, Mapping):
+            if node.get("type") in MEDIA_TYPES:
+                return False
+            for field in ("content", "output"):
+                inner = node.get(field)
+                if isinstance(inner, list):
+                    stack.append(inner)
+    return True

@@ -12,6 +12,8 @@ HTTP status and the Anthropic error type naming it; proxy/wire/* render it (Mess
     │   ├── InvalidRequest    400 invalid_request_error (bad JSON, bad fields, a bad target)
     │   ├── ContextTooLong    400 invalid_request_error: nothing fits the window
     │   ├── RequestTooLarge   413 request_too_large
+    │   ├── RequestTimeout    408: the body did not arrive in time (the connection closes)
+    │   ├── UnsupportedEncoding 415: a Content-Encoding a budget cannot look through
     │   ├── ExpectationFailed 417
     │   ├── UpgradeRequired   426: a WebSocket asked for where only HTTP is served
     │   ├── NotAuthenticated  401 authentication_error
@@ -69,6 +71,17 @@ class RequestTooLarge(ClientError):
     type = "request_too_large"
     code = "request_too_large"
     close = True  # the body was not read: nothing of it may be parsed as the next request
+
+
+class RequestTimeout(ClientError):
+    status = 408
+    code = "request_timeout"
+    close = True  # the rest of the body may still come: nothing of it is a next request
+
+
+class UnsupportedEncoding(ClientError):
+    status = 415
+    code = "unsupported_content_encoding"
 
 
 class ExpectationFailed(ClientError):

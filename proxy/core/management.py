@@ -41,7 +41,7 @@ class KeyRequest:
     upstream_scheme: str
     name: str = ""
     tenant: str = ""
-    provider: str = ""
+    provider: str = "anthropic"
     scopes: tuple[str, ...] = ()
     policy: tuple[tuple[str, int], ...] = ()  # conf fields (`policy:window`, value)
 
@@ -78,15 +78,16 @@ def _unknown(where: str, given: Mapping[str, Any], known: tuple[str, ...]) -> No
 
 def parse_key_request(body: Any) -> KeyRequest:
     """A `POST /admin/keys` body. Only `team` is required; `provider` ("anthropic" or
-    "openai") sets the default upstream credential and scheme and limits the key to
-    that provider's API; `scopes` limits it to route families; `policy` overrides the
+    "openai"; anthropic when not given) sets the default upstream credential and scheme
+    and binds the key to that provider's API; `scopes` names the path families beyond the
+    metered routes it may reach (proxy/core/proxy_keys.py); `policy` overrides the
     model's window, trigger and target for its requests."""
     if not isinstance(body, Mapping):
         raise ValueError("the body must be a JSON object")
     _unknown("key", body, KEY_FIELDS)
     team = proxy_keys.check_team(_text(body, "team"))
-    provider = proxy_keys.check_provider(_text(body, "provider"))
-    env, scheme = proxy_keys.PROVIDER_DEFAULTS.get(provider, ("ANTHROPIC_API_KEY", "x-api-key"))
+    provider = proxy_keys.check_provider(_text(body, "provider") or "anthropic")
+    env, scheme = proxy_keys.PROVIDER_DEFAULTS[provider]
     name = _text(body, "name")
     if len(name) > MAX_NAME_CHARS:
         raise ValueError(f"name must be at most {MAX_NAME_CHARS} characters")

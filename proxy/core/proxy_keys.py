@@ -1,10 +1,19 @@
-"""Proxy-issued keys, pure: their text form, their stored digest, names that are safe.
+"""Proxy-issued keys, pure: their text form, their stored digest, names that are safe,
+and what a key may reach.
 
 A key reads `cpk_<id>_<secret>`: the id (12 hex digits) is public (listed, used to
 revoke, part of Redis key names); the secret is 32 random bytes, base64url. Only a keyed
 hash of the whole key is stored, so Redis never holds a usable key. The upstream
 credential a key maps to is *named*, not stored: the record holds the name of an
 environment variable every replica resolves itself.
+
+A key is bound to one provider (`anthropic` or `openai`): its credential only ever goes
+to that provider's upstream. It reaches the metered routes of its provider (the calls
+that cost tokens and are reserved against its budgets) and nothing else without a
+*scope* given at creation (`models`, `files`, `batches`, ...), because a
+credential shared by several keys would otherwise let one key list and read what
+another stored upstream (files, batches, stored responses). `passthrough_rule` says, for
+a path the proxy does not handle itself, which scope it needs and how it is metered.
 """
 
 from __future__ import annotations
@@ -12,6 +21,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 PREFIX = "cpk_"
 _KEY = re.compile(r"^cpk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
@@ -19,14 +30,109 @@ _DIGEST_KEY = b"compaction-proxy/proxy-key/v1"
 TEAM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 SCHEMES = ("x-api-key", "bearer")
-# A key may be limited to one provider's API and to some route families (its scopes).
 PROVIDERS = ("anthropic", "openai")
-SCOPES = ("messages", "chat", "passthrough")
-# How each provider's credential is named and sent by default.
+# The credential's environment variable and scheme a provider's key gets unless given.
 PROVIDER_DEFAULTS = {
     "anthropic": ("ANTHROPIC_API_KEY", "x-api-key"),
     "openai": ("OPENAI_API_KEY", "bearer"),
 }
+# Families of paths a key reaches only with their scope; `all`: every path.
+SCOPES = (
+    "models",
+    "files",
+    "batches",
+    "stored",  # answers the upstream stored: /v1/responses/{id}, GET /v1/chat/completions
+    "moderations",
+    "images",
+    "audio",
+    "fine_tuning",
+    "assistants",
+    "threads",
+    "vector_stores",
+    "uploads",
+    "realtime",
+    "conversations",
+    "evals",
+    "containers",
+    "videos",
+    "skills",
+    "all",
+)
+
+# How a pass-through call is metered against a caller's budgets.
+FREE = "free"  # costs no tokens: reads, deletes, uploads, counts, cancels
+ESTIMATE = "estimate"  # one model call: its estimate reserved, settled to reported usage
+BATCH = "batch"  # many calls answered later: all of them reserved and charged whole
+UNMETERED = "unmetered"  # costs tokens the proxy cannot estimate: refused under budgets
+
+# Model calls every key of the provider may make (POST), beyond the proxy's own routes.
+_OPEN_CALLS = {
+    "/v1/complete": ESTIMATE,
+    "/v1/completions": ESTIMATE,
+    "/v1/embeddings": ESTIMATE,
+    "/v1/responses": ESTIMATE,
+    "/v1/responses/compact": ESTIMATE,
+    "/v1/responses/input_tokens": FREE,
+    "/v1/messages": ESTIMATE,
+    "/v1/messages/count_tokens": FREE,
+    "/v1/chat/completions": ESTIMATE,
+}
+# Writes under a scope that cost no tokens (the rest, but batches, are unmetered).
+_FREE_WRITES = ("files", "uploads", "moderations", "conversations", "stored")
+_READS = ("GET", "HEAD", "OPTIONS", "DELETE")
+
+
+@dataclass(frozen=True, slots=True)
+class PathRule:
+    scope: str | None  # the scope a key needs; None: every key of the provider
+    meter: str  # FREE, ESTIMATE, BATCH or UNMETERED
+
+
+def _family(path: str) -> str:
+    if path.startswith(("/v1/messages/batches", "/v1/batches")):
+        return "batches"
+    if path.startswith(("/v1/chat/completions", "/v1/responses")):
+        return "stored"
+    head = path.removeprefix("/v1/").split("/", 1)[0]
+    return head if path.startswith("/v1/") and head in SCOPES else "all"
+
+
+def passthrough_rule(method: str, path: str) -> PathRule:
+    """Which scope a path the proxy does not handle itself needs, and how it is metered."""
+    write = method.upper() not in _READS
+    if write and path in _OPEN_CALLS:
+        return PathRule(None, _OPEN_CALLS[path])
+    if method.upper() == "GET" and path == "/v1/responses":
+        return PathRule(None, FREE)  # a WebSocket attempt (Codex), never a model call
+    family = _family(path)
+    if not write or path.endswith("/cancel") or family in _FREE_WRITES:
+        return PathRule(family, FREE)
+    if path == "/v1/messages/batches":
+        return PathRule(family, BATCH)
+    return PathRule(family, UNMETERED)
+
+
+def may_reach(rule: PathRule, scopes: Iterable[str]) -> bool:
+    granted = set(scopes)
+    return rule.scope is None or rule.scope in granted or "all" in granted
+
+
+def provider_of(record: Mapping[str, str]) -> str:
+    """A key's provider; records made before keys had one are read by their scheme."""
+    provider = record.get("provider", "")
+    if provider in PROVIDERS:
+        return provider
+    return "openai" if record.get("upstream_scheme") == "bearer" else "anthropic"
+
+
+# Scope names of records made before scopes were path families: `passthrough` reached
+# every other path; `messages` and `chat` named metered routes, which every key reaches.
+_LEGACY_SCOPES = {"passthrough": "all", "messages": "", "chat": ""}
+
+
+def scopes_of(record: Mapping[str, str]) -> tuple[str, ...]:
+    names = (_LEGACY_SCOPES.get(s, s) for s in record.get("scopes", "").split(","))
+    return tuple(s for s in names if s)
 
 
 def format_key(key_id: str, secret: str) -> str:
@@ -56,26 +162,6 @@ def tenant_for(key_id: str, shared: str = "") -> str:
     return "n" + shared if shared else "k" + key_id
 
 
-def scope_of(path: str) -> str:
-    """The route family a request path belongs to (what a key's scopes name)."""
-    if path == "/v1/messages" or path.startswith("/v1/messages/"):
-        return "messages"
-    if path == "/v1/chat/completions":
-        return "chat"
-    return "passthrough"
-
-
-def refusal(record: dict[str, str], path: str, provider: str) -> str | None:
-    """Why a valid key may not make this request (its provider or scopes), else None."""
-    allowed = record.get("provider", "")
-    if allowed and allowed != provider:
-        return f"this key is for the {allowed} API only"
-    scopes = record.get("scopes", "")
-    if scopes and scope_of(path) not in scopes.split(","):
-        return f"this key may not call {scope_of(path)} routes (its scopes: {scopes})"
-    return None
-
-
 def check_team(team: str) -> str:
     if TEAM.match(team) is None:
         raise ValueError(
@@ -91,16 +177,17 @@ def check_env_name(name: str) -> str:
 
 
 def check_provider(provider: str) -> str:
-    if provider and provider not in PROVIDERS:
-        raise ValueError(f"provider {provider!r}: one of {', '.join(PROVIDERS)} (or empty: any)")
+    if provider not in PROVIDERS:
+        raise ValueError(f"provider {provider!r}: one of {', '.join(PROVIDERS)}")
     return provider
 
 
-def check_scopes(scopes: list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    unknown = [s for s in scopes if s not in SCOPES]
+def check_scopes(scopes: Iterable[str]) -> tuple[str, ...]:
+    given = list(scopes)
+    unknown = [s for s in given if s not in SCOPES]
     if unknown:
-        raise ValueError(f"scopes {unknown!r}: each one of {', '.join(SCOPES)}")
-    return tuple(s for s in SCOPES if s in scopes)
+        raise ValueError(f"scopes: {', '.join(unknown)} unknown; known: {', '.join(SCOPES)}")
+    return tuple(s for s in SCOPES if s in given)
 
 
 def check_tenant(tenant: str) -> str:

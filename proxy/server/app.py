@@ -22,6 +22,7 @@ from proxy.server.errors import render_errors
 from proxy.server.fleet import fleet_lifetime
 from proxy.server.health import handle_healthz, handle_readyz
 from proxy.server.lifecycle import LIFECYCLE, Lifecycle
+from proxy.server.listener import CappedSite, connection_cap
 from proxy.server.logs import REQUEST_LOG, RequestLog, redacted_url
 from proxy.server.metrics import METRICS, Metrics, handle_metrics, observe_requests
 from proxy.server.passthrough import handle_passthrough
@@ -41,7 +42,7 @@ from proxy.server.routes import (
     handle_count_tokens,
     handle_messages,
 )
-from proxy.server.routing import openai_upstream_lifetime
+from proxy.server.routing import OPENAI_UPSTREAM, openai_upstream_lifetime
 from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM, StoreState
 from proxy.server.upstream import Upstream
 from proxy.store import EmbeddedRedis, StateDirBusy, Store
@@ -252,10 +253,18 @@ async def start(settings: Settings) -> RunningProxy:
         shutdown_timeout=1.0,
         max_field_size=65536,
         max_line_size=65536,
+        # A connection must have a request's headers in this long after it opens or its
+        # last answer: idle and trickling connections do not pile up (listener.py).
+        keepalive_timeout=settings.server.header_timeout,
     )
     try:
         await runner.setup()
-        site = web.TCPSite(runner, settings.server.host, settings.server.port, backlog=1024)
+        site = CappedSite(
+            runner,
+            settings.server.host,
+            settings.server.port,
+            max_connections=connection_cap(settings.server.max_connections),
+        )
         await site.start()
     except BaseException as e:
         await runner.cleanup()  # what did start (the embedded Redis, upstream pools) stops
@@ -284,12 +293,13 @@ def startup_line(running: RunningProxy) -> str:
         if settings.auth.keys == "required"
         else "off (callers' own keys go upstream)"
     )
+    openai = running.app[OPENAI_UPSTREAM].shown_url or "none (upstream.openai_url is not set)"
     own = len(settings.policies)
     policies = f"{own + len(DEFAULT_POLICIES)} ({own} from the file, {len(DEFAULT_POLICIES)}"
     policies += " built-in)"
     return (
         f"compaction-proxy listening on {running.url}, anthropic upstream"
-        f" {settings.upstream.url}, openai upstream {settings.upstream.openai_url},"
+        f" {running.app[UPSTREAM].shown_url}, openai upstream {openai},"
         f" config {settings.config_file or 'none (built-in defaults)'}, store {store},"
         f" auth {auth}, policies {policies}"
     )

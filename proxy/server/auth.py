@@ -1,13 +1,16 @@
-"""Proxy-issued keys: who is calling, and with which upstream credential.
+"""Proxy-issued keys: who is calling, what it may reach, and with which upstream credential.
 
 With `auth.keys = "off"` (the default) nothing happens here: the caller's own credential
 goes upstream and its hash is the tenant. With `"required"`, every request except the
 health and metrics routes must carry a proxy key (in `x-api-key` or `authorization:
-Bearer`); a missing, unknown, revoked or wrong key gets 401 `authentication_error`. A good
-key is replaced, before any handler sees the request, by the upstream credential its
-record names (an environment variable of this replica), so the Messages and Chat
-handlers, pass-through routes and the summariser all forward that credential and never
-the proxy key. The request then carries a `Caller`: the key's tenant, team, context
+Bearer`); a missing, unknown, revoked or wrong key gets 401 `authentication_error`. A
+good key then reaches only what it may (403 `permission_error` otherwise, in the route's
+API shape; proxy/core/proxy_keys.py has the rules): the API of its provider, never the
+other's, and beyond the metered routes only the path families of its scopes. It is
+replaced, before any handler sees the request, by the upstream credential its record
+names (an environment variable of this replica), so the Messages and Chat handlers,
+pass-through routes and the summariser all forward that credential and never the proxy
+key. The request then carries a `Caller`: the key's tenant, team, provider, context
 policy override and the scopes (key, team) whose budgets apply.
 """
 
@@ -27,8 +30,9 @@ from proxy.core.identity import credential
 from proxy.server.budgets import TICKET, admission
 from proxy.server.caller import CALLER, Caller, count_rejection
 from proxy.server.fleet import FLEET
+from proxy.server.passthrough import handle_passthrough
 from proxy.server.record import detached
-from proxy.server.routing import upstream_for
+from proxy.server.routing import OPENAI_UPSTREAM, provider_of_path
 from proxy.server.state import SETTINGS
 from proxy.store import StoreUnavailable
 from proxy.store.accounts import Scope
@@ -37,6 +41,7 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 # The admin API and the dashboard check the admin key themselves (proxy/server/admin).
 ADMIN_PREFIXES = ("/admin/", "/dashboard/")
 STORE_DOWN_RETRY_AFTER = 2
+API_NAMES = {"anthropic": "Anthropic", "openai": "OpenAI"}
 
 
 def is_admin_path(path: str) -> bool:
@@ -46,6 +51,11 @@ def is_admin_path(path: str) -> bool:
 def _reject(request: web.Request, message: str, reason: str) -> NotAuthenticated:
     count_rejection(request.app, reason)
     return NotAuthenticated(message)
+
+
+def _forbid(request: web.Request, message: str, reason: str) -> Forbidden:
+    count_rejection(request.app, reason)
+    return Forbidden(message)
 
 
 def _with_credential(headers: CIMultiDictProxy[str], secret: str, scheme: str) -> CIMultiDict[str]:
@@ -59,6 +69,36 @@ def _with_credential(headers: CIMultiDictProxy[str], secret: str, scheme: str) -
     else:
         out["x-api-key"] = secret
     return out
+
+
+def check_reach(request: web.Request, record: dict[str, str], provider: str) -> None:
+    """Raise Forbidden unless the key may make this request: its provider's API only,
+    and beyond the proxy's own (metered) routes only the families of its scopes."""
+    path = request.path
+    other = provider_of_path(path)
+    if other is not None and other != provider:
+        raise _forbid(
+            request,
+            f"This key is for the {API_NAMES[provider]} API; {path} is part of the"
+            f" {API_NAMES[other]} API.",
+            "provider",
+        )
+    if provider == "openai" and not request.app[OPENAI_UPSTREAM].configured:
+        raise _forbid(
+            request,
+            "This compaction-proxy has no OpenAI upstream (upstream.openai_url is not set).",
+            "provider",
+        )
+    if request.match_info.handler is not handle_passthrough:
+        return  # a route the proxy handles (and meters) itself
+    rule = proxy_keys.passthrough_rule(request.method, path)
+    if not proxy_keys.may_reach(rule, proxy_keys.scopes_of(record)):
+        raise _forbid(
+            request,
+            f"This key may not use {path}: that needs the scope '{rule.scope}', given when"
+            f" the key is made (compaction-proxy keys create --scope {rule.scope}).",
+            "scope",
+        )
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -94,10 +134,8 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         or not proxy_keys.matches(text, record.get("digest", ""))
     ):
         raise _reject(request, "invalid x-api-key", "key")
-    refused = proxy_keys.refusal(record, path, upstream_for(path, request.headers))
-    if refused is not None:
-        count_rejection(app, "scope")
-        raise Forbidden(refused)
+    provider = proxy_keys.provider_of(record)
+    check_reach(request, record, provider)
     secret = os.environ.get(record.get("upstream_env", ""), "").strip()
     if not secret:
         raise _reject(
@@ -133,6 +171,7 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         policy=policy_override(*confs) or None,
         scopes=tuple(scopes),
         limits_unknown=unknown,
+        provider=provider,
     )
     headers = _with_credential(request.headers, secret, record.get("upstream_scheme", ""))
     forwarded = request.clone(headers=CIMultiDictProxy(headers))

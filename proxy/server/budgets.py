@@ -1,18 +1,26 @@
 """Budget admission for one request: reserve before forwarding, settle after.
 
 The key-check middleware (proxy/server/auth.py) wraps every handler of a key's request
-in a `Ticket`; the Messages and Chat handlers make one call, after compaction and before
-forwarding, which raises `BudgetRefused` (429) or `StoreUnavailable` (503, failing
-closed) when the request may not go:
+in a `Ticket`. Every route that makes the upstream spend tokens makes one call after it
+has read the request and before forwarding, which raises `BudgetRefused` (429) or
+`StoreUnavailable` (503, failing closed) when the request may not go:
 
-    await budgets.reserve(request, prepared, estimate)
+    await budgets.reserve(request, estimated_input, output_tokens, sent)
+
+The conversation routes (proxy/server/routes.py) call it after compaction; the metered
+pass-through calls (proxy/server/passthrough.py: /v1/complete, /v1/completions,
+/v1/embeddings, /v1/responses while it passes through, message batches) call it with an
+estimate of their body. `output_tokens` comes from `output_reservation` (the request's
+largest output cap times its choices), so any route reserving through here is counted the
+same way.
 
 The relay, the read_result rounds and the summariser report what the upstream used to the
 request's meter (proxy/server/record.py), which the ticket reads at the end. When the
 handler ends, however it ends (an answer, an upstream error, an exception, a client that
 disconnects and cancels it), the reservation is settled to the metered usage in a
 background task that cancellation cannot stop. An upstream error reports no usage, so it
-settles to nothing: a refund.
+settles to nothing: a refund. A batch is charged its whole reservation once the upstream
+accepted it (its usage comes later, in its results).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from types import TracebackType
 
 from aiohttp import web
 
-from proxy.core.budget import Amounts, over_limit_message, reservation
+from proxy.core.budget import DEFAULT_MAX_OUTPUT, Amounts, over_limit_message, reservation
 from proxy.core.errors import BudgetRefused
 from proxy.core.errors import StoreUnavailable as CannotCheck
 from proxy.core.usage import Usage, UsageMeter
@@ -50,6 +58,8 @@ class Ticket:
         self.held: list[Held] = []
         self.reserved = Amounts()  # summed over the reservation and its top-ups
         self.one_hour_cache = False
+        self.uncounted = False  # admitted (in part) without a reservation: Redis was away
+        self.charge_reserved = False  # charge the reservation whole (a batch)
 
     @property
     def _fleet(self) -> Fleet:
@@ -59,7 +69,8 @@ class Ticket:
         self, estimated_input: int, max_tokens: int, *, one_hour_cache: bool = False
     ) -> None:
         """Hold the estimate in every budget of the caller, or raise the refusal
-        (BudgetRefused over budget, StoreUnavailable when failing closed)."""
+        (BudgetRefused over budget, StoreUnavailable when failing closed or past the
+        outage allowance)."""
         caller = self.caller
         if not caller.scopes and not caller.limits_unknown:
             return
@@ -86,7 +97,7 @@ class Ticket:
         fleet = self._fleet
         accounts = fleet.accounts()
         if accounts is None or caller.limits_unknown:
-            return self._store_down()
+            return self._store_down(want)
         now = time.time()
         # The key's and the team's scripts run at once (one slot each): a refusal by
         # either gives back what the other took, so neither is ever over-admitted.
@@ -106,7 +117,7 @@ class Ticket:
                 return self._over_budget(refused, want)
             if not isinstance(failed, StoreUnavailable):
                 raise failed  # type: ignore[misc]
-            return self._store_down()
+            return self._store_down(want)
         self.held.extend(held)
         self.reserved = self.reserved.plus(want)
         return None
@@ -124,11 +135,22 @@ class Ticket:
         )
         return BudgetRefused(message, retry_after=refused.retry_after)
 
-    def _store_down(self) -> CannotCheck | None:
+    def _store_down(self, want: Amounts) -> CannotCheck | None:
+        """Redis cannot hold the reservation: admit it uncounted ("open", within this
+        replica's allowance for the key) or say why not."""
         fleet = self._fleet
+        key_id = self.caller.key_id or ""
         if self.request.app[SETTINGS].budgets.on_store_down == "open":
-            fleet.unaccounted += 1
-            return None
+            if fleet.admit_uncounted(key_id, want):
+                self.uncounted = True
+                self.reserved = self.reserved.plus(want)
+                return None
+            count_rejection(self.request.app, "outage_allowance")
+            return CannotCheck(
+                "compaction-proxy cannot check budgets right now (its store is unreachable)"
+                " and this key has used what may go uncounted meanwhile; retry shortly",
+                retry_after=STORE_DOWN_RETRY_AFTER,
+            )
         count_rejection(self.request.app, "store_unavailable")
         return CannotCheck(
             "compaction-proxy cannot check budgets right now (its store is unreachable);"
@@ -146,6 +168,11 @@ class Ticket:
             charged.add(h.scope)
             self._fleet.settle_later(h.counters, (actual if first else Amounts()).minus(h.amounts))
 
+    def _used(self) -> Amounts:
+        if self.charge_reserved:
+            return self.reserved if self.meter.seen_answer else Amounts()
+        return self.meter.cost(self.reserved)
+
     # -- the block -----------------------------------------------------------------------
 
     async def __aenter__(self) -> Ticket:
@@ -159,7 +186,9 @@ class Ticket:
     ) -> None:
         if self.held:
             held, self.held = self.held, []
-            self._settle(held, self.meter.cost(self.reserved))
+            self._settle(held, self._used())
+        elif self.uncounted:
+            self._fleet.owe(self.caller.charged, self._used())
         elif self.meter.extra and self.caller.scopes:
             # Nothing was reserved (refused, or a compaction refusal) but a summary was
             # made for the request: charge it to the caller anyway.
@@ -170,12 +199,9 @@ class Ticket:
         accounts = fleet.accounts()
         if accounts is None:
             return
-        now = time.time()
         for scope in self.caller.scopes:
             try:
-                held = await fleet.call(lambda s=scope: accounts.reserve(s, Amounts(), now))  # type: ignore[misc]
-                if isinstance(held, Held):
-                    await fleet.call(lambda h=held: accounts.settle(h, amounts))  # type: ignore[misc]
+                await fleet.charge(accounts, scope, amounts)
             except StoreUnavailable:
                 return
 
@@ -200,28 +226,11 @@ def _nothing(usage: Usage) -> None:
     return None
 
 
-DEFAULT_MAX_OUTPUT = 4_096  # reserved when a Chat request names no output cap
 _ONE_HOUR = re.compile(rb'"ttl"\s*:\s*"1h"')
 
 
 def admission(request: web.Request, caller: Caller) -> Ticket:
     return Ticket(request, caller)
-
-
-async def reserve(
-    request: web.Request, estimated_input: int, max_tokens: int | None, sent: bytes
-) -> None:
-    """The handlers' one budget hook, after compaction and before forwarding: returns to
-    go on, raises the refusal otherwise. Free for callers without budgets.
-    `estimated_input` is the calibrated estimate of what goes upstream."""
-    ticket: Ticket | None = request.get(TICKET)
-    if ticket is None or not (ticket.caller.scopes or ticket.caller.limits_unknown):
-        return
-    await ticket.reserve(
-        estimated_input,
-        max_tokens or DEFAULT_MAX_OUTPUT,
-        one_hour_cache=_ONE_HOUR.search(sent) is not None,
-    )
 
 
 def applies(request: web.Request) -> bool:
@@ -230,12 +239,35 @@ def applies(request: web.Request) -> bool:
     return ticket is not None and bool(ticket.caller.scopes or ticket.caller.limits_unknown)
 
 
+async def reserve(
+    request: web.Request,
+    estimated_input: int,
+    output_tokens: int,
+    sent: bytes,
+    *,
+    charge_reserved: bool = False,
+) -> None:
+    """Every metered route's one budget hook, before forwarding: returns to go on,
+    raises the refusal otherwise. Free for callers without budgets.
+    `estimated_input` is the calibrated estimate of what goes upstream, `output_tokens`
+    what it may generate (proxy/core/budget.py `output_reservation`), `sent` its bytes
+    (1-hour cache writes are weighted 2x). `charge_reserved`: the call's usage will not
+    be reported in its answer (a batch): charge the whole reservation once it succeeds."""
+    ticket: Ticket | None = request.get(TICKET)
+    if ticket is None or not applies(request):
+        return
+    ticket.charge_reserved = charge_reserved
+    await ticket.reserve(
+        estimated_input, output_tokens, one_hour_cache=_ONE_HOUR.search(sent) is not None
+    )
+
+
 async def top_up(request: web.Request, estimated_input: int, max_tokens: int | None) -> bool:
     """Before a read_result round goes upstream: hold its input (the whole body it
     sends) and its output cap too, so the rounds stay inside the caller's budgets.
     False when a budget refuses it: the rounds must stop there. Free for callers
     without budgets."""
     ticket: Ticket | None = request.get(TICKET)
-    if ticket is None or not (ticket.caller.scopes or ticket.caller.limits_unknown):
+    if ticket is None or not applies(request):
         return True
     return await ticket.top_up(estimated_input, max_tokens or DEFAULT_MAX_OUTPUT)

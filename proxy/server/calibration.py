@@ -1,72 +1,109 @@
-"""Calibration: how far the local token count is from what the upstream reports, per model.
+"""Calibration: how far the local token count is from what the upstream reports, per
+tenant and model.
 
-The factor (real / estimated) is shared by the fleet through a running mean in Redis;
+Each tenant (a proxy key's, or the hash of the caller's credential) has its own factor
+per model, so what one tenant sends can never move how another's history is counted:
+one tenant's unusual requests (documents the counter can only guess at, a model alias
+that tokenizes differently) would otherwise skew every tenant's compaction. Requests
+holding images, documents, files or audio are not sampled at all: the counter charges
+those a flat guess, and their ratio says nothing about text.
+
+The factor (real / estimated) is shared by the fleet through a running mean in Redis,
+under a key named by a digest of the tenant and the model (never the model name itself);
 each replica keeps its own copy, refreshed in the background every CALIBRATION_REFRESH
-seconds and never waited for. Samples come from the usage the upstream reported for the
-first round of an answer, against the estimate of what was sent (proxy/core/calibration.py
-clamps and checks them). After a warm-up of CALIBRATION_SAMPLES requests per model, one
-response in CALIBRATION_EVERY feeds it: each sample costs a Redis round trip, and a ratio
-that changes slowly needs few of them. Without a store the same mean is kept in memory.
+seconds and never waited for, at most CALIBRATION_ENTRIES of them (the least recently
+used go first). Samples come from the usage the upstream reported for the first round of
+an answer, against the estimate of what was sent (proxy/core/calibration.py clamps and
+checks them). After a warm-up of CALIBRATION_SAMPLES requests, one response in
+CALIBRATION_EVERY feeds it: each sample costs a Redis round trip, and a ratio that changes
+slowly needs few of them. Without a store the same mean is kept in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.core.calibration import sample_ratio
+from proxy.core.model_names import model_digest
 from proxy.store import Store, StoreUnavailable
 
 CALIBRATION = "calibration"
-CALIBRATION_REFRESH = 30.0  # seconds a replica trusts its copy of a model's factor
+CALIBRATION_REFRESH = 30.0  # seconds a replica trusts its copy of a factor
 CALIBRATION_SAMPLES = 20
 CALIBRATION_EVERY = 16
+CALIBRATION_ENTRIES = 20_000  # (tenant, model) factors one replica keeps
+
+
+def store_name(model: str, tenant: str) -> str:
+    """The name of a tenant's factor for a model in the store (never the model itself)."""
+    return model_digest(f"{tenant}\0{model}")
 
 
 @dataclass(slots=True)
 class _Factor:
+    name: str  # its key name in the store
     value: float = 1.0
     fetched: float = float("-inf")
     refreshing: bool = False
-    seen: int = 0  # requests of this model
+    seen: int = 0  # requests of this tenant and model
     samples: int = 0  # of them, fed to calibration
 
 
 class Calibration:
-    def __init__(self) -> None:
-        self._factors: dict[str, _Factor] = {}
+    def __init__(self, entries: int = CALIBRATION_ENTRIES) -> None:
+        self._factors: OrderedDict[tuple[str, str], _Factor] = OrderedDict()
+        self._entries = entries
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def factor(self, model: str, store: Store | None) -> float:
-        """The model's factor as this replica knows it (a refresh starts if stale)."""
-        entry = self._factors.setdefault(model, _Factor())
+    def __len__(self) -> int:
+        return len(self._factors)
+
+    def _entry(self, model: str, tenant: str) -> _Factor:
+        key = (tenant, model)
+        entry = self._factors.get(key)
+        if entry is None:
+            entry = self._factors[key] = _Factor(store_name(model, tenant))
+            while len(self._factors) > self._entries:
+                self._factors.popitem(last=False)
+        else:
+            self._factors.move_to_end(key)
+        return entry
+
+    def factor(self, model: str, store: Store | None, tenant: str = "") -> float:
+        """The tenant's factor for the model as this replica knows it (a refresh starts
+        if stale)."""
+        entry = self._entry(model, tenant)
         stale = time.monotonic() - entry.fetched > CALIBRATION_REFRESH
         if store is not None and stale and not entry.refreshing:
             entry.refreshing = True
-            self._spawn(self._refresh(model, entry, store))
+            self._spawn(self._refresh(entry, store))
         return entry.value
 
-    def wants_sample(self, model: str) -> bool:
-        """Whether this request's usage should feed the model's calibration."""
-        entry = self._factors.setdefault(model, _Factor())
+    def wants_sample(self, model: str, tenant: str = "") -> bool:
+        """Whether this request's usage should feed the factor."""
+        entry = self._entry(model, tenant)
         entry.seen += 1
         return entry.samples < CALIBRATION_SAMPLES or entry.seen % CALIBRATION_EVERY == 0
 
-    def record(self, model: str, estimate: int, reported: int, store: Store | None) -> None:
+    def record(
+        self, model: str, estimate: int, reported: int, store: Store | None, tenant: str = ""
+    ) -> None:
         """Fold one answer's reported input (all of it: fresh, written, read) into the
-        model's factor, fleet-wide when there is a store."""
+        tenant's factor for the model, fleet-wide when there is a store."""
         ratio = sample_ratio(estimate, reported)
         if ratio is None or not model:
             return
-        entry = self._factors.setdefault(model, _Factor())
+        entry = self._entry(model, tenant)
         entry.samples += 1
         if store is None:
             self._local(entry, ratio)
             return
-        self._spawn(self._record(model, ratio, entry, store))
+        self._spawn(self._record(ratio, entry, store))
 
     @staticmethod
     def _local(entry: _Factor, ratio: float) -> None:
@@ -74,9 +111,9 @@ class Calibration:
         n = min(entry.samples, CALIBRATION_SAMPLES)
         entry.value += (ratio - entry.value) / max(1, n)
 
-    async def _refresh(self, model: str, entry: _Factor, store: Store) -> None:
+    async def _refresh(self, entry: _Factor, store: Store) -> None:
         try:
-            found = await store.get_global_mean(CALIBRATION, model)
+            found = await store.get_global_mean(CALIBRATION, entry.name)
             if found is not None and found[0] > 0:
                 entry.value = found[0]
         except StoreUnavailable:
@@ -85,10 +122,10 @@ class Calibration:
             entry.fetched = time.monotonic()
             entry.refreshing = False
 
-    async def _record(self, model: str, ratio: float, entry: _Factor, store: Store) -> None:
+    async def _record(self, ratio: float, entry: _Factor, store: Store) -> None:
         try:
             entry.value, _ = await store.update_global_mean(
-                CALIBRATION, model, ratio, max_samples=CALIBRATION_SAMPLES
+                CALIBRATION, entry.name, ratio, max_samples=CALIBRATION_SAMPLES
             )
             entry.fetched = time.monotonic()
         except StoreUnavailable:

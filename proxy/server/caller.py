@@ -20,6 +20,15 @@ class Caller:
     policy: dict[str, int] | None = None  # window/trigger/target over the model's policy
     scopes: tuple[Scope, ...] = ()  # scopes with limits, the key's first
     limits_unknown: bool = False  # Redis was unreachable and nothing was cached
+    provider: str | None = None  # the key's API ("anthropic" | "openai"); None: keys off
+
+    @property
+    def charged(self) -> tuple[Scope, ...]:
+        """Every scope usage is charged to (the key's and its team's, limited or not)."""
+        if self.key_id is None:
+            return ()
+        team = (Scope("team", self.team),) if self.team else ()
+        return (Scope("key", self.key_id), *team)
 
 
 ANONYMOUS = Caller()

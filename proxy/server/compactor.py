@@ -136,8 +136,10 @@ class Compactor:
         if not messages:
             return Prepared(body_bytes, body, model)
         policy = self.policy(model, policy_override)
-        factor = self.calibration.factor(model, store)
-        sample = self.calibration.wants_sample(model)
+        # Calibration is per tenant: one tenant's requests never skew another's counts.
+        calibrated_for = tenant or tenant_of(headers)
+        factor = self.calibration.factor(model, store, calibrated_for)
+        sample = self.calibration.wants_sample(model, calibrated_for)
         if not sample and cannot_cross(body_bytes, policy, factor):
             return Prepared(body_bytes, body, model, policy=policy)  # not even counted
         counted = await self.count(wire, body, len(body_bytes))
@@ -161,8 +163,10 @@ class Compactor:
             charge_later=charge_later,
             on_background_call=self.on_background_summary,
         )
+        # Planning a huge history takes seconds of pure work: off the event loop.
+        off_loop = len(body_bytes) > COUNT_OFF_LOOP_BYTES
         try:
-            decision = await drive(compaction(request), executor)
+            decision = await drive(compaction(request), executor, off_loop=off_loop)
         finally:
             await executor.close()
         prepared = Prepared(
@@ -183,6 +187,9 @@ class Compactor:
             return prepared
         rewrite = decision.rewrite
         if rewrite is None:
+            if decision.reason:  # over the trigger, its summary still being made ahead
+                record.reason = decision.reason
+                prepared.headers = (("x-compaction-reason", decision.reason),)
             return prepared
         record.strategy = rewrite.strategy
         record.reason = rewrite.reason

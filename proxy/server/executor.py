@@ -176,14 +176,30 @@ class StoreExecutor:
 
 
 async def drive(
-    driver: Generator[Command, Reply, T], execute: Callable[[Command], Awaitable[Reply]]
+    driver: Generator[Command, Reply, T],
+    execute: Callable[[Command], Awaitable[Reply]],
+    *,
+    off_loop: bool = False,
 ) -> T:
-    """Drive a generator to its end with an async executor."""
+    """Drive a generator to its end with an async executor. `off_loop`: run the
+    driver's own (pure, CPU-bound) steps in a worker thread, so a huge history being
+    planned does not stall every other request of the replica."""
     reply: Reply | None = None
     while True:
-        try:
-            command = driver.send(reply) if reply is not None else next(driver)
-        except StopIteration as stop:
-            result: T = stop.value
+        if off_loop:
+            done, value = await asyncio.to_thread(_step, driver, reply)
+        else:
+            done, value = _step(driver, reply)
+        if done:
+            result: T = value
             return result
-        reply = await execute(command)
+        reply = await execute(value)
+
+
+def _step(driver: Generator[Command, Reply, T], reply: Reply | None) -> tuple[bool, Any]:
+    """(False, the next command) or (True, the result): StopIteration cannot cross a
+    thread's future."""
+    try:
+        return False, driver.send(reply) if reply is not None else next(driver)
+    except StopIteration as stop:
+        return True, stop.value

@@ -1,28 +1,43 @@
 """Per-process state of the fleet-wide checks: keys, teams and budgets in the shared Redis.
 
+The fleet talks to Redis through its own client, with its own timeout
+(`budgets.timeout`, longer than the store's `op_timeout`) and a small pool that a burst
+reuses rather than opening a connection per request: a Redis that stalls for a moment (a
+slow command, a loaded machine) only delays the requests waiting on it; only a call that
+fails or outlasts that timeout makes Redis count as unreachable.
+
 Each replica keeps a short-lived copy (`auth.cache_seconds`) of the key records and the
 limits it has seen, so a request costs no Redis call for them; a revoked key or a changed
-limit takes effect on every replica within that time. While Redis is unreachable the last
-copies are used however old (a key seen before keeps working), and `budgets.on_store_down`
-decides what happens to budgets: "open" admits without counting, "closed" refuses. Each
-outage is logged once when it starts and once when it ends, and counted.
+limit takes effect on every replica within that time. A key record is never used older
+than that, outage or not: a key a replica cannot check again is refused (503), so a key
+revoked just before Redis went away stops within `cache_seconds` too. Limits may be used
+older while Redis is away (they fail the reservation anyway).
+
+While Redis is unreachable `budgets.on_store_down` decides what happens to budgets:
+"closed" refuses; "open" admits without a reservation, at most `budgets.outage_allowance`
+tokens (input and output reserved) per key on this replica per outage, and charges what
+those requests used to the counters once Redis answers again. Each outage is logged once
+when it starts and once when it ends, and exported (proxy/server/metrics.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiohttp import web
+from redis.exceptions import ResponseError
 
 from proxy.core.budget import Amounts
+from proxy.server.metrics import METRICS, Metrics
 from proxy.server.state import SETTINGS, STORE
-from proxy.store import StoreUnavailable
-from proxy.store.accounts import Accounts, Scope
+from proxy.store import Store, StoreUnavailable
+from proxy.store.accounts import Accounts, Held, Scope
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +49,13 @@ SETTLE_BATCH = 0.02
 SETTLE_RETRIES = (0.2, 1.0, 3.0, None)
 OUTAGE_QUIET = 2.0  # seconds without a failed call before an outage counts as over
 FLAP_WINDOW = 30.0  # a failure this soon after a recovery is the same outage
+# Usage admitted uncounted is charged when Redis answers again; tried for this long.
+OWED_GIVE_UP = 3600.0
+OWED_LONGEST_PAUSE = 30.0
+# Connections of the fleet's client. Its calls are tiny scripts: a few connections serve
+# a burst faster than many new ones (each costs a connect and a handshake, which under
+# load took longer than the timeout when a burst of 120 opened 40 at once).
+FLEET_CONNECTIONS = 8
 
 
 @dataclass(slots=True)
@@ -45,8 +67,8 @@ class _Entry:
 class Fleet:
     def __init__(self, app: web.Application) -> None:
         self.app = app
+        self.store: Store | None = None  # the fleet's own client (budgets.timeout)
         self._accounts: Accounts | None = None
-        self._accounts_of: object = None
         self._keys: dict[str, _Entry] = {}
         self._confs: dict[Scope, _Entry] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -57,18 +79,35 @@ class Fleet:
         self._recovered_at = float("-inf")
         self._silent = False
         self.outages = 0  # outages seen since start
-        self.unaccounted = 0  # requests admitted uncounted while Redis was unreachable
+        self._uncounted: dict[str, int] = {}  # key id -> tokens admitted uncounted, this outage
+        self._owed: dict[Scope, Amounts] = {}  # usage admitted uncounted, to charge later
+        self._paying: asyncio.Task[None] | None = None
+        self._answered = asyncio.Event()  # set when a call succeeds: owed charges go out
 
     @property
     def cache_seconds(self) -> float:
         return self.app[SETTINGS].auth.cache_seconds
 
+    @property
+    def _metrics(self) -> Metrics | None:
+        return self.app.get(METRICS)
+
+    def open(self, url: str) -> None:
+        """Connect (lazily) to the shared Redis at `url`."""
+        settings = self.app[SETTINGS]
+        self.store = Store.from_url(
+            url,
+            prefix=settings.store.key_prefix,
+            op_timeout=settings.budgets.timeout,
+            default_ttl=settings.store.ttl,
+            max_connections=FLEET_CONNECTIONS,
+        )
+        metrics = self._metrics
+        if metrics is not None:
+            self.store.on_error = metrics.store_errors.inc
+        self._accounts = Accounts(self.store)
+
     def accounts(self) -> Accounts | None:
-        store = self.app[STORE].store
-        if store is None:
-            return None
-        if self._accounts_of is not store:
-            self._accounts, self._accounts_of = Accounts(store), store
         return self._accounts
 
     # -- Redis health --------------------------------------------------------------------
@@ -82,8 +121,13 @@ class Fleet:
         # A Redis coming back answers some calls while pooled connections still fail: a
         # failure soon after a recovery continues the same outage, logged once.
         self._silent = now - self._recovered_at < FLAP_WINDOW
+        metrics = self._metrics
+        if metrics is not None:
+            metrics.budget_store_down.set(1)
         if not self._silent:
             self.outages += 1
+            if metrics is not None:
+                metrics.budget_store_outages.inc()
             log.warning(
                 "fleet store unreachable (%s); budgets fail %s until it returns",
                 type(error).__name__,
@@ -91,10 +135,15 @@ class Fleet:
             )
 
     def store_answered(self) -> None:
+        self._answered.set()
         now = time.monotonic()
         if self.outage and now - self._last_failure > OUTAGE_QUIET:
             self.outage = False
             self._recovered_at = now
+            self._uncounted.clear()  # a new outage gets a new allowance
+            metrics = self._metrics
+            if metrics is not None:
+                metrics.budget_store_down.set(0)
             if not self._silent:
                 log.info("fleet store reachable again; budgets enforced")
 
@@ -103,6 +152,10 @@ class Fleet:
         try:
             result = await operation()
         except StoreUnavailable as e:
+            if isinstance(e.__cause__, ResponseError):
+                # Redis answered, refusing the command: a bug to log, not an outage.
+                log.error("fleet store refused a command: %s", e.__cause__)
+                raise
             self.store_failed(e)
             raise
         except Exception as e:  # a client library fault is an unavailable store too
@@ -115,7 +168,12 @@ class Fleet:
     # -- cached lookups ------------------------------------------------------------------
 
     async def _cached(
-        self, cache: dict[Any, _Entry], name: Any, fetch: Callable[[], Awaitable[Any]]
+        self,
+        cache: dict[Any, _Entry],
+        name: Any,
+        fetch: Callable[[], Awaitable[Any]],
+        *,
+        stale_ok: bool,
     ) -> Any:
         entry = cache.get(name)
         now = time.monotonic()
@@ -124,8 +182,8 @@ class Fleet:
         try:
             value = await self.call(fetch)
         except StoreUnavailable:
-            if entry is not None:
-                return entry.value  # stale beats nothing while Redis is away
+            if entry is not None and stale_ok:
+                return entry.value
             raise
         cache.pop(name, None)
         cache[name] = _Entry(value, now)
@@ -134,16 +192,84 @@ class Fleet:
         return value
 
     async def key_record(self, accounts: Accounts, key_id: str) -> dict[str, str] | None:
+        """The key's record, at most `cache_seconds` old (raises StoreUnavailable when it
+        cannot be checked again: a revocation must never go unseen for longer)."""
         found: dict[str, str] | None = await self._cached(
-            self._keys, key_id, lambda: accounts.get_key(key_id)
+            self._keys, key_id, lambda: accounts.get_key(key_id), stale_ok=False
         )
         return found
 
     async def conf(self, accounts: Accounts, scope: Scope) -> dict[str, str]:
         found: dict[str, str] = await self._cached(
-            self._confs, scope, lambda: accounts.get_conf(scope)
+            self._confs, scope, lambda: accounts.get_conf(scope), stale_ok=True
         )
         return found
+
+    # -- failing open --------------------------------------------------------------------
+
+    def admit_uncounted(self, key_id: str, want: Amounts) -> bool:
+        """Whether this replica may admit `want` for the key without a reservation
+        (Redis unreachable, `on_store_down = "open"`): within the outage allowance."""
+        allowance = self.app[SETTINGS].budgets.outage_allowance
+        used = self._uncounted.get(key_id, 0) + want.input + want.output
+        if used > allowance:
+            return False
+        self._uncounted.pop(key_id, None)
+        self._uncounted[key_id] = used
+        while len(self._uncounted) > CACHE_LIMIT:  # bounded: the oldest key's is forgotten
+            del self._uncounted[next(iter(self._uncounted))]
+        metrics = self._metrics
+        if metrics is not None:
+            metrics.budget_uncounted.inc()
+        return True
+
+    def owe(self, scopes: Iterable[Scope], used: Amounts) -> None:
+        """Usage of a request admitted uncounted: charged to each scope's counters (of
+        the buckets current then) as soon as Redis answers."""
+        if used == Amounts():
+            return
+        for scope in scopes:
+            self._owed[scope] = self._owed.get(scope, Amounts()).plus(used)
+        while len(self._owed) > CACHE_LIMIT:
+            del self._owed[next(iter(self._owed))]
+        if self._paying is None or self._paying.done():
+            self._paying = asyncio.get_running_loop().create_task(self._pay())
+
+    async def _pay(self) -> None:
+        pause = 0.5
+        give_up = time.monotonic() + OWED_GIVE_UP
+        while self._owed:
+            accounts = self.accounts()
+            if accounts is None:
+                break
+            for scope, amounts in list(self._owed.items()):
+                try:
+                    await self.charge(accounts, scope, amounts)
+                except StoreUnavailable:
+                    break
+                rest = self._owed.get(scope, Amounts()).minus(amounts)
+                if rest == Amounts():
+                    self._owed.pop(scope, None)
+                else:
+                    self._owed[scope] = rest
+            if not self._owed:
+                break
+            if time.monotonic() > give_up:
+                log.warning("usage admitted uncounted not charged to %d scopes", len(self._owed))
+                self._owed.clear()
+                break
+            self._answered.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(pause):
+                    await self._answered.wait()  # woken early when a call succeeds
+            pause = min(pause * 2, OWED_LONGEST_PAUSE)
+
+    async def charge(self, accounts: Accounts, scope: Scope, amounts: Amounts) -> None:
+        """Add `amounts` to the scope's current counters, whatever its limits say (usage
+        that happened without a reservation)."""
+        held = await self.call(lambda: accounts.reserve(scope, Amounts(), time.time()))
+        if isinstance(held, Held) and held.counters:
+            await self.call(lambda: accounts.add(held.counters, amounts))
 
     # -- settlements ---------------------------------------------------------------------
 
@@ -193,14 +319,30 @@ class Fleet:
     async def close(self) -> None:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5)
+        if self._paying is not None and not self._paying.done():
+            if self._owed:  # one last try, then what is still owed is lost
+                self._answered.set()
+                await asyncio.wait([self._paying], timeout=2)
+            self._paying.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._paying
+        if self.store is not None:
+            await self.store.close()
 
 
 FLEET = web.AppKey("fleet", Fleet)
 
 
 async def fleet_lifetime(app: web.Application) -> AsyncIterator[None]:
-    """Keys and budgets for the app's lifetime: registered after the store, so pending
-    settlements are sent before the store closes."""
-    app[FLEET] = Fleet(app)
+    """Keys and budgets for the app's lifetime: registered after the store (the fleet
+    uses the same Redis, through its own client), so pending settlements are sent
+    before the store stops."""
+    fleet = app[FLEET] = Fleet(app)
+    state = app[STORE]
+    url = app[SETTINGS].store.redis_url
+    if state.embedded is not None:
+        url = state.embedded.url
+    if url and state.store is not None:
+        fleet.open(url)
     yield
-    await app[FLEET].close()
+    await fleet.close()

@@ -15,7 +15,7 @@ async def handle_healthz(request: web.Request) -> web.Response:
 
 async def handle_readyz(request: web.Request) -> web.Response:
     state = request.app[STORE]
-    upstream = request.app[UPSTREAM].base_url
+    upstream = request.app[UPSTREAM].shown_url  # never a password in the URL
     if state.store is None:
         store = f"unavailable: {state.problem or 'not started'}"
     elif await state.store.ping():

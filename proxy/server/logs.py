@@ -5,6 +5,8 @@ logger) or "json" (one JSON object per line, for log shippers; then every log li
 the process is JSON). A request line holds ids, the route, status, strategy, token counts
 and timings: numbers and fixed words only, never prompt text, headers or credentials.
 Health probes and /metrics scrapes are logged at DEBUG so they do not drown the rest.
+aiohttp's own server logs a malformed request with the offending raw line (which may be
+a header holding a credential): such lines keep only the error's kind (`ScrubHttpErrors`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from proxy.server.record import RequestRecord
 
@@ -104,9 +107,30 @@ class JSONFormatter(logging.Formatter):
         return orjson.dumps(line).decode()
 
 
+class ScrubHttpErrors(logging.Filter):
+    """aiohttp logs a request it cannot parse with a traceback quoting the raw bytes (a
+    header line with an API key in it, say). Keep the line, drop the bytes: the error's
+    kind and status only, at INFO (a client's mistake, not the proxy's)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("aiohttp") or not record.exc_info:
+            return True
+        error = record.exc_info[1]
+        if isinstance(error, HttpProcessingError):
+            record.msg = f"{record.getMessage()}: malformed request ({type(error).__name__},"
+            record.msg += f" {error.code})"
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+            if record.levelno > logging.INFO:
+                record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
 def configure(fmt: str, level: str | int = "INFO") -> None:
     """Set up the root logger for `serve` (stderr, the chosen format)."""
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(ScrubHttpErrors())
     if fmt == "json":
         handler.setFormatter(JSONFormatter())
     else:
@@ -119,12 +143,15 @@ def configure(fmt: str, level: str | int = "INFO") -> None:
 
 
 def redacted_url(url: str) -> str:
-    """A URL fit for a log line: any password in it replaced by `***`."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """A URL fit for a log line, an answer or /readyz: any password in it replaced by
+    `***` (a user name alone, which may be a token, too)."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "<unparseable URL>"
+    if "@" not in parts.netloc:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    host = parts.netloc.rpartition("@")[2]
+    user = "***" if password is None else f"{parts.username or ''}:***"
+    return urlunsplit(parts._replace(netloc=f"{user}@{host}"))

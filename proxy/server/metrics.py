@@ -119,6 +119,21 @@ class Metrics:
             f"{NS}_budget_rejections", "Requests refused by a budget or key check, by reason.",
             ["reason"], registry=r,
         )  # fmt: skip
+        # Budgets while Redis is unreachable (proxy/server/fleet.py).
+        self.budget_uncounted = Counter(
+            f"{NS}_budget_admitted_uncounted",
+            "Requests admitted without a reservation while Redis was unreachable "
+            '(on_store_down = "open", within the outage allowance).',
+            registry=r,
+        )
+        self.budget_store_down = Gauge(
+            f"{NS}_budget_store_unreachable",
+            "1 while this replica cannot reach Redis for keys and budgets.",
+            registry=r,
+        )
+        self.budget_store_outages = Counter(
+            f"{NS}_budget_store_outages", "Outages of Redis seen by this replica.", registry=r
+        )
         self.in_flight = Gauge(f"{NS}_requests_in_flight", "Requests being handled.", registry=r)
         self.draining = Gauge(
             f"{NS}_draining", "1 while shutting down (readiness fails).", registry=r

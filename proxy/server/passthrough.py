@@ -1,29 +1,74 @@
 """Every other path and method: forwarded unchanged, streamed both ways, to the upstream
-proxy/server/routing.py picks (Anthropic, or OpenAI-format)."""
+proxy/server/routing.py picks (Anthropic, or OpenAI-format; a key's own provider when
+keys are required).
+
+A caller with budgets pays for pass-through calls too (proxy/core/proxy_keys.py says how
+each path is metered): a model call (/v1/complete, /v1/completions, /v1/embeddings,
+/v1/responses while it passes through) is read whole, its body (decoded when compressed)
+counted as its input and its output cap times its choices as its output, reserved, and
+settled to the usage its answer reports (to the whole reservation when it reports none);
+a Message Batch reserves every request in it and is charged that once accepted; a call
+whose cost cannot be estimated (an OpenAI batch of an uploaded file, image generation,
+...) is refused. Calls that cost no tokens stream through as they arrive.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
 import aiohttp
+import orjson
 from aiohttp import web
 
+from proxy.core.budget import BadRequestField, batch_reservation
+from proxy.core.errors import Forbidden, InvalidRequest
+from proxy.core.proxy_keys import BATCH, FREE, UNMETERED, passthrough_rule
+from proxy.core.usage import LineKind, Usage
+from proxy.server import budgets
+from proxy.server.bodies import (
+    BodyClock,
+    BodyTooLarge,
+    check_model,
+    decoded,
+    invalid_field,
+    output_tokens,
+    read_body,
+    stream_body,
+    too_large,
+    too_slow,
+)
+from proxy.server.caller import caller_of, count_rejection
 from proxy.server.errors import not_a_path, upstream_failure
 from proxy.server.headers import upstream_request_headers
+from proxy.server.record import detached
 from proxy.server.relay import relay
 from proxy.server.routing import OPENAI_UPSTREAM, upstream_for
-from proxy.server.state import UPSTREAM
+from proxy.server.state import COMPACTOR, SETTINGS, UPSTREAM
+from proxy.wire import ANTHROPIC, CHAT
+
+COUNT_OFF_LOOP_BYTES = 256 * 1024
+NO_OUTPUT = frozenset({"/v1/embeddings"})
 
 
 async def handle_passthrough(request: web.Request) -> web.StreamResponse:
     if request.raw_path[:1] != "/":
         raise not_a_path(request.raw_path)
-    # The path (and for paths both APIs have, the client's headers) picks the upstream.
-    openai = upstream_for(request.path, request.headers) == "openai"
-    upstream = request.app[OPENAI_UPSTREAM if openai else UPSTREAM]
+    # The key's provider, else the path (and for paths both APIs have, the client's
+    # headers), picks the upstream.
+    target = caller_of(request).provider or upstream_for(request.path, request.headers)
+    upstream = request.app[OPENAI_UPSTREAM if target == "openai" else UPSTREAM]
     headers = upstream_request_headers(request.headers)
-    data = None
-    if request.body_exists:
-        # Streamed as it arrives; with a known length the same length goes on.
-        data = request.content
+    clock = BodyClock(request.app[SETTINGS].server.body_timeout)
+    data: Any = None
+    rule = passthrough_rule(request.method, request.path)
+    if rule.meter != FREE and budgets.applies(request):
+        data = await _reserved(request, rule.meter)
+        headers.append(("Content-Length", str(len(data))))
+    elif request.body_exists:
+        # Streamed as it arrives (on the body's clock); a known length goes on as is.
+        data = stream_body(request, clock)
         if request.content_length is not None:
             headers.append(("Content-Length", str(request.content_length)))
     try:
@@ -31,7 +76,103 @@ async def handle_passthrough(request: web.Request) -> web.StreamResponse:
             request.method, request.raw_path, headers, data, stream=False
         )
     except (aiohttp.ClientError, TimeoutError) as e:
-        raise upstream_failure(e, upstream.base_url, upstream.timeout_for(False)) from None
+        if clock.expired:
+            raise too_slow(clock.grace) from None
+        raise upstream_failure(e, upstream.shown_url, upstream.timeout_for(False)) from None
     return await relay(
-        request, response, base_url=upstream.base_url, read_timeout=upstream.timeout_for(False)
+        request, response, base_url=upstream.shown_url, read_timeout=upstream.timeout_for(False)
     )
+
+
+async def _reserved(request: web.Request, meter: str) -> bytes:
+    """Read a metered call whole, reserve what it may cost, and return its bytes."""
+    if meter == UNMETERED:
+        count_rejection(request.app, "unmetered")
+        raise Forbidden(
+            f"compaction-proxy cannot estimate what {request.method} {request.path} costs,"
+            " so a key with budgets may not use it."
+        )
+    limit = request.app[SETTINGS].server.max_body_bytes
+    try:
+        body = await read_body(request, limit)
+    except BodyTooLarge:
+        raise too_large(limit) from None
+    except asyncio.IncompleteReadError:
+        raise InvalidRequest("The request body ended before its Content-Length.") from None
+    text = await decoded(request, body)
+    if text is None:
+        raise InvalidRequest(
+            "compaction-proxy cannot read this body's Content-Encoding, and this key's"
+            " budgets must: send it uncompressed, or gzip or deflate."
+        )
+    try:
+        payload = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise InvalidRequest(f"The request body is not valid JSON: {e}") from None
+    if not isinstance(payload, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    check_model(payload)
+    counter = request.app[COMPACTOR].counter
+    if meter == BATCH:
+
+        def count() -> tuple[int, int]:
+            return batch_reservation(payload, counter.count_request)
+
+    else:
+        output = 0 if request.path in NO_OUTPUT else output_tokens(payload)
+
+        def count() -> tuple[int, int]:
+            return counter.count_json(payload), output
+
+    try:
+        if len(text) > COUNT_OFF_LOOP_BYTES:
+            estimate, output = await asyncio.to_thread(count)
+        else:
+            estimate, output = count()
+    except BadRequestField as e:
+        raise invalid_field(e.param, str(e)) from None
+    await budgets.reserve(request, estimate, output, text, charge_reserved=meter == BATCH)
+    detached().reads_answers_as(ANY_USAGE)
+    return body
+
+
+class AnyUsage:
+    """Usage in a pass-through answer, Anthropic's or OpenAI's (Chat, Completions,
+    Embeddings, Responses), whole or streamed. An answer whose usage is not found costs
+    its whole reservation (proxy/core/usage.py), so an unknown shape errs high."""
+
+    def line_may_matter(self, head: bytes) -> bool:
+        return head.startswith(b"data: {") or head.startswith(b"data:{")
+
+    def usage_line(self, line: bytes) -> tuple[LineKind, Usage] | None:
+        if b'"usage"' not in line:
+            return None
+        try:
+            data = orjson.loads(line.partition(b":")[2])
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(data, dict):
+            return None
+        found = self.body_usage(data)
+        if found is None and isinstance(data.get("response"), dict):
+            found = self.body_usage(data["response"])  # Responses: response.completed
+        if found is None and isinstance(data.get("message"), dict):
+            found = self.body_usage(data["message"])  # Messages: message_start
+        return None if found is None else (LineKind.END, found)
+
+    def text_chars(self, line: bytes) -> int:
+        return 0
+
+    def body_usage(self, body: Mapping[str, Any]) -> Usage | None:
+        raw = body.get("usage")
+        if not isinstance(raw, dict):
+            return None
+        if "prompt_tokens" in raw or "completion_tokens" in raw:
+            return CHAT.usage(raw)
+        if "input_tokens" in raw or "output_tokens" in raw:
+            # Responses counts cached input inside input_tokens: read as fresh, it errs high.
+            return ANTHROPIC.usage(raw)
+        return None
+
+
+ANY_USAGE = AnyUsage()

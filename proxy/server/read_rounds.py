@@ -30,6 +30,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.core.errors import UpstreamGarbage
 from proxy.core.offload import STOP_NOTES, ReadRequest, parse_read_args, read_slice, unknown_ref
 from proxy.core.sse import SSEDecoder
 from proxy.core.wire_format import JSON, MergeState, ReadCall, Round, RoundMerger, WireFormat
@@ -159,7 +160,9 @@ class ReadRounds:
 
     async def _fitted(self, round_: Round) -> bytes | str:
         compactor = self.request.app[COMPACTOR]
-        factor = max(1.0, compactor.calibration.factor(self.prepared.model, None))
+        factor = max(
+            1.0, compactor.calibration.factor(self.prepared.model, None, self.prepared.tenant)
+        )
         limit = math.floor(self.prepared.policy.window * (1 - WINDOW_MARGIN))
         fetched = await fetch_reads(round_.reads, self.store, self.prepared)
         lengths = [f.slice_length for f in fetched]
@@ -194,21 +197,32 @@ class ReadRounds:
 
     # -- not streaming -------------------------------------------------------------------
 
+    def _read_answer(self, raw: bytes) -> tuple[JSON, Round]:
+        """One round's answer and what it asks; UpstreamGarbage (502) when the upstream
+        said 200 but sent something that is not an answer of this API."""
+        try:
+            message = orjson.loads(raw)
+            if not isinstance(message, dict):
+                raise TypeError(f"a JSON {type(message).__name__}, not an object")
+            return message, self.wire.split(message, self.tool)
+        except Exception as e:
+            raise garbage(e) from None
+
     async def whole(self, response: aiohttp.ClientResponse) -> web.StreamResponse:
         if response.status != 200:
             return await relay(self.request, response, self.prepared.headers, wire=self.wire)
         headers = client_response_headers(response.headers)
         answers: list[JSON] = []
         meter = self.record.meter
+        meter.seen_answer = True  # the upstream answered: with no usage read, it costs the lot
         note = None
         while True:
             try:
                 raw = await response.read()
-                message = orjson.loads(raw)
             finally:
                 response.release()
+            message, round_ = self._read_answer(raw)
             answers.append(message)
-            round_ = self.wire.split(message, self.tool)
             meter.round(round_.usage)
             if not round_.wants_reads_only:
                 self.record.read_outcome = "complete"
@@ -221,7 +235,10 @@ class ReadRounds:
             if response.status != 200:
                 self.record.read_outcome = "upstream_error"
                 return await relay(self.request, response, self.prepared.headers, wire=self.wire)
-        merged = self.wire.merge(answers, self.tool, note)
+        try:
+            merged = self.wire.merge(answers, self.tool, note)
+        except Exception as e:
+            raise garbage(e) from None
         out = CIMultiDict(headers)
         out.popall("Content-Encoding", None)
         for name, value in self.prepared.headers:
@@ -241,6 +258,7 @@ class ReadRounds:
         await out.prepare(self.request)
         merger = self.wire.merger(self.tool)
         meter = self.record.meter
+        meter.seen_answer = True
         note = None
         try:
             while True:
@@ -290,13 +308,26 @@ class ReadRounds:
         try:
             async for chunk in response.content.iter_any():
                 for event in decoder.feed(chunk):
-                    for piece in merger.feed(event):
+                    try:
+                        pieces = merger.feed(event)
+                    except Exception as e:
+                        # Too late for a 502: end the stream with the API's error event.
+                        log.warning("unreadable upstream event (%s); ending the stream", e)
+                        await out.write(self.wire.stream_error(garbage(e)))
+                        return MergeState.FAILED
+                    for piece in pieces:
                         await out.write(piece)
                     if merger.state is MergeState.FAILED:
                         return MergeState.FAILED
         finally:
             response.release()
         return merger.state
+
+
+def garbage(error: Exception) -> UpstreamGarbage:
+    return UpstreamGarbage(
+        f"compaction-proxy could not read the upstream's answer ({type(error).__name__})"
+    )
 
 
 async def _error_event(response: aiohttp.ClientResponse, wire: WireFormat) -> bytes:

@@ -53,6 +53,9 @@ async def relay(
     answer's bytes go through the request's usage meter on the way (proxy/core/usage.py).
     `wire`: the API spoken (the shape of an error the proxy must put in the stream)."""
     wire = wire or wire_for(request.path, request.headers)
+    if 200 <= upstream.status < 300:
+        # An answer went through: with no usage found in it, it costs its reservation.
+        detached().meter.seen_answer = True
     headers = client_response_headers(upstream.headers)
     for name, value in extra_headers:
         headers.add(name, value)

@@ -37,7 +37,7 @@ from proxy.core.checkpoint import chain_hash, message_digest
 from proxy.core.commands import GetSummary, SummaryReply
 from proxy.core.counting import count_request
 from proxy.core.errors import StoreUnavailable, UpgradeRequired, UpstreamError
-from proxy.core.identity import conversation_of, tenant_of
+from proxy.core.identity import conversation_of
 from proxy.core.planner import IN_PLACE_OVERHEAD, SUMMARISER_MARGIN
 from proxy.core.seal import open_sealed, seal
 from proxy.core.summary import INSTRUCTION, in_place_prompt
@@ -50,9 +50,11 @@ from proxy.server.record import detached
 from proxy.server.routes import (
     Adjusted,
     ConversationRoute,
+    Incoming,
     _prepare,
     expect_for,
     handle_conversation,
+    tenant_of_request,
 )
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.seal_key import SealKey
@@ -124,16 +126,12 @@ async def handle_responses_get(request: web.Request) -> web.StreamResponse:
 # -- sealed compaction items --------------------------------------------------------------
 
 
-def _tenant(request: web.Request) -> str:
-    return caller_of(request).tenant or tenant_of(request.headers)
-
-
 async def _expand(
     request: web.Request, payload: dict[str, Any], found: list[tuple[int, str]]
 ) -> dict[str, Any]:
     store = request.app[STORE].store
     key = await request.app[RESPONSES_STATE].seal_key.get(store)
-    tenant = _tenant(request)
+    tenant = tenant_of_request(request)
     texts = {n: await _summary_text(store, key, tenant, content) for n, content in found}
     missing = sum(1 for text in texts.values() if text is None)
     if missing:
@@ -235,7 +233,8 @@ def _summary_need(
     units = RESPONSES.messages(sent)
     key = chain_hash([message_digest(unit) for unit in units])
     slot = policy.summary_max_tokens
-    factor = max(1.0, compactor.calibration.factor(model, store))  # as the planner's
+    tenant = tenant_of_request(request)
+    factor = max(1.0, compactor.calibration.factor(model, store, tenant))  # as the planner's
     window = math.floor(policy.window * (1 - SUMMARISER_MARGIN) / factor)
     if policy.summariser_model in ("", model):
         used = count_request(RESPONSES, counter, sent, units).total + IN_PLACE_OVERHEAD
@@ -265,12 +264,12 @@ async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web
     if store is None or seal_key is None:
         raise StoreUnavailable("compaction-proxy cannot compact without its store; try again")
     history = {**payload, "input": input_items(payload)[:-1]}
-    prepared = await _prepare(request, RESPONSES_ROUTE, orjson.dumps(history), history)
+    prepared = await _prepare(request, RESPONSES_ROUTE, Incoming(orjson.dumps(history), history))
     sent = dict(prepared.sent) if prepared.sent and prepared.refusal is None else history
     model = str(payload.get("model", ""))
     need, estimate = _summary_need(request, sent, model, store)
     await budgets.reserve(request, estimate, need.slot, b"")
-    tenant = _tenant(request)
+    tenant = tenant_of_request(request)
     conversation = conversation_of(request.headers, RESPONSES.identity_view(payload), tenant)
     record = detached()
     made = len(record.meter.extra)

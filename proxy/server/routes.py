@@ -9,6 +9,11 @@ The API's own step (`ConversationRoute.before`, optional) sees the parsed reques
 it may answer it itself, change what is compacted and forwarded, keep read_result out of
 it, or take over an upstream refusal (Responses: proxy/server/responses.py).
 
+The body is read within its time (proxy/server/bodies.py); a compressed one is decoded
+to be read, never rewritten. A model name out of bounds is refused (400); with budgets,
+so is an output cap or a choice count that is not a whole number, as what the request
+may generate is what it reserves (its largest cap times its choices).
+
 A request that fits goes out as its original bytes (DESIGN invariant 1); one over its
 trigger goes out rewritten. Any failure of the proxy's own compaction parts forwards the
 request untouched (invariant 7); refusals the API itself would give are raised as
@@ -27,9 +32,21 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.core.errors import ExpectationFailed, InvalidRequest, RequestTooLarge
+from proxy.core.calibration import calibrates
+from proxy.core.errors import ExpectationFailed, InvalidRequest, UnsupportedEncoding
+from proxy.core.identity import tenant_of
+from proxy.core.policy import PolicyError
 from proxy.core.wire_format import WireFormat
 from proxy.server import budgets
+from proxy.server.bodies import (
+    BodyTooLarge,
+    check_model,
+    decoded,
+    is_encoded,
+    output_tokens,
+    read_body,
+    too_large,
+)
 from proxy.server.caller import caller_of
 from proxy.server.compactor import Prepared
 from proxy.server.errors import not_a_path, render, upstream_failure
@@ -81,32 +98,6 @@ CHAT_COMPLETIONS = ConversationRoute(
 )
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The whole body, refusing early once it is over `limit`: by Content-Length before
-    reading anything, else by counting while reading a chunked body."""
-    length = request.content_length
-    if length is not None:
-        if length > limit:
-            raise BodyTooLarge
-        return await request.content.readexactly(length) if length else b""
-    chunks: list[bytes] = []
-    total = 0
-    while chunk := await request.content.readany():
-        total += len(chunk)
-        if total > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_large(limit: int) -> RequestTooLarge:
-    return RequestTooLarge(f"Request exceeds the maximum allowed number of bytes ({limit}).")
-
-
 ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
 
 
@@ -117,7 +108,7 @@ def expect_for(route: ConversationRoute) -> ExpectHandler:
         limit = request.app[SETTINGS].server.max_body_bytes
         length = request.content_length
         if length is not None and length > limit:
-            return render(_too_large(limit), route.wire)
+            return render(too_large(limit), route.wire)
         if request.headers.get("Expect", "").lower() != "100-continue":
             return render(ExpectationFailed("Unsupported Expect header."), route.wire)
         if request.version >= (1, 1):
@@ -134,98 +125,147 @@ def _wants_stream(payload: dict[str, Any] | None, body: bytes) -> bool:
     return b'"stream"' in body  # unparsed: err towards the stream (idle) timeout
 
 
-async def _read_payload(
-    request: web.Request, route: ConversationRoute
-) -> tuple[bytes, dict[str, Any] | None]:
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    body: bytes  # as sent: what goes upstream unless compaction rewrites it
+    payload: dict[str, Any] | None  # parsed (decoded first when encoded); None: uninspected
+    encoded: bool = False  # sent with a Content-Encoding: inspected only, never rewritten
+
+
+async def _read_payload(request: web.Request, route: ConversationRoute) -> Incoming:
     if request.raw_path[:1] != "/":
         raise not_a_path(request.raw_path)
     limit = request.app[SETTINGS].server.max_body_bytes
     try:
         body = await read_body(request, limit)
     except BodyTooLarge:
-        raise _too_large(limit) from None
+        raise too_large(limit) from None
     except asyncio.IncompleteReadError:
         raise InvalidRequest("The request body ended before its Content-Length.") from None
-    # A compressed body is forwarded as sent, uninspected (the server does not decompress).
-    if request.headers.get("Content-Encoding", "identity").lower() != "identity":
-        return body, None
+    # A body sent with a Content-Encoding is decoded to be read (bounded), and forwarded
+    # as sent; one that cannot be decoded goes through uninspected, unless a budget
+    # must read it.
+    encoded = is_encoded(request)
+    text = await decoded(request, body)
+    if text is None:
+        if budgets.applies(request):
+            raise unreadable_encoding(request)
+        return Incoming(body, None, encoded)
     try:
-        parsed = orjson.loads(body)
+        parsed = orjson.loads(text)
     except orjson.JSONDecodeError as e:
+        if encoded and not budgets.applies(request):
+            return Incoming(body, None, encoded)
         raise InvalidRequest(f"{route.bad_json}: {e}") from None
     if not isinstance(parsed, dict):
         raise InvalidRequest("The request body must be a JSON object.")
-    return body, parsed
+    check_model(parsed)
+    return Incoming(body, parsed, encoded)
 
 
-async def _prepare(
-    request: web.Request, route: ConversationRoute, body: bytes, payload: dict[str, Any] | None
-) -> Prepared:
+def unreadable_encoding(request: web.Request) -> UnsupportedEncoding:
+    coding = ", ".join(request.headers.getall("Content-Encoding", []))
+    return UnsupportedEncoding(
+        f"compaction-proxy cannot read a body sent with Content-Encoding: {coding}, and"
+        " this key's budgets must: send it uncompressed, or gzip or deflate."
+    )
+
+
+def tenant_of_request(request: web.Request) -> str:
+    """The tenant calibration and budgets are kept for: the key's, or the credential's."""
+    return caller_of(request).tenant or tenant_of(request.headers)
+
+
+async def _prepare(request: web.Request, route: ConversationRoute, incoming: Incoming) -> Prepared:
     """What goes upstream. Never raises for the proxy's own parts: on any failure of
     compaction the request goes out untouched (degrade, never fail)."""
-    untouched = Prepared(body, payload)
-    if payload is None or not route.compacts:
+    body, payload = incoming.body, incoming.payload
+    untouched = Prepared(body, payload, str((payload or {}).get("model", "")))
+    if payload is None or not route.compacts or incoming.encoded:
         return untouched
     app = request.app
     caller = caller_of(request)
-    try:
-        return await app[COMPACTOR].prepare(
-            body,
-            payload,
-            request.headers,
-            wire=route.wire,
-            store=app[STORE].store,
-            upstream=app[route.upstream],
-            path=request.raw_path,
-            upstream_headers=upstream_request_headers(request.headers),
-            tenant=caller.tenant,
-            policy_override=caller.policy,
-            charge_later=budgets.late_charge(request),
-        )
-    except Exception:
-        log.exception("compaction failed; forwarding the request untouched")
-        return untouched
+    override = caller.policy
+    for attempt in (1, 2):
+        try:
+            return await app[COMPACTOR].prepare(
+                body,
+                payload,
+                request.headers,
+                wire=route.wire,
+                store=app[STORE].store,
+                upstream=app[route.upstream],
+                path=request.raw_path,
+                upstream_headers=upstream_request_headers(request.headers),
+                tenant=caller.tenant,
+                policy_override=override,
+                charge_later=budgets.late_charge(request),
+            )
+        except PolicyError as e:
+            # A key's or team's window/trigger/target that does not fit this model's
+            # policy (`budgets set` checks it; the config may have changed since): the
+            # model's own policy applies rather than none.
+            if override is None or attempt == 2:
+                log.exception("compaction failed; forwarding the request untouched")
+                return untouched
+            log.warning("the key's policy override does not fit this model (%s); ignored", e)
+            override = None
+        except Exception:
+            log.exception("compaction failed; forwarding the request untouched")
+            return untouched
+    return untouched
 
 
-async def _reserve(request: web.Request, route: ConversationRoute, prepared: Prepared) -> None:
+async def _reserve(
+    request: web.Request, route: ConversationRoute, prepared: Prepared, output: int
+) -> None:
     if not route.compacts or not budgets.applies(request):
         return
     compactor = request.app[COMPACTOR]
     sent = prepared.sent
+    assert sent is not None  # a body budgets cannot read was refused when read
     estimate = prepared.estimate
-    if sent is None:
-        estimate = len(prepared.body) // 4  # unparsed (compressed): about 4 bytes a token
-    elif estimate == 0:  # not counted: the body's size proved it small; count it now
+    if estimate == 0:  # not counted: the body's size proved it small; count it now
         estimate = (await compactor.count(route.wire, sent, len(prepared.body))).total
-    factor = compactor.calibration.factor(str((sent or {}).get("model", "")), None)
+    factor = compactor.calibration.factor(
+        str(sent.get("model", "")), None, tenant_of_request(request)
+    )
     calibrated = int(estimate * max(1.0, factor) + 0.999)
-    max_output = route.wire.max_output(sent) if sent is not None else None
-    await budgets.reserve(request, calibrated, max_output, prepared.body)
+    await budgets.reserve(request, calibrated, output, prepared.body)
 
 
 async def handle_conversation(request: web.Request, route: ConversationRoute) -> web.StreamResponse:
     record = detached()
     if route.compacts:
         record.reads_answers_as(route.wire)
-    body, payload = await _read_payload(request, route)
+    incoming = await _read_payload(request, route)
+    body, payload = incoming.body, incoming.payload
+    output = 0
     if payload is not None:
         record.model = str(payload.get("model", ""))[:128]
-    adjusted = None
+        if route.compacts and budgets.applies(request):
+            output = output_tokens(payload)  # checked before any work is done for it
+    adjusted, rewritten = None, False
     if route.before is not None and payload is not None:
         adjusted = await route.before(request, body, payload)
         if adjusted.answer is not None:
             return adjusted.answer
-        body, payload = adjusted.body, adjusted.payload
-    prepared = await _prepare(request, route, body, payload)
+        rewritten = adjusted.body is not body
+        if rewritten:  # the step wrote new bytes: plain JSON, whatever the client's were
+            incoming = Incoming(adjusted.body, adjusted.payload)
+        body, payload = incoming.body, incoming.payload
+    prepared = await _prepare(request, route, incoming)
     if prepared.refusal is not None:
         raise prepared.refusal
     if adjusted is not None and not adjusted.read_result:
         prepared.tool = None
-    await _reserve(request, route, prepared)
+    await _reserve(request, route, prepared, output)
 
     app = request.app
     upstream = app[route.upstream]
     headers = upstream_request_headers(request.headers)
+    if rewritten:
+        headers = [(n, v) for n, v in headers if n.lower() != "content-encoding"]
     if prepared.intercepts or (adjusted is not None and adjusted.on_refusal is not None):
         # Answers we read ourselves must arrive uncompressed.
         headers = [(n, v) for n, v in headers if n.lower() != "accept-encoding"]
@@ -237,7 +277,7 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
             request.method, request.raw_path, headers, prepared.body, stream=stream
         )
     except (aiohttp.ClientError, TimeoutError) as e:
-        raise upstream_failure(e, upstream.base_url, upstream.timeout_for(stream)) from None
+        raise upstream_failure(e, upstream.shown_url, upstream.timeout_for(stream)) from None
     record.answered(response.headers.get(route.wire.request_id_header, ""))
 
     if adjusted is not None and adjusted.on_refusal is not None and response.status in (400, 422):
@@ -250,7 +290,7 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
             request,
             response,
             prepared.headers,
-            base_url=upstream.base_url,
+            base_url=upstream.shown_url,
             read_timeout=upstream.timeout_for(stream),
             wire=route.wire,
         )
@@ -272,16 +312,23 @@ async def _refusal(response: aiohttp.ClientResponse, take_over: Refused) -> web.
 
 
 def _calibrate(request: web.Request, prepared: Prepared) -> None:
-    """Feed calibration with what the upstream reported for the first round against
-    the estimate of what was sent."""
+    """Feed the tenant's calibration with what the upstream reported for the first round
+    against the estimate of what was sent (not from requests with media blocks, whose
+    estimate is a flat guess)."""
     if not prepared.sample or prepared.estimate <= 0 or not prepared.model:
         return
     first = detached().meter.first_round
     if first is None or first.total_input <= 0:
         return
+    if prepared.sent is None or not calibrates(prepared.sent):
+        return
     app = request.app
     app[COMPACTOR].calibration.record(
-        prepared.model, prepared.estimate, first.total_input, app[STORE].store
+        prepared.model,
+        prepared.estimate,
+        first.total_input,
+        app[STORE].store,
+        tenant_of_request(request),
     )
 
 

@@ -11,7 +11,13 @@ The rule, in order:
    else the Anthropic upstream.
 
 Only the path (never the query) and two headers decide, so the rule is cheap and a
-client cannot name an upstream that is not configured.
+client cannot name an upstream that is not configured. With proxy keys required, a key
+is bound to one provider (proxy/server/auth.py): a path of the other API is refused, and
+a path both APIs have goes to the key's own.
+
+`upstream.openai_url` left empty means https://api.openai.com when keys are off (callers
+send their own OpenAI credential) and no OpenAI upstream at all when keys are required:
+a key store must name where its OpenAI credentials may go.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ OPENAI_ONLY = (
 )
 
 OPENAI_UPSTREAM = web.AppKey("openai_upstream", Upstream)
+OPENAI_DEFAULT_URL = "https://api.openai.com"
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -58,11 +65,19 @@ def _under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix + "/")
 
 
-def upstream_for(path: str, headers: MultiMapping[str]) -> Target:
+def provider_of_path(path: str) -> Target | None:
+    """The API a path belongs to, or None for a path both have (/v1/models, ...)."""
     if _under(path, "/v1/messages"):
         return "anthropic"
     if any(_under(path, prefix) for prefix in OPENAI_ONLY):
         return "openai"
+    return None
+
+
+def upstream_for(path: str, headers: MultiMapping[str]) -> Target:
+    found = provider_of_path(path)
+    if found is not None:
+        return found
     bearer = headers.get("Authorization", "")[:7].lower() == "bearer "
     if bearer and "anthropic-version" not in headers:
         return "openai"
@@ -71,7 +86,10 @@ def upstream_for(path: str, headers: MultiMapping[str]) -> Target:
 
 async def openai_upstream_lifetime(app: web.Application) -> AsyncIterator[None]:
     """The OpenAI-format upstream: its own pool, the same timeouts as the Anthropic one."""
-    settings = app[SETTINGS].upstream
-    app[OPENAI_UPSTREAM] = Upstream(replace(settings, url=settings.openai_url))
+    settings = app[SETTINGS]
+    url = settings.upstream.openai_url
+    if not url and settings.auth.keys == "off":
+        url = OPENAI_DEFAULT_URL
+    app[OPENAI_UPSTREAM] = Upstream(replace(settings.upstream, url=url))
     yield
     await app[OPENAI_UPSTREAM].close()

@@ -14,6 +14,7 @@ import aiohttp
 from yarl import URL
 
 from proxy.config import UpstreamSettings
+from proxy.server.logs import redacted_url
 
 # aiohttp adds these when the caller does not send them; a transparent proxy must not.
 _NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
@@ -22,11 +23,20 @@ _NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 class Upstream:
     """Where requests go (from the configuration only) and the session that sends them."""
 
-    __slots__ = ("_base", "_response_timeout", "_stream_timeout", "session", "settings")
+    __slots__ = (
+        "_base",
+        "_response_timeout",
+        "_stream_timeout",
+        "session",
+        "settings",
+        "shown_url",
+    )
 
     def __init__(self, settings: UpstreamSettings) -> None:
         self.settings = settings
         self._base = settings.url.rstrip("/")
+        # For answers, logs and /readyz: any password in the URL masked.
+        self.shown_url = redacted_url(self._base)
         connector = aiohttp.TCPConnector(
             limit=settings.pool_limit,
             limit_per_host=settings.pool_limit_per_host,
@@ -59,6 +69,11 @@ class Upstream:
     @property
     def base_url(self) -> str:
         return self._base
+
+    @property
+    def configured(self) -> bool:
+        """False for an OpenAI upstream left unset with keys required (routing.py)."""
+        return bool(self._base)
 
     def url(self, path_qs: str) -> URL:
         # encoded=True: the path and query go on exactly as the client wrote them.

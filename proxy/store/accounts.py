@@ -29,7 +29,8 @@ from proxy.core.budget import METRICS, PERIODS, Amounts, Bucket, bucket
 from proxy.store.redis import Store
 
 # KEYS[1] the scope's conf, KEYS[2..] the counters of each period (minute, day, month);
-# ARGV[1..3] the amounts wanted (input, output, weighted), ARGV[4..] each counter's TTL.
+# ARGV[1..3] the amounts wanted (input, output, weighted: whole numbers below 2^53, so
+# Lua compares them exactly), ARGV[4..] each counter's TTL.
 # Returns {1, periods touched...} when admitted, {0, period, metric, used, limit} when not.
 _RESERVE = """
 local metrics = {'input', 'output', 'weighted'}
@@ -53,7 +54,8 @@ for p = 1, 3 do
 end
 for _, p in ipairs(touched) do
   for m = 1, 3 do
-    if want[m] ~= 0 then redis.call('HINCRBY', KEYS[p + 1], metrics[m], want[m]) end
+    -- ARGV's own text: a Lua number above 1e14 would go back to Redis as "1e+17".
+    if want[m] ~= 0 then redis.call('HINCRBY', KEYS[p + 1], metrics[m], ARGV[m]) end
   end
   redis.call('EXPIRE', KEYS[p + 1], ARGV[3 + p])
 end
@@ -69,8 +71,7 @@ local metrics = {'input', 'output', 'weighted'}
 for _, key in ipairs(KEYS) do
   if redis.call('EXISTS', key) == 1 then
     for m = 1, 3 do
-      local delta = tonumber(ARGV[m])
-      if delta ~= 0 then redis.call('HINCRBY', key, metrics[m], delta) end
+      if tonumber(ARGV[m]) ~= 0 then redis.call('HINCRBY', key, metrics[m], ARGV[m]) end
     end
   end
 end
@@ -111,6 +112,18 @@ class Refused:
     retry_after: int  # seconds until the period's bucket closes
 
 
+MAX_AMOUNT = 2**53 - 1  # what Lua (doubles) and HINCRBY (int64) both hold exactly
+
+
+def check_amounts(amounts: Amounts, *, signed: bool = False) -> None:
+    """Refuse amounts a script could not count exactly (a bug upstream of here: the
+    server bounds what a request may reserve before it gets this far)."""
+    low = -MAX_AMOUNT if signed else 0
+    for value in amounts.as_tuple():
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_AMOUNT:
+            raise ValueError(f"budget amounts must be whole numbers up to 2^53, got {amounts}")
+
+
 def _text(mapping: dict[Any, Any]) -> dict[str, str]:
     return {
         (k.decode() if isinstance(k, bytes) else str(k)): (
@@ -148,17 +161,19 @@ class Accounts:
         upstream_scheme: str = "x-api-key",
         name: str = "",
         tenant: str = "",
-        provider: str = "",
+        provider: str = "anthropic",
         scopes: tuple[str, ...] = (),
     ) -> tuple[str, dict[str, str]]:
-        """A new key: its text (shown once, never stored) and its record. `tenant`
-        (empty: the key's own), `provider` (empty: any) and `scopes` (empty: every
-        route) are optional (proxy/core/proxy_keys.py)."""
+        """A new key: its text (shown once, never stored) and its record. The key is
+        bound to `provider`'s API, reaches paths beyond the metered routes only through
+        `scopes`, and shares `tenant`'s conversations (empty: its own); see
+        proxy/core/proxy_keys.py."""
         proxy_keys.check_team(team)
         proxy_keys.check_env_name(upstream_env)
         proxy_keys.check_scheme(upstream_scheme)
         proxy_keys.check_tenant(tenant)
         proxy_keys.check_provider(provider)
+        granted = proxy_keys.check_scopes(scopes)
         key_id = secrets.token_hex(6)
         text = proxy_keys.format_key(key_id, secrets.token_urlsafe(32))
         record = {
@@ -170,13 +185,11 @@ class Accounts:
             "name": name,
             "created": str(int(time.time())),
             "revoked": "0",
-        }
-        optional = {
-            "tenant": tenant,
             "provider": provider,
-            "scopes": ",".join(proxy_keys.check_scopes(scopes)),
+            "scopes": ",".join(granted),
         }
-        record.update({k: v for k, v in optional.items() if v})
+        if tenant:
+            record["tenant"] = tenant
         scope = Scope("key", key_id)
         client = self.store.client
         mapping: dict[Any, Any] = dict(record)
@@ -228,6 +241,7 @@ class Accounts:
     # -- reservations --------------------------------------------------------------------
 
     async def reserve(self, scope: Scope, want: Amounts, now: float) -> Held | Refused:
+        check_amounts(want)
         buckets = [bucket(p, now) for p in PERIODS]
         counters = [self._counter(scope, b) for b in buckets]
         keys = [self._key(scope, "conf"), *counters]
@@ -247,6 +261,7 @@ class Accounts:
         """Add `delta` to counters of one scope (those a reservation touched)."""
         if not counters or delta == Amounts():
             return
+        check_amounts(delta, signed=True)
         keys = list(counters)
         await self.store.run(lambda: self._settle(keys=keys, args=list(delta.as_tuple())))
 

@@ -9,10 +9,13 @@ way (the shapes are in proxy/core/management.py). Raises `ValueError` for a bad 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from proxy.core import management
+from proxy.core.budget import override_problem, policy_override
 from proxy.core.management import KeyRequest
+from proxy.core.policy import DEFAULT_POLICIES, Policy
 from proxy.store.accounts import Accounts, Scope
 
 
@@ -53,14 +56,48 @@ async def budget(accounts: Accounts, kind: str, name: str, now: float) -> dict[s
 
 
 async def set_budget(
-    accounts: Accounts, kind: str, name: str, changes: dict[str, int | None], now: float
+    accounts: Accounts,
+    kind: str,
+    name: str,
+    changes: dict[str, int | None],
+    now: float,
+    policies: Sequence[Policy] = DEFAULT_POLICIES,
 ) -> dict[str, Any]:
     """Apply conf changes (proxy/core/management.py `budget_changes`) after checking
-    that the policy they leave is coherent."""
+    that the policy they leave is coherent, and that every model's policy in `policies`
+    (the configured ones, then the built-in ones) can take it."""
     scope = await _existing(accounts, kind, name)
-    management.check_policy(management.merged(await accounts.get_conf(scope), changes))
+    conf = management.merged(await accounts.get_conf(scope), changes)
+    management.check_policy(conf)
+    await _check_override(accounts, scope, conf, policies)
     await accounts.set_conf(scope, changes)
     return await _report(accounts, scope, now)
+
+
+async def _check_override(
+    accounts: Accounts, scope: Scope, conf: dict[str, str], policies: Sequence[Policy]
+) -> None:
+    """Refuse a window/trigger/target some model's policy could not take: every request
+    of that model would go without compaction. A key's is checked over its team's, a
+    team's under each of its keys'."""
+    pairs: list[tuple[dict[str, str], dict[str, str]]] = []
+    if scope.kind == "key":
+        team = (await accounts.get_key(scope.name) or {}).get("team")
+        pairs.append((await accounts.get_conf(Scope("team", team)) if team else {}, conf))
+    else:
+        pairs.append((conf, {}))
+        for record in await accounts.list_keys():
+            if record.get("team") == scope.name:
+                pairs.append((conf, await accounts.get_conf(Scope("key", record["id"]))))
+    for team_conf, key_conf in pairs:
+        override = policy_override(team_conf, key_conf)
+        problem = override_problem(override, policies) if override else None
+        if problem is not None:
+            given = ", ".join(f"{k} {v}" for k, v in override.items())
+            raise ValueError(
+                f"the policy ({given}) does not fit {problem}; give the other fields too"
+                " (window, trigger, target) or a [[policy]] for those models"
+            )
 
 
 async def all_budgets(accounts: Accounts, now: float) -> list[dict[str, Any]]:

@@ -25,21 +25,52 @@ def test_a_key_request_takes_its_defaults_from_the_provider() -> None:
         team="infra", upstream_env="ANTHROPIC_API_KEY", upstream_scheme="x-api-key"
     )
     openai = parse_key_request(
-        {"team": "web", "provider": "openai", "scopes": ["chat", "messages"], "tenant": "lab"}
+        {"team": "web", "provider": "openai", "scopes": ["batches", "files"], "tenant": "lab"}
     )
     assert (openai.upstream_env, openai.upstream_scheme) == ("OPENAI_API_KEY", "bearer")
-    assert openai.scopes == ("messages", "chat") and openai.tenant == "lab"
+    assert openai.scopes == ("files", "batches") and openai.tenant == "lab"
+    with pytest.raises(ValueError, match="scope"):
+        parse_key_request({"team": "web", "scopes": ["passthrough"]})  # a family, or all
     policy = parse_key_request({"team": "a", "policy": {"window": 9000, "trigger": None}})
     assert policy.policy == (("policy:window", 9000),)
 
 
-def test_provider_and_scopes_limit_what_a_key_may_call() -> None:
-    record = {"provider": "anthropic", "scopes": "messages"}
-    assert proxy_keys.refusal(record, "/v1/messages", "anthropic") is None
-    assert proxy_keys.refusal(record, "/v1/messages/count_tokens", "anthropic") is None
-    assert "anthropic API only" in (proxy_keys.refusal(record, "/v1/models", "openai") or "")
-    assert "passthrough" in (proxy_keys.refusal(record, "/v1/models", "anthropic") or "")
-    assert proxy_keys.refusal({}, "/v1/anything", "openai") is None
+def test_a_key_reaches_the_metered_routes_and_its_scopes_only() -> None:
+    """Without a scope a key reaches only the calls that cost tokens (reserved against its
+    budgets); every other path names the scope it needs (proxy/core/proxy_keys.py)."""
+    rule = proxy_keys.passthrough_rule
+    for path in ("/v1/complete", "/v1/completions", "/v1/embeddings", "/v1/responses"):
+        assert rule("POST", path) == proxy_keys.PathRule(None, proxy_keys.ESTIMATE)
+    assert rule("POST", "/v1/responses/input_tokens").meter == proxy_keys.FREE
+    assert rule("GET", "/v1/responses") == proxy_keys.PathRule(None, proxy_keys.FREE)
+    needed = {
+        ("GET", "/v1/models"): ("models", proxy_keys.FREE),
+        ("GET", "/v1/files/file_1/content"): ("files", proxy_keys.FREE),
+        ("POST", "/v1/files"): ("files", proxy_keys.FREE),
+        ("GET", "/v1/messages/batches/b/results"): ("batches", proxy_keys.FREE),
+        ("POST", "/v1/messages/batches"): ("batches", proxy_keys.BATCH),
+        ("POST", "/v1/messages/batches/b/cancel"): ("batches", proxy_keys.FREE),
+        ("POST", "/v1/batches"): ("batches", proxy_keys.UNMETERED),
+        ("GET", "/v1/responses/resp_1"): ("stored", proxy_keys.FREE),
+        ("GET", "/v1/chat/completions"): ("stored", proxy_keys.FREE),
+        ("POST", "/v1/images/generations"): ("images", proxy_keys.UNMETERED),
+        ("GET", "/v1/organizations/users"): ("all", proxy_keys.FREE),
+        ("GET", "/v1/messages"): ("all", proxy_keys.FREE),
+        ("POST", "/v2/anything"): ("all", proxy_keys.UNMETERED),
+    }
+    for (method, path), (scope, meter) in needed.items():
+        found = rule(method, path)
+        assert (found.scope, found.meter) == (scope, meter), (method, path)
+        assert not proxy_keys.may_reach(found, ())
+        assert proxy_keys.may_reach(found, (scope,)) and proxy_keys.may_reach(found, ("all",))
+    # Records made before: the provider read from the scheme, old scope names mapped.
+    assert proxy_keys.provider_of({"upstream_scheme": "bearer"}) == "openai"
+    assert proxy_keys.provider_of({"upstream_scheme": "x-api-key"}) == "anthropic"
+    assert proxy_keys.provider_of({"provider": "openai", "upstream_scheme": "x-api-key"}) == (
+        "openai"
+    )
+    assert proxy_keys.scopes_of({"scopes": "messages,passthrough"}) == ("all",)
+    assert proxy_keys.scopes_of({}) == ()
     assert proxy_keys.tenant_for("0123456789ab") == "k0123456789ab"
     assert proxy_keys.tenant_for("0123456789ab", "lab") == "nlab"
 

@@ -10,7 +10,9 @@ same suite runs against a standalone Redis and a local three-master Cluster:
 - a result offloaded through replica A is read (read_result) through replica B;
 - a summary needed by three replicas at once is made once for the fleet.
 
-Killing Redis under load is tested with one private Redis per test (it is restarted).
+Killing Redis under load is tested with one private Redis per test (it is restarted);
+tests/fleet/test_outages.py has stalls, the fail-open allowance and revocation, and
+tests/fleet/test_enforcement.py what a key may reach and pay for.
 """
 
 from __future__ import annotations
@@ -102,16 +104,27 @@ class Fleet:
 
 
 def start_replicas(
-    tmp: Path, count: int, upstream: str, redis_url: str, prefix: str, extra: str = ""
+    tmp: Path,
+    count: int,
+    upstream: str,
+    redis_url: str,
+    prefix: str,
+    extra: str = "",
+    *,
+    env: dict[str, str] | None = None,
+    auth: str = '[auth]\nkeys = "required"\ncache_seconds = 0.5\n',
+    preexec_fn: Callable[[], None] | None = None,
 ) -> list[Replica]:
+    """`count` serve processes; `extra` and `auth` are TOML added to their config, `env`
+    more environment variables (upstream credentials)."""
     config = tmp / f"proxy-{uuid.uuid4().hex[:6]}.toml"
     config.write_text(
-        f'[store]\nkey_prefix = "{prefix}"\nop_timeout = 0.5\n'
-        '[auth]\nkeys = "required"\ncache_seconds = 0.5\n' + extra + POLICY
+        f'[store]\nkey_prefix = "{prefix}"\nop_timeout = 0.5\n' + auth + extra + POLICY
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
-    env.pop("REDIS_URL", None)
-    env[ENV] = SECRET
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
+    environ.pop("REDIS_URL", None)
+    environ[ENV] = SECRET
+    environ.update(env or {})
     replicas = []
     for n in range(count):
         log = tmp / f"replica-{n}-{uuid.uuid4().hex[:6]}.log"
@@ -120,7 +133,9 @@ def start_replicas(
             "--upstream", upstream, "--redis-url", redis_url,
         ]  # fmt: skip
         with log.open("wb") as out:
-            process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(
+                command, env=environ, stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec_fn
+            )
         replicas.append(Replica(process, log))
     try:
         for replica in replicas:
@@ -461,7 +476,10 @@ def test_killing_redis_under_load_follows_the_policy_and_recovers(
     after = [s for t, s in seen if t > marks["back"] + 1.0]
     assert before and set(before) == {200}
     assert down, "requests kept completing while Redis was down (no hang)"
-    assert set(down) == ({200} if policy == "open" else {503})
+    # Failing open admits uncounted only while a key's record is fresh (auth.cache_seconds,
+    # 0.5 s here): a key that cannot be checked again is refused, so the 2 s outage ends
+    # in 503s either way (tests/fleet/test_outages.py has the allowance and revocation).
+    assert set(down) <= ({200, 503} if policy == "open" else {503}) and 503 in down
     assert after and set(after) == {200}  # recovered without a restart
     logs = "".join(r.log.read_text(errors="replace") for r in replicas)
     outage_lines = [line for line in logs.splitlines() if "fleet store" in line]

@@ -58,9 +58,10 @@ def test_create_list_revoke_and_budgets(run: Any) -> None:
     )
     assert shown["limits"]["month"] == {"weighted": 9} and shown["used"]["month"]["weighted"] == 0
     code, shown, _ = run(
-        "budgets", "set", "--team", "infra", "--window", "9000", "--trigger", "6000"
-    )
-    assert shown["policy"] == {"window": 9000, "trigger": 6000}
+        "budgets", "set", "--team", "infra", "--window", "9000", "--trigger", "6000",
+        "--target", "3000",
+    )  # fmt: skip
+    assert shown["policy"] == {"window": 9000, "trigger": 6000, "target": 3000}
     code, shown, _ = run("budgets", "set", "--key", key_id, "--period", "minute", "--input", "-1")
     assert shown["limits"]["minute"] == {"output": 800}
     code, shown, _ = run("budgets", "show", "--key", key_id)
@@ -83,6 +84,46 @@ def test_operator_mistakes_are_named(run: Any) -> None:
     assert code == 1
     code, _, err = run("keys", "create", "--team", "bad team")
     assert code == 2 and "team" in err
+
+
+def test_a_policy_no_model_could_use_is_refused_when_set(run: Any) -> None:
+    """`--target 150000` alone sits above claude-*'s trigger (140,000): every request of
+    the key would fail its policy. Refused when set, with what to do instead."""
+    code, created, _ = run("keys", "create", "--team", "policies")
+    key_id = created["id"]
+    code, _, err = run("budgets", "set", "--key", key_id, "--target", "150000")
+    assert code == 2
+    assert "claude-*" in err and "150000" in err and "trigger" in err
+    code, shown, _ = run("budgets", "show", "--key", key_id)
+    assert shown["policy"] == {}  # nothing was stored
+    # The same target with a trigger and window that hold it is fine for every model.
+    code, shown, _ = run(
+        "budgets", "set", "--key", key_id, "--window", "400000", "--trigger", "300000",
+        "--target", "150000",
+    )  # fmt: skip
+    assert code == 0 and shown["policy"]["target"] == 150000
+    # A team's policy is checked under its keys' own: a team trigger below the key's
+    # target (150,000) would break the key's requests.
+    code, _, err = run("budgets", "set", "--team", "policies", "--trigger", "100000")
+    assert code == 0  # the key's own trigger (300,000) is over the team's: it still fits
+    code, _, err = run("budgets", "set", "--key", key_id, "--trigger", "0")
+    assert code == 2 and "target (150000) must be below trigger (100000)" in err
+
+
+def test_keys_are_made_for_one_provider_and_scopes(run: Any) -> None:
+    code, made, _ = run("keys", "create", "--team", "red", "--provider", "openai")
+    assert code == 0
+    assert (made["provider"], made["upstream_env"], made["upstream_scheme"]) == (
+        "openai",
+        "OPENAI_API_KEY",
+        "bearer",
+    )
+    assert made["scopes"] == ""  # the metered routes only
+    code, made, _ = run("keys", "create", "--team", "red", "--scope", "files", "--scope", "batches")
+    assert (made["provider"], made["scopes"]) == ("anthropic", "files,batches")
+    with pytest.raises(SystemExit) as refused:  # argparse names the known scopes
+        run("keys", "create", "--team", "red", "--scope", "everything")
+    assert refused.value.code == 2
 
 
 @pytest.fixture
@@ -116,10 +157,11 @@ def test_the_commands_work_through_the_admin_api(run_url: Any, run: Any) -> None
     # The same record as the Redis commands see.
     assert [k["id"] for k in run("keys", "list")[1]] == [key_id]
     code, shown, _ = run_url(
-        "budgets", "set", "--key", key_id, "--period", "day", "--input", "900", "--window", "9000"
-    )
+        "budgets", "set", "--key", key_id, "--period", "day", "--input", "900", "--window",
+        "9000", "--trigger", "6000", "--target", "3000",
+    )  # fmt: skip
     assert code == 0 and shown["limits"]["day"] == {"input": 900}
-    assert shown["policy"] == {"window": 9000}
+    assert shown["policy"] == {"window": 9000, "trigger": 6000, "target": 3000}
     assert run("budgets", "show", "--key", key_id)[1]["limits"] == shown["limits"]
     code, shown, _ = run_url("budgets", "set", "--key", key_id, "--period", "day", "--input", "-1")
     assert shown["limits"]["day"] == {}

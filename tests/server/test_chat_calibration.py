@@ -15,6 +15,8 @@ from typing import Any
 import openai
 import pytest
 
+from proxy.core.identity import tenant_of
+from proxy.server.calibration import store_name
 from proxy.testing.standin import StandInOptions
 from tests.plugins.standin import RunningStandIn
 from tests.server.conftest import MakeProxy
@@ -59,9 +61,10 @@ async def test_relayed_chat_streams_calibrate_the_model(
     assert len(standin.recorded) == 12  # every one relayed as it was: no read rounds
 
     store = make_store(prefix=redis_key_prefix)
+    tenant = tenant_of({"authorization": "Bearer sk-cal"})  # calibration is per tenant
     found = None
     for _ in range(50):  # samples are written in the background
-        found = await store.get_global_mean("calibration", model)
+        found = await store.get_global_mean("calibration", store_name(model, tenant))
         if found is not None and found[1] >= 12:
             break
         await asyncio.sleep(0.05)

@@ -51,8 +51,17 @@ async def keyed(
     yield proxy, Accounts(store)
 
 
-async def new_key(accounts: Accounts, team: str = "team-a", **limits: int) -> tuple[str, str]:
-    text, record = await accounts.create_key(team=team, upstream_env=ENV)
+async def new_key(
+    accounts: Accounts,
+    team: str = "team-a",
+    provider: str = "anthropic",
+    scopes: tuple[str, ...] = (),
+    **limits: int,
+) -> tuple[str, str]:
+    scheme = "bearer" if provider == "openai" else "x-api-key"
+    text, record = await accounts.create_key(
+        team=team, upstream_env=ENV, upstream_scheme=scheme, provider=provider, scopes=scopes
+    )
     if limits:
         await accounts.set_conf(Scope("key", record["id"]), dict(limits))  # type: ignore[arg-type]
     return text, record["id"]
@@ -102,7 +111,7 @@ async def test_the_upstream_sees_the_mapped_credential_never_the_proxy_key(
     keyed: tuple[RunningProxy, Accounts], standin: RunningStandIn
 ) -> None:
     proxy, accounts = keyed
-    text, _ = await new_key(accounts)
+    text, _ = await new_key(accounts, scopes=("models",))
     async with client(proxy, text) as c:
         await c.messages.create(**REQUEST)
         await c.messages.count_tokens(model=REQUEST["model"], messages=REQUEST["messages"])
@@ -245,7 +254,7 @@ async def test_chat_completions_go_through_the_same_keys_and_budgets(
     keyed: tuple[RunningProxy, Accounts], standin: RunningStandIn
 ) -> None:
     proxy, accounts = keyed
-    text, key_id = await new_key(accounts, **{"day:output": 150})
+    text, key_id = await new_key(accounts, provider="openai", **{"day:output": 150})
     chat = {"model": "gpt-4o", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}
     base = proxy.url + "/v1"
     async with openai.AsyncOpenAI(base_url=base, api_key="sk-wrong", max_retries=0) as wrong:

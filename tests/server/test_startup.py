@@ -67,9 +67,9 @@ def test_keys_and_budgets_share_the_embedded_store_with_serve(tmp_path: Path) ->
         line = read_until(serve.stderr, "listening on ")[-1]
         url = line.split("listening on ")[1].split(",")[0]
         # A serve runs it: the commands use that one (and leave it running).
-        shown = run_cli(["budgets", "set", "--team", "infra", "--window", "9000", "--json"], env)
+        shown = run_cli(["budgets", "set", "--team", "infra", "--window", "190000", "--json"], env)
         assert shown.returncode == 0, shown.stderr
-        assert orjson.loads(shown.stdout)["policy"] == {"window": 9000}
+        assert orjson.loads(shown.stdout)["policy"] == {"window": 190000}
         listed = run_cli(["keys", "list", "--json"], env)
         assert [k["id"] for k in orjson.loads(listed.stdout)] == [key["id"]]
         with urllib.request.urlopen(f"{url}/readyz", timeout=10) as ready:
@@ -90,5 +90,5 @@ def test_keys_and_budgets_share_the_embedded_store_with_serve(tmp_path: Path) ->
 
     # What the commands wrote while serve ran was kept.
     listed = run_cli(["budgets", "show", "--team", "infra", "--json"], env)
-    assert orjson.loads(listed.stdout)["policy"] == {"window": 9000}
+    assert orjson.loads(listed.stdout)["policy"] == {"window": 190000}
     assert not processes_mentioning(state)

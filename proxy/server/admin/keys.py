@@ -24,7 +24,7 @@ from aiohttp import web
 from proxy.core import management as shapes
 from proxy.core.errors import InvalidRequest, StoreUnavailable
 from proxy.server.admin.answers import NotFound, answer
-from proxy.server.state import SETTINGS, STORE
+from proxy.server.state import COMPACTOR, SETTINGS, STORE
 from proxy.store import management as manage
 from proxy.store.accounts import Accounts
 
@@ -86,7 +86,9 @@ async def _budget(request: web.Request, accounts: Accounts) -> web.Response:
     kind, name = request.match_info["kind"], request.match_info["name"]
     if request.method == "PUT":
         changes = shapes.budget_changes(await _json(request))
-        return answer(await manage.set_budget(accounts, kind, name, changes, time.time()))
+        policies = request.app[COMPACTOR].policies  # the models' own, configured first
+        report = await manage.set_budget(accounts, kind, name, changes, time.time(), policies)
+        return answer(report)
     return answer(await manage.budget(accounts, kind, name, time.time()))
 
 

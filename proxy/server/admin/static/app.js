@@ -345,8 +345,10 @@
         const action = active
           ? el("button", { type: "button", class: "danger", data: { revoke: k.id }, text: "Revoke" })
           : "";
-        return [el("code", { text: k.id }), k.name || "", k.team, k.provider || "any",
-          k.scopes || "all", k.tenant || "own", clock(Number(k.created)),
+        // Keys made before providers were bound are read by their scheme (proxy_keys.py).
+        const provider = k.provider || (k.upstream_scheme === "bearer" ? "openai" : "anthropic");
+        return [el("code", { text: k.id }), k.name || "", k.team, provider,
+          k.scopes || "metered only", k.tenant || "own", clock(Number(k.created)),
           active ? "active" : "revoked", action];
       }));
   }

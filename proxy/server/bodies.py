@@ -1,0 +1,133 @@
+"""Reading request bodies: bounded in size and in time, decoded for inspection, and the
+fields budgets read checked.
+
+A body must arrive within `server.body_timeout` seconds plus one second per 64 KiB
+received: a client that trickles a few bytes now and then (or sends nothing) is answered
+408 and disconnected rather than holding a connection and its memory for ever, while a
+large upload on a slow line still gets through. A body sent with `Content-Encoding` is
+decoded (proxy/core/content_encoding.py, never past `server.max_body_bytes`) only so
+budgets can read it; what goes upstream is the body as sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from proxy.core import content_encoding
+from proxy.core.budget import BadRequestField, output_reservation
+from proxy.core.errors import InvalidRequest, RequestTimeout, RequestTooLarge
+from proxy.core.model_names import model_problem
+from proxy.server.state import SETTINGS
+
+MIN_RATE = 64 * 1024  # bytes a second a body must keep up, past its grace
+DECODE_OFF_LOOP = 1024 * 1024  # compressed bodies larger than this inflate in a thread
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BodyClock:
+    """The deadline a body keeps: `grace` seconds, plus one per MIN_RATE bytes read."""
+
+    def __init__(self, grace: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.start = self.loop.time()
+        self.grace = grace
+        self.received = 0
+        self.expired = False
+
+    async def read(self, request: web.Request) -> bytes:
+        """The next chunk (b"" at the end); RequestTimeout once the deadline passed."""
+        deadline = self.start + self.grace + self.received / MIN_RATE
+        try:
+            async with asyncio.timeout_at(deadline):
+                chunk = await request.content.readany()
+        except TimeoutError:
+            self.expired = True
+            raise too_slow(self.grace) from None
+        self.received += len(chunk)
+        return chunk
+
+
+def too_slow(grace: float) -> RequestTimeout:
+    return RequestTimeout(
+        f"The request body did not arrive in time ({grace:g} s, plus 1 s per 64 KiB)."
+    )
+
+
+def too_large(limit: int) -> RequestTooLarge:
+    return RequestTooLarge(f"Request exceeds the maximum allowed number of bytes ({limit}).")
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body, refusing early once it is over `limit` (BodyTooLarge): by
+    Content-Length before reading anything, else by counting while reading; and
+    RequestTimeout when it does not arrive in time."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise BodyTooLarge
+    clock = BodyClock(request.app[SETTINGS].server.body_timeout)
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := await clock.read(request):
+        total += len(chunk)
+        if total > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    if length is not None and total < length:
+        raise asyncio.IncompleteReadError(b"".join(chunks), length)
+    return b"".join(chunks)
+
+
+async def stream_body(request: web.Request, clock: BodyClock) -> AsyncIterator[bytes]:
+    """The body as it arrives (for a pass-through upload), on `clock`'s deadline."""
+    while chunk := await clock.read(request):
+        yield chunk
+
+
+async def decoded(request: web.Request, body: bytes) -> bytes | None:
+    """The body with its Content-Encoding undone, for inspection: the body itself when
+    it has none, None when it cannot be decoded (an unknown coding, corrupt data).
+    RequestTooLarge when it would decode past `server.max_body_bytes`."""
+    codings = content_encoding.encodings(request.headers.getall("Content-Encoding", []))
+    if not codings:
+        return body
+    limit = request.app[SETTINGS].server.max_body_bytes
+    try:
+        if len(body) > DECODE_OFF_LOOP:
+            return await asyncio.to_thread(content_encoding.decode, body, codings, limit)
+        return content_encoding.decode(body, codings, limit)
+    except content_encoding.TooLarge:
+        raise RequestTooLarge(
+            f"The request body decodes to more than the maximum allowed number of bytes ({limit})."
+        ) from None
+
+
+def is_encoded(request: web.Request) -> bool:
+    return bool(content_encoding.encodings(request.headers.getall("Content-Encoding", [])))
+
+
+def invalid_field(param: str, message: str) -> InvalidRequest:
+    error = InvalidRequest(message)
+    error.param = param
+    return error
+
+
+def check_model(payload: dict[str, object]) -> None:
+    """400 for a model name out of bounds (proxy/core/model_names.py)."""
+    if "model" in payload:
+        problem = model_problem(payload["model"])
+        if problem is not None:
+            raise invalid_field("model", problem)
+
+
+def output_tokens(payload: dict[str, object]) -> int:
+    """What the request may generate (its largest cap times its choices), or 400."""
+    try:
+        return output_reservation(payload)
+    except BadRequestField as e:
+        raise invalid_field(e.param, str(e)) from None
