@@ -42,6 +42,7 @@ from proxy.core.planner import IN_PLACE_OVERHEAD, SUMMARISER_MARGIN
 from proxy.core.seal import open_sealed, seal
 from proxy.core.summary import INSTRUCTION, in_place_prompt
 from proxy.server import budgets
+from proxy.server.bodies import is_encoded
 from proxy.server.caller import caller_of
 from proxy.server.errors import new_request_id
 from proxy.server.headers import upstream_request_headers
@@ -89,7 +90,7 @@ RESPONSES_STATE = web.AppKey("responses_state", ResponsesState)
 
 
 async def before(request: web.Request, body: bytes, payload: dict[str, Any]) -> Adjusted:
-    if b'"cpx1.' in body:
+    if b'"cpx1.' in body or is_encoded(request):  # (compressed bytes hide the mark)
         found = sealed_items(payload)
         if found:
             payload = await _expand(request, payload, found)

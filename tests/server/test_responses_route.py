@@ -4,6 +4,7 @@ Codex, raw HTTP) sees, with the stand-in or a raw upstream behind."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 from typing import Any
 
 import aiohttp
@@ -388,3 +389,26 @@ async def test_without_its_store_the_proxy_cannot_serve_but_never_forwards_a_sea
     assert status == 200
     sent = orjson.loads(posts(standin)[-1].body)["input"]
     assert sent[-1]["content"][0]["text"] == MISSING_NOTE
+
+
+async def test_a_compressed_request_with_a_sealed_item_goes_up_as_plain_json(
+    make_responses_standin: MakeResponsesStandIn, make_compacting_proxy: MakeProxy
+) -> None:
+    standin = await standin_with(make_responses_standin, plays_openai=False)
+    proxy = await proxy_for(
+        make_compacting_proxy, standin.url, **{"responses.codex_compaction": "serve"}
+    )
+    _, _, raw = await post(proxy, compaction_request())
+    [item] = orjson.loads(raw)["output"]
+    packed = gzip.compress(orjson.dumps(restart(item)))
+    headers = {**AUTH, "Content-Encoding": "gzip", "Content-Type": "application/json"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(proxy.url + PATH, data=packed, headers=headers) as r,
+    ):
+        assert r.status == 200, await r.text()
+        await r.read()
+    sent = posts(standin)[-1]
+    assert "Content-Encoding" not in sent.headers
+    text = orjson.loads(sent.body)["input"][-1]["content"][0]["text"]
+    assert text.startswith(SUMMARY_HEADER)
