@@ -248,13 +248,14 @@ async def throughput(
     headers: dict[str, str],
     seconds: float,
     concurrency: int,
-    proxy_pid: int,
+    pids: dict[str, int],
 ) -> dict[str, tuple[float, float]]:
-    """Requests per second at `concurrency`, direct and proxy alternating in four slices
-    (so a burst of load from elsewhere hits both); with the proxy's CPU per request."""
+    """Requests per second at `concurrency`, direct, floor and proxy alternating in four
+    slices (so a burst of load from elsewhere hits all); with the CPU per request of the
+    process in `pids` that served them (floor, proxy)."""
     done = {who: 0 for who in urls}
     spent = {who: 0.0 for who in urls}
-    proxy_cpu = 0.0
+    cpu_spent = {who: 0.0 for who in urls}
     for _ in range(4):
         for who, url in urls.items():
             stop = time.perf_counter() + seconds / 4
@@ -264,16 +265,14 @@ async def throughput(
                     await one(session, url, body, headers)
                     done[who] += 1
 
-            cpu = cpu_seconds(proxy_pid)
+            pid = pids.get(who)
+            cpu = cpu_seconds(pid) if pid else 0.0
             start = time.perf_counter()
             await asyncio.gather(*(worker() for _ in range(concurrency)))
             spent[who] += time.perf_counter() - start
-            if who == "proxy":
-                proxy_cpu += cpu_seconds(proxy_pid) - cpu
-    return {
-        who: (done[who] / spent[who], proxy_cpu / done[who] * 1e6 if who == "proxy" else 0.0)
-        for who in urls
-    }
+            if pid:
+                cpu_spent[who] += cpu_seconds(pid) - cpu
+    return {who: (done[who] / spent[who], cpu_spent[who] / done[who] * 1e6) for who in urls}
 
 
 async def open_streams(
@@ -324,7 +323,7 @@ async def measure(
     headers: dict[str, str],
     args: argparse.Namespace,
     label: str,
-    proxy_pid: int,
+    pids: dict[str, int],
 ) -> dict[str, Any]:
     cases: dict[str, Any] = {}
     for name, body in bodies.items():
@@ -336,10 +335,10 @@ async def measure(
         case: dict[str, Any] = {"bytes": len(body)}
         for who, values in times.items():
             case[who] = {"p50": pct(values, 0.5) * 1000, "p99": pct(values, 0.99) * 1000}
-        rates = await throughput(session, urls, body, headers, args.seconds, 16, proxy_pid)
-        for who, (rps, _) in rates.items():
+        rates = await throughput(session, urls, body, headers, args.seconds, 16, pids)
+        for who, (rps, cpu_us) in rates.items():
             case[who]["rps"] = rps
-        case["proxy"]["cpu_us"] = rates["proxy"][1]
+            case[who]["cpu_us"] = cpu_us
         cases[name] = case
         print(label, name, json.dumps(case), flush=True)
     return cases
@@ -429,8 +428,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             answers = await record_answers(session, urls["direct"], bodies, headers)
             (work / "answers.json").write_bytes(orjson.dumps(answers))
             results["standin"] = await measure(
-                session, urls, bodies, headers, args, "stand-in", proxy.pid
-            )
+                session, urls, bodies, headers, args, "stand-in",
+                {"floor": floor.pid, "proxy": proxy.pid},
+            )  # fmt: skip
             before, during, opened = await open_streams(
                 session, urls["proxy"], headers, args.streams, proxy.pid
             )
@@ -458,8 +458,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "proxy": local(ports["proxy_canned"]) + "/v1/messages?beta=true",
             }
             results["canned"] = await measure(
-                session, urls, bodies, headers, args, "canned", proxy.pid
-            )
+                session, urls, bodies, headers, args, "canned",
+                {"floor": floor.pid, "proxy": proxy.pid},
+            )  # fmt: skip
     return results
 
 
@@ -474,7 +475,7 @@ def _table(cases: dict[str, Any]) -> list[str]:
     lines = [
         "| request | direct p50 ms | floor added p50 / p99 ms | proxy added p50 / p99 ms "
         "| added p50 proxy / floor | direct req/s | floor req/s | proxy req/s "
-        "| req/s proxy / floor | proxy CPU µs/req |",
+        "| req/s proxy / floor | CPU µs/req floor / proxy |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, case in cases.items():
@@ -484,7 +485,7 @@ def _table(cases: dict[str, Any]) -> list[str]:
             f"| {name} | {d['p50']:.2f} | {f['p50'] - d['p50']:.2f} / {f['p99'] - d['p99']:.2f} "
             f"| {p['p50'] - d['p50']:.2f} / {p['p99'] - d['p99']:.2f} | {added:.2f}x "
             f"| {d['rps']:.0f} | {f['rps']:.0f} | {p['rps']:.0f} | {rate:.2f}x "
-            f"| {p['cpu_us']:.0f} |"
+            f"| {f['cpu_us']:.0f} / {p['cpu_us']:.0f} |"
         )
     return lines
 

@@ -43,6 +43,7 @@ DIGEST_BYTES = 16
 class Fingerprint:
     match: bytes  # the message with cache_control removed and string content as a block
     count_key: bytes  # the match digest plus the form it came in: what its count depends on
+    breakpoints: int = 0  # cache_control keys in the message
 
 
 def _hash(data: bytes) -> bytes:
@@ -51,10 +52,14 @@ def _hash(data: bytes) -> bytes:
 
 
 def fingerprint(message: Mapping[str, Any]) -> Fingerprint:
+    # One orjson call per message: the bytes are hashed while they are in the CPU's cache
+    # (one call for the whole list, cut at separators, measured no faster).
     raw = orjson.dumps(message)
     content = message.get("content")
     string_form = isinstance(content, str)
-    marked = b'"cache_control"' in raw
+    # A key of the JSON: inside a string its quotes would be escaped.
+    breakpoints = raw.count(b'"cache_control"')
+    marked = breakpoints > 0
     if not string_form and not marked:
         digest = _hash(raw)
         return Fingerprint(digest, digest + b"\x00")
@@ -64,7 +69,7 @@ def fingerprint(message: Mapping[str, Any]) -> Fingerprint:
     if string_form:
         canonical = {**canonical, "content": [{"type": "text", "text": content}]}
     digest = _hash(orjson.dumps(canonical))
-    return Fingerprint(digest, digest + bytes([1 + string_form + 2 * marked]))
+    return Fingerprint(digest, digest + bytes([1 + string_form + 2 * marked]), breakpoints)
 
 
 def message_digest(message: Mapping[str, Any]) -> bytes:

@@ -25,7 +25,8 @@ BYTE_BOUND_SLACK = 1024
 
 
 def cannot_cross(body: bytes, policy: Policy, factor: float) -> bool:
-    """Whether the body's size alone proves it is under the trigger and the window.
+    """Whether the body's size alone proves it is under the window and every threshold
+    of the policy (offload, a summary made ahead, the trigger: Policy.quiet_tokens).
 
     Every estimated token of text stands for at least one byte of the JSON body, and the
     fixed overheads (per message, per block) are smaller than the JSON around them; only
@@ -35,7 +36,7 @@ def cannot_cross(body: bytes, policy: Policy, factor: float) -> bool:
     if b'"source"' in body:
         return False
     bound = (len(body) + BYTE_BOUND_SLACK) * factor
-    return bound <= policy.trigger_tokens and bound <= policy.window
+    return bound <= policy.quiet_tokens and bound <= policy.window
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,7 @@ class Counted:
     fixed: int  # system prompt + tools, estimated
     counts: list[int]  # each message, estimated
     digests: list[bytes]  # each message's match digest
+    breakpoints: int = 0  # cache_control breakpoints in the messages
 
     @property
     def history(self) -> int:
@@ -71,11 +73,13 @@ def count_request(
     domain = wire.name.encode() + b":"
     counts: list[int] = []
     digests: list[bytes] = []
+    breakpoints = 0
     for message in messages:
         print_ = fingerprint(message)
         digests.append(print_.match)
+        breakpoints += print_.breakpoints
         counts.append(base.remembered(domain + print_.count_key, _counting(counter, message)))
-    return Counted(wire.fixed_tokens(counter, body), counts, digests)
+    return Counted(wire.fixed_tokens(counter, body), counts, digests, breakpoints)
 
 
 def _counting(counter: MessageCounter, message: Mapping[str, Any]) -> Any:

@@ -235,7 +235,10 @@ def _with_proxy_breakpoint(request: CompactionRequest, rewrite: Rewrite) -> list
 def _marked(
     request: CompactionRequest, messages: list[dict[str, Any]], at: int | None
 ) -> list[dict[str, Any]]:
-    if at is None or request.wire.breakpoints(request.body) >= MAX_BREAKPOINTS:
+    if at is None:
+        return messages
+    client = request.wire.breakpoints(request.body) + request.counted.breakpoints
+    if client >= MAX_BREAKPOINTS:
         return messages
     marked = request.wire.with_breakpoint(messages[at])
     if marked is None:

@@ -164,7 +164,8 @@ class WireFormat(Dialect, UsageScan, Protocol):
         ...
 
     def breakpoints(self, body: Mapping[str, Any]) -> int:
-        """How many prompt-cache breakpoints the body carries (system, tools, messages)."""
+        """Prompt-cache breakpoints outside the messages (system, tools); the messages' are
+        counted with them (Counted.breakpoints)."""
         ...
 
     # -- the summariser --------------------------------------------------------------

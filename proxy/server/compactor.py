@@ -59,6 +59,9 @@ class Prepared:
         return self.tool is not None
 
 
+POLICY_MEMO_SIZE = 4096
+
+
 def _ignore(ok: bool) -> None:
     return None
 
@@ -82,6 +85,7 @@ class Compactor:
         self.summariser = summariser or SummariserSettings()
         self.calibration = Calibration()
         self._background: set[asyncio.Task[None]] = set()
+        self._policy_of: dict[str, Policy] = {}  # model -> its policy (a glob match each)
         # Told of each summariser call made in the background (metrics count them).
         self.on_background_summary: Callable[[bool], None] = _ignore
 
@@ -104,7 +108,15 @@ class Compactor:
         await self.calibration.close()
 
     def policy(self, model: str, override: Mapping[str, int] | None = None) -> Policy:
-        return policy_for(model, self.policies, override)
+        if override:
+            return policy_for(model, self.policies, override)
+        found = self._policy_of.get(model)
+        if found is None:
+            found = policy_for(model, self.policies)
+            if len(self._policy_of) >= POLICY_MEMO_SIZE:
+                self._policy_of.clear()  # model names are bounded; a flood only resets it
+            self._policy_of[model] = found
+        return found
 
     async def count(self, wire: WireFormat, body: Mapping[str, Any], size: int) -> Counted:
         messages = wire.messages(body)

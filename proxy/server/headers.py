@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from multidict import CIMultiDict, MultiMapping
 
@@ -28,17 +28,19 @@ def _named_in_connection(headers: MultiMapping[str]) -> frozenset[str]:
 
 def _keep(
     pairs: Iterable[tuple[str, str]], drop: frozenset[str], extra: frozenset[str]
-) -> Iterator[tuple[str, str]]:
-    for name, value in pairs:
-        lower = name.lower()
-        if lower in drop or lower in extra or lower.startswith("proxy-"):
-            continue
-        yield name, value
+) -> list[tuple[str, str]]:
+    if extra:
+        drop = drop | extra
+    return [
+        (name, value)
+        for name, value in pairs
+        if (lower := name.lower()) not in drop and not lower.startswith("proxy-")
+    ]
 
 
 def upstream_request_headers(headers: MultiMapping[str]) -> list[tuple[str, str]]:
     """The client's end-to-end headers, to send upstream as they came."""
-    return list(_keep(headers.items(), _REQUEST_DROP, _named_in_connection(headers)))
+    return _keep(headers.items(), _REQUEST_DROP, _named_in_connection(headers))
 
 
 def client_response_headers(headers: MultiMapping[str]) -> CIMultiDict[str]:

@@ -189,7 +189,8 @@ class AnthropicMessages:
 
     def breakpoints(self, body: Mapping[str, Any]) -> int:
         # A key of the JSON: inside a string its quotes would be escaped.
-        return orjson.dumps(body).count(b'"cache_control"')
+        outside = (body.get("system"), body.get("tools"))
+        return orjson.dumps(outside).count(b'"cache_control"')
 
     # -- the summariser ----------------------------------------------------------------
 

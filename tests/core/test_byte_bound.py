@@ -128,3 +128,19 @@ def test_the_shortcut_never_clears_a_body_over_the_trigger() -> None:
     image = {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}
     small = orjson.dumps({"messages": [{"role": "user", "content": [image]}]})
     assert not cannot_cross(small, policy, 1.0), "images and documents are always counted"
+
+
+def test_the_shortcut_never_clears_a_body_over_the_offload_threshold() -> None:
+    """Offloading starts below the trigger (offload_trigger, and summaries are made
+    ahead before it): a body between them must be counted, not waved through."""
+    policy = Policy(window=100_000, trigger=70_000, target=30_000, offload_trigger=10_000)
+    assert policy.quiet_tokens == 10_000
+    body = {
+        "model": "m",
+        "max_tokens": 1,
+        "messages": [{"role": "user", "content": "word " * 12_000}],
+    }
+    assert policy.offload_tokens < estimate(ANTHROPIC, body) < policy.trigger_tokens
+    assert not cannot_cross(orjson.dumps(body), policy, 1.0)
+    short = orjson.dumps({"messages": [{"role": "user", "content": "word " * 1_000}]})
+    assert cannot_cross(short, policy, 1.0)
