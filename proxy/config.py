@@ -91,6 +91,9 @@ class StoreSettings:
     op_timeout: float = 0.5
     # Seconds every stored key lives.
     ttl: int = 7 * 24 * 3600
+    # The embedded Redis's memory limit (Redis's own syntax: "1gb", "512mb"; "0": none).
+    # At the limit it evicts the least recently used keys that have a TTL (volatile-lru).
+    max_memory: str = "1gb"
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +228,12 @@ def _key_prefix(value: str) -> str | None:
     return None
 
 
+def _memory_size(value: str) -> str | None:
+    if re.fullmatch(r"\d+(b|kb|mb|gb|k|m|g)?", value.strip().lower()):
+        return None
+    return 'must be a size such as "1gb", "512mb" or "0" (no limit)'
+
+
 def _log_format(value: str) -> str | None:
     return None if value in ("human", "json") else 'must be "human" or "json"'
 
@@ -268,6 +277,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "store.key_prefix": _key_prefix,
     "store.op_timeout": _positive,
     "store.ttl": _positive,
+    "store.max_memory": _memory_size,
     "auth.keys": _one_of("off", "required"),
     "auth.cache_seconds": _non_negative,
     "auth.admin_key_env": _env_name,

@@ -283,6 +283,13 @@ class TokenCounter:
             return 0
         if not isinstance(tools, list):
             return TOOLS_PREAMBLE + self.count_json(tools)
+        try:  # the same tools come with every request of an agent: one digest for all
+            key = _digest(orjson.dumps(tools), b"tools")
+        except TypeError:
+            return self._count_tool_list(tools)
+        return self.remembered(key, lambda: self._count_tool_list(tools))
+
+    def _count_tool_list(self, tools: list[Any]) -> int:
         return TOOLS_PREAMBLE + sum(
             TOOL_DEFINITION_OVERHEAD + self.count_json(tool) for tool in tools
         )

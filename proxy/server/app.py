@@ -45,7 +45,7 @@ from proxy.server.routes import (
 from proxy.server.routing import OPENAI_UPSTREAM, openai_upstream_lifetime
 from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM, StoreState
 from proxy.server.upstream import Upstream
-from proxy.store import EmbeddedRedis, StateDirBusy, Store
+from proxy.store import EmbeddedRedis, StateDirBusy, Store, StoreUnavailable
 from proxy.store.probe import addressing_problem
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,9 @@ async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
     url = settings.store.redis_url
     if not url:
         state_dir = settings.resolved_state_dir()
-        embedded = EmbeddedRedis(state_dir / "redis", role="serve")
+        embedded = EmbeddedRedis(
+            state_dir / "redis", role="serve", options={"maxmemory": settings.store.max_memory}
+        )
         try:
             url = await _start_embedded(settings, embedded)
             state.embedded = embedded
@@ -127,13 +129,32 @@ async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
             state.problem = f"cannot use the Redis URL: {e}"
     if state.store is not None:
         state.store.on_error = app[METRICS].store_errors.inc
+        state.store.on_unreadable = app[METRICS].store.unreadable.inc
     if state.store is not None and not await state.store.ping():
         log.warning("Redis at %s does not answer; forwarding without it for now", redacted_url(url))
+    elif state.store is not None:
+        await _check_eviction_policy(state.store)
     yield
     if state.store is not None:
         await state.store.close()
     if state.embedded is not None:
         await state.embedded.stop()
+
+
+async def _check_eviction_policy(store: Store) -> None:
+    """Say at start-up if Redis may evict what must never go (README, "Sizing")."""
+    try:
+        memory = await store.memory()
+    except StoreUnavailable:
+        return
+    if not memory.policy_is_safe:
+        log.warning(
+            "Redis evicts with %s: proxy keys, limits and budget counters may be evicted; "
+            "use volatile-lru (or noeviction)",
+            memory.policy,
+        )
+    elif memory.limit == 0:
+        log.info("Redis has no memory limit: stored results grow until their TTL ends")
 
 
 async def _addressing_problem(settings: Settings, url: str) -> str | None:

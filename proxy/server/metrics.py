@@ -25,6 +25,8 @@ from proxy.server import record as records
 from proxy.server.lifecycle import LIFECYCLE
 from proxy.server.logs import REQUEST_LOG
 from proxy.server.record import RequestRecord
+from proxy.server.state import STORE
+from proxy.store import Store, StoreUnavailable
 
 NS = "compaction_proxy"
 # Latency buckets from a fraction of a millisecond (the proxy's own work) to minutes
@@ -138,6 +140,7 @@ class Metrics:
         self.draining = Gauge(
             f"{NS}_draining", "1 while shutting down (readiness fails).", registry=r
         )
+        self.store = StoreMetrics(r)
         # Labelled children, looked up once: labels() takes a lock and builds a key.
         self._counted: dict[tuple[str, int], Any] = {}
         self._timed: dict[str, tuple[Any, Any, Any]] = {}
@@ -205,6 +208,48 @@ class Metrics:
             self.summariser_failures.inc(rec.summariser_failures)
 
 
+# -- the store's memory (issue 17) ----------------------------------------------------
+
+
+class StoreMetrics:
+    """Redis's memory as the last scrape found it, and refs that could not be read."""
+
+    REFRESH = 5.0  # seconds between INFO calls, however often /metrics is scraped
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.used = Gauge(
+            f"{NS}_store_memory_used_bytes",
+            "Memory Redis has allocated (summed over a Cluster's primaries).", registry=r,
+        )  # fmt: skip
+        self.limit = Gauge(
+            f"{NS}_store_memory_limit_bytes", "Redis's maxmemory (0: no limit).", registry=r
+        )
+        self.evicted = Gauge(
+            f"{NS}_store_evicted_keys",
+            "Keys Redis evicted to stay under its limit since it started.", registry=r,
+        )  # fmt: skip
+        self.unreadable = Counter(
+            f"{NS}_unreadable_refs",
+            "Refs read or refreshed whose blob was not stored (evicted, expired, never "
+            "stored, or another tenant's).",
+            registry=r,
+        )
+        self._fetched = float("-inf")
+
+    async def refresh(self, store: Store | None) -> None:
+        now = time.monotonic()
+        if store is None or now - self._fetched < self.REFRESH:
+            return
+        self._fetched = now
+        try:
+            memory = await store.memory()
+        except StoreUnavailable:
+            return  # the gauges keep the last figures; store_errors_total counts this
+        self.used.set(memory.used)
+        self.limit.set(memory.limit)
+        self.evicted.set(memory.evicted)
+
+
 METRICS = web.AppKey("metrics", Metrics)
 # Called with (record, status) as each request ends (the admin stats listen here).
 REQUEST_ENDED = web.AppKey("request_ended", list)
@@ -262,5 +307,6 @@ async def observe_requests(request: web.Request, handler: Handler) -> web.Stream
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
+    await request.app[METRICS].store.refresh(request.app[STORE].store)
     body = generate_latest(request.app[METRICS].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

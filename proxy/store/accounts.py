@@ -4,9 +4,17 @@ Key names (each scope is one Redis Cluster hash tag, so one slot):
 
     {prefix}{pk:<key id>}:key                  the key's record (hash): digest, team, ...
     {prefix}{pk:<key id>}:conf                 its limits and policy override (hash)
-    {prefix}{pk:<key id>}:use:<period>:<bucket>  its counters for one period (hash)
+    {prefix}{pk:<key id>}:use:<period>         its counters for the current bucket of one
+                                               period (hash: bucket, input, output, weighted)
     {prefix}{team:<name>}:conf / :use:...      the same for a team
     {prefix}g:keys:index                       the ids of every key (a set)
+
+None of these keys has a TTL, so a Redis that evicts under memory pressure with a
+``volatile-*`` policy (the embedded one: ``volatile-lru``) never evicts them: a counter
+that vanished would silently give a budget back. Counters need no TTL to stay small: each
+period's hash holds only its current bucket, and the first reservation of a new bucket
+starts it afresh. A settlement that arrives after its bucket closed is dropped, as the
+closed bucket no longer admits anything.
 
 Reserving is one Lua script per scope: it reads the scope's limits and counters and, only
 if every limited amount still fits, adds the reservation, all within one slot and so
@@ -25,13 +33,14 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from proxy.core import proxy_keys
-from proxy.core.budget import METRICS, PERIODS, Amounts, Bucket, bucket
+from proxy.core.budget import METRICS, PERIODS, Amounts, bucket
 from proxy.store.redis import Store
 
-# KEYS[1] the scope's conf, KEYS[2..] the counters of each period (minute, day, month);
+# KEYS[1] the scope's conf, KEYS[2..4] the counters of each period (minute, day, month);
 # ARGV[1..3] the amounts wanted (input, output, weighted: whole numbers below 2^53, so
-# Lua compares them exactly), ARGV[4..] each counter's TTL.
-# Returns {1, periods touched...} when admitted, {0, period, metric, used, limit} when not.
+# Lua compares them exactly), ARGV[4..6] each period's current bucket. A counter holding
+# another bucket counts as empty, and is started afresh when added to. Returns
+# {1, periods touched...} when admitted, {0, period, metric, used, limit} when not.
 _RESERVE = """
 local metrics = {'input', 'output', 'weighted'}
 local periods = {'minute', 'day', 'month'}
@@ -41,35 +50,41 @@ local limits = {}
 for i = 1, #conf, 2 do limits[conf[i]] = tonumber(conf[i + 1]) end
 local touched = {}
 for p = 1, 3 do
+  local current = redis.call('HGET', KEYS[p + 1], 'bucket') == ARGV[3 + p]
   local limited = false
   for m = 1, 3 do
     local limit = limits[periods[p] .. ':' .. metrics[m]]
     if limit then
       limited = true
-      local used = tonumber(redis.call('HGET', KEYS[p + 1], metrics[m]) or '0')
+      local used = 0
+      if current then used = tonumber(redis.call('HGET', KEYS[p + 1], metrics[m]) or '0') end
       if used + want[m] > limit then return {0, p, m, used, limit} end
     end
   end
   if limited then touched[#touched + 1] = p end
 end
 for _, p in ipairs(touched) do
+  if redis.call('HGET', KEYS[p + 1], 'bucket') ~= ARGV[3 + p] then
+    redis.call('DEL', KEYS[p + 1])
+    redis.call('HSET', KEYS[p + 1], 'bucket', ARGV[3 + p])
+  end
   for m = 1, 3 do
     -- ARGV's own text: a Lua number above 1e14 would go back to Redis as "1e+17".
     if want[m] ~= 0 then redis.call('HINCRBY', KEYS[p + 1], metrics[m], ARGV[m]) end
   end
-  redis.call('EXPIRE', KEYS[p + 1], ARGV[3 + p])
 end
 local reply = {1}
 for _, p in ipairs(touched) do reply[#reply + 1] = p end
 return reply
 """
 
-# KEYS: counters a reservation touched; ARGV[1..3]: what to add (negative: give back).
-# A counter that expired meanwhile (a stream longer than its period) is left alone.
+# KEYS: counters a reservation touched; ARGV[1..3]: what to add (negative: give back),
+# ARGV[3 + i]: the bucket KEYS[i] was reserved in. A counter that has moved on to a later
+# bucket since (a stream longer than its period) is left alone.
 _SETTLE = """
 local metrics = {'input', 'output', 'weighted'}
-for _, key in ipairs(KEYS) do
-  if redis.call('EXISTS', key) == 1 then
+for i, key in ipairs(KEYS) do
+  if redis.call('HGET', key, 'bucket') == ARGV[3 + i] then
     for m = 1, 3 do
       if tonumber(ARGV[m]) ~= 0 then redis.call('HINCRBY', key, metrics[m], ARGV[m]) end
     end
@@ -98,7 +113,7 @@ class Held:
     """A reservation that was admitted: what it holds and where."""
 
     scope: Scope
-    counters: tuple[str, ...]  # the counter keys it was added to
+    counters: tuple[str, ...]  # the counters it was added to: "<counter key>:<bucket>"
     amounts: Amounts
 
 
@@ -148,8 +163,8 @@ class Accounts:
     def _index(self) -> str:
         return f"{self.prefix}g:keys:index"
 
-    def _counter(self, scope: Scope, b: Bucket) -> str:
-        return self._key(scope, f"use:{b.period}:{b.name}")
+    def _counter(self, scope: Scope, period: str) -> str:
+        return self._key(scope, f"use:{period}")
 
     # -- keys ----------------------------------------------------------------------------
 
@@ -243,13 +258,14 @@ class Accounts:
     async def reserve(self, scope: Scope, want: Amounts, now: float) -> Held | Refused:
         check_amounts(want)
         buckets = [bucket(p, now) for p in PERIODS]
-        counters = [self._counter(scope, b) for b in buckets]
+        counters = [self._counter(scope, p) for p in PERIODS]
         keys = [self._key(scope, "conf"), *counters]
-        args = [*want.as_tuple(), *(b.ttl for b in buckets)]
+        args = [*want.as_tuple(), *(b.name for b in buckets)]
         reply = await self.store.run(lambda: self._reserve(keys=keys, args=args))
         reply = [int(x) for x in cast("list[Any]", reply)]
         if reply[0] == 1:
-            return Held(scope, tuple(counters[p - 1] for p in reply[1:]), want)
+            held = tuple(f"{counters[p - 1]}:{buckets[p - 1].name}" for p in reply[1:])
+            return Held(scope, held, want)
         _, p, m, used, limit = reply
         return Refused(scope, PERIODS[p - 1], METRICS[m - 1], used, limit, buckets[p - 1].ends_in)
 
@@ -262,15 +278,19 @@ class Accounts:
         if not counters or delta == Amounts():
             return
         check_amounts(delta, signed=True)
-        keys = list(counters)
-        await self.store.run(lambda: self._settle(keys=keys, args=list(delta.as_tuple())))
+        split = [counter.rsplit(":", 1) for counter in counters]
+        keys = [key for key, _ in split]
+        args = [*delta.as_tuple(), *(name for _, name in split)]
+        await self.store.run(lambda: self._settle(keys=keys, args=args))
 
     async def usage(self, scope: Scope, now: float) -> dict[str, dict[str, int]]:
         """Used (and still reserved) amounts of the current bucket of each period."""
         client = self.store.client
         out: dict[str, dict[str, int]] = {}
         for period in PERIODS:
-            counter = self._counter(scope, bucket(period, now))
+            counter = self._counter(scope, period)
             found = _text(await self.store.run(lambda c=counter: client.hgetall(c)))  # type: ignore[misc]
+            if found.get("bucket") != bucket(period, now).name:
+                found = {}  # a bucket that has closed
             out[period] = {m: int(found.get(m, "0")) for m in METRICS}
         return out

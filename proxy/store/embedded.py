@@ -184,6 +184,10 @@ class EmbeddedRedis:
             "logfile": str(self.state_dir / "redis.log"),
             "pidfile": str(self.state_dir / "redis.pid"),
             "daemonize": "no",
+            # At a memory limit (options["maxmemory"]) evict only keys with a TTL, least
+            # recently used first: blobs, checkpoints, summaries. Proxy keys, limits and
+            # budget counters have none, so they are never evicted (README, "Sizing").
+            "maxmemory-policy": "volatile-lru",
             **self.options,
         }
         command = [self.executable or find_redis_server()]

@@ -6,6 +6,13 @@ and multi-key operations and scripts stay legal on a cluster. Global (not per
 conversation) keys are ``{prefix}g:{kind}:{name}``; they start with ``g:`` rather than
 ``{`` so they can never equal a conversation key.
 
+Offloaded results are stored once per tenant, named by their ref (a hash of their
+content), whichever conversations name them: ``{prefix}{tenant/b}:blob:{ref}``, where
+``b`` is one of 16 buckets drawn from a hash of the ref. The buckets spread one tenant's
+blobs over 16 slots, so a tenant with a big fleet does not pile all of its blobs on one
+Cluster shard, while a crossing's writes still reach at most 16 slots. A blob tag holds
+``/`` and never ``:``, a conversation tag always ``:``, so the two never meet.
+
 The names are injective: the tenant and the kind contain no ``:``, the conversation
 contains no ``}``, so a key splits back into exactly one (tenant, conversation, kind,
 name). Collisions between tenants would break isolation (DESIGN invariant 8).
@@ -13,11 +20,14 @@ name). Collisions between tenants would break isolation (DESIGN invariant 8).
 
 from __future__ import annotations
 
+import hashlib
 import re
 
-# Kinds used by the store itself; callers choose their own for JSON values.
+# Kinds used by the store itself; callers choose their own for other JSON values.
 BLOB = "blob"
 LOCK = "lock"
+CHECKPOINT = "checkpoint"
+SUMMARY = "summary"
 
 _WHITESPACE = re.compile(r"\s")
 
@@ -49,6 +59,16 @@ def hash_tag(tenant: str, conversation: str) -> str:
 def conversation_key(prefix: str, tenant: str, conversation: str, kind: str, name: str) -> str:
     _check("kind", kind, "{}:")
     return f"{prefix}{{{hash_tag(tenant, conversation)}}}:{kind}:{name}"
+
+
+BLOB_BUCKETS = 16
+
+
+def blob_key(prefix: str, tenant: str, ref: str) -> str:
+    """Where a tenant's blob lives, shared by all of its conversations."""
+    _check("tenant", tenant, "{}:/")
+    bucket = hashlib.blake2b(ref.encode(), digest_size=1).digest()[0] % BLOB_BUCKETS
+    return f"{prefix}{{{tenant}/{bucket:x}}}:blob:{ref}"
 
 
 def global_key(prefix: str, kind: str, name: str) -> str:

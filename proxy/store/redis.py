@@ -4,7 +4,11 @@ Every data method either succeeds within ``op_timeout`` seconds or raises
 ``StoreUnavailable``; the server catches that and degrades (DESIGN invariant 7). Every
 write sets a TTL. Keys come from ``proxy.store.keys``: one conversation shares one hash
 tag, so each script below touches a single slot and the same code runs on Redis Cluster
-(``?cluster=1`` in the URL, or ``cluster=True``).
+(``?cluster=1`` in the URL, or ``cluster=True``). Blobs are stored once per tenant and
+compressed (``proxy.store.codec``); JSON values over 1 KB are compressed too.
+
+The compaction executor uses four calls, one Redis round trip each on a single Redis:
+``load_conversation``, ``save_crossing``, ``read_blob`` and ``touch_refs``.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import asyncio
 import logging
 import math
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -26,21 +30,28 @@ from redis.exceptions import RedisError
 
 from proxy.core.errors import StoreUnavailable as StoreUnavailable  # callers degrade on it
 from proxy.store import keys
+from proxy.store.blobcache import DEFAULT_CHARS, BlobCache
+from proxy.store.codec import CorruptValue, pack, unpack
+from proxy.store.crossing import (
+    MAX_CROSSING_SECONDS,
+    ConversationState,
+    CrossingSaved,
+    crossing_timeout,
+    failed,
+)
+from proxy.store.memory import StoreMemory, from_info
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 DEFAULT_TTL = 7 * 86400
-
-# (slice, total length) in one round trip; nil when the key does not exist, so a missing
-# blob and an empty one differ. ARGV: start >= 0, length >= 1.
-_SLICE = """
-local total = redis.call('STRLEN', KEYS[1])
-if total == 0 and redis.call('EXISTS', KEYS[1]) == 0 then return false end
-local start = tonumber(ARGV[1])
-return {redis.call('GETRANGE', KEYS[1], start, start + tonumber(ARGV[2]) - 1), total}
-"""
+# JSON values at least this long are stored compressed; shorter ones stay plain JSON.
+JSON_COMPRESS_MIN = 1024
+# Packing or unpacking more than this many bytes runs in a worker thread (zstd releases
+# the GIL), so a big crossing does not stall the event loop.
+OFF_LOOP_BYTES = 256 * 1024
+MAX_REF_CHARS = 200
 
 # Delete or extend a lock only while it still holds the caller's token.
 _RELEASE = """
@@ -96,10 +107,26 @@ def _positive(label: str, value: int) -> int:
     return value
 
 
+def _describe(error: BaseException) -> str:
+    """An error for logs: its kind and Redis's words, never the command's arguments
+    (redis-py puts a failed pipeline command, values included, in its message)."""
+    text = str(error)
+    _, marker, said = text.partition(" of pipeline caused error: ")
+    return f"redis: {type(error).__name__}: {said if marker else text}"[:300]
+
+
+def _plausible_ref(ref: str) -> bool:
+    # Refs come back from the model: anything odd reads as missing, never as an error.
+    return 0 < len(ref) <= MAX_REF_CHARS and not any(c.isspace() for c in ref)
+
+
 class Store:
-    """Conversation-scoped blobs, JSON values and locks, plus a few global values."""
+    """Tenant-scoped blobs; conversation-scoped JSON values and locks; a few globals."""
 
     on_error: Callable[[], object] | None = None  # told of every failed call (metrics)
+    # Told how many refs were found unreadable: a read of a blob that is not stored (never
+    # stored, evicted, expired, or another tenant's), or a refresh that found it gone.
+    on_unreadable: Callable[[int], object] | None = None
 
     def __init__(
         self,
@@ -108,13 +135,14 @@ class Store:
         prefix: str = "cp:",
         op_timeout: float = 0.5,
         default_ttl: int = DEFAULT_TTL,
+        blob_cache_chars: int = DEFAULT_CHARS,
     ) -> None:
         self._client = client
         self.prefix = keys.check_prefix(prefix)
         self.op_timeout = op_timeout
         self.default_ttl = _positive("default_ttl", default_ttl)
         self.is_cluster = isinstance(client, RedisCluster)
-        self._slice = client.register_script(_SLICE)
+        self.blob_cache = BlobCache(blob_cache_chars)
         self._release = client.register_script(_RELEASE)
         self._extend = client.register_script(_EXTEND)
         self._mean = client.register_script(_MEAN)
@@ -130,6 +158,7 @@ class Store:
         default_ttl: int = DEFAULT_TTL,
         cluster: bool | None = None,
         max_connections: int = 64,
+        blob_cache_chars: int = DEFAULT_CHARS,
     ) -> Store:
         """Connect lazily to ``redis://``, ``rediss://`` or ``unix://`` URLs.
 
@@ -139,9 +168,14 @@ class Store:
         timeout) instead of failing, as redis-py's default pool would at 100.
         """
         url, flagged = _split_cluster_flag(url)
+        # Every call is bounded by its own asyncio timeout (op_timeout, or longer for a
+        # crossing's write); the socket's timeouts only guard against a call left waiting.
+        # They must not fire first: on a Cluster a connect or read timeout makes redis-py
+        # disconnect the node's idle connections, racing with calls that just took one.
+        backstop = max(op_timeout, MAX_CROSSING_SECONDS)
         options: dict[str, Any] = {
-            "socket_timeout": op_timeout,
-            "socket_connect_timeout": op_timeout,
+            "socket_timeout": backstop,
+            "socket_connect_timeout": backstop,
             # One immediate retry heals a pooled connection that a Redis restart closed;
             # the op_timeout around every call bounds the total either way.
             "retry": Retry(NoBackoff(), 1),
@@ -154,18 +188,31 @@ class Store:
                 url, max_connections=max_connections, timeout=op_timeout, **options
             )
             client = Redis.from_pool(pool)  # the client owns the pool and closes it
-        return cls(client, prefix=prefix, op_timeout=op_timeout, default_ttl=default_ttl)
+        return cls(
+            client,
+            prefix=prefix,
+            op_timeout=op_timeout,
+            default_ttl=default_ttl,
+            blob_cache_chars=blob_cache_chars,
+        )
 
     # -- plumbing ---------------------------------------------------------------------
 
-    async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, operation: Callable[[], Awaitable[T]], seconds: float = 0.0) -> T:
         try:
-            async with asyncio.timeout(self.op_timeout):
+            async with asyncio.timeout(seconds or self.op_timeout):
                 return await operation()
-        except (RedisError, OSError, TimeoutError) as error:
+        except (RedisError, OSError, TimeoutError, AttributeError) as error:
+            # AttributeError: redis-py's Cluster client, after a node's connection error,
+            # disconnects that node's idle connections while other calls may be opening
+            # them ("'NoneType' object has no attribute 'writelines'"): the call failed.
             if self.on_error is not None:
                 self.on_error()
-            raise StoreUnavailable(f"redis: {type(error).__name__}: {error}") from error
+            raise StoreUnavailable(_describe(error)) from error
+
+    def _unreadable(self, count: int = 1) -> None:
+        if count and self.on_unreadable is not None:
+            self.on_unreadable(count)
 
     def register_script(self, source: str) -> Any:
         """A Lua script on this store's client, for other store modules (run it with
@@ -190,13 +237,21 @@ class Store:
     def _ttl(self, ttl: int | None) -> int:
         return self.default_ttl if ttl is None else _positive("ttl", ttl)
 
+    def _blob_key(self, tenant: str, ref: str) -> str:
+        return keys.blob_key(self.prefix, tenant, ref)
+
+    @staticmethod
+    def _encode(value: object) -> bytes:
+        data = orjson.dumps(value)
+        return pack(data) if len(data) >= JSON_COMPRESS_MIN else data
+
     @staticmethod
     def _decode(key: str, raw: bytes | None) -> object | None:
         if raw is None:
             return None
         try:
-            return cast(object, orjson.loads(raw))
-        except orjson.JSONDecodeError:
+            return cast(object, orjson.loads(unpack(raw)))
+        except (orjson.JSONDecodeError, CorruptValue):
             # Treat as missing: the caller recomputes and overwrites it.
             log.warning("store: undecodable JSON at %s, treated as missing", key)
             return None
@@ -208,6 +263,27 @@ class Store:
         except StoreUnavailable:
             return False
 
+    async def memory(self) -> StoreMemory:
+        """Memory used, the limit, keys evicted and the eviction policy (one round trip;
+        one per primary, concurrently, on a Cluster)."""
+        if isinstance(self._client, RedisCluster):
+            primaries = RedisCluster.PRIMARIES
+            client = self._client
+            memory, stats = await self._call(
+                lambda: asyncio.gather(
+                    client.info("memory", target_nodes=primaries),
+                    client.info("stats", target_nodes=primaries),
+                )
+            )
+            if "used_memory" in memory:  # one primary: redis-py gives its reply alone
+                memory, stats = {"node": memory}, {"node": stats}
+            return from_info((memory[node], stats.get(node, {})) for node in memory)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.info("memory")
+        pipe.info("stats")
+        memory, stats = await self._call(lambda: pipe.execute())
+        return from_info([(memory, stats)])
+
     async def close(self) -> None:
         try:
             async with asyncio.timeout(self.op_timeout):
@@ -215,17 +291,194 @@ class Store:
         except (RedisError, OSError, TimeoutError) as error:
             log.debug("store: close failed: %s", error)
 
-    # -- blobs (offloaded tool results) ------------------------------------------------
+    # -- what the compaction executor calls -------------------------------------------
+
+    async def load_conversation(
+        self, tenant: str, conversation: str, slot: str, *, summaries: Sequence[str] = ()
+    ) -> ConversationState:
+        """The checkpoint stored in ``slot`` and the stored ones of the ``summaries`` keys,
+        in one round trip (all keys share the conversation's slot)."""
+        names = [
+            self._key(tenant, conversation, keys.CHECKPOINT, slot),
+            *(self._key(tenant, conversation, keys.SUMMARY, k) for k in summaries),
+        ]
+        if len(names) == 1:
+            found = [await self._get(names[0])]
+        else:
+            pipe = self._client.pipeline(transaction=False)
+            for name in names:
+                pipe.get(name)
+            found = await self._call(lambda: pipe.execute())
+        checkpoint = self._decode(names[0], found[0])
+        texts = {}
+        for key, name, raw in zip(summaries, names[1:], found[1:], strict=True):
+            text = self._decode(name, raw)
+            if isinstance(text, str) and text.strip():
+                texts[key] = text
+        return ConversationState(checkpoint if isinstance(checkpoint, dict) else None, texts)
+
+    async def save_crossing(
+        self,
+        tenant: str,
+        conversation: str,
+        *,
+        slot: str,
+        checkpoint: Mapping[str, Any] | None,
+        blobs: Sequence[tuple[str, str]],
+        summary: tuple[str, str] | None,
+        touch: Sequence[str],
+    ) -> CrossingSaved:
+        """Write a crossing in one pipelined call: every blob (once per tenant, compressed),
+        a fresh TTL on every ref of ``touch`` still named, the checkpoint and the summary.
+
+        On a single Redis the call is one MULTI/EXEC: all of it is stored, or none of it.
+        On a Cluster the writes go to each node concurrently (one round trip per node
+        touched, none atomic across slots); if a blob write or a refresh failed, or the
+        call failed as a whole (a timeout: some nodes may have written), the checkpoint is
+        deleted again (one more round trip), so a stored checkpoint does not name a blob
+        that failed (unless that delete fails too: the answer's error says so). The
+        timeout grows with the payload. Never raises StoreUnavailable: the answer says
+        which parts are stored, and the caller keeps a summary it paid for either way.
+        Refs of ``touch`` whose blobs are gone are listed in ``lost``; the checkpoint is
+        stored all the same (its stubs for them read as "no longer available"): a caller
+        that still has their texts can save them again as blobs.
+        """
+        packed = await self._pack_blobs(blobs)
+        new = {ref for ref, _ in blobs}
+        kept = [ref for ref in dict.fromkeys(touch) if ref not in new]
+        ttl = self.default_ttl
+        pipe = self._client.pipeline(transaction=not self.is_cluster)
+        for ref, value in packed:
+            pipe.set(self._blob_key(tenant, ref), value, ex=ttl)
+        for ref in kept:
+            pipe.expire(self._blob_key(tenant, ref), ttl)
+        checkpoint_key = self._key(tenant, conversation, keys.CHECKPOINT, slot)
+        payload = sum(len(v) for _, v in packed)
+        if checkpoint is not None:
+            data = self._encode(checkpoint)
+            payload += len(data)
+            pipe.set(checkpoint_key, data, ex=ttl)
+        if summary is not None:
+            data = self._encode(summary[1])
+            payload += len(data)
+            pipe.set(self._key(tenant, conversation, keys.SUMMARY, summary[0]), data, ex=ttl)
+        commands = len(pipe)
+        timeout = crossing_timeout(self.op_timeout, commands, payload)
+        parts = {"blobs": bool(blobs), "checkpoint": checkpoint is not None}
+        parts["summary"] = summary is not None
+        try:
+            replies = await self._call(lambda: pipe.execute(raise_on_error=False), timeout)
+        except StoreUnavailable as unavailable:
+            reason = str(unavailable)
+            if self.is_cluster and checkpoint is not None:
+                # Some nodes may have written their part: take the checkpoint back.
+                reason += await self._take_back(checkpoint_key)
+            return failed(reason, **parts)
+        errors = [r for r in replies if isinstance(r, Exception)]
+        if errors and self.on_error is not None:
+            self.on_error()
+        blob_replies = replies[: len(packed)]
+        touch_replies = replies[len(packed) : len(packed) + len(kept)]
+        rest = replies[len(packed) + len(kept) :]
+        blobs_ok = all(r is True for r in blob_replies)
+        touched_ok = not any(isinstance(r, Exception) for r in touch_replies)
+        lost = tuple(ref for ref, r in zip(kept, touch_replies, strict=True) if r is False)
+        self._unreadable(len(lost))
+        checkpoint_ok = checkpoint is None or rest.pop(0) is True
+        summary_ok = summary is None or rest.pop(0) is True
+        reason = _describe(errors[0]) if errors else ""
+        if checkpoint is not None and checkpoint_ok and not (blobs_ok and touched_ok):
+            checkpoint_ok = False  # only on a Cluster: a transaction fails as a whole
+            reason += await self._take_back(checkpoint_key)
+        if blobs_ok:
+            for ref, text in blobs:
+                self.blob_cache.put(tenant, ref, text)
+        return CrossingSaved(blobs_ok, checkpoint_ok, summary_ok, lost, reason)
+
+    async def _take_back(self, checkpoint_key: str) -> str:
+        """Delete a checkpoint that may name blobs that failed; what went wrong, if any."""
+        try:
+            await self._call(lambda: self._client.delete(checkpoint_key))
+            return ""
+        except StoreUnavailable as gone:
+            return f"; the checkpoint may name blobs that failed: {gone}"
+
+    async def read_blob(self, tenant: str, conversation: str, ref: str) -> str | None:
+        """The text of an offloaded result of this tenant, or None: never stored, evicted,
+        expired and another tenant's all read the same. Any conversation of the tenant
+        may read it (blobs are stored once per tenant); ``conversation`` is kept for the
+        callers' sake. Recently written or read texts come from this replica's cache."""
+        if not _plausible_ref(ref):
+            self._unreadable()
+            return None
+        cached = self.blob_cache.get(tenant, ref)
+        if cached is not None:
+            return cached
+        raw = await self._get(self._blob_key(tenant, ref))
+        try:
+            data = None if raw is None else await self._unpack(raw)
+        except CorruptValue as error:
+            log.warning("store: blob %s does not decode (%s), treated as missing", ref, error)
+            data = None
+        if data is None:
+            self._unreadable()
+            return None
+        text = data.decode("utf-8", "replace")
+        self.blob_cache.put(tenant, ref, text)
+        return text
+
+    async def touch_refs(
+        self, tenant: str, conversation: str, refs: Sequence[str]
+    ) -> tuple[str, ...]:
+        """Give every named blob a fresh TTL (one pipelined call); returns the refs whose
+        blobs no longer exist."""
+        named = [ref for ref in dict.fromkeys(refs) if _plausible_ref(ref)]
+        if not named:
+            return ()
+        found = await self._expire_blobs(tenant, named, self.default_ttl)
+        lost = tuple(ref for ref, ok in zip(named, found, strict=True) if not ok)
+        self._unreadable(len(lost))
+        return lost
+
+    async def _expire_blobs(self, tenant: str, refs: Sequence[str], ttl: int) -> list[bool]:
+        pipe = self._client.pipeline(transaction=False)
+        for ref in refs:
+            pipe.expire(self._blob_key(tenant, ref), ttl)
+        timeout = crossing_timeout(self.op_timeout, len(refs), 0)
+        return [bool(r) for r in await self._call(lambda: pipe.execute(), timeout)]
+
+    async def _pack_blobs(self, blobs: Sequence[tuple[str, str]]) -> list[tuple[str, bytes]]:
+        def run() -> list[tuple[str, bytes]]:
+            return [(ref, pack(text.encode())) for ref, text in blobs]
+
+        if sum(len(text) for _, text in blobs) > OFF_LOOP_BYTES:
+            return await asyncio.to_thread(run)
+        return run()
+
+    @staticmethod
+    async def _unpack(raw: bytes) -> bytes:
+        return await asyncio.to_thread(unpack, raw) if len(raw) > OFF_LOOP_BYTES else unpack(raw)
+
+    # -- blobs, one call each: the current pipeline's; unused once the executor calls
+    #    the methods above (put_blob, get_blob, refresh_ttl for blobs). get_blob_slice and
+    #    put_global_json/get_global_json are used by nothing but their tests. ----------
 
     async def put_blob(
         self, tenant: str, conversation: str, ref: str, data: bytes, ttl: int | None = None
     ) -> None:
-        key = self._key(tenant, conversation, keys.BLOB, ref)
-        await self._call(lambda: self._client.set(key, data, ex=self._ttl(ttl)))
+        key = self._blob_key(tenant, ref)
+        value = pack(data)
+        await self._call(lambda: self._client.set(key, value, ex=self._ttl(ttl)))
 
     async def get_blob(self, tenant: str, conversation: str, ref: str) -> bytes | None:
-        key = self._key(tenant, conversation, keys.BLOB, ref)
-        return await self._get(key)
+        raw = await self._get(self._blob_key(tenant, ref))
+        try:
+            data = None if raw is None else await self._unpack(raw)
+        except CorruptValue:
+            data = None
+        if data is None:
+            self._unreadable()
+        return data
 
     async def get_blob_slice(
         self, tenant: str, conversation: str, ref: str, start: int, length: int
@@ -237,20 +490,8 @@ class Store:
         """
         if start < 0 or length < 0:
             raise ValueError(f"slice start and length must be >= 0, got {start}, {length}")
-        key = self._key(tenant, conversation, keys.BLOB, ref)
-        if length == 0:
-            # GETRANGE's end is inclusive, so an empty slice cannot be expressed in it.
-            total = await self._call(lambda: self._strlen_if_exists(key))
-            return None if total is None else (b"", total)
-        reply = await self._call(lambda: self._slice(keys=[key], args=[start, length]))
-        if reply is None:
-            return None
-        data, total = reply
-        return bytes(data), int(total)
-
-    async def _strlen_if_exists(self, key: str) -> int | None:
-        reply = await self._slice(keys=[key], args=[0, 1])
-        return None if reply is None else int(reply[1])
+        data = await self.get_blob(tenant, conversation, ref)
+        return None if data is None else (data[start : start + length], len(data))
 
     # -- JSON values (checkpoints, summaries, ...) -------------------------------------
 
@@ -264,7 +505,7 @@ class Store:
         ttl: int | None = None,
     ) -> None:
         key = self._key(tenant, conversation, kind, name)
-        data = orjson.dumps(value)
+        data = self._encode(value)
         await self._call(lambda: self._client.set(key, data, ex=self._ttl(ttl)))
 
     async def get_json(self, tenant: str, conversation: str, kind: str, name: str) -> object | None:
@@ -275,9 +516,14 @@ class Store:
         self, tenant: str, conversation: str, kind: str, names: list[str], ttl: int | None = None
     ) -> int:
         """Give existing keys a fresh TTL (e.g. the blobs a frozen prefix still points
-        to, whose first TTL was set at an older crossing); returns how many exist."""
+        to, whose first TTL was set at an older crossing); returns how many exist.
+        (Blobs: ``touch_refs`` replaces this.)"""
         if not names:
             return 0
+        if kind == keys.BLOB:
+            found_blobs = await self._expire_blobs(tenant, names, self._ttl(ttl))
+            self._unreadable(found_blobs.count(False))
+            return found_blobs.count(True)
         found = [self._key(tenant, conversation, kind, name) for name in names]
         seconds = self._ttl(ttl)
         return int(await self._call(lambda: self._touch(keys=found, args=[seconds])))

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 
 import pytest
+import redis
 
 from proxy.core import proxy_keys
 from proxy.core.budget import Amounts
@@ -96,6 +97,39 @@ async def test_concurrent_reservations_never_pass_the_limit(
     admitted = sum(isinstance(o, Held) for o in outcomes)
     assert admitted == 1000 // 30
     assert (await accounts.usage(scope, now))["day"]["output"] == admitted * 30
+
+
+async def test_counters_never_expire_and_a_new_bucket_starts_empty(
+    accounts: Accounts, url: str
+) -> None:
+    """Counters carry no TTL (a Redis that evicts volatile keys never drops a budget);
+    each period's counter holds only its current bucket."""
+    scope = Scope("team", "green")
+    await accounts.set_conf(scope, {"minute:output": 100, "month:output": 1000})
+    now = 1_800_000_000.0  # 2027-01-15 08:00 UTC: the month goes on past the next minutes
+    first = await accounts.reserve(scope, Amounts(0, 80, 0), now)
+    assert isinstance(first, Held)
+    assert isinstance(await accounts.reserve(scope, Amounts(0, 30, 0), now), Refused)
+    later = await accounts.reserve(scope, Amounts(0, 30, 0), now + 60)  # the next minute
+    assert isinstance(later, Held)
+    used = await accounts.usage(scope, now + 60)
+    assert used["minute"]["output"] == 30 and used["month"]["output"] == 110
+    # The first request settles after its minute closed: only the month takes it.
+    await accounts.settle(first, Amounts(0, 10, 0))
+    used = await accounts.usage(scope, now + 60)
+    assert used["minute"]["output"] == 30 and used["month"]["output"] == 40
+    assert (await accounts.usage(scope, now + 120))["minute"]["output"] == 0
+    client = (
+        redis.RedisCluster.from_url(url.split("?")[0])
+        if "cluster=1" in url
+        else redis.Redis.from_url(url)
+    )
+    try:
+        counters = {c.rsplit(":", 1)[0] for c in first.counters + later.counters}
+        assert len(counters) == 2  # one per period, whatever the bucket
+        assert all(client.ttl(c) == -1 for c in counters)  # exists, no expiry
+    finally:
+        client.close()
 
 
 async def test_amounts_past_lua_number_precision_count_exactly(accounts: Accounts) -> None:

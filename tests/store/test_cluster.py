@@ -47,9 +47,10 @@ async def test_every_operation_works_on_a_cluster(
         assert await store.get_blob("t", conversation, "ref") == b"0123456789"
         assert await store.get_blob_slice("t", conversation, "ref", 7, 10) == (b"789", 10)
         assert await store.get_blob_slice("t", conversation, "ref", 0, 0) == (b"", 10)
-        # A multi-key script: legal because every key shares the conversation's slot.
+        # Blobs live in the tenant's 16 bucket slots: a refresh spans several nodes.
         await store.put_blob("t", conversation, "ref2", b"x")
         assert await store.refresh_ttl("t", conversation, "blob", ["ref", "ref2", "no"]) == 2
+        await store.put_blob("t", conversation, f"own-{conversation}", b"y")
         await store.put_json("t", conversation, "checkpoint", "current", {"c": conversation})
         assert await store.get_json("t", conversation, "checkpoint", "current") == {
             "c": conversation
@@ -70,7 +71,13 @@ async def test_every_operation_works_on_a_cluster(
     # conversations spread over all three masters.
     for conversation in conversations:
         tagged = {k: n for k, n in placement.items() if f"{{t:{conversation}}}" in k}
-        assert len(tagged) == 3  # two blobs and the checkpoint; the lock was released
+        assert len(tagged) == 1  # the checkpoint; the lock was released
         assert len({key_slot(k.encode()) for k in tagged}) == 1
         assert len(set(tagged.values())) == 1
+    # The tenant's blobs are stored once each, whichever conversations wrote them, and
+    # spread over its bucket slots on every master.
+    blobs = {k: n for k, n in placement.items() if ":blob:" in k}
+    assert len(blobs) == 2 + len(conversations)
+    assert all("{t/" in k for k in blobs)
+    assert len(set(blobs.values())) == 3
     assert len(set(placement.values())) == 3

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio
 
-from proxy.store import Store
+from proxy.store import Store, keys
 from proxy.store.keys import scan_pattern
 
 T, C = "tenant0", "conv0"
@@ -33,9 +33,10 @@ async def test_blob_round_trip_and_isolation(store: Store) -> None:
     data = bytes(range(256)) * 1000
     await store.put_blob(T, C, "ref1", data)
     assert await store.get_blob(T, C, "ref1") == data
-    # Another tenant or conversation never sees it: same answer as a missing ref.
+    # Blobs are stored once per tenant: every conversation of the tenant reads it,
+    # another tenant never does (the same answer as a missing ref).
+    assert await store.get_blob(T, "conv1", "ref1") == data
     assert await store.get_blob("tenant1", C, "ref1") is None
-    assert await store.get_blob(T, "conv1", "ref1") is None
     assert await store.get_blob(T, C, "nope") is None
 
 
@@ -143,7 +144,15 @@ async def test_keys_carry_prefix_and_hash_tag(store: Store, raw: redis.asyncio.R
     await store.put_blob(T, C, "ref9", b"x")
     await store.put_global_json("calibration", "m", 1)
     found = sorted(k.decode() for k in await keys_under(raw, store.prefix))
-    assert found == [f"{store.prefix}g:calibration:m", f"{store.prefix}{{{T}:{C}}}:blob:ref9"]
+    await store.put_json(T, C, "checkpoint", "c", {})
+    found = sorted(k.decode() for k in await keys_under(raw, store.prefix))
+    blob = keys.blob_key(store.prefix, T, "ref9")
+    assert found == [
+        f"{store.prefix}g:calibration:m",
+        blob,
+        f"{store.prefix}{{{T}:{C}}}:checkpoint:c",
+    ]
+    assert blob.startswith(f"{store.prefix}{{{T}/") and blob.endswith("}:blob:ref9")
 
 
 async def test_lock_is_exclusive_across_stores(make_store) -> None:

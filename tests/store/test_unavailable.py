@@ -31,6 +31,10 @@ def every_data_call(store: Store) -> list[Callable[[], object]]:
         lambda: store.update_global_mean("calibration", "m", 1.0),
         lambda: store.get_global_mean("calibration", "m"),
         lambda: store.refresh_ttl(T, C, "blob", ["r"]),
+        lambda: store.load_conversation(T, C, "slot"),
+        lambda: store.load_conversation(T, C, "slot", summaries=["s1", "s2"]),
+        lambda: store.read_blob(T, C, "r_never_cached"),
+        lambda: store.touch_refs(T, C, ["r", "r2"]),
     ]
 
 
@@ -39,6 +43,13 @@ async def assert_all_unavailable(store: Store) -> None:
         with pytest.raises(StoreUnavailable):
             await call()  # type: ignore[misc]
     assert await store.ping() is False
+    # A crossing's write never raises: it says that nothing is stored, and why.
+    saved = await store.save_crossing(
+        T, C, slot="s", checkpoint={"n": 1}, blobs=[("r", "x" * 500)], summary=("k", "text"),
+        touch=["r0"],
+    )  # fmt: skip
+    assert (saved.blobs, saved.checkpoint, saved.summary, saved.complete) == (False,) * 4
+    assert saved.error.startswith("redis: ")
 
 
 @pytest.fixture
