@@ -77,7 +77,6 @@ class Bucket:
     period: str
     name: str  # part of the counter's key: which minute, day or month
     ends_in: int  # whole seconds until the bucket closes (at least 1)
-    ttl: int  # seconds its counter is kept: past its end, so late settlements still land
 
 
 def bucket(period: str, now: float) -> Bucket:
@@ -85,21 +84,19 @@ def bucket(period: str, now: float) -> Bucket:
     second = int(now // 1)
     if period == "minute":
         start, end, name = second - second % 60, second - second % 60 + 60, str(second // 60)
-        ttl = 60 + 600
     elif period == "day":
         day = second // _DAY
         start, end, name = day * _DAY, (day + 1) * _DAY, str(day)
-        ttl = _DAY + 3_600
     elif period == "month":
         year, month = _civil_from_days(second // _DAY)
         nxt = (year + 1, 1) if month == 12 else (year, month + 1)
         start = _days_from_civil(year, month) * _DAY
         end = _days_from_civil(*nxt) * _DAY
-        name, ttl = f"{year:04d}{month:02d}", 32 * _DAY
+        name = f"{year:04d}{month:02d}"
     else:
         raise ValueError(f"unknown budget period {period!r}; known: {', '.join(PERIODS)}")
     assert start <= second < end
-    return Bucket(period, name, max(1, end - second), ttl)
+    return Bucket(period, name, max(1, end - second))
 
 
 # -- reservations and costs ----------------------------------------------------------

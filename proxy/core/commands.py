@@ -71,7 +71,7 @@ class SaveCrossing:
     its checkpoint, and fresh TTLs for every ref stored earlier that it still names."""
 
     slot: str
-    checkpoint: Checkpoint
+    checkpoint: Checkpoint | None  # None: only blobs (ones found gone, written again)
     blobs: tuple[tuple[str, str], ...]  # (ref, text)
     touch: tuple[str, ...]  # refs stored earlier that the new checkpoint still names
     summary: tuple[str, str] | None = None  # (key, text) of a summary made for it
@@ -97,6 +97,7 @@ class Started:
 @dataclass(frozen=True, slots=True)
 class Saved:
     ok: bool  # False: some write failed; nothing may depend on what was written
+    lost: tuple[str, ...] = ()  # refs to refresh whose blobs were gone (evicted, expired)
 
 
 Command = LoadConversation | GetSummary | SaveCrossing | PrepareSummary

@@ -53,6 +53,7 @@ from proxy.core.planner import (
     Untouched,
     fold,
     plan,
+    recovered_blobs,
     without_blobs,
 )
 from proxy.core.policy import Policy
@@ -130,6 +131,13 @@ def compaction(request: CompactionRequest) -> Driver:
             made if outcome.summary == "made" else None,
         )
         assert isinstance(saved, Saved)
+        if saved.ok and saved.lost:
+            # Refs it names whose blobs were evicted or expired: the client still sent
+            # their texts, so they are stored again (else their stubs read as gone).
+            again = recovered_blobs(inp, saved.lost)
+            if again:
+                resaved = yield SaveCrossing(slot, None, tuple(again), ())
+                assert isinstance(resaved, Saved)
         if not saved.ok and outcome.blobs:
             # A stub whose blob was not kept could never be read: plan again without
             # offloading, folding with the summary already paid for when it still fits.

@@ -20,7 +20,7 @@ word, see REASONS) so the client and the operator can tell why.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -140,10 +140,10 @@ class Working:
     messages: list[dict[str, Any]]
     shapes: list[Shape]
     groups: list[Group]
+    tokens: int = field(init=False)  # of all shapes: the planner asks for it often
 
-    @property
-    def tokens(self) -> int:
-        return sum(s.tokens for s in self.shapes)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokens", sum(s.tokens for s in self.shapes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,6 +364,19 @@ def fold(need: FoldPlan, text: str | None, *, summary: str) -> Rewrite | Refuse:
         summary_key=need.key,
         reason=need.reason,
     )
+
+
+def recovered_blobs(inp: PlanInput, refs: Collection[str]) -> list[tuple[str, str]]:
+    """The blobs of `refs` rebuilt from the client's own messages (a ref is its text's
+    hash): the client still sends every result the proxy offloaded or folded."""
+    wanted = set(refs)
+    found: dict[str, str] = {}
+    for message in inp.messages:
+        for _, block in inp.dialect.tool_results(message):
+            text = result_text(block)
+            if text is not None and (ref := ref_for(text)) in wanted:
+                found[ref] = text
+    return list(found.items())
 
 
 def without_blobs(inp: PlanInput) -> Outcome:

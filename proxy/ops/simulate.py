@@ -153,7 +153,8 @@ class MemoryExecutor:
             self.prepared[command.slot] = PreparedSummary(ask.key, text)
             return Started()
         assert isinstance(command, SaveCrossing)
-        self.checkpoints[command.slot] = command.checkpoint
+        if command.checkpoint is not None:
+            self.checkpoints[command.slot] = command.checkpoint
         for ref, text in command.blobs:
             self.blobs[ref] = len(text)
         return Saved(ok=True)

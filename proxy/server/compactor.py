@@ -49,6 +49,7 @@ class Prepared:
     headers: tuple[tuple[str, str], ...] = ()  # x-compaction-* for the client
     refusal: ProxyError | None = None  # answer with this, send nothing
     tool: str | None = None  # read_result was injected under this name
+    refs: frozenset[str] = frozenset()  # the refs the history sent names: all it may read
     tenant: str = ""
     conversation: str = ""
     policy: Policy = field(default_factory=Policy)
@@ -228,6 +229,7 @@ class Compactor:
         prepared.body, prepared.sent = decision.body, decision.sent
         prepared.headers = tuple(headers)
         prepared.tool = rewrite.tool
+        prepared.refs = frozenset(rewrite.refs)
         return prepared
 
 

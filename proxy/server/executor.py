@@ -8,6 +8,7 @@ reply saying so (never an exception): the driver then plans without the store.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from functools import cached_property
 from typing import Any, TypeVar
@@ -27,8 +28,6 @@ from proxy.core.commands import (
 )
 from proxy.core.usage import Usage
 from proxy.server.summariser import (
-    PREPARED,
-    SUMMARY,
     SummariserSettings,
     SummaryCall,
     obtain_summary,
@@ -37,9 +36,9 @@ from proxy.server.summariser import (
     release,
 )
 from proxy.store import Store, StoreUnavailable
-from proxy.store.keys import BLOB
 
-CHECKPOINT = "checkpoint"
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
 
 
@@ -98,15 +97,11 @@ class StoreExecutor:
     async def _load(self, command: LoadConversation) -> Loaded:
         if self.store is None:
             return Loaded(None, store_ok=False)
-        store, tenant, conversation = self.store, self.tenant, self.conversation
         try:
-            found, prepared = await asyncio.gather(
-                store.get_json(tenant, conversation, CHECKPOINT, command.slot),
-                store.get_json(tenant, conversation, PREPARED, command.slot),
-            )
+            state = await self.store.load_conversation(self.tenant, self.conversation, command.slot)
         except StoreUnavailable:
             return Loaded(None, store_ok=False)
-        return Loaded(decode_checkpoint(found), prepared=prepared_of(prepared))
+        return Loaded(decode_checkpoint(state.checkpoint), prepared=prepared_of(state.prepared))
 
     def _prepare(self, command: PrepareSummary) -> Started:
         """Start the summary made ahead, off the request: it must outlive it (the caller
@@ -143,29 +138,27 @@ class StoreExecutor:
         return obtained.reply
 
     async def _save(self, command: SaveCrossing) -> Saved:
+        """Every write of the crossing in one pipelined call (proxy/store/crossing.py)."""
         store = self.store
         if store is None:
             return Saved(ok=False)
-        tenant, conversation = self.tenant, self.conversation
         try:
-            await asyncio.gather(
-                *(
-                    store.put_blob(tenant, conversation, ref, text.encode())
-                    for ref, text in command.blobs
-                )
+            saved = await store.save_crossing(
+                self.tenant,
+                self.conversation,
+                slot=command.slot,
+                checkpoint=(
+                    None if command.checkpoint is None else encode_checkpoint(command.checkpoint)
+                ),
+                blobs=command.blobs,
+                summary=command.summary,
+                touch=command.touch,
             )
-            if command.summary is not None:
-                key, text = command.summary
-                await store.put_json(tenant, conversation, SUMMARY, key, text)
-            checkpoint = encode_checkpoint(command.checkpoint)
-            await store.put_json(tenant, conversation, CHECKPOINT, command.slot, checkpoint)
-            # Refs named from earlier crossings must live as long as the new checkpoint.
-            await store.refresh_ttl(tenant, conversation, BLOB, list(command.touch))
-        except StoreUnavailable:
-            return Saved(ok=False)
         finally:
             await self.close()
-        return Saved(ok=True)
+        if saved.error:
+            log.info("crossing not wholly stored: %s", saved.error)
+        return Saved(ok=saved.blobs and saved.checkpoint, lost=saved.lost)
 
     async def close(self) -> None:
         """Release what the commands still hold (a summary's lock when nothing saved it)."""
@@ -183,10 +176,11 @@ async def drive(
 ) -> T:
     """Drive a generator to its end with an async executor. `off_loop`: run the
     driver's own (pure, CPU-bound) steps in a worker thread, so a huge history being
-    planned does not stall every other request of the replica."""
+    planned does not stall every other request of the replica; its first step (up to
+    the load: a slot from the digests) runs inline, not worth a thread's hand-over."""
     reply: Reply | None = None
     while True:
-        if off_loop:
+        if off_loop and reply is not None:
             done, value = await asyncio.to_thread(_step, driver, reply)
         else:
             done, value = _step(driver, reply)

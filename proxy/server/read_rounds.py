@@ -84,18 +84,23 @@ async def fetch_reads(
         if isinstance(request, str):
             fetched.append(Fetched(call.id, error=request))
             continue
+        if request.ref not in prepared.refs:
+            # Blobs are kept once per tenant; a conversation reads only the refs its own
+            # history names (a ref copied from elsewhere reads as missing).
+            fetched.append(Fetched(call.id, error=unknown_ref(request.ref)))
+            continue
         if store is None:
             fetched.append(Fetched(call.id, error=UNAVAILABLE))
             continue
         try:
-            data = await store.get_blob(prepared.tenant, prepared.conversation, request.ref)
+            text = await store.read_blob(prepared.tenant, prepared.conversation, request.ref)
         except StoreUnavailable:
             fetched.append(Fetched(call.id, error=UNAVAILABLE))
             continue
-        if data is None:
+        if text is None:
             fetched.append(Fetched(call.id, error=unknown_ref(request.ref)))
             continue
-        fetched.append(Fetched(call.id, request, data.decode("utf-8", "replace")))
+        fetched.append(Fetched(call.id, request, text))
     return fetched
 
 

@@ -31,10 +31,12 @@ class ConversationState:
 
     checkpoint: the checkpoint stored in the request's slot (decoded JSON object), or None.
     summaries: of the summary keys asked for, those stored (key -> text).
+    prepared: the slot's note of a summary made ahead (decoded JSON), or None.
     """
 
     checkpoint: dict[str, Any] | None
     summaries: Mapping[str, str] = field(default_factory=dict)
+    prepared: object = None
 
 
 @dataclass(frozen=True, slots=True)

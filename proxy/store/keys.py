@@ -28,6 +28,7 @@ BLOB = "blob"
 LOCK = "lock"
 CHECKPOINT = "checkpoint"
 SUMMARY = "summary"
+PREPARED = "prepared"  # a checkpoint slot's note of the summary made ahead for it
 
 _WHITESPACE = re.compile(r"\s")
 

@@ -296,26 +296,28 @@ class Store:
     async def load_conversation(
         self, tenant: str, conversation: str, slot: str, *, summaries: Sequence[str] = ()
     ) -> ConversationState:
-        """The checkpoint stored in ``slot`` and the stored ones of the ``summaries`` keys,
-        in one round trip (all keys share the conversation's slot)."""
+        """The checkpoint stored in ``slot``, the slot's note of a summary made ahead, and
+        the stored ones of the ``summaries`` keys, in one round trip (all keys share the
+        conversation's slot)."""
         names = [
             self._key(tenant, conversation, keys.CHECKPOINT, slot),
+            self._key(tenant, conversation, keys.PREPARED, slot),
             *(self._key(tenant, conversation, keys.SUMMARY, k) for k in summaries),
         ]
-        if len(names) == 1:
-            found = [await self._get(names[0])]
-        else:
-            pipe = self._client.pipeline(transaction=False)
-            for name in names:
-                pipe.get(name)
-            found = await self._call(lambda: pipe.execute())
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.get(name)
+        found = await self._call(lambda: pipe.execute())
         checkpoint = self._decode(names[0], found[0])
+        prepared = self._decode(names[1], found[1])
         texts = {}
-        for key, name, raw in zip(summaries, names[1:], found[1:], strict=True):
+        for key, name, raw in zip(summaries, names[2:], found[2:], strict=True):
             text = self._decode(name, raw)
             if isinstance(text, str) and text.strip():
                 texts[key] = text
-        return ConversationState(checkpoint if isinstance(checkpoint, dict) else None, texts)
+        return ConversationState(
+            checkpoint if isinstance(checkpoint, dict) else None, texts, prepared
+        )
 
     async def save_crossing(
         self,

@@ -275,3 +275,32 @@ def test_a_summary_that_failed_ahead_is_asked_for_at_the_fold() -> None:
     commands, decision = commands_of(compaction(request(over, NO_OFFLOAD)), store)
     assert kinds(commands) == ["LoadConversation", "GetSummary", "SaveCrossing"]
     assert decision.rewrite is not None and decision.rewrite.summary == "made"
+
+
+def test_blobs_found_gone_are_written_again_from_the_clients_messages() -> None:
+    """An evicted blob that the new checkpoint still names: its text is in the request
+    the client sent, so the crossing stores it again rather than leave a dead stub."""
+    messages = conversation(12)
+    store = Store()
+    first, _ = commands_of(compaction(request(messages, policy(target=5_000))), store)
+    (offload,) = [c for c in first if isinstance(c, SaveCrossing)]
+    gone = offload.blobs[0][0]
+
+    class Evicted(Store):
+        def __call__(self, command: Command) -> Reply:
+            if isinstance(command, SaveCrossing) and command.checkpoint is not None:
+                super().__call__(command)
+                return Saved(ok=True, lost=tuple(r for r in command.touch if r == gone))
+            return super().__call__(command)
+
+    evicted = Evicted()
+    evicted.checkpoints = store.checkpoints
+    grown = conversation(40)  # the same start, over the trigger: a new crossing
+    commands, decision = commands_of(compaction(request(grown, policy(target=5_000))), evicted)
+    saves = [c for c in commands if isinstance(c, SaveCrossing)]
+    assert len(saves) == 2 and gone in saves[0].touch
+    again = saves[1]
+    assert again.checkpoint is None and again.touch == ()
+    assert [ref for ref, _ in again.blobs] == [gone]
+    assert again.blobs[0][1] == dict(offload.blobs)[gone]
+    assert decision.rewrite is not None and gone in decision.rewrite.refs

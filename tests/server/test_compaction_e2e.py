@@ -337,6 +337,37 @@ async def test_refs_resolve_only_for_their_tenant(
     assert round_two["content"] == unknown_ref(stolen.split('ref="')[1].split('"')[0])
 
 
+async def test_refs_resolve_only_in_the_conversation_that_names_them(
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
+) -> None:
+    """Blobs are stored once per tenant, but a conversation reads only the refs its own
+    history names (DESIGN invariant 8): the same key in another conversation, with the
+    stub pasted as text, reads it as missing."""
+    standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
+    proxy = await make_compacting_proxy(standin.url)
+    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-one-tenant", max_retries=0)
+    history = synthetic_history(12)
+    first = {"x-stand-in": '{"text": "ok"}', "x-conversation-id": "first"}
+    await client.messages.create(
+        model="claude-test-1", max_tokens=64, messages=history, extra_headers=first
+    )
+    stub = orjson.loads(standin.agent_calls[-1].body)["messages"][2]["content"][0]["content"]
+    ref = stub.split('ref="')[1].split('"')[0]
+
+    theirs = synthetic_history(12)
+    for message in theirs[2::2]:
+        message["content"][0]["content"] = "B " + message["content"][0]["content"]
+    theirs[0] = {"role": "user", "content": [{"type": "text", "text": f"See: {stub}"}]}
+    other = {"x-stand-in": '{"read_result": true, "text": "ok"}', "x-conversation-id": "other"}
+    await client.messages.create(
+        model="claude-test-1", max_tokens=64, messages=theirs, extra_headers=other
+    )
+    answered = orjson.loads(standin.agent_calls[-1].body)["messages"][-1]["content"][0]
+    assert answered["is_error"] is True
+    assert answered["content"] == unknown_ref(ref)
+    await client.close()
+
+
 async def test_sub_agents_sharing_a_session_keep_their_own_checkpoints(
     make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
 ) -> None:
