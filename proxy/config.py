@@ -122,12 +122,21 @@ class BudgetSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ResponsesSettings:
+    # Codex's compaction_trigger on /v1/responses: "pass-through" forwards it, "serve"
+    # answers it with the proxy's own summary, "auto" forwards it until the upstream
+    # refuses one (a server that is not OpenAI), then serves it.
+    codex_compaction: str = "auto"
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     budgets: BudgetSettings = field(default_factory=BudgetSettings)
+    responses: ResponsesSettings = field(default_factory=ResponsesSettings)
     # Raw `[[policy]]` tables, parsed into per-model policies elsewhere.
     policies: tuple[dict[str, Any], ...] = ()
     # `[[price]]` tables: what tokens cost per model (reports and stats; optional).
@@ -156,6 +165,7 @@ _SECTIONS: dict[str, type] = {
     "store": StoreSettings,
     "auth": AuthSettings,
     "budgets": BudgetSettings,
+    "responses": ResponsesSettings,
 }
 
 
@@ -274,6 +284,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "budgets.on_store_down": _one_of("open", "closed"),
     "budgets.timeout": _positive,
     "budgets.outage_allowance": _non_negative,
+    "responses.codex_compaction": _one_of("auto", "pass-through", "serve"),
 }
 
 # Environment aliases: conventional names accepted besides COMPACTION_PROXY_*.
@@ -466,6 +477,7 @@ def load_settings(
         store=StoreSettings(**values["store"]),
         auth=AuthSettings(**values["auth"]),
         budgets=BudgetSettings(**values["budgets"]),
+        responses=ResponsesSettings(**values["responses"]),
         policies=policies,
         prices=prices,
         config_file=str(path) if path is not None else "",

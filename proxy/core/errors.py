@@ -15,6 +15,7 @@ HTTP status and the Anthropic error type naming it; proxy/wire/* render it (Mess
     │   ├── RequestTimeout    408: the body did not arrive in time (the connection closes)
     │   ├── UnsupportedEncoding 415: a Content-Encoding a budget cannot look through
     │   ├── ExpectationFailed 417
+    │   ├── UpgradeRequired   426: a WebSocket asked for where only HTTP is served
     │   ├── NotAuthenticated  401 authentication_error
     │   └── Forbidden         403 permission_error
     ├── BudgetRefused         429 rate_limit_error, with retry-after
@@ -85,6 +86,11 @@ class UnsupportedEncoding(ClientError):
 
 class ExpectationFailed(ClientError):
     status = 417
+
+
+class UpgradeRequired(ClientError):
+    status = 426
+    code = "websocket_not_supported"
 
 
 class NotAuthenticated(ClientError):

@@ -2,10 +2,12 @@
 
 The tenant is a keyed hash of the credential (never the credential itself, DESIGN
 invariant 9). The conversation id comes from what the client says, in this order: the
-`x-conversation-id` header, Claude Code's `x-claude-code-session-id`, the session id
-Claude Code puts inside `metadata.user_id` (a JSON string), and otherwise a hash of the
-tenant, the system prompt and the first message, which stay fixed as a conversation
-grows. Every id is hashed again, so keys never hold client text.
+`x-conversation-id` header, Claude Code's `x-claude-code-session-id`, Codex's
+`session-id`, a conversation hint the wire format read from the body (`conversation_hint`
+in its identity view: the Responses API's `prompt_cache_key`), the session id Claude Code
+puts inside `metadata.user_id` (a JSON string), and otherwise a hash of the tenant, the
+system prompt and the first message, which stay fixed as a conversation grows. Every id
+is hashed again, so keys never hold client text.
 """
 
 from __future__ import annotations
@@ -46,10 +48,13 @@ def conversation_of(headers: Mapping[str, str], body: Mapping[str, Any], tenant:
 
 
 def _client_id(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
-    for name in ("x-conversation-id", "x-claude-code-session-id"):
+    for name in ("x-conversation-id", "x-claude-code-session-id", "session-id"):
         value = headers.get(name)
         if value:
             return f"{name}:{value}"
+    hint = body.get("conversation_hint")
+    if isinstance(hint, str) and hint:
+        return f"hint:{hint}"
     metadata = body.get("metadata")
     user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
     if isinstance(user_id, str) and user_id.startswith("{"):

@@ -431,11 +431,19 @@ def _in_place(
             original = inp.dialect.render_transcript([inp.messages[seg.index]])
             pieces.append(f"[{', '.join(seg.refs)}]\n{original}")
             tokens.append(inp.counts[seg.index])
-    factor = inp.factor if inp.factor > 0 else 1.0
-    room = limits.limit - work.tokens - math.ceil(slot / factor) - IN_PLACE_OVERHEAD
+    # The originals are plain text, which counts about as estimated: a factor below 1
+    # (learnt on requests whose sealed content the estimate overcounts) must not let them
+    # grow, so the window is taken in real tokens then.
+    factor = max(1.0, inp.factor)
+    limit = min(limits.limit, math.floor(inp.policy.window / factor) - inp.fixed_tokens
+                - inp.tool_tokens)  # fmt: skip
+    room = limit - work.tokens - math.ceil(slot / factor) - IN_PLACE_OVERHEAD
     originals = _fitted(pieces, tokens, max(room, 0)) if room > 0 else ""
     first, last = members[0], members[-1]
-    heads = (_head_of(work.messages[first]), _head_of(work.messages[last]))
+    heads = (
+        _head_of(work.messages[first], inp.dialect),
+        _head_of(work.messages[last], inp.dialect),
+    )
     prompt = in_place_prompt(first + 1, last + 1, heads, originals)
     return InPlace(work.messages, _last_stub(work.segments), prompt)
 
@@ -443,7 +451,7 @@ def _in_place(
 IN_PLACE_OVERHEAD = 600  # tokens of the in-place prompt's own words, with a margin
 
 
-def _head_of(message: Message) -> str:
+def _head_of(message: Message, dialect: Dialect) -> str:
     content = message.get("content")
     if isinstance(content, str):
         return content
@@ -453,7 +461,9 @@ def _head_of(message: Message) -> str:
                 value = block.get(key)
                 if isinstance(value, str) and value.strip():
                     return value
-    return str(message.get("role", ""))
+    # A message of another shape (a Responses unit): its text as the summariser reads it.
+    lines = dialect.render_transcript([message]).splitlines()
+    return lines[1] if len(lines) > 1 else str(message.get("role", ""))
 
 
 def _original(seg: Segment, work: Working, m: int, inp: PlanInput) -> Message:
@@ -480,7 +490,9 @@ def _transcript(work: Working, members: Sequence[int], inp: PlanInput, slot: int
         pieces.append(text)
         tokens.append(inp.counts[seg.index] if isinstance(seg, (Verbatim, Stubbed)) else
                       work.shapes[m].tokens)  # fmt: skip
-    factor = inp.factor if inp.factor > 0 else 1.0
+    # Plain text counts about as estimated: a factor below 1 (learnt on requests whose
+    # sealed content the estimate overcounts) must not let the transcript grow.
+    factor = max(1.0, inp.factor)
     window = math.floor(inp.policy.window * (1 - SUMMARISER_MARGIN) / factor)
     budget = window - math.ceil(slot / factor) - inp.counter.count_text(INSTRUCTION)
     return _fitted(pieces, tokens, max(budget, len(pieces) * 64))

@@ -152,6 +152,7 @@ class UsageMeter:
         self.rounds: list[_Round] = []
         self.extra: list[Usage] = []  # summariser calls made for this request
         self.seen_answer = False  # some 200 answer's bytes went through
+        self.complete = False  # the answer's final usage reached the client (its end)
         self._carry = b""
         self._skipping = False  # inside a long line that does not matter
 
@@ -212,6 +213,7 @@ class UsageMeter:
         if found is None:
             return
         kind, usage = found
+        self.complete = kind is LineKind.END
         if kind is LineKind.START or not self.rounds or self.rounds[-1].finished:
             self.rounds.append(_Round(usage, finished=kind is LineKind.END))
             return

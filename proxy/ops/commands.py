@@ -20,12 +20,16 @@ CONFIG_HELP = (
 )
 
 FORMAT_HELP = (
-    "the requests' wire format: anthropic (Messages) or chat (OpenAI Chat Completions);"
-    " auto (default) tells them apart by Chat-only fields and roles, judging a trace by"
-    " its first request"
+    "the requests' wire format: anthropic (Messages), chat (OpenAI Chat Completions) or"
+    " responses (OpenAI Responses); auto (default) tells them apart by `input`, Chat-only"
+    " fields and roles, judging a trace by its first request"
 )
 
-FORMAT_LABELS = {"anthropic": "anthropic (Messages)", "chat": "chat (OpenAI Chat Completions)"}
+FORMAT_LABELS = {
+    "anthropic": "anthropic (Messages)",
+    "chat": "chat (OpenAI Chat Completions)",
+    "responses": "responses (OpenAI Responses)",
+}
 
 
 def add_commands(commands: Any) -> None:

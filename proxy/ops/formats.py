@@ -7,7 +7,7 @@
 message with no top-level `system`. Any of them: Chat; none: Anthropic Messages (a plain
 user/assistant text exchange counts almost the same either way). A trace is judged by its
 first request, so a Chat trace whose first request shows none of these needs
-`--format chat`.
+`--format chat`. A body with `input` and no `messages` is the Responses API's.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.core.wire_format import WireFormat
-from proxy.wire import ANTHROPIC, CHAT
+from proxy.wire import ANTHROPIC, CHAT, RESPONSES
 
-FORMAT_CHOICES = ("auto", "anthropic", "chat")
+FORMAT_CHOICES = ("auto", "anthropic", "chat", "responses")
 _CHAT_ONLY_FIELDS = (
     "max_completion_tokens",
     "stream_options",
@@ -83,7 +83,13 @@ def anthropic_evidence(body: Mapping[str, Any]) -> str | None:
 def format_mismatch(name: str, body: Mapping[str, Any]) -> str | None:
     """A warning when `--format NAME`, forced, does not fit the body; None if it fits
     (or was `auto`)."""
-    if name == "anthropic":
+    responses = "input" in body and "messages" not in body
+    evidence: str | None
+    if name in ("anthropic", "chat") and responses:
+        evidence, other = "an input field and no messages", "OpenAI Responses"
+    elif name == "responses" and not responses:
+        evidence, other = "a messages field", "Anthropic Messages or OpenAI Chat Completions"
+    elif name == "anthropic":
         evidence, other = chat_evidence(body), "OpenAI Chat Completions"
     elif name == "chat":
         evidence, other = anthropic_evidence(body), "Anthropic Messages"
@@ -103,6 +109,10 @@ def format_for(name: str, body: Mapping[str, Any] | None) -> WireFormat:
         return CHAT
     if name == "anthropic":
         return ANTHROPIC
+    if name == "responses":
+        return RESPONSES
     if name != "auto":
         raise ValueError(f"unknown format {name!r}; known: {', '.join(FORMAT_CHOICES)}")
+    if body is not None and "input" in body and "messages" not in body:
+        return RESPONSES
     return CHAT if body is not None and looks_like_chat(body) else ANTHROPIC

@@ -5,10 +5,11 @@ proxy would send it (proxy/ops/simulate.py: the pure planner, checkpoints kept b
 requests, a placeholder summary of the slot's size), in the trace's wire format (given,
 or its first request's: proxy/ops/formats.py). Both are counted with the prompt-cache
 model of that format's stand-in (proxy/testing/cache.py; chat_standin.prompt_units for
-Chat Completions), each with its own cache, on a clock that advances a fixed time per
-turn, and priced by proxy/core/pricing.py: in a currency when `[[price]]` tables price
-every model involved, else in the cache model's relative units (uncached input 1.0,
-cache write 1.25, 1-hour write 2.0, cache read 0.1, output 5.0 per token). A summary the
+Chat Completions, responses_items.ItemCounter for Responses), each with its own cache, on
+a clock that advances a fixed time per turn, and priced by proxy/core/pricing.py: in a
+currency when `[[price]]` tables price every model involved, else in the cache model's
+relative units (uncached input 1.0, cache write 1.25, 1-hour write 2.0, cache read 0.1,
+output 5.0 per token). A summary the
 proxy makes costs one more call: its prompt uncached and its output at the cap (an upper
 bound). A turn's output is the assistant message the next request adds (the last turn:
 the mean of the others); it is the same both ways.
@@ -36,8 +37,10 @@ from proxy.ops.progress import Progress
 from proxy.ops.simulate import Simulator, Step, Summarise
 from proxy.testing.cache import CacheUsage, PromptCache, Unit, prompt_units
 from proxy.testing.chat_standin import prompt_units as chat_prompt_units
-from proxy.wire import ANTHROPIC, CHAT
+from proxy.testing.responses_items import ItemCounter
+from proxy.wire import ANTHROPIC, CHAT, RESPONSES
 from proxy.wire.chat import ChatCounter
+from proxy.wire.responses_units import input_items, units_of
 
 SECONDS_PER_TURN = 10.0  # well inside the cache's 5-minute lifetime, as an agent runs
 
@@ -124,13 +127,14 @@ def _with_next(items: Iterable[dict[str, Any]]) -> Iterator[tuple[dict[str, Any]
         current = following
 
 
-def _output_of(
-    body: dict[str, Any], following: dict[str, Any] | None, counter: TokenCounter, chat: bool
-) -> int:
+def _output_of(body: dict[str, Any], following: dict[str, Any] | None, pricing: _Pricing) -> int:
     """Tokens of the assistant message the next request adds after this one's history
-    (in Chat its tool_calls too: they are output)."""
+    (in Chat its tool_calls too: they are output; in Responses every model item)."""
     if following is None:
         return -1
+    if pricing.output is not None:
+        return pricing.output(body, following)
+    counter, chat = pricing.counter, pricing.chat
     n = len(body.get("messages") or [])
     later = following.get("messages") or []
     if len(later) > n and isinstance(later[n], dict) and later[n].get("role") == "assistant":
@@ -147,15 +151,39 @@ class _Pricing:
     chat: bool
     count: Callable[[dict[str, Any]], int]
     units: Callable[[dict[str, Any]], list[Unit]]
+    counter: TokenCounter
+    # The output tokens between two requests, when the format has its own way to read them.
+    output: Callable[[dict[str, Any], dict[str, Any]], int] | None = None
 
 
 def _pricing(fmt: WireFormat, counter: TokenCounter) -> _Pricing:
     if fmt.name == CHAT.name:
         chat_counter = ChatCounter(counter)
         return _Pricing(
-            True, chat_counter.count_request, lambda b: chat_prompt_units(b, chat_counter)
+            True, chat_counter.count_request, lambda b: chat_prompt_units(b, chat_counter), counter
         )
-    return _Pricing(False, counter.count_request, lambda b: prompt_units(b, counter))
+    if fmt.name == RESPONSES.name:
+        items = ItemCounter(counter, b"")
+        return _Pricing(
+            False,
+            items.count_request,
+            items.prompt_units,
+            counter,
+            lambda body, following: _responses_output(body, following, items),
+        )
+    return _Pricing(False, counter.count_request, lambda b: prompt_units(b, counter), counter)
+
+
+def _responses_output(body: dict[str, Any], following: dict[str, Any], items: ItemCounter) -> int:
+    """The model's items the next request adds after this one's input (up to the first
+    item the client wrote)."""
+    before, after = input_items(body), input_items(following)
+    total = 0
+    for item in after[len(before) :]:
+        if units_of([item])[0]["unit"] != "turn":  # an output or a message of the client's
+            break
+        total += items.count_item(item)
+    return total
 
 
 def _summariser_usage(
@@ -238,7 +266,7 @@ def replay(
         summaries = _summariser_usage([step.summary], proxy_cache, pricing)
         proxied = proxy_cache.account("replay", pricing.units(sent), proxy_total)
         summaries += _summariser_usage([step.made_ahead], proxy_cache, pricing)
-        output = _output_of(body, following, counter, pricing.chat)
+        output = _output_of(body, following, pricing)
         if output >= 0:
             outputs.append(output)
         model = str(body.get("model", ""))

@@ -1,6 +1,7 @@
 """Reading saved requests: a Messages body, a recorded request, or a trace of them.
 
-A request file is either a JSON Messages body (an object with `messages`) or a recorded
+A request file is either a JSON body (an object with `messages`, or with `input` for the
+Responses API) or a recorded
 request `{"method", "path", "headers", "body"}` as in tests/fixtures/agent-requests/
 (the body an object, or a JSON string of one). A trace is a JSONL file with one such
 request per line, or a directory of request files taken in natural name order
@@ -25,20 +26,24 @@ class RequestFileError(ValueError):
 
 
 def body_of(value: Any, where: str) -> dict[str, Any]:
-    """The Messages body of a parsed request file or trace line."""
-    if isinstance(value, dict) and "messages" not in value and "body" in value:
+    """The body of a parsed request file or trace line."""
+    if isinstance(value, dict) and not _is_body(value) and "body" in value:
         value = value["body"]
         if isinstance(value, (str, bytes)):
             try:
                 value = orjson.loads(value)
             except orjson.JSONDecodeError as e:
                 raise RequestFileError(f"{where}: the recorded body is not JSON: {e}") from None
-    if not isinstance(value, dict) or not isinstance(value.get("messages"), list):
+    if not isinstance(value, dict) or not _is_body(value):
         raise RequestFileError(
-            f"{where}: not a Messages request (a JSON object with a `messages` list, or a"
-            " recorded request with such a `body`)"
+            f"{where}: not a Messages request (a JSON object with a `messages` list, or"
+            " `input` for the Responses API, or a recorded request with such a `body`)"
         )
     return value
+
+
+def _is_body(value: dict[str, Any]) -> bool:
+    return isinstance(value.get("messages"), list) or isinstance(value.get("input"), (list, str))
 
 
 def _open(path: Path) -> io.BufferedIOBase:

@@ -86,9 +86,14 @@ def placeholder_summary(slot: int, key: str) -> str:
 
 
 def _tool_names(messages: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """call id -> tool name: Anthropic tool_use blocks and Chat tool_calls."""
+    """call id -> tool name: Anthropic tool_use blocks, Chat tool_calls, Responses calls
+    (the items of a unit)."""
     names = {}
     for m in messages:
+        items = m.get("items")
+        for item in items if isinstance(items, list) else []:
+            if isinstance(item, dict) and "call_id" in item and "name" in item:
+                names[str(item["call_id"])] = str(item["name"])
         calls = m.get("tool_calls")
         for call in calls if isinstance(calls, list) else []:
             if isinstance(call, dict):

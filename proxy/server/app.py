@@ -26,6 +26,13 @@ from proxy.server.listener import CappedSite, connection_cap
 from proxy.server.logs import REQUEST_LOG, RequestLog, redacted_url
 from proxy.server.metrics import METRICS, Metrics, handle_metrics, observe_requests
 from proxy.server.passthrough import handle_passthrough
+from proxy.server.responses import (
+    RESPONSES_STATE,
+    ResponsesState,
+    expect_responses,
+    handle_responses,
+    handle_responses_get,
+)
 from proxy.server.routes import (
     CHAT_COMPLETIONS,
     COUNT_TOKENS,
@@ -181,6 +188,7 @@ def create_app(settings: Settings) -> web.Application:
     app[STORE] = StoreState()
     app[COMPACTOR] = Compactor(settings.policies)
     app[COMPACTOR].on_background_summary = app[METRICS].summariser_call
+    app[RESPONSES_STATE] = ResponsesState()
     # Started in this order, stopped in the reverse: nothing outlives what it uses.
     app.cleanup_ctx.append(_upstream_lifetime)
     app.cleanup_ctx.append(openai_upstream_lifetime)
@@ -199,6 +207,8 @@ def create_app(settings: Settings) -> web.Application:
         handle_chat_completions,
         expect_handler=expect_for(CHAT_COMPLETIONS),
     )
+    app.router.add_post("/v1/responses", handle_responses, expect_handler=expect_responses)
+    app.router.add_get("/v1/responses", handle_responses_get)
     install_admin(app)  # the admin API and the dashboard (404 without an admin key)
     app.router.add_route("*", "/{tail:.*}", handle_passthrough)
     return app

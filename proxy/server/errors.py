@@ -25,7 +25,7 @@ from proxy.core.errors import (
 )
 from proxy.core.wire_format import WireFormat
 from proxy.server.routing import upstream_for
-from proxy.wire import ANTHROPIC, CHAT
+from proxy.wire import ANTHROPIC, CHAT, RESPONSES
 
 
 def new_request_id() -> str:
@@ -34,6 +34,8 @@ def new_request_id() -> str:
 
 def wire_for(path: str, headers: MultiMapping[str]) -> WireFormat:
     """The API a request speaks, for the shape of the proxy's own answers to it."""
+    if path == "/v1/responses" or path.startswith("/v1/responses/"):
+        return RESPONSES  # OpenAI's shape; inside a stream, Responses events
     return CHAT if upstream_for(path, headers) == "openai" else ANTHROPIC
 
 

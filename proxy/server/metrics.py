@@ -291,7 +291,9 @@ async def observe_requests(request: web.Request, handler: Handler) -> web.Stream
         status = e.status
         raise
     except asyncio.CancelledError:
-        status = 499  # the client went away (nginx's word for it)
+        # The client went away (499, nginx's word for it), unless it had its whole answer
+        # (Codex closes as soon as response.completed arrives).
+        status = 200 if record.meter.complete else 499
         raise
     finally:
         ended = time.perf_counter()

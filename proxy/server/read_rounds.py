@@ -295,6 +295,7 @@ class ReadRounds:
                     return out
             for chunk in merger.finish(note):
                 await out.write(chunk)
+            meter.complete = True
             await out.write_eof()
             return out
         except (aiohttp.ClientError, TimeoutError) as e:

@@ -1,8 +1,13 @@
-"""The routes that carry a conversation: POST /v1/messages, /v1/messages/count_tokens and
-/v1/chat/completions, one request path for all of them.
+"""The routes that carry a conversation: POST /v1/messages, /v1/messages/count_tokens,
+/v1/chat/completions and /v1/responses, one request path for all of them.
 
-    read the body ─► parse ─► prepare (compaction) ─► reserve (budgets) ─► forward
+    read the body ─► parse ─► the API's own step ─► prepare (compaction)
+        ─► reserve (budgets) ─► forward
         ─► relay the answer as bytes, or answer read_result rounds (read_rounds.py)
+
+The API's own step (`ConversationRoute.before`, optional) sees the parsed request first:
+it may answer it itself, change what is compacted and forwarded, keep read_result out of
+it, or take over an upstream refusal (Responses: proxy/server/responses.py).
 
 The body is read within its time (proxy/server/bodies.py); a compressed one is decoded
 to be read, never rewritten. A model name out of bounds is refused (400); with budgets,
@@ -45,7 +50,7 @@ from proxy.server.bodies import (
 from proxy.server.caller import caller_of
 from proxy.server.compactor import Prepared
 from proxy.server.errors import not_a_path, render, upstream_failure
-from proxy.server.headers import upstream_request_headers
+from proxy.server.headers import client_response_headers, upstream_request_headers
 from proxy.server.read_rounds import ReadRounds
 from proxy.server.record import detached
 from proxy.server.relay import relay
@@ -57,6 +62,24 @@ from proxy.wire import ANTHROPIC, CHAT
 log = logging.getLogger(__name__)
 
 
+Refused = Callable[[bytes], Awaitable[web.StreamResponse | None]]
+
+
+@dataclass(slots=True)
+class Adjusted:
+    """What an API's own step made of a parsed request."""
+
+    body: bytes  # what goes on to compaction and upstream
+    payload: dict[str, Any]  # ... parsed
+    answer: web.StreamResponse | None = None  # answered by the proxy: nothing is forwarded
+    read_result: bool = True  # False: the proxy answers no read_result for this request
+    # Given the body of an upstream 400 or 422, an answer to give instead (None: relay it).
+    on_refusal: Refused | None = None
+
+
+Before = Callable[[web.Request, bytes, dict[str, Any]], Awaitable[Adjusted]]
+
+
 @dataclass(frozen=True, slots=True)
 class ConversationRoute:
     """What differs between the routes that carry a conversation."""
@@ -65,6 +88,7 @@ class ConversationRoute:
     wire: WireFormat
     compacts: bool = True  # count_tokens only counts: nothing to rewrite or meter
     bad_json: str = "The request body is not valid JSON"
+    before: Before | None = None  # the API's own step on the parsed request
 
 
 MESSAGES = ConversationRoute(UPSTREAM, ANTHROPIC)
@@ -221,15 +245,28 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
         record.model = str(payload.get("model", ""))[:128]
         if route.compacts and budgets.applies(request):
             output = output_tokens(payload)  # checked before any work is done for it
+    adjusted, rewritten = None, False
+    if route.before is not None and payload is not None:
+        adjusted = await route.before(request, body, payload)
+        if adjusted.answer is not None:
+            return adjusted.answer
+        rewritten = adjusted.body is not body
+        if rewritten:  # the step wrote new bytes: plain JSON, whatever the client's were
+            incoming = Incoming(adjusted.body, adjusted.payload)
+        body, payload = incoming.body, incoming.payload
     prepared = await _prepare(request, route, incoming)
     if prepared.refusal is not None:
         raise prepared.refusal
+    if adjusted is not None and not adjusted.read_result:
+        prepared.tool = None
     await _reserve(request, route, prepared, output)
 
     app = request.app
     upstream = app[route.upstream]
     headers = upstream_request_headers(request.headers)
-    if prepared.intercepts:
+    if rewritten:
+        headers = [(n, v) for n, v in headers if n.lower() != "content-encoding"]
+    if prepared.intercepts or (adjusted is not None and adjusted.on_refusal is not None):
         # Answers we read ourselves must arrive uncompressed.
         headers = [(n, v) for n, v in headers if n.lower() != "accept-encoding"]
         headers.append(("Accept-Encoding", "identity"))
@@ -243,6 +280,8 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
         raise upstream_failure(e, upstream.shown_url, upstream.timeout_for(stream)) from None
     record.answered(response.headers.get(route.wire.request_id_header, ""))
 
+    if adjusted is not None and adjusted.on_refusal is not None and response.status in (400, 422):
+        return await _refusal(response, adjusted.on_refusal)
     if prepared.intercepts:
         rounds = ReadRounds(request, prepared, route.wire, upstream, headers)
         out = await rounds.answer(response)
@@ -257,6 +296,19 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
         )
     _calibrate(request, prepared)
     return out
+
+
+async def _refusal(response: aiohttp.ClientResponse, take_over: Refused) -> web.StreamResponse:
+    """An upstream refusal the API's own step may answer instead; else relayed as it came."""
+    try:
+        raw = await response.read()
+    finally:
+        response.release()
+    answer = await take_over(raw)
+    if answer is not None:
+        return answer
+    headers = client_response_headers(response.headers)
+    return web.Response(status=response.status, reason=response.reason, headers=headers, body=raw)
 
 
 def _calibrate(request: web.Request, prepared: Prepared) -> None:

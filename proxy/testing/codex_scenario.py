@@ -28,7 +28,8 @@ DONE_TEXT = "SCENARIO-DONE: all chunks printed"
 
 
 class Scenario(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def script(self, body: dict[str, Any], key: bytes) -> dict[str, Any]:
         """`x-stand-in` keys for the answer to this request."""

@@ -19,6 +19,9 @@ The rules, on `input` read in order (a string input is one user message):
   a custom call a `custom` tool (*stand-in*: catches a proxy that strips its own tool from
   `tools` but leaves its calls). With `tools: []` (Codex's handoff-summary request) calls
   of any name are history and pass;
+- a reasoning item the stand-in made (`rs_<32 hex>`) is followed at once by the item it
+  led to (the stand-in's answer items share that suffix), as OpenAI requires ("was
+  provided without its required following item");
 - `previous_response_id` is refused: the stand-in stores nothing (like `store: false`).
 Unknown fields on known items pass (Codex sends `internal_chat_message_metadata_passthrough`).
 """
@@ -88,6 +91,7 @@ TOOL_TYPES = (
 CALLS = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output"}
 OUTPUTS = {output: call for call, output in CALLS.items()}
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+STANDIN_REASONING = re.compile(r"^rs_([0-9a-f]{32})$")
 
 
 def input_items(body: dict[str, Any]) -> list[Any]:
@@ -217,7 +221,7 @@ def _check_items(items: list[Any], tools: dict[str, set[str]], openai: bool) -> 
                     "input",
                 )
             ids.add(item_id)
-        error = _check_item(item, str(kind), where)
+        error = _check_item(item, str(kind), where) or _check_following(items, i)
         if error:
             return error
         if kind in CALLS:
@@ -257,6 +261,23 @@ def _check_items(items: list[Any], tools: dict[str, set[str]], openai: bool) -> 
             noun = "function call" if kind == "function_call" else "custom tool call"
             return ChatError(f"No tool output found for {noun} {call_id}.", "input")
     return None
+
+
+def _check_following(items: list[Any], i: int) -> ChatError | None:
+    item = items[i]
+    if item.get("type") != "reasoning":
+        return None
+    match = STANDIN_REASONING.match(str(item.get("id")))
+    if match is None:
+        return None
+    after = items[i + 1] if i + 1 < len(items) else None
+    if isinstance(after, dict) and str(after.get("id", "")).endswith("_" + match.group(1)):
+        return None
+    return ChatError(
+        f"Item '{item['id']}' of type 'reasoning' was provided without its required"
+        " following item.",
+        "input",
+    )
 
 
 def _missing_top(field: str) -> ChatError:

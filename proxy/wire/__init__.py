@@ -2,5 +2,6 @@
 
 from proxy.wire.anthropic import ANTHROPIC, AnthropicMessages
 from proxy.wire.chat import CHAT, ChatCompletions
+from proxy.wire.responses import RESPONSES, ResponsesAPI
 
-__all__ = ["ANTHROPIC", "CHAT", "AnthropicMessages", "ChatCompletions"]
+__all__ = ["ANTHROPIC", "CHAT", "RESPONSES", "AnthropicMessages", "ChatCompletions", "ResponsesAPI"]

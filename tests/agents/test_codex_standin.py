@@ -6,10 +6,14 @@ itself from the usage in `response.completed`:
 - as the built-in provider (`openai_base_url`), against a stand-in playing OpenAI: Codex
   sends a `compaction_trigger` and carries the `compaction` item it gets back;
 - as a custom provider: Codex asks for a handoff summary (`tools: []`) and carries the text.
-Through today's proxy (`/v1/responses` passed through untouched) Codex, not told the
-window, never compacts: the upstream refuses a request over the window and the session
-ends (issue 15). That test records the refusal; it changes when the proxy compacts
-Responses traffic.
+Through the proxy (issue 15), with the same 40k window:
+- Codex, not told the window, never compacts by itself; the proxy keeps every request
+  within it (before the proxy compacted Responses traffic, the 7th request went over the
+  window, the upstream refused it and Codex ended the session);
+- Codex, told the window, compacts by itself: both kinds of its compaction request pass
+  through the proxy unchanged;
+- against an upstream that lacks compaction items, the proxy serves Codex's
+  compaction_trigger itself (`[responses] codex_compaction = "serve"`, or "auto").
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import pytest
 from proxy.config import load_settings
 from proxy.core.tokens import default_counter
 from proxy.server.app import RunningProxy, start
+from proxy.server.metrics import METRICS
 from proxy.testing.codex_cli import CodexConfig, CodexRun, run_codex
 from proxy.testing.codex_scenario import DONE_TEXT, ShellChunks, big_log
 from proxy.testing.responses_items import ItemCounter, unseal
@@ -37,7 +42,6 @@ WINDOW = 40_000
 COMPACT_AT = 28_000
 SCENARIO = ShellChunks(calls=16)
 TASK = "SCRIPTED-TASK: print big.log in chunks of lines with the shell, then report."
-OUT_OF_ROOM = "ran out of room in the model's context window"
 
 pytestmark = pytest.mark.usefixtures("codex_bin")
 
@@ -74,9 +78,14 @@ def tokens(post: Post) -> int:
     return ItemCounter(default_counter(), ResponsesOptions().seal_key).count_request(post.body)
 
 
-async def start_standin(make: MakeResponsesStandIn, plays_openai: bool, **extra: Any) -> Any:
+async def start_standin(
+    make: MakeResponsesStandIn,
+    plays_openai: bool,
+    script: dict[str, Any] | None = None,
+    **extra: Any,
+) -> Any:
     return await make(
-        StandInOptions(windows={"*": WINDOW}, max_recorded=None),
+        StandInOptions(windows={"*": WINDOW}, max_recorded=None, script=script or {}),
         ResponsesOptions(plays_openai=plays_openai, scenario=SCENARIO, **extra),
     )
 
@@ -174,8 +183,30 @@ async def test_codex_custom_provider_compacts_with_a_handoff_summary(
         assert tokens(after) < tokens(request) / 2
 
 
-def proxy_in_front(upstream_url: str, redis_url: str, prefix: str) -> Any:
-    settings = load_settings(
+PROXY_POLICY = {
+    "match": "*",
+    "window": WINDOW,
+    "trigger": 24_000,
+    "target": 16_000,
+    "keep_last": 2,
+    "keep_results": 1,
+    "summary_max_tokens": 1_500,
+}
+# For Codex told the window: the proxy's thresholds above Codex's own compaction limit,
+# so Codex compacts first and the proxy only passes its requests through.
+LATE_POLICY = {**PROXY_POLICY, "trigger": 36_000, "offload_trigger": 36_000, "target": 20_000}
+
+
+async def proxy_in_front(
+    upstream_url: str,
+    redis_url: str,
+    prefix: str,
+    policy: dict[str, Any] = PROXY_POLICY,
+    **settings: Any,
+) -> RunningProxy:
+    """A proxy whose OpenAI upstream is the stand-in, compacting gpt-* at the stand-in's
+    40k window."""
+    base = load_settings(
         None,
         environ={},
         overrides={
@@ -184,40 +215,162 @@ def proxy_in_front(upstream_url: str, redis_url: str, prefix: str) -> Any:
             "upstream.openai_url": upstream_url,
             "store.redis_url": redis_url,
             "store.key_prefix": prefix,
+            **settings,
         },
     )
-    return start(settings)
+    return await start(dataclasses.replace(base, policies=(policy,)))
 
 
-@pytest.mark.parametrize("overflow", ["stream", "status"])
+def responses_statuses(proxy: RunningProxy) -> dict[str, float]:
+    """requests_total on /v1/responses by status, from the proxy's own registry."""
+    out: dict[str, float] = {}
+    for metric in proxy.app[METRICS].requests.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total") and sample.labels["route"] == "/v1/responses":
+                out[sample.labels["status"]] = out.get(sample.labels["status"], 0) + sample.value
+    return out
+
+
+def codex_items(home: Path) -> list[dict[str, Any]]:
+    """Every item Codex kept in its session files: the response items it was given, and
+    the history it restarted from after each compaction."""
+    items = []
+    for path in sorted((home / "sessions").rglob("rollout-*.jsonl")):
+        for line in path.read_text().splitlines():
+            record = orjson.loads(line)
+            if record.get("type") == "response_item":
+                items.append(record["payload"])
+            elif record.get("type") == "compacted":
+                items.extend(record["payload"].get("replacement_history") or ())
+    return items
+
+
+def read_calls(post: Post) -> list[Any]:
+    return [
+        i for i in post.items if i.get("type") == "function_call" and i["name"] == "read_result"
+    ]
+
+
 @pytest.mark.parametrize("provider", ["openai", "custom"])
-async def test_through_todays_proxy_codex_runs_out_of_room(
+async def test_through_the_proxy_codex_finishes_in_a_small_window(
     make_responses_standin: MakeResponsesStandIn,
     tmp_path: Path,
     redis_url: str,
     redis_key_prefix: str,
     provider: str,
-    overflow: str,
 ) -> None:
+    """Codex, not told the window, never compacts by itself: the proxy keeps every
+    request within the window (offload, summaries, read_result rounds it answers)."""
     standin = await start_standin(
-        make_responses_standin, plays_openai=provider == "openai", overflow=overflow
+        make_responses_standin, provider == "openai", script={"read_result": True}
     )
-    proxy: RunningProxy = await proxy_in_front(standin.url, redis_url, redis_key_prefix)
+    proxy = await proxy_in_front(standin.url, redis_url, redis_key_prefix)
     try:
         run = await codex_task(tmp_path, proxy.url, provider)
+        statuses = responses_statuses(proxy)
     finally:
         await proxy.stop()
-    assert not run.finished
-    assert OUT_OF_ROOM in run.of_type("turn.failed")[-1]["error"]["message"]
+    assert_task_done(run)
     sent = posts(standin)
-    sizes = [tokens(p) for p in sent]
-    # Passed through untouched: every request fit until one did not, and that one ended it.
-    assert all(size <= WINDOW for size in sizes[:-1]), sizes
-    assert sizes[-1] > WINDOW, sizes
-    assert len(sent) == 7, sizes  # the measurement of issue 15: the 7th request
-    assert all(p.kind == "turn" for p in sent)  # Codex never compacted
+    assert_every_request_fits(standin, sent)
+    assert all(p.kind in ("turn", "None") for p in sent)  # Codex never compacted
+    # The proxy compacted: stubs went upstream, and it answered read_result itself.
+    assert any(
+        "compaction-proxy offloaded this result" in orjson.dumps(p.items).decode() for p in sent
+    )
+    assert any(read_calls(p) for p in sent)
+    # ... and Codex never saw one.
+    kept = codex_items(tmp_path / "codex-home")
+    assert kept and not any(i.get("name") == "read_result" for i in kept)
+    assert "read_result" not in orjson.dumps(run.events).decode()
+    # Codex closes each stream right after response.completed: complete, not 499.
+    assert "499" not in statuses, statuses
     if provider == "openai":
-        # The proxy drops Upgrade: the stand-in sees plain GETs, answers 404, Codex retries.
-        websockets = gets(standin)
-        assert len(websockets) > 1
-        assert all("Upgrade" not in r.headers for r in websockets)
+        # Its WebSocket attempt is answered 426 by the proxy: one try, then HTTP.
+        assert statuses.get("426") == 1, statuses
+        assert gets(standin) == []
+
+
+@pytest.mark.parametrize("provider", ["openai", "custom"])
+async def test_codex_compaction_passes_through_the_proxy(
+    make_responses_standin: MakeResponsesStandIn,
+    tmp_path: Path,
+    redis_url: str,
+    redis_key_prefix: str,
+    provider: str,
+) -> None:
+    """Codex, told the window, compacts by itself before the proxy needs to: its
+    compaction requests go upstream whole (no read_result), and what it gets back comes
+    back unchanged (the stand-in's sealed compaction item verifies)."""
+    standin = await start_standin(make_responses_standin, plays_openai=provider == "openai")
+    proxy = await proxy_in_front(standin.url, redis_url, redis_key_prefix, LATE_POLICY)
+    try:
+        run = await codex_task(
+            tmp_path, proxy.url, provider, context_window=WINDOW, auto_compact_limit=COMPACT_AT
+        )
+    finally:
+        await proxy.stop()
+    assert_task_done(run)
+    sent = posts(standin)
+    assert_every_request_fits(standin, sent)
+    compactions = [n for n, p in enumerate(sent) if p.kind == "compaction"]
+    assert compactions, [p.kind for p in sent]
+    key = ResponsesOptions().seal_key
+    for n in compactions:
+        request, after = sent[n], sent[n + 1]
+        assert not read_calls(request)
+        assert all(t.get("name") != "read_result" for t in request.body["tools"])
+        if provider == "openai":
+            assert request.items[-1] == {"type": "compaction_trigger"}
+            assert after.items[-1]["type"] == "compaction"
+            assert unseal(after.items[-1]["encrypted_content"], key) is not None
+        else:
+            assert request.body["tools"] == []
+            assert HANDOFF.search(request.items[-1]["content"][0]["text"])
+
+
+@pytest.mark.parametrize("mode", ["serve", "auto"])
+async def test_the_proxy_serves_codex_compaction_for_an_upstream_that_lacks_it(
+    make_responses_standin: MakeResponsesStandIn,
+    tmp_path: Path,
+    redis_url: str,
+    redis_key_prefix: str,
+    mode: str,
+) -> None:
+    """The built-in provider against a Responses server that knows no compaction items:
+    the proxy answers compaction_trigger with its own sealed item (auto: after the
+    upstream refused the first one) and puts the summary back in later requests."""
+    standin = await start_standin(make_responses_standin, plays_openai=False)
+    proxy = await proxy_in_front(
+        standin.url,
+        redis_url,
+        redis_key_prefix,
+        LATE_POLICY,
+        **{"responses.codex_compaction": mode},
+    )
+    try:
+        run = await codex_task(
+            tmp_path, proxy.url, "openai", context_window=WINDOW, auto_compact_limit=COMPACT_AT
+        )
+    finally:
+        await proxy.stop()
+    assert_task_done(run)
+    sent = posts(standin)
+    assert_every_request_fits(standin, sent)
+    triggers = [p for p in sent if p.items and p.items[-1].get("type") == "compaction_trigger"]
+    assert len(triggers) == (1 if mode == "auto" else 0)  # auto: the one the upstream refused
+    summaries = [p for p in sent if p.record.headers.get("x-compaction-proxy-purpose")]
+    assert summaries
+    sent = [p for p in sent if p not in summaries]  # Codex's own requests
+    windows = {p.record.headers["x-codex-window-id"].rsplit(":", 1)[1] for p in sent}
+    assert len(windows) > 1  # Codex went on in a new window after compacting
+    for post in sent:
+        assert all(i.get("type") != "compaction" for i in post.items)  # never forwarded
+    restarted = [p for p in sent if p.record.headers["x-codex-window-id"].endswith(":1")]
+    text = orjson.dumps(restarted[0].items).decode()
+    assert "[compaction-proxy: summary of the conversation" in text
+    assert "SCENARIO-STEP=" in text
+    # Codex restarted from the proxy's sealed item.
+    kept = codex_items(tmp_path / "codex-home")
+    sealed = [i for i in kept if i.get("type") == "compaction"]
+    assert sealed and all(i["encrypted_content"].startswith("cpx1.") for i in sealed)

@@ -106,3 +106,27 @@ def test_replay_of_a_chat_trace_prices_it_in_its_format(
     )  # fmt: skip
     assert code == 0
     assert out.splitlines()[:-1] == forced.splitlines()[:-1]  # all but the report's path
+
+
+def test_codex_requests_are_planned_and_replayed_as_responses(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fixtures_dir: Path
+) -> None:
+    codex = fixtures_dir / "agent-requests"
+    config = tmp_path / "codex.toml"
+    config.write_text(
+        '[[policy]]\nmatch = "*"\nwindow = 40000\ntrigger = 24000\ntarget = 16000\n'
+        "keep_last = 2\nkeep_results = 1\n"
+    )
+    code, out = run(capsys, "plan", "--config", str(config), str(codex / "codex-turn6.json"))
+    assert code == 0
+    assert out.startswith("format: responses (OpenAI Responses)")
+    assert "strategy: offload" in out
+    assert all("exec_command" in line for line in offloaded_lines(out))
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    for n, name in enumerate(("codex-turn1", "codex-turn6"), 1):
+        (trace / f"{n}.json").write_bytes((codex / f"{name}.json").read_bytes())
+    report = tmp_path / "report.html"
+    code, out = run(capsys, "replay", "--config", str(config), str(trace), "--out", str(report))
+    assert code == 0 and report.exists()
+    assert "requests over the window: 0 without (refused by the API), 0 with the proxy" in out

@@ -213,3 +213,35 @@ def test_pairing_is_accepted_exactly_when_every_call_has_its_one_output(
     items = [user() if kind == "user" else BUILD[kind](call_id) for kind, call_id in steps]
     error = validate_responses_request(body(items), openai=False)
     assert (error is None) == _acceptable(steps), error
+
+
+def test_a_standin_reasoning_item_needs_the_item_it_led_to() -> None:
+    digest = "a" * 32
+    reasoning = {"id": f"rs_{digest}", "type": "reasoning", "summary": []}
+    call = {
+        "id": f"fc_{digest}",
+        "type": "function_call",
+        "call_id": "c1",
+        "name": "exec_command",
+        "arguments": "{}",
+    }
+    output = {"type": "function_call_output", "call_id": "c1", "output": "ok"}
+    user = {"type": "message", "role": "user", "content": "go"}
+    assert (
+        validate_responses_request(
+            {"model": "m", "input": [user, reasoning, call, output]}, openai=False
+        )
+        is None
+    )
+    for items in ([user, reasoning], [user, reasoning, user]):
+        error = validate_responses_request({"model": "m", "input": items}, openai=False)
+        assert error is not None
+        assert error.message == (
+            f"Item 'rs_{digest}' of type 'reasoning' was provided without its required"
+            " following item."
+        )
+    # Reasoning the stand-in did not make (Codex's recorded ids) is not checked.
+    foreign = {**reasoning, "id": "rs_0002a45a7f078a7a4438b4b4"}
+    assert (
+        validate_responses_request({"model": "m", "input": [user, foreign]}, openai=False) is None
+    )

@@ -1,0 +1,299 @@
+"""`/v1/responses`: what the Responses route does beyond the shared request path.
+
+POST goes through proxy/server/routes.py like the other conversation routes, with this
+route's own step first (`before`):
+
+- a `compaction` item the proxy sealed earlier is replaced by its summary (or by a note
+  when it does not open: another tenant's, or its summary gone), so the upstream never
+  sees it and the planner counts what the model will read;
+- a request that asks for a summary (Codex's `compaction_trigger`, or a request with
+  `tools: []` like Codex's handoff-summary request) is compacted like any other but gets
+  no read_result: nothing of its answer is held back;
+- Codex's `compaction_trigger` is forwarded, or answered by the proxy itself, as
+  `[responses] codex_compaction` says: `pass-through`, `serve`, or `auto` (forward it;
+  once the upstream refuses one, as a server that is not OpenAI does, serve them). The
+  proxy's answer is one `compaction` item whose `encrypted_content` is a sealed,
+  tenant-bound reference (proxy/core/seal.py) to a summary of the history stored for the
+  conversation.
+
+GET with `Upgrade: websocket` (Codex's built-in provider tries a WebSocket first) is
+answered 426 at once, so Codex falls back to HTTP without retrying; any other GET is
+passed through.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.core.checkpoint import chain_hash, message_digest
+from proxy.core.commands import GetSummary, SummaryReply
+from proxy.core.counting import count_request
+from proxy.core.errors import StoreUnavailable, UpgradeRequired, UpstreamError
+from proxy.core.identity import conversation_of
+from proxy.core.planner import IN_PLACE_OVERHEAD, SUMMARISER_MARGIN
+from proxy.core.seal import open_sealed, seal
+from proxy.core.summary import INSTRUCTION, in_place_prompt
+from proxy.server import budgets
+from proxy.server.bodies import is_encoded
+from proxy.server.caller import caller_of
+from proxy.server.errors import new_request_id
+from proxy.server.headers import upstream_request_headers
+from proxy.server.passthrough import handle_passthrough
+from proxy.server.record import detached
+from proxy.server.routes import (
+    Adjusted,
+    ConversationRoute,
+    Incoming,
+    _prepare,
+    expect_for,
+    handle_conversation,
+    tenant_of_request,
+)
+from proxy.server.routing import OPENAI_UPSTREAM
+from proxy.server.seal_key import SealKey
+from proxy.server.state import COMPACTOR, SETTINGS, STORE
+from proxy.server.summariser import SUMMARY, obtain_summary, post_summary, release
+from proxy.store import Store
+from proxy.wire.responses import RESPONSES, asks_for_summary
+from proxy.wire.responses_compaction import (
+    compaction_events,
+    compaction_item,
+    compaction_response,
+    compaction_usage,
+    expanded,
+    fitted,
+    is_trigger,
+    sealed_items,
+)
+from proxy.wire.responses_units import flatten, heads_of, input_items
+
+log = logging.getLogger(__name__)
+
+SERVED_HEADER = "x-compaction-codex-compaction"
+
+
+@dataclass
+class ResponsesState:
+    seal_key: SealKey = field(default_factory=SealKey)
+    lacking: set[str] = field(default_factory=set)  # upstreams that refused a compaction_trigger
+
+
+RESPONSES_STATE = web.AppKey("responses_state", ResponsesState)
+
+
+async def before(request: web.Request, body: bytes, payload: dict[str, Any]) -> Adjusted:
+    if b'"cpx1.' in body or is_encoded(request):  # (compressed bytes hide the mark)
+        found = sealed_items(payload)
+        if found:
+            payload = await _expand(request, payload, found)
+            body = orjson.dumps(payload)
+    if is_trigger(payload):
+        return await _trigger(request, body, payload)
+    if asks_for_summary(payload):
+        return Adjusted(body, payload, read_result=False)
+    return Adjusted(body, payload)
+
+
+RESPONSES_ROUTE = ConversationRoute(
+    OPENAI_UPSTREAM,
+    RESPONSES,
+    bad_json="We could not parse the JSON body of your request",
+    before=before,
+)
+expect_responses = expect_for(RESPONSES_ROUTE)
+
+
+async def handle_responses(request: web.Request) -> web.StreamResponse:
+    return await handle_conversation(request, RESPONSES_ROUTE)
+
+
+async def handle_responses_get(request: web.Request) -> web.StreamResponse:
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        raise UpgradeRequired(
+            "WebSocket connections to /v1/responses are not served by compaction-proxy;"
+            " use HTTP POST."
+        )
+    return await handle_passthrough(request)
+
+
+# -- sealed compaction items --------------------------------------------------------------
+
+
+async def _expand(
+    request: web.Request, payload: dict[str, Any], found: list[tuple[int, str]]
+) -> dict[str, Any]:
+    store = request.app[STORE].store
+    key = await request.app[RESPONSES_STATE].seal_key.get(store)
+    tenant = tenant_of_request(request)
+    texts = {n: await _summary_text(store, key, tenant, content) for n, content in found}
+    missing = sum(1 for text in texts.values() if text is None)
+    if missing:
+        log.info("%d sealed compaction item(s) did not open; a note stands in", missing)
+    return expanded(payload, texts)
+
+
+async def _summary_text(
+    store: Store | None, key: bytes | None, tenant: str, content: str
+) -> str | None:
+    """The summary a sealed reference names, for this tenant; None: missing or not
+    theirs (the same answer either way)."""
+    if store is None or key is None:
+        return None
+    reference = open_sealed(key, tenant, content)
+    conversation = reference.get("c") if reference else None
+    name = reference.get("k") if reference else None
+    if not isinstance(conversation, str) or not isinstance(name, str):
+        return None
+    try:
+        text = await store.get_json(tenant, conversation, "summary", name)
+        if isinstance(text, str):  # named again: it lives on
+            await store.refresh_ttl(tenant, conversation, "summary", [name])
+    except (StoreUnavailable, ValueError):
+        return None
+    return text if isinstance(text, str) and text.strip() else None
+
+
+# -- Codex's compaction_trigger -----------------------------------------------------------
+
+
+async def _trigger(request: web.Request, body: bytes, payload: dict[str, Any]) -> Adjusted:
+    app = request.app
+    mode = app[SETTINGS].responses.codex_compaction
+    upstream = app[OPENAI_UPSTREAM].base_url
+    state = app[RESPONSES_STATE]
+    if mode == "serve" or (mode == "auto" and upstream in state.lacking):
+        return Adjusted(body, payload, answer=await serve_compaction(request, payload))
+    if mode != "auto":
+        return Adjusted(body, payload, read_result=False)
+
+    async def refused(raw: bytes) -> web.StreamResponse | None:
+        last = len(input_items(payload)) - 1
+        if b"compaction_trigger" not in raw and f"input[{last}]".encode() not in raw:
+            return None  # refused for another reason: the client gets that answer
+        state.lacking.add(upstream)
+        log.info("the upstream does not know compaction_trigger; the proxy serves them")
+        return await serve_compaction(request, payload)
+
+    return Adjusted(body, payload, read_result=False, on_refusal=refused)
+
+
+async def _summary(
+    request: web.Request, need: GetSummary, store: Store, tenant: str, conversation: str
+) -> SummaryReply:
+    """The conversation's summary for `need`: the stored one, or made once for the fleet
+    and stored before a sealed reference names it."""
+    app = request.app
+    compactor = app[COMPACTOR]
+    call = functools.partial(
+        post_summary,
+        upstream=app[OPENAI_UPSTREAM],
+        path=request.raw_path,
+        headers=upstream_request_headers(request.headers),
+        wire=RESPONSES,
+        seconds=compactor.summariser.timeout,
+    )
+    obtained = await obtain_summary(
+        need,
+        store=store,
+        tenant=tenant,
+        conversation=conversation,
+        settings=compactor.summariser,
+        call=call,
+    )
+    reply = obtained.reply
+    if obtained.lock is None:
+        return reply
+    try:
+        if reply.text is not None:
+            await store.put_json(tenant, conversation, SUMMARY, need.key, reply.text)
+    except StoreUnavailable as e:
+        raise StoreUnavailable("compaction-proxy could not keep the summary; try again") from e
+    finally:
+        await release(store, tenant, conversation, obtained.lock)
+    return reply
+
+
+def _summary_need(
+    request: web.Request, sent: dict[str, Any], model: str, store: Store
+) -> tuple[GetSummary, int]:
+    """The summariser's request for the whole history as sent, and its input estimate: in
+    place (the conversation's own request, its prefix read from the prompt cache) when
+    the summariser is the conversation's model and it fits, else a transcript of its own
+    cut to the window."""
+    compactor = request.app[COMPACTOR]
+    policy = compactor.policy(model, caller_of(request).policy)
+    counter = compactor.counter
+    units = RESPONSES.messages(sent)
+    key = chain_hash([message_digest(unit) for unit in units])
+    slot = policy.summary_max_tokens
+    tenant = tenant_of_request(request)
+    factor = max(1.0, compactor.calibration.factor(model, store, tenant))  # as the planner's
+    window = math.floor(policy.window * (1 - SUMMARISER_MARGIN) / factor)
+    if policy.summariser_model in ("", model):
+        used = count_request(RESPONSES, counter, sent, units).total + IN_PLACE_OVERHEAD
+        items = flatten(units)
+        prompt = in_place_prompt(1, len(items), heads_of(units), "")
+        body = RESPONSES.summary_request(sent, model=model, slot=slot, prompt=prompt, history=units)
+        if body is not None and used + slot <= window:
+            return GetSummary(key, body, slot, model), used
+    instruction = counter.count_text(INSTRUCTION)
+    transcript = RESPONSES.render_transcript(units)
+    transcript = fitted(transcript, counter.count_text(transcript), window - slot - instruction)
+    summariser = policy.summariser_model or model
+    body = RESPONSES.summary_request(
+        sent, model=summariser, slot=slot, prompt=transcript, history=None
+    )
+    assert body is not None
+    estimate = instruction + counter.count_text(transcript)
+    return GetSummary(key, body, slot, summariser), estimate
+
+
+async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web.Response:
+    """Answer a compaction_trigger with one compaction item sealing a reference to the
+    proxy's own summary of the history (compacted first, as a turn would be)."""
+    app = request.app
+    store = app[STORE].store
+    seal_key = await app[RESPONSES_STATE].seal_key.get(store)
+    if store is None or seal_key is None:
+        raise StoreUnavailable("compaction-proxy cannot compact without its store; try again")
+    history = {**payload, "input": input_items(payload)[:-1]}
+    prepared = await _prepare(request, RESPONSES_ROUTE, Incoming(orjson.dumps(history), history))
+    sent = dict(prepared.sent) if prepared.sent and prepared.refusal is None else history
+    model = str(payload.get("model", ""))
+    need, estimate = _summary_need(request, sent, model, store)
+    await budgets.reserve(request, estimate, need.slot, b"")
+    tenant = tenant_of_request(request)
+    conversation = conversation_of(request.headers, RESPONSES.identity_view(payload), tenant)
+    record = detached()
+    made = len(record.meter.extra)
+    reply = await _summary(request, need, store, tenant, conversation)
+    if reply.text is None:
+        raise UpstreamError(f"compaction-proxy could not summarise the history ({reply.failure})")
+    record.summary = "reused" if reply.reused else "made"
+    sealed = seal(seal_key, tenant, {"c": conversation, "k": need.key})
+    if len(record.meter.extra) > made:  # the summariser's own figures
+        used = record.meter.extra[-1]
+        usage = compaction_usage(used.total_input, used.output_tokens)
+    else:
+        usage = compaction_usage(estimate, app[COMPACTOR].counter.count_text(reply.text))
+    response = compaction_response(payload, compaction_item(sealed), usage, int(time.time()))
+    headers = {
+        RESPONSES.request_id_header: new_request_id(),
+        SERVED_HEADER: "served",
+        "x-compaction-summary": record.summary,
+    }
+    if payload.get("stream") is True:
+        return web.Response(
+            body=compaction_events(response), content_type="text/event-stream", headers=headers
+        )
+    return web.Response(
+        body=orjson.dumps(response), content_type="application/json", headers=headers
+    )
