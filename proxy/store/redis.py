@@ -74,6 +74,14 @@ return {text, n}
 """
 
 
+# Reset the expiry of several keys of one conversation (one slot); counts those that exist.
+_TOUCH = """
+local found = 0
+for _, key in ipairs(KEYS) do found = found + redis.call('EXPIRE', key, ARGV[1]) end
+return found
+"""
+
+
 def _split_cluster_flag(url: str) -> tuple[str, bool]:
     """Remove a ``cluster=`` query option (redis-py would reject it) and return its value."""
     parts = urlsplit(url)
@@ -133,6 +141,7 @@ class Store:
         self.blob_cache = BlobCache(blob_cache_chars)
         self._release = client.register_script(_RELEASE)
         self._mean = client.register_script(_MEAN)
+        self._touch = client.register_script(_TOUCH)
 
     @classmethod
     def from_url(
@@ -465,6 +474,22 @@ class Store:
     async def get_json(self, tenant: str, conversation: str, kind: str, name: str) -> object | None:
         key = self._key(tenant, conversation, kind, name)
         return self._decode(key, await self._get(key))
+
+    async def refresh_ttl(
+        self, tenant: str, conversation: str, kind: str, names: list[str], ttl: int | None = None
+    ) -> int:
+        """Give existing keys a fresh TTL (e.g. the blobs a frozen prefix still points
+        to, whose first TTL was set at an older crossing); returns how many exist.
+        (Blobs: ``touch_refs`` replaces this.)"""
+        if not names:
+            return 0
+        if kind == keys.BLOB:
+            found_blobs = await self._expire_blobs(tenant, names, self._ttl(ttl))
+            self._unreadable(found_blobs.count(False))
+            return found_blobs.count(True)
+        found = [self._key(tenant, conversation, kind, name) for name in names]
+        seconds = self._ttl(ttl)
+        return int(await self._call(lambda: self._touch(keys=found, args=[seconds])))
 
     # -- locks ---------------------------------------------------------------------------
 

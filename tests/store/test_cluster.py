@@ -57,6 +57,8 @@ async def test_every_operation_works_on_a_cluster(
         assert await store.get_json("t", conversation, "checkpoint", "current") == {
             "c": conversation
         }
+        # One script over several keys of the conversation: legal, they share a slot.
+        assert await store.refresh_ttl("t", conversation, "checkpoint", ["current", "no"]) == 1
         token = await store.acquire_lock("t", conversation, "summary", 10_000)
         assert token is not None
         assert await store.acquire_lock("t", conversation, "summary", 10_000) is None

@@ -228,6 +228,19 @@ async def test_more_concurrent_calls_than_connections_wait_instead_of_failing(
     assert replies == ["0123456789"] * 500
 
 
+async def test_refresh_ttl_renews_existing_keys_of_one_conversation(
+    store: Store, raw: redis.asyncio.Redis
+) -> None:
+    await store.put_json(T, C, "summary", "s1", "one", ttl=60)
+    await store.put_json(T, C, "summary", "s2", "two", ttl=60)
+    assert await store.refresh_ttl(T, C, "summary", ["s1", "s2", "gone"], ttl=3600) == 2
+    assert await store.refresh_ttl(T, C, "summary", []) == 0
+    ttls = [await raw.pttl(key) for key in await keys_under(raw, store.prefix)]
+    assert len(ttls) == 2
+    assert all(3_500_000 < ttl <= 3_600_000 for ttl in ttls)
+    assert await store.get_json(T, C, "summary", "gone") is None  # never creates a key
+
+
 async def test_touch_refs_renews_existing_blobs(make_store, raw: redis.asyncio.Redis) -> None:
     short, long = make_store(default_ttl=60), make_store(default_ttl=3600)
     await save_blobs(short, ("old1", "x"), ("old2", "y"))

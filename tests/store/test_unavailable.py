@@ -23,6 +23,7 @@ def every_data_call(store: Store) -> list[Callable[[], object]]:
         lambda: store.release_lock(T, C, "l", "token"),
         lambda: store.update_global_mean("calibration", "m", 1.0),
         lambda: store.get_global_mean("calibration", "m"),
+        lambda: store.refresh_ttl(T, C, "summary", ["s"]),
         lambda: store.load_conversation(T, C, "slot"),
         lambda: store.load_conversation(T, C, "slot", summaries=["s1", "s2"]),
         lambda: store.read_blob(T, C, "r_never_cached"),
