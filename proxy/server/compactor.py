@@ -63,6 +63,12 @@ class Prepared:
 POLICY_MEMO_SIZE = 4096
 
 
+def calibrated_as(wire: WireFormat, model: str) -> str:
+    """The name a model's calibration factor is kept under: per format as well (the
+    same model's Chat and Responses requests are counted with different errors)."""
+    return f"{wire.name}:{model}"
+
+
 def _ignore(ok: bool) -> None:
     return None
 
@@ -151,8 +157,10 @@ class Compactor:
         policy = self.policy(model, policy_override)
         # Calibration is per tenant: one tenant's requests never skew another's counts.
         calibrated_for = tenant or tenant_of(headers)
-        factor = self.calibration.factor(model, store, calibrated_for)
-        sample = self.calibration.wants_sample(model, calibrated_for)
+        # ... and per format: each format's counting errs its own way.
+        calibrated = calibrated_as(wire, model)
+        factor = self.calibration.factor(calibrated, store, calibrated_for)
+        sample = self.calibration.wants_sample(calibrated, calibrated_for)
         if not sample and cannot_cross(body_bytes, policy, factor):
             return Prepared(body_bytes, body, model, policy=policy)  # not even counted
         counted = await self.count(wire, body, len(body_bytes))

@@ -35,7 +35,7 @@ from proxy.core.offload import STOP_NOTES, ReadRequest, parse_read_args, read_sl
 from proxy.core.sse import SSEDecoder
 from proxy.core.wire_format import JSON, MergeState, ReadCall, Round, RoundMerger, WireFormat
 from proxy.server import budgets
-from proxy.server.compactor import Prepared
+from proxy.server.compactor import Prepared, calibrated_as
 from proxy.server.headers import client_response_headers
 from proxy.server.record import detached
 from proxy.server.relay import cut_client, relay
@@ -165,9 +165,8 @@ class ReadRounds:
 
     async def _fitted(self, round_: Round) -> bytes | str:
         compactor = self.request.app[COMPACTOR]
-        factor = max(
-            1.0, compactor.calibration.factor(self.prepared.model, None, self.prepared.tenant)
-        )
+        model = calibrated_as(self.wire, self.prepared.model)
+        factor = max(1.0, compactor.calibration.factor(model, None, self.prepared.tenant))
         limit = math.floor(self.prepared.policy.window * (1 - WINDOW_MARGIN))
         fetched = await fetch_reads(round_.reads, self.store, self.prepared)
         lengths = [f.slice_length for f in fetched]

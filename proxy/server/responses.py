@@ -44,6 +44,7 @@ from proxy.core.summary import INSTRUCTION, in_place_prompt
 from proxy.server import budgets
 from proxy.server.bodies import is_encoded
 from proxy.server.caller import caller_of
+from proxy.server.compactor import calibrated_as
 from proxy.server.errors import new_request_id
 from proxy.server.headers import upstream_request_headers
 from proxy.server.passthrough import handle_passthrough
@@ -235,7 +236,8 @@ def _summary_need(
     key = chain_hash([message_digest(unit) for unit in units])
     slot = policy.summary_max_tokens
     tenant = tenant_of_request(request)
-    factor = max(1.0, compactor.calibration.factor(model, store, tenant))  # as the planner's
+    calibrated = calibrated_as(RESPONSES, model)
+    factor = max(1.0, compactor.calibration.factor(calibrated, store, tenant))  # as the planner's
     window = math.floor(policy.window * (1 - SUMMARISER_MARGIN) / factor)
     if policy.summariser_model in ("", model):
         used = count_request(RESPONSES, counter, sent, units).total + IN_PLACE_OVERHEAD

@@ -48,7 +48,7 @@ from proxy.server.bodies import (
     too_large,
 )
 from proxy.server.caller import caller_of
-from proxy.server.compactor import Prepared
+from proxy.server.compactor import Prepared, calibrated_as
 from proxy.server.errors import not_a_path, render, upstream_failure
 from proxy.server.headers import client_response_headers, upstream_request_headers
 from proxy.server.read_rounds import ReadRounds
@@ -227,9 +227,8 @@ async def _reserve(
     estimate = prepared.estimate
     if estimate == 0:  # not counted: the body's size proved it small; count it now
         estimate = (await compactor.count(route.wire, sent, len(prepared.body))).total
-    factor = compactor.calibration.factor(
-        str(sent.get("model", "")), None, tenant_of_request(request)
-    )
+    model = calibrated_as(route.wire, str(sent.get("model", "")))
+    factor = compactor.calibration.factor(model, None, tenant_of_request(request))
     calibrated = int(estimate * max(1.0, factor) + 0.999)
     await budgets.reserve(request, calibrated, output, prepared.body)
 
@@ -294,7 +293,7 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
             read_timeout=upstream.timeout_for(stream),
             wire=route.wire,
         )
-    _calibrate(request, prepared)
+    _calibrate(request, route.wire, prepared)
     return out
 
 
@@ -311,7 +310,7 @@ async def _refusal(response: aiohttp.ClientResponse, take_over: Refused) -> web.
     return web.Response(status=response.status, reason=response.reason, headers=headers, body=raw)
 
 
-def _calibrate(request: web.Request, prepared: Prepared) -> None:
+def _calibrate(request: web.Request, wire: WireFormat, prepared: Prepared) -> None:
     """Feed the tenant's calibration with what the upstream reported for the first round
     against the estimate of what was sent (not from requests with media blocks, whose
     estimate is a flat guess)."""
@@ -324,7 +323,7 @@ def _calibrate(request: web.Request, prepared: Prepared) -> None:
         return
     app = request.app
     app[COMPACTOR].calibration.record(
-        prepared.model,
+        calibrated_as(wire, prepared.model),
         prepared.estimate,
         first.total_input,
         app[STORE].store,

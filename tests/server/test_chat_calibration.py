@@ -17,7 +17,9 @@ import pytest
 
 from proxy.core.identity import tenant_of
 from proxy.server.calibration import store_name
+from proxy.server.compactor import calibrated_as
 from proxy.testing.standin import StandInOptions
+from proxy.wire import CHAT
 from tests.plugins.standin import RunningStandIn
 from tests.server.conftest import MakeProxy
 
@@ -64,7 +66,9 @@ async def test_relayed_chat_streams_calibrate_the_model(
     tenant = tenant_of({"authorization": "Bearer sk-cal"})  # calibration is per tenant
     found = None
     for _ in range(50):  # samples are written in the background
-        found = await store.get_global_mean("calibration", store_name(model, tenant))
+        found = await store.get_global_mean(
+            "calibration", store_name(calibrated_as(CHAT, model), tenant)
+        )
         if found is not None and found[1] >= 12:
             break
         await asyncio.sleep(0.05)

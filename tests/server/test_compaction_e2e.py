@@ -24,9 +24,11 @@ from proxy.core.offload import stub_text, unknown_ref
 from proxy.core.tokens import default_counter
 from proxy.server.app import RunningProxy
 from proxy.server.calibration import store_name
+from proxy.server.compactor import calibrated_as
 from proxy.server.state import COMPACTOR
 from proxy.testing.agent import run_agent, tool_output
 from proxy.testing.standin import RecordedRequest, StandInOptions
+from proxy.wire import ANTHROPIC
 from tests.server.compaction_checks import (
     assert_prefix_stable_between_crossings,
     assert_stubs_frozen_between_folds,
@@ -296,7 +298,10 @@ async def test_calibration_learns_the_upstream_tokenizer(
         first_crossing[scale] = next(n for n, s in enumerate(strategies) if s)
         await asyncio.sleep(0.2)  # the last sample is written in the background
         store = make_store(prefix=redis_key_prefix)
-        name = store_name(f"claude-scale-{scale}", tenant_of({"x-api-key": "sk-test-e2e"}))
+        name = store_name(
+            calibrated_as(ANTHROPIC, f"claude-scale-{scale}"),
+            tenant_of({"x-api-key": "sk-test-e2e"}),
+        )
         factor, samples = await store.get_global_mean("calibration", name)
         assert samples >= 10
         assert factor == pytest.approx(scale, abs=0.03)

@@ -24,9 +24,11 @@ from proxy.core.model_names import MAX_CHARS
 from proxy.core.tokens import default_counter
 from proxy.server.app import RunningProxy
 from proxy.server.calibration import CALIBRATION_SAMPLES, Calibration, store_name
+from proxy.server.compactor import calibrated_as
 from proxy.store import Store
 from proxy.store.accounts import Accounts
 from proxy.store.keys import scan_pattern
+from proxy.wire import ANTHROPIC
 from tests.plugins.standin import RunningStandIn
 from tests.server.conftest import MakeProxy
 from tests.server.test_budget_read_rounds import tool_history
@@ -163,7 +165,7 @@ async def _feed(proxy: RunningProxy, key: str, model: str, content: Any, scale: 
 
 async def _samples(store: Store, model: str, key: str) -> int:
     for _ in range(100):
-        name = store_name(model, tenant_of({"x-api-key": key}))
+        name = store_name(calibrated_as(ANTHROPIC, model), tenant_of({"x-api-key": key}))
         found = await store.get_global_mean("calibration", name)
         if found is not None and found[1] >= CALIBRATION_SAMPLES:
             return found[1]
@@ -188,7 +190,7 @@ async def test_one_tenant_cannot_skew_another_tenants_compaction(
     await _feed(proxy, "sk-tenant-d", model, [*document, *text], 0.1)
     assert await _samples(store, model, "sk-tenant-a") >= CALIBRATION_SAMPLES
     await asyncio.sleep(0.3)  # D's would have been written by now, were there any
-    name_d = store_name(model, tenant_of({"x-api-key": "sk-tenant-d"}))
+    name_d = store_name(calibrated_as(ANTHROPIC, model), tenant_of({"x-api-key": "sk-tenant-d"}))
     assert await store.get_global_mean("calibration", name_d) is None
     seen_a = await _tokens_before(proxy, "sk-tenant-a", model, history)
     seen_b = await _tokens_before(proxy, "sk-tenant-b", model, history)
