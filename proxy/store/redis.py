@@ -478,15 +478,12 @@ class Store:
     async def refresh_ttl(
         self, tenant: str, conversation: str, kind: str, names: list[str], ttl: int | None = None
     ) -> int:
-        """Give existing keys a fresh TTL (e.g. the blobs a frozen prefix still points
-        to, whose first TTL was set at an older crossing); returns how many exist.
-        (Blobs: ``touch_refs`` replaces this.)"""
+        """Give a conversation's existing keys (summaries, checkpoints) a fresh TTL;
+        returns how many exist. Blobs are kept per tenant: ``touch_refs`` renews them."""
         if not names:
             return 0
         if kind == keys.BLOB:
-            found_blobs = await self._expire_blobs(tenant, names, self._ttl(ttl))
-            self._unreadable(found_blobs.count(False))
-            return found_blobs.count(True)
+            raise ValueError("blobs are renewed with touch_refs")
         found = [self._key(tenant, conversation, kind, name) for name in names]
         seconds = self._ttl(ttl)
         return int(await self._call(lambda: self._touch(keys=found, args=[seconds])))
