@@ -33,10 +33,10 @@ def cannot_cross(body: bytes, policy: Policy, factor: float) -> bool:
     the tools preamble needs slack. Images and documents are the exception (a small PDF
     is charged per page, a URL image a flat amount), so a body with a `source` is counted.
     """
-    if b'"source"' in body:
-        return False
     bound = (len(body) + BYTE_BOUND_SLACK) * factor
-    return bound <= policy.quiet_tokens and bound <= policy.window
+    if bound > policy.quiet_tokens or bound > policy.window:
+        return False  # before the scan: a body this large is counted anyway
+    return b'"source"' not in body
 
 
 @dataclass(frozen=True, slots=True)

@@ -267,7 +267,9 @@ async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web
     if store is None or seal_key is None:
         raise StoreUnavailable("compaction-proxy cannot compact without its store; try again")
     history = {**payload, "input": input_items(payload)[:-1]}
-    prepared = await _prepare(request, RESPONSES_ROUTE, Incoming(orjson.dumps(history), history))
+    incoming = Incoming(orjson.dumps(history), history)
+    forwarded = upstream_request_headers(request.headers)
+    prepared = await _prepare(request, RESPONSES_ROUTE, incoming, forwarded)
     sent = dict(prepared.sent) if prepared.sent and prepared.refusal is None else history
     model = str(payload.get("model", ""))
     need, estimate = _summary_need(request, sent, model, store)

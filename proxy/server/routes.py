@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,7 +176,12 @@ def tenant_of_request(request: web.Request) -> str:
     return caller_of(request).tenant or tenant_of(request.headers)
 
 
-async def _prepare(request: web.Request, route: ConversationRoute, incoming: Incoming) -> Prepared:
+async def _prepare(
+    request: web.Request,
+    route: ConversationRoute,
+    incoming: Incoming,
+    upstream_headers: Sequence[tuple[str, str]],
+) -> Prepared:
     """What goes upstream. Never raises for the proxy's own parts: on any failure of
     compaction the request goes out untouched (degrade, never fail)."""
     body, payload = incoming.body, incoming.payload
@@ -196,7 +201,7 @@ async def _prepare(request: web.Request, route: ConversationRoute, incoming: Inc
                 store=app[STORE].store,
                 upstream=app[route.upstream],
                 path=request.raw_path,
-                upstream_headers=upstream_request_headers(request.headers),
+                upstream_headers=upstream_headers,
                 tenant=caller.tenant,
                 policy_override=override,
                 charge_later=budgets.late_charge(request),
@@ -253,7 +258,8 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
         if rewritten:  # the step wrote new bytes: plain JSON, whatever the client's were
             incoming = Incoming(adjusted.body, adjusted.payload)
         body, payload = incoming.body, incoming.payload
-    prepared = await _prepare(request, route, incoming)
+    headers = upstream_request_headers(request.headers)  # for the summariser and upstream
+    prepared = await _prepare(request, route, incoming, headers)
     if prepared.refusal is not None:
         raise prepared.refusal
     if adjusted is not None and not adjusted.read_result:
@@ -262,7 +268,6 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
 
     app = request.app
     upstream = app[route.upstream]
-    headers = upstream_request_headers(request.headers)
     if rewritten:
         headers = [(n, v) for n, v in headers if n.lower() != "content-encoding"]
     if prepared.intercepts or (adjusted is not None and adjusted.on_refusal is not None):
