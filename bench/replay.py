@@ -6,7 +6,7 @@ answered with a large log) runs twice through the real anthropic SDK, in one pro
 - direct to a stand-in with an unlimited window (what the conversation costs with no
   proxy, if the model could take it all);
 - through the proxy (default policy for claude-* models: window 200,000, trigger
-  140,000, target 60,000) to a stand-in with a 200,000-token window.
+  100,000, target 80,000) to a stand-in with a 200,000-token window.
 
 Billing uses the usage the stand-in reports (its prompt-cache model): uncached input
 1.0, cache write 1.25, cache read 0.1, output 5.0. Summariser calls are billed too:
@@ -15,6 +15,13 @@ their whole input uncached, their output at its cap (an upper bound).
 Then the proxy's added latency for a request whose history is 400,000 tokens and whose
 summary is already stored: the same request through the proxy vs its rewritten body sent
 straight to the stand-in, interleaved, p50/p99.
+
+`--shape chat` runs bench/make_trace.py's chat-heavy shape instead (160 turns of long
+reasoning, 300-character results); `--read-every 0` leaves out the read_result rounds
+(as `compaction-proxy replay` does, for comparing the two); `--policy trigger=...,...`
+replaces fields of the claude-* policy. Besides the figures from the agent's usage, the
+whole upstream bill is also taken from the stand-in's records: every request it answered
+(the agent's, read_result rounds, summariser calls) priced by the usage it reported.
 
 Usage: .venv/bin/python bench/replay.py [--turns 60] [--result-chars 32000] [--write]
 """
@@ -42,6 +49,7 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.make_trace import SHAPES, reasoning  # noqa: E402
 from proxy.config import load_settings  # noqa: E402
 from proxy.core.pricing import CACHE_MODEL  # noqa: E402
 from proxy.core.tokens import default_counter  # noqa: E402
@@ -64,7 +72,7 @@ PURPOSE = "x-compaction-proxy-purpose"
 
 async def serve_standin(window: int) -> tuple[str, web.Application, web.AppRunner]:
     app = create_app(StandInOptions(windows={"*": window}, max_recorded=None))
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, max_field_size=65_536)  # the chat shape's text is a header
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -90,9 +98,28 @@ def summariser_bill(app: web.Application) -> tuple[int, float]:
     return len(calls), cost
 
 
-async def conversation(client: anthropic.AsyncAnthropic, turns: int, chars: int) -> list[Any]:
+def records_bill(app: web.Application) -> tuple[float, int]:
+    """Every Messages request the stand-in answered, priced by the usage it reported."""
+    total, n = 0.0, 0
+    for r in app[RECORDED]:
+        if r.path_qs.split("?")[0] == "/v1/messages" and r.usage:
+            total += CACHE_MODEL.cost(r.usage)
+            n += 1
+    return total, n
+
+
+async def conversation(
+    client: anthropic.AsyncAnthropic, turns: int, chars: int, args: argparse.Namespace
+) -> list[Any]:
+    low, high = SHAPES[args.shape][2]
     return await run_agent(
-        client, turns=turns, result_chars=chars, read_every=10, conversation=uuid.uuid4().hex
+        client,
+        turns=turns,
+        result_chars=chars,
+        read_every=args.read_every,
+        conversation=uuid.uuid4().hex,
+        text=reasoning(args.seed, low, high) if high else None,
+        max_tokens=8_192 if high else 1024,
     )
 
 
@@ -111,7 +138,23 @@ def totals(turns: list[Any]) -> dict[str, float]:
     return out
 
 
-async def cost_runs(turns: int, chars: int, redis_url: str) -> dict[str, Any]:
+def with_policy(settings: Any, fields: str) -> Any:
+    """The settings with fields of the claude-* policy replaced ("trigger=100000,...")."""
+    if not fields:
+        return settings
+    from proxy.core.policy import DEFAULT_POLICIES, FIELD_TYPES
+
+    changes = {k: int(v) for k, v in (item.split("=", 1) for item in fields.split(","))}
+    tables = []
+    for p in DEFAULT_POLICIES:
+        table = {f: getattr(p, f) for f in FIELD_TYPES}
+        tables.append({**table, **changes} if p.match == "claude-*" else table)
+    return dataclasses.replace(settings, policies=tuple(tables))
+
+
+async def cost_runs(
+    turns: int, chars: int, redis_url: str, args: argparse.Namespace
+) -> dict[str, Any]:
     direct_url, direct_app, direct_runner = await serve_standin(100_000_000)
     proxied_url, proxied_app, proxied_runner = await serve_standin(WINDOW)
     settings = load_settings(
@@ -119,17 +162,19 @@ async def cost_runs(turns: int, chars: int, redis_url: str) -> dict[str, Any]:
         environ={},
         overrides={"server.port": 0, "upstream.url": proxied_url, "store.redis_url": redis_url},
     )
-    proxy = await start(settings)
+    proxy = await start(with_policy(settings, args.policy))
     try:
         plain = await conversation(
             anthropic.AsyncAnthropic(base_url=direct_url, api_key="sk-bench", max_retries=0),
             turns,
             chars,
+            args,
         )
         through = await conversation(
             anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-bench", max_retries=0),
             turns,
             chars,
+            args,
         )
     finally:
         await proxy.stop()
@@ -137,6 +182,8 @@ async def cost_runs(turns: int, chars: int, redis_url: str) -> dict[str, Any]:
     sizes = [counter.count_request(orjson.loads(r.body)) for r in proxied_app[RECORDED]]
     direct_sizes = [counter.count_request(orjson.loads(r.body)) for r in direct_app[RECORDED]]
     calls, summary_cost = summariser_bill(proxied_app)
+    upstream_without, _ = records_bill(direct_app)
+    upstream_with, upstream_requests = records_bill(proxied_app)
     await direct_runner.cleanup()
     await proxied_runner.cleanup()
     without, with_ = totals(plain), totals(through)
@@ -159,6 +206,9 @@ async def cost_runs(turns: int, chars: int, redis_url: str) -> dict[str, Any]:
         "tokens_in_without": without["tokens_in"],
         "tokens_in_with": with_["tokens_in"],
         "crossings": sum(1 for s in strategies if s not in ("untouched", "checkpoint")),
+        "upstream_without": upstream_without,
+        "upstream_with": upstream_with,
+        "upstream_requests_with": upstream_requests,
         "strategies": sorted(set(strategies)),
     }
 
@@ -241,6 +291,20 @@ async def latency_run(redis_url: str, rounds: int) -> dict[str, Any]:
     }
 
 
+def cost_report(cost: dict[str, Any]) -> str:
+    ratio = cost["cost_with"] / cost["cost_without"]
+    records = cost["upstream_with"] / cost["upstream_without"]
+    return (
+        f"turns {cost['turns']}: agent usage + summariser upper bound {ratio:.3f}x"
+        f" ({cost['cost_with']:,.0f} / {cost['cost_without']:,.0f}); stand-in records"
+        f" {records:.3f}x ({cost['upstream_with']:,.0f} / {cost['upstream_without']:,.0f},"
+        f" {cost['upstream_requests_with']} upstream requests); cache read"
+        f" {cost['read_share_with']:.1%}; crossings {cost['crossings']}; summariser calls"
+        f" {cost['summary_calls']} ({cost['summary_cost']:,.0f} at the upper bound); largest"
+        f" {cost['largest_proxied']:,} (within the window: {cost['within_window']})"
+    )
+
+
 def report(cost: dict[str, Any], lat: dict[str, Any]) -> str:
     ratio = cost["cost_with"] / cost["cost_without"]
     added = lat["proxy_p50"] - lat["direct_p50"]
@@ -271,6 +335,11 @@ def report(cost: dict[str, Any], lat: dict[str, Any]) -> str:
         f"Billed cost with the proxy: **{ratio:.2f}x** of the run without it; crossings:"
         f" {cost['crossings']}; strategies seen: {', '.join(cost['strategies'])}.",
         "",
+        f"Billed from the stand-in's records (every upstream request it answered, by the"
+        f" usage it reported: {cost['upstream_requests_with']} with the proxy):"
+        f" {cost['upstream_without']:,.0f} without, {cost['upstream_with']:,.0f} with:"
+        f" **{cost['upstream_with'] / cost['upstream_without']:.3f}x**.",
+        "",
         f"Added latency for a {lat['history_tokens']:,}-token history"
         f" ({lat['history_bytes'] / 1e6:.1f} MB) whose rewrite (first: {lat['first_strategy']})"
         f" is stored, rewritten to {lat['rewritten_tokens']:,} tokens: proxy p50 / p99"
@@ -295,7 +364,9 @@ async def main_async(args: argparse.Namespace) -> str:
         redis = EmbeddedRedis(Path(tmp) / "redis")
         url = await redis.start()
         try:
-            cost = await cost_runs(args.turns, args.result_chars, url)
+            cost = await cost_runs(args.turns, args.result_chars, url, args)
+            if args.rounds == 0:
+                return cost_report(cost)
             lat = await latency_run(url, args.rounds)
         finally:
             await redis.stop()
@@ -304,11 +375,18 @@ async def main_async(args: argparse.Namespace) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=60)
-    parser.add_argument("--result-chars", type=int, default=32_000)
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="long-tool")
+    parser.add_argument("--turns", type=int, help="default: the shape's (60 or 160)")
+    parser.add_argument("--result-chars", type=int, help="default: the shape's")
+    parser.add_argument("--seed", type=int, default=12, help="of the chat shape's reasoning")
+    parser.add_argument("--read-every", type=int, default=10, help="0: no read_result rounds")
+    parser.add_argument("--policy", default="", help="claude-* fields: trigger=100000,...")
+    parser.add_argument("--rounds", type=int, default=30, help="latency rounds; 0: cost only")
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     args = parser.parse_args()
+    turns, chars, _ = SHAPES[args.shape]
+    args.turns = args.turns or turns
+    args.result_chars = args.result_chars or chars
     text = asyncio.run(main_async(args))
     print(text)
     if args.write:

@@ -17,6 +17,13 @@ from difflib import get_close_matches
 from fnmatch import fnmatchcase
 from typing import Any
 
+# The defaults' shares of the window, chosen by bench/sweep.py over the long-tool and
+# chat-heavy traces (bench/RESULTS.md, "Policy defaults by measurement"): folding earlier
+# and often costs less than folding late and deep (each fold keeps the newest keep_last
+# groups and a summary, whatever the target), and offloading from 10% of the window
+# costs less than from 15%.
+TRIGGER_SHARE, TARGET_SHARE, OFFLOAD_SHARE = 0.5, 0.4, 0.1
+
 
 class PolicyError(ValueError):
     """A policy setting is wrong; the message names it."""
@@ -26,9 +33,9 @@ class PolicyError(ValueError):
 class Policy:
     match: str = "*"  # glob on the request's `model`
     window: int = 200_000  # the model's context window, whole request
-    trigger: int = 0  # history size that starts a fold; 0 = 70% of the window
-    target: int = 0  # history size after a fold; 0 = 30% of the window
-    offload_trigger: int = 0  # history size from which results are offloaded; 0 = 15% of the window
+    trigger: int = 0  # history size that starts a fold; 0 = 50% of the window
+    target: int = 0  # history size after a fold; 0 = 40% of the window
+    offload_trigger: int = 0  # history size from which results are offloaded; 0 = 10% of the window
     keep_last: int = 6  # newest groups that stay verbatim when folding
     note_cost: int = 48  # tokens reserved for a "history was dropped" note
     offload_threshold: int = 500  # tool results above this many tokens may be offloaded
@@ -41,15 +48,15 @@ class Policy:
 
     @property
     def trigger_tokens(self) -> int:
-        return self.trigger or int(self.window * 0.7)
+        return self.trigger or int(self.window * TRIGGER_SHARE)
 
     @property
     def target_tokens(self) -> int:
-        return self.target or int(self.window * 0.3)
+        return self.target or int(self.window * TARGET_SHARE)
 
     @property
     def offload_tokens(self) -> int:
-        return self.offload_trigger or min(int(self.window * 0.15), self.trigger_tokens)
+        return self.offload_trigger or min(int(self.window * OFFLOAD_SHARE), self.trigger_tokens)
 
     @property
     def prepare_tokens(self) -> int:
@@ -139,8 +146,8 @@ def policy_for(
 
 DEFAULT_POLICIES = [
     # Today's Claude models: a 200k window by default (1M only with a beta header).
-    Policy(match="claude-*", window=200_000, trigger=140_000, target=60_000),
-    # OpenAI-format models served through the Chat adapter.
-    Policy(match="gpt-*", window=128_000, trigger=90_000, target=38_000),
+    Policy(match="claude-*", window=200_000, trigger=100_000, target=80_000),
+    # OpenAI-format models served through the Chat adapter (the same shares of the window).
+    Policy(match="gpt-*", window=128_000, trigger=64_000, target=51_200),
     Policy(match="*"),
 ]

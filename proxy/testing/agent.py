@@ -74,10 +74,14 @@ def _with_breakpoint(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def turn_headers(turn: int, read_every: int, conversation: str | None) -> dict[str, str]:
-    """The request headers of a turn: the stand-in calls Bash, and every `read_every`-th
-    turn read_result first (when the proxy offers it)."""
+def turn_headers(
+    turn: int, read_every: int, conversation: str | None, text: str | None = None
+) -> dict[str, str]:
+    """The request headers of a turn: the stand-in calls Bash (after `text`, when given),
+    and every `read_every`-th turn read_result first (when the proxy offers it)."""
     script: dict[str, Any] = {"tool": {"name": "Bash", "input": {"command": f"make step-{turn}"}}}
+    if text is not None:
+        script["text"] = text
     if read_every and turn % read_every == read_every - 1:
         script["read_result"] = True
     headers = {"x-stand-in": orjson.dumps(script).decode()}
@@ -103,12 +107,14 @@ async def run_agent(
     max_tokens: int = 1024,
     on_turn: Callable[[int, Turn], Awaitable[None]] | None = None,
     output: Callable[[int, int], str] = tool_output,
+    text: Callable[[int], str] | None = None,
 ) -> list[Turn]:
-    """`output(turn, chars)`: the tool result of a turn (a build log by default)."""
+    """`output(turn, chars)`: the tool result of a turn (a build log by default);
+    `text(turn)`: the text the model writes before its tool call (none by default)."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
     done: list[Turn] = []
     for t in range(turns):
-        headers = turn_headers(t, read_every, conversation)
+        headers = turn_headers(t, read_every, conversation, text(t) if text else None)
         request: dict[str, Any] = {
             "model": model,
             "max_tokens": max_tokens,
