@@ -101,12 +101,17 @@ def line_chart(
             f'<line x1="{x(i):.1f}" x2="{x(i):.1f}" y1="{top}" y2="{top + plot_h}"'
             f' stroke="{PROXY}" stroke-opacity="0.25" stroke-dasharray="2 3"/>'
         )
-    for label, value in guides:
+    label_y = float("-inf")
+    for label, value in sorted(guides, key=lambda g: -g[1]):  # top line first
         if value <= y_max:
+            # A line close under the last labelled one (a target just under its
+            # trigger) gets its label below it, not across the other.
+            above, below = y(value) - 4, y(value) + 12
+            label_y = above if above >= label_y + 12 else max(below, label_y + 12)
             out.append(
                 f'<line x1="{left}" x2="{width - right}" y1="{y(value):.1f}"'
                 f' y2="{y(value):.1f}" stroke="{GUIDE}" stroke-dasharray="6 4"/>'
-                f'<text x="{width - right - 4}" y="{y(value) - 4:.1f}" font-size="11"'
+                f'<text x="{width - right - 4}" y="{label_y:.1f}" font-size="11"'
                 f' text-anchor="end" fill="{GUIDE}">{html.escape(label)} {_fmt(value)}</text>'
             )
     out.append(
