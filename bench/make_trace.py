@@ -114,9 +114,16 @@ def main() -> None:
     parser.add_argument("--turns", type=int, help="default: the shape's (60 or 160)")
     parser.add_argument("--result-chars", type=int, help="default: the shape's (32,000 or 300)")
     parser.add_argument("--seed", type=int, default=12, help="of the chat shape's reasoning")
+    parser.add_argument(
+        "--reasoning-chars",
+        metavar="LOW,HIGH",
+        help="the chat shape's reasoning per turn, in characters (default 4000,12000)",
+    )
     parser.add_argument("--model", default="claude-test-1")
     args = parser.parse_args()
     turns, chars, (low, high) = SHAPES[args.shape]
+    if args.reasoning_chars:
+        low, high = (int(n) for n in args.reasoning_chars.split(","))
     text = reasoning(args.seed, low, high) if high else None
     n = asyncio.run(
         record(
