@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.core.checkpoint import Checkpoint
+from proxy.core.facts import Facts
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +86,7 @@ class PrepareSummary:
 
     slot: str
     ask: GetSummary
-    facts: tuple[str, ...]
+    facts: Facts
     facts_budget: int
 
 

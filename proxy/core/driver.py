@@ -117,7 +117,8 @@ def compaction(request: CompactionRequest) -> Driver:
         if text is not None and text.strip():
             if not got.reused:
                 count = request.counter.count_text
-                text = keep_facts(text, outcome.facts, outcome.facts_budget, count)
+                ranked = outcome.facts.ranked()
+                text = keep_facts(text, ranked, outcome.facts_budget, count)
                 made = (outcome.key, text)
             known = (outcome.key, text)
         outcome = fold(outcome, text, summary="reused" if got.reused else "made")

@@ -32,7 +32,7 @@ from proxy.core.checkpoint import (
     segments_for,
 )
 from proxy.core.commands import PreparedSummary
-from proxy.core.facts import CONVERSATION, EARLIER_SUMMARY, TOOL_RESULT, Source, rank
+from proxy.core.facts import CONVERSATION, EARLIER_SUMMARY, TOOL_RESULT, Facts, Source
 from proxy.core.fold import plan_compaction
 from proxy.core.history import (
     Group,
@@ -184,7 +184,7 @@ class FoldPlan:
     transcript: str  # the folded turns as the client sent them, fitted to the summariser
     in_place: InPlace  # what a summary made in the conversation's own request needs
     slot: int  # the summary's cap, in real tokens (the facts line's budget apart)
-    facts: tuple[str, ...]  # the folded turns' identifiers, the most telling first
+    facts: Facts  # the folded turns' identifiers, ranked when a summary is made
     facts_budget: int  # tokens the line of identifiers the summary left out may take
     model: str  # summariser model ("" = the request's)
     inp: PlanInput
@@ -290,7 +290,7 @@ def _fold_plan(
         transcript=_transcript(work, members, inp, slot),
         in_place=_in_place(work, members, inp, limits, slot),
         slot=max(slot - facts_budget, slot // 2),
-        facts=tuple(rank(_facts_sources(work, members, inp), _call_ids(work, members))),
+        facts=Facts(tuple(_facts_sources(work, members, inp)), _call_ids(work, members)),
         facts_budget=facts_budget,
         model=inp.policy.summariser_model,
         inp=inp,

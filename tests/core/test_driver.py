@@ -221,7 +221,7 @@ def test_near_the_trigger_the_next_summary_is_made_ahead() -> None:
     assert kinds(commands) == ["LoadConversation", "PrepareSummary"]
     prepare = commands[1]
     assert isinstance(prepare, PrepareSummary) and prepare.ask.slot > 0
-    assert prepare.facts and prepare.facts_budget > 0
+    assert prepare.facts.ranked() and prepare.facts_budget > 0
     assert decision.action == "forward", "the request itself goes on untouched"
     # The next turn finds it in the making: nothing is asked twice.
     commands, _ = commands_of(compaction(request(messages, NO_OFFLOAD)), store)

@@ -7,12 +7,15 @@ wait (tests/core/test_driver.py)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from typing import Any
 
 import anthropic
 import orjson
+import pytest
 
+from proxy.core.facts import Facts
 from proxy.server.state import COMPACTOR
 from proxy.testing.agent import Turn, run_agent
 from proxy.testing.standin import StandInOptions
@@ -72,3 +75,53 @@ async def test_a_crossing_turn_does_not_wait_for_the_summariser(
     assert all(orjson.loads(r.body)["messages"] for r in agent)
     for t in turns:
         assert int(t.headers.get("x-compaction-tokens-after", "0")) <= SMALL_WINDOW
+
+
+async def test_turns_never_rank_identifiers_only_a_summary_made_ahead_does(
+    make_standin: Any, make_compacting_proxy: MakeProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranking the folded turns' identifiers (for the facts line) runs a pattern over all
+    they hold: it belongs to a summary once made, in the background, never to an agent's
+    turn (the turns that start a summary ahead, go on while it is pending, or fold with
+    it)."""
+    gate = asyncio.Event()
+    standin: RunningStandIn = await make_standin(
+        StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None, summary_gate=gate)
+    )
+    proxy = await make_compacting_proxy(standin.url)
+    compactor = proxy.app[COMPACTOR]
+    loop_thread = threading.get_ident()
+    ranked: list[tuple[bool, bool]] = []  # (on the event loop's thread, summariser answered)
+    rank = Facts.ranked
+
+    def spy(facts: Facts) -> list[str]:
+        ranked.append((threading.get_ident() == loop_thread, gate.is_set()))
+        return rank(facts)
+
+    monkeypatch.setattr(Facts, "ranked", spy)
+    pending = 0
+
+    async def on_turn(t: int, turn: Turn) -> None:
+        nonlocal pending
+        if turn.headers.get("x-compaction-reason") != "summary_pending":
+            return
+        pending += 1
+        if pending == 2:
+            assert ranked == [], "a turn ranked identifiers while its summary was pending"
+            gate.set()
+            await compactor.settled()
+
+    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-rank", max_retries=0)
+    turns = await run_agent(
+        client, turns=24, result_chars=3_000, conversation=uuid.uuid4().hex, on_turn=on_turn
+    )
+    await client.close()
+    await compactor.settled()
+
+    assert pending >= 2, "the summary was never pending: the gate tested nothing"
+    assert [t for t in turns if t.headers.get("x-compaction-summary") == "ahead"]
+    assert not [t for t in turns if t.headers.get("x-compaction-summary") == "made"]
+    summaries = [r for r in standin.recorded if r.headers.get(PURPOSE) == "summary"]
+    # Once per summary made ahead, after its answer, off the event loop; never in a turn.
+    assert len(ranked) == len(summaries) > 0
+    assert all(not on_loop and answered for on_loop, answered in ranked)
