@@ -194,6 +194,7 @@ class FoldPlan:
     tokens_before: int
     blobs: list[tuple[str, str]]  # offloaded at this crossing
     reason: str = ""
+    ahead: bool = False  # its summary is the one being made ahead: wait for it
 
 
 Outcome = Untouched | Rewrite | Refuse | FoldPlan
@@ -261,7 +262,31 @@ def plan(inp: PlanInput) -> Outcome:
         tool = inp.tool if blobs or (stored is not None and stored.tool) else None
         deferred = _rewrite(inp, work, tool, strategy, before, blobs=blobs, checkpoint=bool(blobs))
         return replace(deferred, reason="summary_pending", prepare=prepare)
+    if covered and ready is not None and ready.pending:
+        # At the wait point with the summary of the oldest groups still being made
+        # ahead: wait for that one (what is left of its call, paid once) rather than
+        # have a second summary made now, when folding those groups is enough.
+        awaited = _awaited(planned, ready.key)
+        if awaited is not None:
+            return awaited
     return planned
+
+
+def _awaited(plan: FoldPlan, key: str) -> FoldPlan | None:
+    """The fold of the oldest groups whose summary (`key`) is being made ahead, when
+    folding them brings the history under the trigger even with a summary as large as
+    the policy allows; else None (the whole fold makes its own summary)."""
+    labels = _prefix_keys(plan).get(key)
+    if labels is None:
+        return None
+    work, limits, inp = plan.work, plan.limits, plan.inp
+    kept = work.tokens - sum(g.tokens for g in work.groups if g.label in labels)
+    room = limits.trigger - kept
+    if room < math.ceil(inp.policy.summary_max_tokens / inp.factor):
+        return None
+    return _folding(
+        inp, work, limits, plan.tokens_before, plan.blobs, plan.reason, labels, room, ahead=True
+    )
 
 
 def _fold_plan(
@@ -281,9 +306,25 @@ def _fold_plan(
     planned = plan_compaction(turns, budget, inp.policy.keep_last)
     if planned is None or not planned[0]:
         return None
-    fold = frozenset(planned[0])
+    return _folding(inp, work, limits, before, blobs, reason, frozenset(planned[0]), planned[2])
+
+
+def _folding(
+    inp: PlanInput,
+    work: Working,
+    limits: Limits,
+    before: int,
+    blobs: list[tuple[str, str]],
+    reason: str,
+    fold: frozenset[str],
+    room: int,
+    *,
+    ahead: bool = False,
+) -> FoldPlan:
+    """The fold of the groups labelled `fold`, its summary taking at most `room`
+    (estimated) tokens, with what its summariser needs."""
     members = [m for g in work.groups if g.label in fold for m in g.members]
-    slot = min(real(planned[2], inp.factor), inp.policy.summary_max_tokens)
+    slot = min(real(room, inp.factor), inp.policy.summary_max_tokens)
     facts_budget = min(FACTS_MAX, max(FACTS_MIN, slot // 5))
     return FoldPlan(
         key=summary_key(work.segments, members, inp.digests),
@@ -300,6 +341,7 @@ def _fold_plan(
         tokens_before=before,
         blobs=blobs,
         reason=reason,
+        ahead=ahead,
     )
 
 

@@ -266,6 +266,26 @@ def test_far_over_the_trigger_the_request_waits_for_its_summary() -> None:
     assert decision.rewrite is not None and decision.rewrite.summary == "made"
 
 
+def test_at_the_wait_point_the_summary_still_in_the_making_is_waited_for() -> None:
+    """Over the wait point, with the summary of the oldest groups still being made
+    ahead: the crossing asks for that one (waiting for what is left of its call) and
+    folds those groups with it, rather than pay for a second summary of more turns."""
+    small = policy(offload_threshold=100_000, summary_max_tokens=1_000)
+    store = Store(summary="notes made ahead")
+    commands_of(compaction(request(history_between(7_200, 8_000), small)), store)
+    (making,) = store.prepared.values()
+    assert making.pending
+    far = history_between(11_000, 16_000)
+    commands, decision = commands_of(compaction(request(far, small)), store)
+    assert kinds(commands) == ["LoadConversation", "GetSummary", "SaveCrossing"]
+    asked = commands[1]
+    assert isinstance(asked, GetSummary) and asked.key == making.key and asked.ahead
+    rewrite = decision.rewrite
+    assert rewrite is not None and rewrite.strategy == "summary"
+    assert decision.body is not None and b"notes made ahead" in decision.body
+    assert rewrite.tokens_after <= small.trigger_tokens
+
+
 def test_a_summary_that_failed_ahead_is_asked_for_at_the_fold() -> None:
     store = Store()
     commands_of(compaction(request(history_between(7_200, 8_000), NO_OFFLOAD)), store)
