@@ -165,7 +165,7 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
     own = str(request.body.get("model", ""))
     model = fold.model or own
     body = None
-    if model == own:
+    if model == own and fold.in_place.fits:
         place = fold.in_place
         history = _marked(request, place.history, place.breakpoint_at)
         body = request.wire.summary_request(

@@ -174,6 +174,9 @@ class InPlace:
     history: list[dict[str, Any]]
     breakpoint_at: int | None  # where the proxy's cache breakpoint goes in it
     prompt: str  # which messages to replace, and the originals of their offloaded results
+    # The history, the prompt and the summary fit the window (a crossing the hysteresis
+    # put off to the window's edge has no room left: its summariser gets the transcript).
+    fits: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,7 +490,7 @@ def _in_place(
         _head_of(work.messages[last], inp.dialect),
     )
     prompt = in_place_prompt(first + 1, last + 1, heads, originals)
-    return InPlace(work.messages, _last_stub(work.segments), prompt)
+    return InPlace(work.messages, _last_stub(work.segments), prompt, fits=room >= 0)
 
 
 IN_PLACE_OVERHEAD = 600  # tokens of the in-place prompt's own words, with a margin
