@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.core.checkpoint import Checkpoint
+from proxy.core.facts import Facts
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +51,14 @@ class GetSummary:
     fleet; whoever makes it holds the key's lock until the crossing's SaveCrossing stores
     it). `body` is the summariser's request, in the conversation's API (made in place,
     reading the conversation's cached prefix, when the summariser is its model); `slot`
-    is its output cap in tokens."""
+    is its output cap in tokens. `ahead`: it is the summary being made ahead, in the
+    background: wait for that call (however long it takes), never give up on it early."""
 
     key: str
     body: dict[str, Any]
     slot: int
     model: str
+    ahead: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +88,7 @@ class PrepareSummary:
 
     slot: str
     ask: GetSummary
-    facts: tuple[str, ...]
+    facts: Facts
     facts_budget: int
 
 

@@ -20,7 +20,8 @@ runs the commands on Redis and the upstream, the ops simulator's on dicts.
     Near the trigger, the next fold's summary is made ahead: a PrepareSummary command
     (fire and forget) before the decision; at the fold, a summary made ahead is used
     (whole, or for the oldest groups it covers), and one still in the making is not
-    waited for while the window has room.
+    waited for while the window has room; past the wait point, the crossing waits for
+    that call (GetSummary.ahead) rather than have a second summary made.
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def compaction(request: CompactionRequest) -> Driver:
         if text is not None and text.strip():
             if not got.reused:
                 count = request.counter.count_text
-                text = keep_facts(text, outcome.facts, outcome.facts_budget, count)
+                ranked = outcome.facts.ranked()
+                text = keep_facts(text, ranked, outcome.facts_budget, count)
                 made = (outcome.key, text)
             known = (outcome.key, text)
         outcome = fold(outcome, text, summary="reused" if got.reused else "made")
@@ -163,7 +165,7 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
     own = str(request.body.get("model", ""))
     model = fold.model or own
     body = None
-    if model == own:
+    if model == own and fold.in_place.fits:
         place = fold.in_place
         history = _marked(request, place.history, place.breakpoint_at)
         body = request.wire.summary_request(
@@ -174,7 +176,7 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
             request.body, model=model, slot=fold.slot, prompt=fold.transcript, history=None
         )
     assert body is not None
-    return GetSummary(fold.key, body, fold.slot, model)
+    return GetSummary(fold.key, body, fold.slot, model, ahead=fold.ahead)
 
 
 def _plan_input(request: CompactionRequest, loaded: Loaded) -> PlanInput:

@@ -109,6 +109,20 @@ def rank(sources: Iterable[Source], ignore: frozenset[str] = frozenset()) -> lis
     return sorted(kinds, key=key)
 
 
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """The folded turns' texts whose identifiers a summary must keep, ranked only when a
+    summary has been made: ranking runs the identifier pattern over every folded text
+    (tens of ms for a few dozen KB), which a turn that folds with a summary made ahead, or
+    only checks that one is in the making, must not pay."""
+
+    sources: tuple[Source, ...] = ()
+    ignore: frozenset[str] = frozenset()  # ids the protocol made up (tool call ids)
+
+    def ranked(self) -> list[str]:
+        return rank(self.sources, self.ignore)
+
+
 def missing(ranked: Sequence[str], summary: str) -> list[str]:
     """The ranked identifiers the summary does not contain verbatim."""
     return [found for found in ranked if found not in summary]

@@ -32,7 +32,7 @@ from proxy.core.checkpoint import (
     segments_for,
 )
 from proxy.core.commands import PreparedSummary
-from proxy.core.facts import CONVERSATION, EARLIER_SUMMARY, TOOL_RESULT, Source, rank
+from proxy.core.facts import CONVERSATION, EARLIER_SUMMARY, TOOL_RESULT, Facts, Source
 from proxy.core.fold import plan_compaction
 from proxy.core.history import (
     Group,
@@ -174,6 +174,9 @@ class InPlace:
     history: list[dict[str, Any]]
     breakpoint_at: int | None  # where the proxy's cache breakpoint goes in it
     prompt: str  # which messages to replace, and the originals of their offloaded results
+    # The history, the prompt and the summary fit the window (a crossing the hysteresis
+    # put off to the window's edge has no room left: its summariser gets the transcript).
+    fits: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +187,7 @@ class FoldPlan:
     transcript: str  # the folded turns as the client sent them, fitted to the summariser
     in_place: InPlace  # what a summary made in the conversation's own request needs
     slot: int  # the summary's cap, in real tokens (the facts line's budget apart)
-    facts: tuple[str, ...]  # the folded turns' identifiers, the most telling first
+    facts: Facts  # the folded turns' identifiers, ranked when a summary is made
     facts_budget: int  # tokens the line of identifiers the summary left out may take
     model: str  # summariser model ("" = the request's)
     inp: PlanInput
@@ -194,6 +197,7 @@ class FoldPlan:
     tokens_before: int
     blobs: list[tuple[str, str]]  # offloaded at this crossing
     reason: str = ""
+    ahead: bool = False  # its summary is the one being made ahead: wait for it
 
 
 Outcome = Untouched | Rewrite | Refuse | FoldPlan
@@ -261,7 +265,31 @@ def plan(inp: PlanInput) -> Outcome:
         tool = inp.tool if blobs or (stored is not None and stored.tool) else None
         deferred = _rewrite(inp, work, tool, strategy, before, blobs=blobs, checkpoint=bool(blobs))
         return replace(deferred, reason="summary_pending", prepare=prepare)
+    if covered and ready is not None and ready.pending:
+        # At the wait point with the summary of the oldest groups still being made
+        # ahead: wait for that one (what is left of its call, paid once) rather than
+        # have a second summary made now, when folding those groups is enough.
+        awaited = _awaited(planned, ready.key)
+        if awaited is not None:
+            return awaited
     return planned
+
+
+def _awaited(plan: FoldPlan, key: str) -> FoldPlan | None:
+    """The fold of the oldest groups whose summary (`key`) is being made ahead, when
+    folding them brings the history under the trigger even with a summary as large as
+    the policy allows; else None (the whole fold makes its own summary)."""
+    labels = _prefix_keys(plan).get(key)
+    if labels is None:
+        return None
+    work, limits, inp = plan.work, plan.limits, plan.inp
+    kept = work.tokens - sum(g.tokens for g in work.groups if g.label in labels)
+    room = limits.trigger - kept
+    if room < math.ceil(inp.policy.summary_max_tokens / inp.factor):
+        return None
+    return _folding(
+        inp, work, limits, plan.tokens_before, plan.blobs, plan.reason, labels, room, ahead=True
+    )
 
 
 def _fold_plan(
@@ -281,16 +309,32 @@ def _fold_plan(
     planned = plan_compaction(turns, budget, inp.policy.keep_last)
     if planned is None or not planned[0]:
         return None
-    fold = frozenset(planned[0])
+    return _folding(inp, work, limits, before, blobs, reason, frozenset(planned[0]), planned[2])
+
+
+def _folding(
+    inp: PlanInput,
+    work: Working,
+    limits: Limits,
+    before: int,
+    blobs: list[tuple[str, str]],
+    reason: str,
+    fold: frozenset[str],
+    room: int,
+    *,
+    ahead: bool = False,
+) -> FoldPlan:
+    """The fold of the groups labelled `fold`, its summary taking at most `room`
+    (estimated) tokens, with what its summariser needs."""
     members = [m for g in work.groups if g.label in fold for m in g.members]
-    slot = min(real(planned[2], inp.factor), inp.policy.summary_max_tokens)
+    slot = min(real(room, inp.factor), inp.policy.summary_max_tokens)
     facts_budget = min(FACTS_MAX, max(FACTS_MIN, slot // 5))
     return FoldPlan(
         key=summary_key(work.segments, members, inp.digests),
         transcript=_transcript(work, members, inp, slot),
         in_place=_in_place(work, members, inp, limits, slot),
         slot=max(slot - facts_budget, slot // 2),
-        facts=tuple(rank(_facts_sources(work, members, inp), _call_ids(work, members))),
+        facts=Facts(tuple(_facts_sources(work, members, inp)), _call_ids(work, members)),
         facts_budget=facts_budget,
         model=inp.policy.summariser_model,
         inp=inp,
@@ -300,6 +344,7 @@ def _fold_plan(
         tokens_before=before,
         blobs=blobs,
         reason=reason,
+        ahead=ahead,
     )
 
 
@@ -445,7 +490,7 @@ def _in_place(
         _head_of(work.messages[last], inp.dialect),
     )
     prompt = in_place_prompt(first + 1, last + 1, heads, originals)
-    return InPlace(work.messages, _last_stub(work.segments), prompt)
+    return InPlace(work.messages, _last_stub(work.segments), prompt, fits=room >= 0)
 
 
 IN_PLACE_OVERHEAD = 600  # tokens of the in-place prompt's own words, with a margin

@@ -67,6 +67,12 @@ async def obtain_summary(
         # Held through the call and until the crossing's writes (then released).
         ttl_ms = int((settings.timeout + 30) * 1000)
         token = await store.acquire_lock(tenant, conversation, lock, ttl_ms)
+        if token is None and need.ahead:
+            found, token = await _wait_for_ahead(store, tenant, conversation, key, ttl_ms, settings)
+            if found is not None:
+                return Obtained(SummaryReply(found, reused=True))
+            if token is None:
+                return Obtained(SummaryReply(None, failure="the summary made ahead never came"))
     except StoreUnavailable as e:
         return Obtained(SummaryReply(None, failure=f"store unavailable: {e}"))
     if token is None:
@@ -112,6 +118,38 @@ async def _wait_for_other(
         if isinstance(stored, str) and stored.strip():
             return SummaryReply(stored, reused=True)
     return SummaryReply(None, failure="another replica is still summarising")
+
+
+async def _wait_for_ahead(
+    store: Store,
+    tenant: str,
+    conversation: str,
+    key: str,
+    ttl_ms: int,
+    settings: SummariserSettings,
+) -> tuple[str | None, str | None]:
+    """Wait for the summary being made ahead (its maker holds the key's lock): (its
+    text, None) once stored; (None, the lock's token) when its maker let go without
+    storing it (its summariser call failed): the caller makes it; (None, None) when
+    neither happened within the longest a summariser call may take (plus `wait`): its
+    maker went away with the lock, and the crossing packs. Raises StoreUnavailable."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.timeout + settings.wait
+    lock = f"summary:{key}"
+    while loop.time() < deadline:
+        await asyncio.sleep(settings.poll)
+        stored = await store.get_json(tenant, conversation, SUMMARY, key)
+        if isinstance(stored, str) and stored.strip():
+            return stored, None
+        token = await store.acquire_lock(tenant, conversation, lock, ttl_ms)
+        if token is not None:
+            # Its maker is done: stored since the last look, or not at all.
+            stored = await store.get_json(tenant, conversation, SUMMARY, key)
+            if isinstance(stored, str) and stored.strip():
+                await release(store, tenant, conversation, (lock, token))
+                return stored, None
+            return None, token
+    return None, None
 
 
 class SummariserFailed(Exception):
@@ -215,7 +253,9 @@ async def prepare_summary(
             failed = {"key": key, "failed": True}
             await store.put_json(tenant, conversation, PREPARED, command.slot, failed)
             return
-        text = keep_facts(text, command.facts, command.facts_budget, count)
+        # Ranking the folded turns' identifiers is pure work of tens of ms: off the loop.
+        ranked = await asyncio.to_thread(command.facts.ranked)
+        text = keep_facts(text, ranked, command.facts_budget, count)
         await store.put_json(tenant, conversation, SUMMARY, key, text)
         record = {"key": key, "text": text}
         await store.put_json(tenant, conversation, PREPARED, command.slot, record)

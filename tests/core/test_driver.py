@@ -100,7 +100,7 @@ def test_a_request_reusing_the_checkpoint_only_loads() -> None:
 
 
 def test_a_fold_asks_for_the_summary_between_load_and_save() -> None:
-    messages = conversation(30, result_words=150)
+    messages = history_between(11_000, 13_000)  # room in the window for it in place
     commands, decision = commands_of(compaction(request(messages, NO_OFFLOAD)), Store())
     assert kinds(commands) == ["LoadConversation", "GetSummary", "SaveCrossing"]
     ask = commands[1]
@@ -221,7 +221,7 @@ def test_near_the_trigger_the_next_summary_is_made_ahead() -> None:
     assert kinds(commands) == ["LoadConversation", "PrepareSummary"]
     prepare = commands[1]
     assert isinstance(prepare, PrepareSummary) and prepare.ask.slot > 0
-    assert prepare.facts and prepare.facts_budget > 0
+    assert prepare.facts.ranked() and prepare.facts_budget > 0
     assert decision.action == "forward", "the request itself goes on untouched"
     # The next turn finds it in the making: nothing is asked twice.
     commands, _ = commands_of(compaction(request(messages, NO_OFFLOAD)), store)
@@ -264,6 +264,42 @@ def test_far_over_the_trigger_the_request_waits_for_its_summary() -> None:
     commands, decision = commands_of(compaction(request(far, NO_OFFLOAD)), store)
     assert kinds(commands) == ["LoadConversation", "GetSummary", "SaveCrossing"]
     assert decision.rewrite is not None and decision.rewrite.summary == "made"
+
+
+def test_at_the_wait_point_the_summary_still_in_the_making_is_waited_for() -> None:
+    """Over the wait point, with the summary of the oldest groups still being made
+    ahead: the crossing asks for that one (waiting for what is left of its call) and
+    folds those groups with it, rather than pay for a second summary of more turns."""
+    small = policy(offload_threshold=100_000, summary_max_tokens=1_000)
+    store = Store(summary="notes made ahead")
+    commands_of(compaction(request(history_between(7_200, 8_000), small)), store)
+    (making,) = store.prepared.values()
+    assert making.pending
+    far = history_between(11_000, 16_000)
+    commands, decision = commands_of(compaction(request(far, small)), store)
+    assert kinds(commands) == ["LoadConversation", "GetSummary", "SaveCrossing"]
+    asked = commands[1]
+    assert isinstance(asked, GetSummary) and asked.key == making.key and asked.ahead
+    rewrite = decision.rewrite
+    assert rewrite is not None and rewrite.strategy == "summary"
+    assert decision.body is not None and b"notes made ahead" in decision.body
+    assert rewrite.tokens_after <= small.trigger_tokens
+
+
+def test_a_fold_at_the_windows_edge_has_its_summary_made_from_the_transcript() -> None:
+    """In place, the summariser's request is the whole history plus the prompt and the
+    summary: a crossing with no room left for them (put off to the window's edge) sends
+    the summariser the transcript of the folded turns instead."""
+    roomy, edge = history_between(11_000, 13_000), history_between(18_500, 19_500)
+    sent = {}
+    for name, messages in (("roomy", roomy), ("edge", edge)):
+        commands, decision = commands_of(compaction(request(messages, NO_OFFLOAD)), Store())
+        asked = [c for c in commands if isinstance(c, GetSummary)]
+        assert len(asked) == 1 and decision.rewrite is not None
+        assert decision.rewrite.strategy == "summary"
+        sent[name] = asked[0].body["messages"]
+    assert len(sent["roomy"]) > 1, "in place: the conversation's own messages"
+    assert len(sent["edge"]) == 1, "the transcript, in one message"
 
 
 def test_a_summary_that_failed_ahead_is_asked_for_at_the_fold() -> None:
