@@ -65,6 +65,7 @@ class GetSummary:
 class SummaryReply:
     text: str | None  # None: no summary to be had
     reused: bool = False  # it was stored already (no summariser call)
+    waited: bool = False  # ... by a summary made ahead that this request waited for
     failure: str = ""  # why there is none
 
 

@@ -122,7 +122,8 @@ def compaction(request: CompactionRequest) -> Driver:
                 text = keep_facts(text, ranked, outcome.facts_budget, count)
                 made = (outcome.key, text)
             known = (outcome.key, text)
-        outcome = fold(outcome, text, summary="reused" if got.reused else "made")
+        had = "waited" if got.waited else "reused" if got.reused else "made"
+        outcome = fold(outcome, text, summary=had)
     if isinstance(outcome, Rewrite) and outcome.checkpoint is not None:
         new = {ref for ref, _ in outcome.blobs}
         saved = yield SaveCrossing(

@@ -67,6 +67,7 @@ Message = Mapping[str, Any]
 SUMMARY_STATES = {
     "made": "made for this request by a summariser call it waited for",
     "ahead": "made ahead, in the background, for this fold: the request did not wait",
+    "waited": "made ahead, still being made at the wait point: the request waited for it",
     "reused": "already in the store (a resend, or a summary from an earlier crossing)",
 }
 
@@ -124,7 +125,7 @@ class Rewrite:
     blobs: list[tuple[str, str]] = field(default_factory=list)  # (ref, text) to store
     checkpoint: Checkpoint | None = None  # to store; None: the stored one holds
     refs: list[str] = field(default_factory=list)  # every ref the history names
-    summary: str = ""  # "made", "ahead", "reused" or "" (SUMMARY_STATES)
+    summary: str = ""  # "made", "ahead", "waited", "reused" or "" (SUMMARY_STATES)
     estimate: int = 0  # the rewritten history in estimated tokens (for calibration)
     reason: str = ""  # a REASONS key when the outcome is not what the policy aimed at
     alone: bool = False  # planned apart from the conversation's rewrite: store nothing

@@ -103,7 +103,8 @@ class Metrics:
             ["outcome"], registry=r,
         )  # fmt: skip
         self.summaries = Counter(
-            f"{NS}_summaries", "Summaries used, by outcome (made, ahead or reused).", ["outcome"],
+            f"{NS}_summaries", "Summaries used, by outcome (made, ahead, waited, reused).",
+            ["outcome"],
             registry=r,
         )  # fmt: skip
         self.summariser_calls = Counter(

@@ -70,7 +70,7 @@ async def obtain_summary(
         if token is None and need.ahead:
             found, token = await _wait_for_ahead(store, tenant, conversation, key, ttl_ms, settings)
             if found is not None:
-                return Obtained(SummaryReply(found, reused=True))
+                return Obtained(SummaryReply(found, reused=True, waited=True))
             if token is None:
                 return Obtained(SummaryReply(None, failure="the summary made ahead never came"))
     except StoreUnavailable as e:

@@ -184,7 +184,7 @@ async def test_admin_endpoints_keep_key_secrets_and_the_admin_key_to_themselves(
         turns = await run_agent(
             client, turns=24, result_chars=8_000, read_every=4, conversation="canary-admin"
         )
-    assert any(t.headers.get("x-compaction-summary") in ("made", "ahead") for t in turns)
+    assert any(t.headers.get("x-compaction-summary") in ("made", "ahead", "waited") for t in turns)
     assert any(int(t.headers.get("x-compaction-read-rounds", 0)) for t in turns)
     # Every admin endpoint, and the mistakes an attacker would try.
     answers = [

@@ -193,6 +193,7 @@ async def test_at_the_wait_point_the_crossing_waits_for_the_summary_made_ahead(
     assert open_then[:1] == [1], "the crossing waited while the one summary was being made"
     states = [t.headers.get("x-compaction-summary") for t in turns]
     assert "made" not in states, "a crossing had a second summary made"
+    assert "waited" in states, "the crossing that waited does not say so"
     pending = [t for t in turns if t.headers.get("x-compaction-reason") == "summary_pending"]
     assert pending, "the history never went on unfolded: the wait point was not reached"
     folded = [t for t in turns if t.headers.get("x-compaction-strategy") == "summary"]

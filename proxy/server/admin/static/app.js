@@ -175,6 +175,7 @@
       card("Crossings", stat(stats, [w, "crossings"], "int", "p"),
         line("summaries made", stat(stats, [w, "summaries", "made"], "int")),
         line("made ahead", stat(stats, [w, "summaries", "ahead"], "int")),
+        line("waited for", stat(stats, [w, "summaries", "waited"], "int")),
         line("summaries reused", stat(stats, [w, "summaries", "reused"], "int"))),
       card("Read rounds", stat(stats, [w, "read_rounds"], "int", "p"),
         line("results offloaded", stat(stats, [w, "offloaded_results"], "int"))),
