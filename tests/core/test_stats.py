@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.core import stats
+from proxy.core.planner import SUMMARY_STATES
 from proxy.core.pricing import PriceTable, parse_price_table
 from proxy.core.stats import CACHE_UNITS, RequestFacts
 
@@ -134,7 +135,7 @@ def request_facts(draw: Any) -> RequestFacts:
         strategy=strategy,
         tokens_before=after + draw(st.integers(0, 10**5)),
         tokens_after=after,
-        summary=draw(st.sampled_from(["", "made", "reused"])),
+        summary=draw(st.sampled_from(["", *SUMMARY_STATES])),
         read_rounds=draw(st.integers(0, 3)),
         usage=draw(usage_counts),
         first_answer_usage=draw(usage_counts),
