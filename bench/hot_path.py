@@ -150,6 +150,7 @@ async def prepare_run(rounds: int, policy: dict[str, Any]) -> dict[str, Any]:
             ANTHROPIC.counter(counter),
             compactor.policy("claude-test-1"),
             compactor.calibration.factor("claude-test-1", app[STORE].store),
+            stubbed=compactor.stubbed,  # as prepare plans: the stubs built once, reused
         )
         store = app[STORE].store
         assert store is not None

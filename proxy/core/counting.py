@@ -45,6 +45,10 @@ class Counted:
     counts: list[int]  # each message, estimated
     digests: list[bytes]  # each message's match digest
     breakpoints: int = 0  # cache_control breakpoints in the messages
+    # Per message, what its digest is of (checkpoint.fingerprint's form byte): 0 its exact
+    # bytes, 1 its string content as one text block; 2 and 3 with cache_control left out,
+    # which is not enough to rebuild it by digest (segments.StubbedMemo).
+    forms: bytes = b""
 
     @property
     def history(self) -> int:
@@ -73,13 +77,16 @@ def count_request(
     domain = wire.name.encode() + b":"
     counts: list[int] = []
     digests: list[bytes] = []
+    forms = bytearray()
     breakpoints = 0
     for message in messages:
         print_ = fingerprint(message)
         digests.append(print_.match)
+        forms.append(print_.count_key[-1])
         breakpoints += print_.breakpoints
         counts.append(base.remembered(domain + print_.count_key, _counting(counter, message)))
-    return Counted(wire.fixed_tokens(counter, body), counts, digests, breakpoints)
+    fixed = wire.fixed_tokens(counter, body)
+    return Counted(fixed, counts, digests, breakpoints, bytes(forms))
 
 
 def _counting(counter: MessageCounter, message: Mapping[str, Any]) -> Any:

@@ -58,6 +58,7 @@ from proxy.core.planner import (
     without_blobs,
 )
 from proxy.core.policy import Policy
+from proxy.core.segments import StubbedMemo
 from proxy.core.wire_format import MessageCounter, WireFormat
 
 Message = Mapping[str, Any]
@@ -73,6 +74,7 @@ class CompactionRequest:
     counter: MessageCounter  # the wire's counter (wire.counter(base))
     policy: Policy
     factor: float  # calibration: real tokens / estimated
+    stubbed: StubbedMemo | None = None  # the shell's memo of stubbed messages (planner)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +205,8 @@ def _plan_input(request: CompactionRequest, loaded: Loaded) -> PlanInput:
         factor=request.factor,
         store_ok=loaded.store_ok,
         prepared=loaded.prepared,
+        forms=request.counted.forms,
+        stubbed=request.stubbed,
     )
 
 

@@ -47,16 +47,19 @@ from proxy.core.offload import ref_for, refs_in, result_text
 from proxy.core.pack import pack_context
 from proxy.core.policy import Policy, prepare_at
 from proxy.core.segments import (
+    REBUILDABLE_FORMS,
     Note,
     Segment,
     StubAt,
     Stubbed,
+    StubbedMemo,
     Summary,
     Verbatim,
     made_here,
-    materialise,
+    material,
     refs_of,
     stands_for,
+    stubbed_key,
 )
 from proxy.core.summary import INSTRUCTION, in_place_prompt, note_text
 from proxy.core.wire_format import Dialect, MessageCounter
@@ -100,6 +103,8 @@ class PlanInput:
     offload_ok: bool = True  # results may be offloaded (False: their blobs could not be kept)
     sticky_tool: bool = False  # the conversation offers read_result already: keep offering it
     prepared: PreparedSummary | None = None  # a summary made ahead for this slot
+    forms: bytes = b""  # each message's digest form (Counted.forms); b"": nothing reused
+    stubbed: StubbedMemo | None = None  # stubbed messages built by earlier requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -735,20 +740,46 @@ def _rewrite(
 
 
 def working(segments: list[Segment], inp: PlanInput) -> Working:
-    messages = materialise(
-        segments, inp.messages, inp.tool, inp.policy.read_length, dialect=inp.dialect
-    )
+    messages = []
     shapes = []
-    for seg, message in zip(segments, messages, strict=True):
+    for seg in segments:
         if isinstance(seg, Verbatim):
+            message = dict(inp.messages[seg.index])
             counted = inp.counts[seg.index]
+        elif isinstance(seg, Stubbed):
+            message, counted = _stubbed(seg, inp)
         else:
+            message = material(seg, inp.messages, inp.tool, inp.policy.read_length, inp.dialect)
             counted = inp.counter.count_message(message)
+        messages.append(message)
         shape = inp.dialect.message_shape(message, counted)
         if made_here(seg):
             shape = Shape(shape.role, shape.tokens, made_here=True)
         shapes.append(shape)
     return Working(segments, messages, shapes, group_history(shapes))
+
+
+def _stubbed(seg: Stubbed, inp: PlanInput) -> tuple[dict[str, Any], int]:
+    """A stubbed message and its count: built, or reused from an earlier request that
+    built it from the same original (the checkpoint's stubs, reapplied every turn)."""
+    memo, read_length = inp.stubbed, inp.policy.read_length
+    form = inp.forms[seg.index] if seg.index < len(inp.forms) else -1
+    key = b""
+    if memo is not None and form in REBUILDABLE_FORMS:
+        key = stubbed_key(inp.digests[seg.index], form, seg, inp.tool, read_length, inp.dialect)
+        found = memo.get(key)
+        if found is not None:
+            return found
+    message = material(seg, inp.messages, inp.tool, read_length, inp.dialect)
+    made = message, inp.counter.count_message(message)
+    if key and memo is not None:
+        if len(memo) >= STUBBED_MEMO_SIZE:
+            memo.clear()  # a bound, not a policy: a busy fleet refills it within a turn
+        memo[key] = made
+    return made
+
+
+STUBBED_MEMO_SIZE = 8192  # stubbed messages (about 1 KB each with their heads)
 
 
 def limits_of(inp: PlanInput) -> Limits:

@@ -8,7 +8,7 @@ each standing for something in the history sent upstream:
     Summary(text, folded)  a summary of `folded` earlier client messages
     Note(text)             a note that earlier client messages were dropped
 
-`materialise` builds the wire messages from this request's messages; the same segments
+`material` builds a wire message from this request's messages; the same segments
 over the same messages give the same bytes on every request and every replica. The JSON
 codec below is used only at the store edge (a checkpoint's segments).
 """
@@ -87,27 +87,42 @@ def refs_of(segments: Sequence[Segment]) -> list[str]:
     return [ref for seg in segments if isinstance(seg, Stubbed) for ref in seg.refs]
 
 
-def materialise(
-    segments: Sequence[Segment],
+def material(
+    seg: Segment,
     messages: Sequence[Mapping[str, Any]],
     tool: str | None,
     read_length: int,
     dialect: Dialect,
-) -> list[dict[str, Any]]:
-    """The wire messages the segments stand for, built from this request's messages."""
-    out: list[dict[str, Any]] = []
-    name = tool or "read_result"
-    for seg in segments:
-        if isinstance(seg, Verbatim):
-            out.append(dict(messages[seg.index]))
-        elif isinstance(seg, Stubbed):
-            stubs = [Stub(seg.index, s.slot, s.ref, s.head_chars) for s in seg.stubs]
-            out.append(dialect.stubbed_message(messages[seg.index], stubs, name, read_length))
-        elif isinstance(seg, Summary):
-            out.append(dialect.summary_message(seg.text, seg.folded))
-        else:
-            out.append(dialect.note_message(seg.text))
-    return out
+) -> dict[str, Any]:
+    """The wire message one segment stands for."""
+    if isinstance(seg, Verbatim):
+        return dict(messages[seg.index])
+    if isinstance(seg, Stubbed):
+        stubs = [Stub(seg.index, s.slot, s.ref, s.head_chars) for s in seg.stubs]
+        name = tool or "read_result"
+        return dialect.stubbed_message(messages[seg.index], stubs, name, read_length)
+    if isinstance(seg, Summary):
+        return dialect.summary_message(seg.text, seg.folded)
+    return dialect.note_message(seg.text)
+
+
+# Stubbed messages already built, with their counts, by what makes them (the original's
+# exact digest, the stubs, the tool's name, the read length, the format): a conversation
+# resends its whole history every turn, and every stub of its checkpoint would otherwise
+# be rebuilt and recounted each time. The shell owns it and bounds it (plain dict
+# operations, so planning threads may share it); entries are never mutated.
+StubbedMemo = dict[bytes, tuple[dict[str, Any], int]]
+
+
+def stubbed_key(
+    digest: bytes, form: int, seg: Stubbed, tool: str | None, read_length: int, dialect: Dialect
+) -> bytes:
+    stubs = ";".join(f"{s.slot},{s.ref},{s.head_chars}" for s in seg.stubs)
+    made = f"{form}|{type(dialect).__name__}|{tool or 'read_result'}|{read_length}|{stubs}"
+    return digest + made.encode()
+
+
+REBUILDABLE_FORMS = (0, 1)  # counting.Counted.forms whose digest pins the message exactly
 
 
 # -- the codec, at the store edge -------------------------------------------------------

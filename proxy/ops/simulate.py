@@ -35,7 +35,7 @@ from proxy.core.driver import CompactionRequest, compaction, run
 from proxy.core.offload import ref_for, result_text
 from proxy.core.planner import Refuse, Rewrite
 from proxy.core.policy import Policy, policy_for
-from proxy.core.segments import Stubbed, Summary, Verbatim
+from proxy.core.segments import Stubbed, StubbedMemo, Summary, Verbatim
 from proxy.core.tokens import TokenCounter
 from proxy.core.wire_format import Dialect, WireFormat
 from proxy.wire import ANTHROPIC
@@ -174,6 +174,7 @@ class Simulator:
         self.factor = factor
         self.format = fmt
         self.memory = MemoryExecutor(counter)
+        self.stubbed: StubbedMemo = {}  # as the Compactor keeps it
 
     @property
     def checkpoints(self) -> dict[str, Checkpoint]:
@@ -186,7 +187,9 @@ class Simulator:
         policy = policy_for(model, self.policies)
         counted = count_request(wire, self.counter, body, messages)
         counter = wire.counter(self.counter)
-        request = CompactionRequest(wire, body, messages, counted, counter, policy, self.factor)
+        request = CompactionRequest(
+            wire, body, messages, counted, counter, policy, self.factor, stubbed=self.stubbed
+        )
         memory = self.memory
         memory.asked = memory.ahead = None
         known = set(memory.summaries)

@@ -23,6 +23,7 @@ from proxy.core.driver import CompactionRequest, Decision, compaction
 from proxy.core.errors import ContextTooLong, ProxyError
 from proxy.core.identity import conversation_of, tenant_of
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies, policy_for
+from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TokenCounter, default_counter
 from proxy.core.usage import Usage
 from proxy.core.wire_format import WireFormat
@@ -93,6 +94,7 @@ class Compactor:
         self.calibration = Calibration()
         self._background: set[asyncio.Task[None]] = set()
         self._policy_of: dict[str, Policy] = {}  # model -> its policy (a glob match each)
+        self.stubbed: StubbedMemo = {}  # stubbed messages built, shared by all requests
         # Told of each summariser call made in the background (metrics count them).
         self.on_background_summary: Callable[[bool], None] = _ignore
 
@@ -164,8 +166,9 @@ class Compactor:
         if not sample and cannot_cross(body_bytes, policy, factor):
             return Prepared(body_bytes, body, model, policy=policy)  # not even counted
         counted = await self.count(wire, body, len(body_bytes))
+        counter = wire.counter(self.counter)
         request = CompactionRequest(
-            wire, body, messages, counted, wire.counter(self.counter), policy, factor
+            wire, body, messages, counted, counter, policy, factor, stubbed=self.stubbed
         )
         executor = StoreExecutor(
             store,

@@ -3,7 +3,11 @@ what it decides for each reply."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from typing import Any
+
+import pytest
 
 from proxy.core.checkpoint import Checkpoint, checkpoint_slot
 from proxy.core.commands import (
@@ -22,6 +26,7 @@ from proxy.core.commands import (
 from proxy.core.counting import count_request
 from proxy.core.driver import CompactionRequest, Decision, commands_of, compaction
 from proxy.core.policy import Policy
+from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TokenCounter
 from proxy.wire import ANTHROPIC
 from tests.core.test_planner import conversation, policy
@@ -340,3 +345,48 @@ def test_blobs_found_gone_are_written_again_from_the_clients_messages() -> None:
     assert [ref for ref, _ in again.blobs] == [gone]
     assert again.blobs[0][1] == dict(offload.blobs)[gone]
     assert decision.rewrite is not None and gone in decision.rewrite.refs
+
+
+def memo_request(messages: list[dict[str, Any]], memo: StubbedMemo) -> CompactionRequest:
+    return dataclasses.replace(request(messages, policy(target=5_000)), stubbed=memo)
+
+
+def test_stubbed_messages_are_built_once_and_reused_byte_for_byte(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each turn reapplies the checkpoint's stubs to the whole history the client resent:
+    with the shell's memo a stub is built once per original, and the bytes sent are those
+    a fresh build gives."""
+    messages = conversation(12)
+    memo: StubbedMemo = {}
+    store = Store()
+    commands_of(compaction(memo_request(messages, memo)), store)
+    assert len(memo) == 11  # every stubbed message of the crossing
+    grown = [*messages, {"role": "assistant", "content": "Done reading."}]
+    fresh = commands_of(compaction(request(grown, policy(target=5_000))), store)[1]
+
+    def never(*_: Any) -> Any:
+        raise AssertionError("a stubbed message was built again")
+
+    monkeypatch.setattr(ANTHROPIC, "stubbed_message", never)
+    _, reused = commands_of(compaction(memo_request(grown, memo)), store)
+    assert reused.rewrite is not None and reused.rewrite.strategy == "checkpoint"
+    assert reused.body == fresh.body and reused.estimate == fresh.estimate
+
+
+def test_a_message_whose_digest_leaves_out_its_cache_control_is_rebuilt() -> None:
+    """A digest taken without cache_control matches messages that differ in where it is:
+    those are never served from the memo (the bytes sent follow the client's)."""
+    messages = conversation(12)
+    marked = copy.deepcopy(messages)
+    result = marked[2]["content"][0]
+    assert result["type"] == "tool_result"
+    result["cache_control"] = {"type": "ephemeral"}
+    memo: StubbedMemo = {}
+    store = Store()
+    commands_of(compaction(memo_request(messages, memo)), store)
+    _, unmarked = commands_of(compaction(memo_request(messages, memo)), store)
+    _, with_mark = commands_of(compaction(memo_request(marked, memo)), store)
+    fresh = commands_of(compaction(request(marked, policy(target=5_000))), Store())[1]
+    assert with_mark.body == fresh.body != unmarked.body
+    assert with_mark.body is not None and b'"cache_control"' in with_mark.body
