@@ -110,6 +110,9 @@ class Checkpoint:
     strategy: str  # what the crossing that made it did
     summary_key: str | None = None  # the stored summary it holds, if any
     tokens_after: int = 0  # the rewritten history, estimated, when it was made
+    # When the TTLs of the refs it names were last renewed (seconds of the shell's clock;
+    # 0: never known). Every ref it names was renewed or written since.
+    renewed_at: int = 0
 
     def applies_to(self, digests: Sequence[bytes]) -> bool:
         n = self.covers
@@ -166,6 +169,7 @@ def encode_checkpoint(checkpoint: Checkpoint) -> dict[str, Any]:
         "strategy": checkpoint.strategy,
         "summary_key": checkpoint.summary_key,
         "after": checkpoint.tokens_after,
+        "renewed": checkpoint.renewed_at,
     }
 
 
@@ -176,14 +180,17 @@ def decode_checkpoint(raw: object) -> Checkpoint | None:
         return None
     n, prefix, tool = raw.get("n"), raw.get("hash"), raw.get("tool")
     strategy, key, after = raw.get("strategy"), raw.get("summary_key"), raw.get("after", 0)
+    renewed = raw.get("renewed", 0)
     if not isinstance(n, int) or n <= 0 or not isinstance(prefix, str):
         return None
     if not (tool is None or isinstance(tool, str)) or not isinstance(strategy, str):
         return None
     if not (key is None or isinstance(key, str)) or not isinstance(after, int):
         return None
+    if not isinstance(renewed, int) or isinstance(renewed, bool):
+        renewed = 0  # renewed at the next crossing
     try:
         segments = decode_segments(raw.get("segments"))
     except SegmentError:
         return None
-    return Checkpoint(n, prefix, tuple(segments), tool, strategy, key, after)
+    return Checkpoint(n, prefix, tuple(segments), tool, strategy, key, after, renewed)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from proxy.core.checkpoint import checkpoint_slot
+from proxy.core.checkpoint import Checkpoint, checkpoint_slot
 from proxy.core.commands import (
     Command,
     GetSummary,
@@ -53,6 +53,7 @@ from proxy.core.planner import (
     Rewrite,
     Untouched,
     fold,
+    named_refs,
     plan,
     recovered_blobs,
     without_blobs,
@@ -75,6 +76,10 @@ class CompactionRequest:
     policy: Policy
     factor: float  # calibration: real tokens / estimated
     stubbed: StubbedMemo | None = None  # the shell's memo of stubbed messages (planner)
+    # The shell's clock (seconds) and how often the TTLs of the refs a conversation names
+    # are renewed at most; 0: at every crossing.
+    now: int = 0
+    renew_every: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,11 +133,13 @@ def compaction(request: CompactionRequest) -> Driver:
         outcome = fold(outcome, text, summary=had)
     if isinstance(outcome, Rewrite) and outcome.checkpoint is not None:
         new = {ref for ref, _ in outcome.blobs}
+        kept = tuple(ref for ref in outcome.refs if ref not in new)
+        checkpoint, touch = _renewal(request, loaded.checkpoint, outcome.checkpoint, kept)
         saved = yield SaveCrossing(
             slot,
-            outcome.checkpoint,
+            checkpoint,
             tuple(outcome.blobs),
-            tuple(ref for ref in outcome.refs if ref not in new),
+            touch,
             made if outcome.summary == "made" else None,
         )
         assert isinstance(saved, Saved)
@@ -160,6 +167,25 @@ def compaction(request: CompactionRequest) -> Driver:
         )
         assert isinstance(started, Started)
     return _decision(request, inp, outcome, failure)
+
+
+def _renewal(
+    request: CompactionRequest, before: Checkpoint | None, made: Checkpoint, kept: Sequence[str]
+) -> tuple[Checkpoint, tuple[str, ...]]:
+    """The checkpoint to save and the refs whose TTLs to renew. Incremental offload makes
+    nearly every turn a crossing, and renewing every ref a long conversation names at each
+    of them is work that grows with the conversation: refs the previous checkpoint named
+    were renewed (or written) at its `renewed_at` or later, so within `renew_every` of
+    that they are left alone (an eviction among them is then found at the next renewal)."""
+    now, every = request.now, request.renew_every
+    if now <= 0 or every <= 0:
+        return made, tuple(kept)
+    if before is None:
+        return replace(made, renewed_at=now), tuple(kept)
+    last = before.renewed_at
+    if 0 < last <= now < last + every and set(kept) <= set(named_refs(before.segments)):
+        return replace(made, renewed_at=last), ()
+    return replace(made, renewed_at=now), tuple(kept)
 
 
 def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:

@@ -676,7 +676,7 @@ def _pack(
     strategy = "offload+pack" if blobs else "pack"
     if done.tokens > limits.trigger:
         reason = reason or "target_unreachable"
-    tool = inp.tool if kept or inp.sticky_tool or _named(segments) else None
+    tool = inp.tool if kept or inp.sticky_tool or named_refs(segments) else None
     return _rewrite(inp, done, tool, strategy, before, blobs=blobs, reason=reason)
 
 
@@ -729,7 +729,7 @@ def _rewrite(
         estimate=work.tokens,
         blobs=blobs or [],
         checkpoint=stored,
-        refs=_named(work.segments),
+        refs=named_refs(work.segments),
         breakpoint_at=_last_stub(work.segments),
         summary=summary,
         reason=reason,
@@ -808,7 +808,7 @@ def real(estimate: int, factor: float) -> int:
     return math.ceil(estimate * factor)
 
 
-def _named(segments: Sequence[Segment]) -> list[str]:
+def named_refs(segments: Sequence[Segment]) -> list[str]:
     """Every ref the history names: its stubs', then those summaries mention."""
     named = dict.fromkeys(refs_of(segments))
     for seg in segments:

@@ -14,6 +14,7 @@ import asyncio
 import contextvars
 import functools
 import logging
+import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +73,17 @@ def calibrated_as(wire: WireFormat, model: str) -> str:
 
 def _ignore(ok: bool) -> None:
     return None
+
+
+RENEW_EVERY = 600  # seconds: at most this late is an evicted blob found by a renewal
+
+
+def renew_every(store: Store | None) -> int:
+    """How often a conversation renews the TTLs of the refs it names: every 10 minutes,
+    or a quarter of the TTL when that is shorter (a ref then always has 3/4 of it left)."""
+    if store is None:
+        return 0
+    return max(1, min(RENEW_EVERY, store.default_ttl // 4))
 
 
 def _ignore_usage(usage: Usage) -> None:
@@ -168,7 +180,16 @@ class Compactor:
         counted = await self.count(wire, body, len(body_bytes))
         counter = wire.counter(self.counter)
         request = CompactionRequest(
-            wire, body, messages, counted, counter, policy, factor, stubbed=self.stubbed
+            wire,
+            body,
+            messages,
+            counted,
+            counter,
+            policy,
+            factor,
+            stubbed=self.stubbed,
+            now=int(time.time()),
+            renew_every=renew_every(store),
         )
         executor = StoreExecutor(
             store,

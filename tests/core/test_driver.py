@@ -24,9 +24,15 @@ from proxy.core.commands import (
     SummaryReply,
 )
 from proxy.core.counting import count_request
-from proxy.core.driver import CompactionRequest, Decision, commands_of, compaction
+from proxy.core.driver import (
+    CompactionRequest,
+    Decision,
+    _renewal,
+    commands_of,
+    compaction,
+)
 from proxy.core.policy import Policy
-from proxy.core.segments import StubbedMemo
+from proxy.core.segments import StubbedMemo, refs_of
 from proxy.core.tokens import TokenCounter
 from proxy.wire import ANTHROPIC
 from tests.core.test_planner import conversation, policy
@@ -390,3 +396,52 @@ def test_a_message_whose_digest_leaves_out_its_cache_control_is_rebuilt() -> Non
     fresh = commands_of(compaction(request(marked, policy(target=5_000))), Store())[1]
     assert with_mark.body == fresh.body != unmarked.body
     assert with_mark.body is not None and b'"cache_control"' in with_mark.body
+
+
+def timed(messages: list[dict[str, Any]], now: int) -> CompactionRequest:
+    return dataclasses.replace(request(messages, policy(target=5_000)), now=now, renew_every=600)
+
+
+def test_refs_named_before_are_renewed_at_most_every_interval() -> None:
+    """Incremental offload makes nearly every turn a crossing: the refs the previous
+    checkpoint named were renewed at its renewed_at or later, so crossings within the
+    interval renew none of them; the first one after it renews them all."""
+    store = Store()
+    saves = []
+    for turns, now in ((12, 1_000), (30, 1_200), (40, 1_599), (50, 1_600)):
+        commands, decision = commands_of(compaction(timed(conversation(turns), now)), store)
+        (save,) = [c for c in commands if isinstance(c, SaveCrossing)]
+        assert decision.rewrite is not None and decision.rewrite.strategy != "checkpoint"
+        saves.append(save)
+    first, within, last_within, after = saves
+    assert first.touch == () and first.checkpoint.renewed_at == 1_000  # all written now
+    assert within.blobs and within.touch == () and within.checkpoint.renewed_at == 1_000
+    assert last_within.touch == () and last_within.checkpoint.renewed_at == 1_000
+    assert after.checkpoint.renewed_at == 1_600
+    named_before = {ref for ref, _ in first.blobs + within.blobs + last_within.blobs}
+    assert after.checkpoint is not None
+    assert set(after.touch) == named_before & set(refs_of(after.checkpoint.segments))
+
+
+def test_a_ref_the_previous_checkpoint_did_not_name_is_renewed_at_once() -> None:
+    """Nothing says when a ref the previous checkpoint did not name was renewed: then all
+    of them are, and the interval starts again."""
+    store = Store()
+    commands_of(compaction(timed(conversation(12), 1_000)), store)
+    (before,) = store.checkpoints.values()
+    named = refs_of(before.segments)
+    made = dataclasses.replace(before, renewed_at=0)
+    asked = timed(conversation(12), 1_010)
+    assert _renewal(asked, before, made, named) == (dataclasses.replace(made, renewed_at=1_000), ())
+    checkpoint, touch = _renewal(asked, before, made, [*named, "r_0123456789abcdef"])
+    assert touch == (*named, "r_0123456789abcdef") and checkpoint.renewed_at == 1_010
+    checkpoint, touch = _renewal(asked, None, made, named)
+    assert touch == tuple(named) and checkpoint.renewed_at == 1_010
+
+
+def test_without_a_clock_every_crossing_renews_every_ref() -> None:
+    store = Store()
+    commands_of(compaction(request(conversation(12), policy(target=5_000))), store)
+    commands, _ = commands_of(compaction(request(conversation(30), policy(target=5_000))), store)
+    (save,) = [c for c in commands if isinstance(c, SaveCrossing)]
+    assert save.touch and save.checkpoint.renewed_at == 0
