@@ -46,14 +46,12 @@ import contextlib
 import datetime
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +63,7 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.overhead import free_port, process  # noqa: E402
 from proxy.core.tokens import default_counter  # noqa: E402
 from proxy.testing.agent import Turn, run_agent, tool_output  # noqa: E402
 from proxy.testing.standin import RECORDED, StandInOptions, create_app  # noqa: E402
@@ -247,28 +246,6 @@ async def summariser_calls(standin_url: str) -> int:
 
 
 # -- processes --------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@contextlib.contextmanager
-def process(args: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as err:
-        child = subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
-    try:
-        yield child
-    finally:
-        child.terminate()
-        try:
-            child.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
 
 
 async def wait_ready(url: str, child: subprocess.Popen[bytes], log: Path) -> None:

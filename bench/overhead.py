@@ -144,8 +144,15 @@ def rss_mib(pid: int) -> float:
 
 
 @contextlib.contextmanager
-def process(args: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    child = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def process(
+    args: list[str], env: dict[str, str], log: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A child process for the length of the block; its stderr to `log` when given."""
+    if log is None:
+        child = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    else:
+        with log.open("wb") as err:
+            child = subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
     try:
         yield child
     finally:
