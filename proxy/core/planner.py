@@ -60,6 +60,7 @@ from proxy.core.segments import (
     refs_of,
     stands_for,
     stubbed_key,
+    vouched_refs,
 )
 from proxy.core.summary import INSTRUCTION, in_place_prompt, note_text
 from proxy.core.wire_format import Dialect, MessageCounter
@@ -390,7 +391,11 @@ def fold(need: FoldPlan, text: str | None, *, summary: str) -> Rewrite | Refuse:
         return _pack(inp, work, need.limits, need.tokens_before, need.blobs, reason)
     folded = [g for g in work.groups if g.label in need.fold]
     count = sum(stands_for(work.segments[m]) for g in folded for m in g.members)
-    folded_into = Summary(text.strip(), count)
+    text = text.strip()
+    # The refs it may make readable: those it names that the proxy put into what it
+    # folds (its stubs, an earlier summary's refs); never one the client typed there.
+    made = set(vouched_refs([work.segments[m] for g in folded for m in g.members]))
+    folded_into = Summary(text, count, tuple(r for r in refs_in(text) if r in made))
     segments: list[Segment] = []
     for group in work.groups:
         if group.kind is GroupKind.MALFORMED:
@@ -407,7 +412,7 @@ def fold(need: FoldPlan, text: str | None, *, summary: str) -> Rewrite | Refuse:
     return _rewrite(
         inp,
         done,
-        inp.tool if _has_stubs(segments) or inp.sticky_tool or refs_in(folded_into.text) else None,
+        inp.tool if _has_stubs(segments) or inp.sticky_tool or folded_into.refs else None,
         "offload+summary" if need.blobs else "summary",
         need.tokens_before,
         blobs=need.blobs,
@@ -809,12 +814,9 @@ def real(estimate: int, factor: float) -> int:
 
 
 def named_refs(segments: Sequence[Segment]) -> list[str]:
-    """Every ref the history names: its stubs', then those summaries mention."""
-    named = dict.fromkeys(refs_of(segments))
-    for seg in segments:
-        if isinstance(seg, Summary):
-            named.update(dict.fromkeys(refs_in(seg.text)))
-    return list(named)
+    """Every ref the history may read: its stubs', then those its summaries vouch for
+    (never a ref-shaped string a client wrote, quoted or not)."""
+    return vouched_refs(segments)
 
 
 def _last_stub(segments: Sequence[Segment]) -> int | None:

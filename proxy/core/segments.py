@@ -5,7 +5,8 @@ each standing for something in the history sent upstream:
 
     Verbatim(i)            message i as the client sent it
     Stubbed(i, stubs)      message i with some tool results replaced by stubs
-    Summary(text, folded)  a summary of `folded` earlier client messages
+    Summary(text, folded)  a summary of `folded` earlier client messages (and the refs
+                           the proxy vouches for in it: see `Summary.refs`)
     Note(text)             a note that earlier client messages were dropped
 
 `material` builds a wire message from this request's messages; the same segments
@@ -53,6 +54,11 @@ class Stubbed:
 class Summary:
     text: str
     folded: int  # client messages it stands for
+    # The refs this summary makes readable: those its text names that the proxy itself
+    # put into the history it folded (a stub it made there, or an earlier summary's own
+    # refs). A ref-shaped string the client typed, quoted by the summariser or by the
+    # line of identifiers, is never one of them (DESIGN invariant 11).
+    refs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +91,16 @@ def stands_for(segment: Segment) -> int:
 def refs_of(segments: Sequence[Segment]) -> list[str]:
     """Every ref a stub in these segments names, in order."""
     return [ref for seg in segments if isinstance(seg, Stubbed) for ref in seg.refs]
+
+
+def vouched_refs(segments: Sequence[Segment]) -> list[str]:
+    """Every ref the proxy itself put into these segments: its stubs', then the refs its
+    summaries vouch for. Nothing a client message says counts (a Verbatim segment)."""
+    named = dict.fromkeys(refs_of(segments))
+    for seg in segments:
+        if isinstance(seg, Summary):
+            named.update(dict.fromkeys(seg.refs))
+    return list(named)
 
 
 def material(
@@ -136,7 +152,7 @@ def encode_segments(segments: Sequence[Segment]) -> list[list[Any]]:
         elif isinstance(seg, Stubbed):
             out.append(["s", seg.index, [[s.slot, s.ref, s.head_chars] for s in seg.stubs]])
         elif isinstance(seg, Summary):
-            out.append(["summary", seg.text, seg.folded])
+            out.append(["summary", seg.text, seg.folded, list(seg.refs)])
         else:
             out.append(["note", seg.text, seg.dropped])
     return out
@@ -158,8 +174,17 @@ def decode_segments(raw: object) -> list[Segment]:
             out.append(Verbatim(rest[0]))
         elif kind == "s" and len(rest) == 2 and _index(rest[0]) and isinstance(rest[1], list):
             out.append(Stubbed(rest[0], tuple(_stub(s) for s in rest[1])))
-        elif kind == "summary" and len(rest) == 2 and isinstance(rest[0], str) and _index(rest[1]):
-            out.append(Summary(rest[0], rest[1]))
+        elif (
+            kind == "summary"
+            and len(rest) in (2, 3)
+            and isinstance(rest[0], str)
+            and _index(rest[1])
+        ):
+            # A summary stored before it recorded its refs vouches for none.
+            vouched = rest[2] if len(rest) == 3 else []
+            if not isinstance(vouched, list) or not all(isinstance(r, str) for r in vouched):
+                raise SegmentError(f"bad segment {item!r}")
+            out.append(Summary(rest[0], rest[1], tuple(vouched)))
         elif kind == "note" and len(rest) in (1, 2) and isinstance(rest[0], str):
             dropped = rest[1] if len(rest) == 2 and _index(rest[1]) else 0
             out.append(Note(rest[0], dropped))
