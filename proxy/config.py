@@ -94,6 +94,9 @@ class StoreSettings:
     # The embedded Redis's memory limit (Redis's own syntax: "1gb", "512mb"; "0": none).
     # At the limit it evicts the least recently used keys that have a TTL (volatile-lru).
     max_memory: str = "1gb"
+    # Checkpoints kept per conversation (per first message): one per line (a rewind, a
+    # fork, sub-agents sharing a prefix); beyond it the least recently used goes.
+    max_lines: int = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +280,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "store.key_prefix": _key_prefix,
     "store.op_timeout": _positive,
     "store.ttl": _positive,
+    "store.max_lines": _positive,
     "store.max_memory": _memory_size,
     "auth.keys": _one_of("off", "required"),
     "auth.cache_seconds": _non_negative,

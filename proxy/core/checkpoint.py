@@ -126,6 +126,19 @@ class Checkpoint:
         return replace(self, tool=tool)
 
 
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One line of a conversation: its checkpoint, and when it was last made or taken
+    (a logical clock, higher is more recent: proxy/core/lines.py)."""
+
+    checkpoint: Checkpoint
+    used: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.checkpoint.prefix_hash
+
+
 def make_checkpoint(
     segments: Sequence[Segment],
     digests: Sequence[bytes],

@@ -9,40 +9,59 @@ a request produces.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core.checkpoint import Checkpoint
+from proxy.core.checkpoint import Checkpoint, Line, chain_hash
 from proxy.core.facts import Facts
 
 
 @dataclass(frozen=True, slots=True)
 class LoadConversation:
-    """Read the conversation's state for one checkpoint slot (one round trip)."""
+    """Read the conversation's state for one checkpoint slot (one round trip): every
+    line's checkpoint and every note of a summary made ahead (proxy/core/lines.py)."""
 
     slot: str
 
 
 @dataclass(frozen=True, slots=True)
 class PreparedSummary:
-    """A summary made ahead for this checkpoint slot, in the background: the key of the
-    turns it folds, and its text once it is ready (None while it is being made, or when
-    the summariser failed: then the crossing makes it itself)."""
+    """A summary made ahead, in the background: where it is stored (`key`), the key of
+    the turns it folds (`folds`), what its summariser call saw (the first `covers` client
+    messages, whose chained digest is `seen`: only a history that begins with exactly
+    those may use it), and its text once it is ready (None while it is being made, or
+    when the summariser failed: then the crossing makes it itself)."""
 
     key: str
     text: str | None = None
     failed: bool = False
+    folds: str = ""
+    covers: int = 0
+    seen: str = ""
+    made: int = 0  # logical clock of the line it was made for (the oldest go first)
 
     @property
     def pending(self) -> bool:
         return self.text is None and not self.failed
 
+    def applies_to(self, digests: Sequence[bytes]) -> bool:
+        n = self.covers
+        return 0 < n <= len(digests) and chain_hash(digests[:n]) == self.seen
+
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
-    checkpoint: Checkpoint | None
+    """A conversation's stored state. `lines` and `notes`: every line's checkpoint and
+    every summary made ahead (the driver picks those this history begins with);
+    `checkpoint` and `prepared`: one of each, counted in with them (a store of a single
+    line, as tests and tools build it)."""
+
+    checkpoint: Checkpoint | None = None
     store_ok: bool = True  # False: the store could not be read; plan without it
     prepared: PreparedSummary | None = None
+    lines: tuple[Line, ...] = ()
+    notes: tuple[PreparedSummary, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,25 +91,43 @@ class SummaryReply:
 @dataclass(frozen=True, slots=True)
 class SaveCrossing:
     """Everything a crossing writes, at once: the blobs it offloaded, the summary it made,
-    its checkpoint, and fresh TTLs for every ref stored earlier that it still names."""
+    its checkpoint (a line of its own, under its prefix, `used` its logical clock), fresh
+    TTLs for every ref stored earlier that it still names, and the lines and notes of
+    summaries made ahead it evicts (the least recently used beyond the bound)."""
 
     slot: str
     checkpoint: Checkpoint | None  # None: only blobs (ones found gone, written again)
     blobs: tuple[tuple[str, str], ...]  # (ref, text)
     touch: tuple[str, ...]  # refs stored earlier that the new checkpoint still names
     summary: tuple[str, str] | None = None  # (key, text) of a summary made for it
+    used: int = 0
+    evict: tuple[str, ...] = ()  # lines (their prefix hashes) to drop
+    evict_notes: tuple[str, ...] = ()  # notes of summaries made ahead (their `seen`)
+
+
+@dataclass(frozen=True, slots=True)
+class TouchLine:
+    """Mark a line most recently used (a request took a line that was not the most
+    recent one). Fire and forget, off the request: the reply is `Started`."""
+
+    slot: str
+    line: str
+    used: int
 
 
 @dataclass(frozen=True, slots=True)
 class PrepareSummary:
     """Make, in the background, the summary the next fold will want (so no agent turn
-    waits for it): store it under `key`, checked for `facts` within `facts_budget`, and
-    note it as this slot's prepared summary. Fire and forget: the reply is `Started`."""
+    waits for it): store it under `ask.key`, checked for `facts` within `facts_budget`,
+    and keep `note` for it (what it folds and what its call saw), evicting the notes of
+    `evict_notes`. Fire and forget: the reply is `Started`."""
 
     slot: str
     ask: GetSummary
     facts: Facts
     facts_budget: int
+    note: PreparedSummary | None = None
+    evict_notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,5 +141,5 @@ class Saved:
     lost: tuple[str, ...] = ()  # refs to refresh whose blobs were gone (evicted, expired)
 
 
-Command = LoadConversation | GetSummary | SaveCrossing | PrepareSummary
+Command = LoadConversation | GetSummary | SaveCrossing | PrepareSummary | TouchLine
 Reply = Loaded | SummaryReply | Saved | Started

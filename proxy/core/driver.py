@@ -30,21 +30,32 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from proxy.core.checkpoint import Checkpoint, checkpoint_slot
+from proxy.core.checkpoint import Checkpoint, Line, chain_hash, checkpoint_slot
 from proxy.core.commands import (
     Command,
     GetSummary,
     LoadConversation,
     Loaded,
+    PreparedSummary,
     PrepareSummary,
     Reply,
     SaveCrossing,
     Saved,
     Started,
     SummaryReply,
+    TouchLine,
 )
 from proxy.core.counting import Counted
 from proxy.core.facts import keep_facts
+from proxy.core.lines import (
+    DEFAULT_MAX_LINES,
+    best_line,
+    best_note,
+    evicted,
+    evicted_notes,
+    is_most_recent,
+    next_tick,
+)
 from proxy.core.planner import (
     FoldPlan,
     Outcome,
@@ -80,6 +91,8 @@ class CompactionRequest:
     # are renewed at most; 0: at every crossing.
     now: int = 0
     renew_every: int = 0
+    # Checkpoints kept per conversation (its lines: proxy/core/lines.py), at least 1.
+    max_lines: int = DEFAULT_MAX_LINES
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +125,11 @@ def compaction(request: CompactionRequest) -> Driver:
     slot = checkpoint_slot(counted.digests)
     loaded = yield LoadConversation(slot)
     assert isinstance(loaded, Loaded)
-    inp = _plan_input(request, loaded)
+    lines = _lines_of(loaded)
+    notes = _notes_of(loaded)
+    line = best_line(lines, counted.digests)
+    inp = _plan_input(request, loaded, line, best_note(notes, counted.digests))
+    crossed = False
     outcome: Outcome = plan(inp)
     failure = ""
     made: tuple[str, str] | None = None  # a summary this request paid for: (key, text)
@@ -134,14 +151,19 @@ def compaction(request: CompactionRequest) -> Driver:
     if isinstance(outcome, Rewrite) and outcome.checkpoint is not None:
         new = {ref for ref, _ in outcome.blobs}
         kept = tuple(ref for ref in outcome.refs if ref not in new)
-        checkpoint, touch = _renewal(request, loaded.checkpoint, outcome.checkpoint, kept)
+        before = line.checkpoint if line is not None else None
+        checkpoint, touch = _renewal(request, before, outcome.checkpoint, kept)
         saved = yield SaveCrossing(
             slot,
             checkpoint,
             tuple(outcome.blobs),
             touch,
             made if outcome.summary == "made" else None,
+            used=next_tick(lines),
+            evict=evicted(lines, checkpoint.prefix_hash, request.max_lines),
+            evict_notes=evicted_notes(notes, request.max_lines),
         )
+        crossed = True
         assert isinstance(saved, Saved)
         if saved.ok and saved.lost:
             # Refs it names whose blobs were evicted or expired: the client still sent
@@ -160,13 +182,43 @@ def compaction(request: CompactionRequest) -> Driver:
             if isinstance(outcome, Rewrite):
                 outcome = replace(outcome, checkpoint=None, reason="store_unavailable")
     if isinstance(outcome, (Rewrite, Untouched)) and outcome.prepare is not None:
-        # The next fold's summary, made in the background: no turn waits for it.
+        # The next fold's summary, made in the background: no turn waits for it. Its
+        # note says what its call sees (this whole history): only a history that begins
+        # with exactly that may use it.
         ahead = outcome.prepare
+        digests = counted.digests
+        note = PreparedSummary(ahead.key, folds=ahead.folds, covers=len(digests),
+                               seen=chain_hash(digests), made=next_tick(lines))  # fmt: skip
         started = yield PrepareSummary(
-            slot, _summary_request(request, ahead), ahead.facts, ahead.facts_budget
+            slot,
+            _summary_request(request, ahead),
+            ahead.facts,
+            ahead.facts_budget,
+            note,
+            evicted_notes(notes, request.max_lines, note.seen),
         )
         assert isinstance(started, Started)
+    if not crossed and line is not None and not is_most_recent(line, lines):
+        # Another line's request came between: this one is the most recent again, so
+        # the least recently used line is the one a new line evicts.
+        touched = yield TouchLine(slot, line.name, next_tick(lines))
+        assert isinstance(touched, Started)
     return _decision(request, inp, outcome, failure)
+
+
+def _lines_of(loaded: Loaded) -> list[Line]:
+    lines = list(loaded.lines)
+    single = loaded.checkpoint
+    if single is not None and all(line.name != single.prefix_hash for line in lines):
+        lines.append(Line(single, 0))
+    return lines
+
+
+def _notes_of(loaded: Loaded) -> list[PreparedSummary]:
+    notes = list(loaded.notes)
+    if loaded.prepared is not None:
+        notes.append(loaded.prepared)
+    return notes
 
 
 def _renewal(
@@ -208,7 +260,12 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
     return GetSummary(fold.key, body, fold.slot, model, ahead=fold.ahead)
 
 
-def _plan_input(request: CompactionRequest, loaded: Loaded) -> PlanInput:
+def _plan_input(
+    request: CompactionRequest,
+    loaded: Loaded,
+    line: Line | None,
+    prepared: PreparedSummary | None,
+) -> PlanInput:
     wire, body, counter = request.wire, request.body, request.counter
     tool = wire.tool_name(body)
     tools = body.get("tools")
@@ -221,7 +278,7 @@ def _plan_input(request: CompactionRequest, loaded: Loaded) -> PlanInput:
         messages=request.messages,
         counts=request.counted.counts,
         digests=request.counted.digests,
-        checkpoint=loaded.checkpoint,
+        checkpoint=line.checkpoint if line is not None else None,
         policy=request.policy,
         counter=counter,
         dialect=wire,
@@ -230,7 +287,7 @@ def _plan_input(request: CompactionRequest, loaded: Loaded) -> PlanInput:
         tool=tool,
         factor=request.factor,
         store_ok=loaded.store_ok,
-        prepared=loaded.prepared,
+        prepared=prepared,
         forms=request.counted.forms,
         stubbed=request.stubbed,
     )

@@ -190,7 +190,11 @@ class InPlace:
 class FoldPlan:
     """A crossing that folds the oldest groups into a summary, once it has one."""
 
-    key: str  # hash of the folded turns as the client sent them: where the summary lives
+    # Where the summary lives: the hash of everything its summariser call sees (the folded
+    # turns, and in place the whole history sent: `seen_key`), so it is used only by a
+    # history that begins with exactly that (DESIGN invariant 11).
+    key: str
+    folds: str  # hash of the folded turns as the client sent them (`summary_key`)
     transcript: str  # the folded turns as the client sent them, fitted to the summariser
     in_place: InPlace  # what a summary made in the conversation's own request needs
     slot: int  # the summary's cap, in real tokens (the facts line's budget apart)
@@ -255,9 +259,9 @@ def plan(inp: PlanInput) -> Outcome:
         return _pack(inp, work, limits, before, blobs, reason)
     ready = inp.prepared
     if ready is not None and ready.text is not None:
-        if ready.key == planned.key:
-            return fold(planned, ready.text, summary="ahead")
-        adopted = _adopted(planned, ready.key, ready.text)
+        if ready.folds == planned.folds:
+            return fold(replace(planned, key=ready.key), ready.text, summary="ahead")
+        adopted = _adopted(planned, ready)
         if isinstance(adopted, Rewrite) and adopted.estimate <= limits.trigger:
             return adopted
     covered = _covers_a_prefix(ready, planned)
@@ -276,17 +280,17 @@ def plan(inp: PlanInput) -> Outcome:
         # At the wait point with the summary of the oldest groups still being made
         # ahead: wait for that one (what is left of its call, paid once) rather than
         # have a second summary made now, when folding those groups is enough.
-        awaited = _awaited(planned, ready.key)
+        awaited = _awaited(planned, ready)
         if awaited is not None:
             return awaited
     return planned
 
 
-def _awaited(plan: FoldPlan, key: str) -> FoldPlan | None:
-    """The fold of the oldest groups whose summary (`key`) is being made ahead, when
+def _awaited(plan: FoldPlan, ready: PreparedSummary) -> FoldPlan | None:
+    """The fold of the oldest groups whose summary (`ready`) is being made ahead, when
     folding them brings the history under the trigger even with a summary as large as
     the policy allows; else None (the whole fold makes its own summary)."""
-    labels = _prefix_keys(plan).get(key)
+    labels = _prefix_keys(plan).get(ready.folds)
     if labels is None:
         return None
     work, limits, inp = plan.work, plan.limits, plan.inp
@@ -294,9 +298,10 @@ def _awaited(plan: FoldPlan, key: str) -> FoldPlan | None:
     room = limits.trigger - kept
     if room < math.ceil(inp.policy.summary_max_tokens / inp.factor):
         return None
-    return _folding(
+    awaited = _folding(
         inp, work, limits, plan.tokens_before, plan.blobs, plan.reason, labels, room, ahead=True
     )
+    return replace(awaited, key=ready.key)  # where the summary being made ahead will be
 
 
 def _fold_plan(
@@ -336,8 +341,10 @@ def _folding(
     members = [m for g in work.groups if g.label in fold for m in g.members]
     slot = min(real(room, inp.factor), inp.policy.summary_max_tokens)
     facts_budget = min(FACTS_MAX, max(FACTS_MIN, slot // 5))
+    folds = summary_key(work.segments, members, inp.digests)
     return FoldPlan(
-        key=summary_key(work.segments, members, inp.digests),
+        key=seen_key(folds, inp.digests),
+        folds=folds,
         transcript=_transcript(work, members, inp, slot),
         in_place=_in_place(work, members, inp, limits, slot),
         slot=max(slot - facts_budget, slot // 2),
@@ -369,17 +376,18 @@ def _prefix_keys(plan: FoldPlan) -> dict[str, frozenset[str]]:
 
 
 def _covers_a_prefix(prepared: PreparedSummary | None, plan: FoldPlan) -> bool:
-    """Whether a summary made (or being made) ahead folds some oldest groups of `plan`."""
-    return prepared is not None and prepared.key in _prefix_keys(plan)
+    """Whether a summary made (or being made) ahead folds some oldest groups of `plan`
+    (it was made from what this history begins with: the planner is given no other)."""
+    return prepared is not None and prepared.folds in _prefix_keys(plan)
 
 
-def _adopted(plan: FoldPlan, key: str, text: str) -> Rewrite | Refuse | None:
+def _adopted(plan: FoldPlan, ready: PreparedSummary) -> Rewrite | Refuse | None:
     """The fold of the oldest groups a summary made ahead covers (fewer than `plan`
     would fold: the turns since stay verbatim), or None when it covers none of them."""
-    labels = _prefix_keys(plan).get(key)
-    if labels is None:
+    labels = _prefix_keys(plan).get(ready.folds)
+    if labels is None or ready.text is None:
         return None
-    return fold(replace(plan, key=key, fold=labels), text, summary="ahead")
+    return fold(replace(plan, key=ready.key, fold=labels), ready.text, summary="ahead")
 
 
 def fold(need: FoldPlan, text: str | None, *, summary: str) -> Rewrite | Refuse:
@@ -471,6 +479,13 @@ def summary_key(
         else:
             parts.append(message_digest({"proxy": seg.text}))
     return chain_hash(parts)
+
+
+def seen_key(folds: str, digests: Sequence[bytes]) -> str:
+    """Where the summary of the turns `folds` made from a history of these messages is
+    stored: made in place, its summariser reads the whole history (the newest turn
+    included), so a line that shares only the folded turns must never find it."""
+    return chain_hash([bytes.fromhex(folds), bytes.fromhex(chain_hash(digests))])
 
 
 def _in_place(

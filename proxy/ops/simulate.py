@@ -13,10 +13,10 @@ server's byte-size shortcut only skips counts that could not change the decision
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from proxy.core.checkpoint import Checkpoint, checkpoint_slot
+from proxy.core.checkpoint import Checkpoint, Line, checkpoint_slot
 from proxy.core.commands import (
     Command,
     GetSummary,
@@ -29,9 +29,11 @@ from proxy.core.commands import (
     Saved,
     Started,
     SummaryReply,
+    TouchLine,
 )
 from proxy.core.counting import count_request
 from proxy.core.driver import CompactionRequest, compaction, run
+from proxy.core.lines import best_line
 from proxy.core.offload import ref_for, result_text
 from proxy.core.planner import Refuse, Rewrite
 from proxy.core.policy import Policy, policy_for
@@ -123,21 +125,40 @@ def _result_owners(messages: Sequence[Mapping[str, Any]], dialect: Dialect) -> d
 
 class MemoryExecutor:
     """The driver's commands on dicts: what a fleet's Redis would hold for one
-    conversation. A summary that is not stored yet is "made" as a placeholder."""
+    conversation (every line of each first message, and the notes of summaries made
+    ahead, as proxy/store/redis.py keeps them). A summary that is not stored yet is
+    "made" as a placeholder."""
 
     def __init__(self, counter: TokenCounter) -> None:
         self.counter = counter
-        self.checkpoints: dict[str, Checkpoint] = {}  # slot -> checkpoint, as stored
+        self.lines: dict[str, dict[str, Line]] = {}  # slot -> line -> line, as stored
         self.summaries: dict[str, str] = {}  # key -> text, as the store would keep them
         self.blobs: dict[str, int] = {}  # ref -> length in characters
-        self.prepared: dict[str, PreparedSummary] = {}  # slot -> summary made ahead
+        self.notes: dict[str, dict[str, PreparedSummary]] = {}  # slot -> seen -> note
         self.asked: GetSummary | None = None  # the last request's summary, if any
         self.ahead: GetSummary | None = None  # ... and the one it had made ahead
+        self.evicted = 0  # lines dropped beyond the bound
+
+    @property
+    def checkpoints(self) -> dict[str, Checkpoint]:
+        """slot -> its most recently used line's checkpoint."""
+        return {
+            slot: max(lines.values(), key=lambda line: line.used).checkpoint
+            for slot, lines in self.lines.items()
+            if lines
+        }
+
+    def copy(self) -> MemoryExecutor:
+        other = MemoryExecutor(self.counter)
+        other.lines = {slot: dict(lines) for slot, lines in self.lines.items()}
+        other.notes = {slot: dict(notes) for slot, notes in self.notes.items()}
+        return other
 
     def __call__(self, command: Command) -> Reply:
         if isinstance(command, LoadConversation):
             slot = command.slot
-            return Loaded(self.checkpoints.get(slot), prepared=self.prepared.get(slot))
+            lines = tuple(self.lines.get(slot, {}).values())
+            return Loaded(lines=lines, notes=tuple(self.notes.get(slot, {}).values()))
         if isinstance(command, GetSummary):
             self.asked = command
             stored = self.summaries.get(command.key)
@@ -150,14 +171,35 @@ class MemoryExecutor:
             ask = command.ask
             self.ahead = ask
             text = self.summaries.setdefault(ask.key, placeholder_summary(ask.slot, ask.key))
-            self.prepared[command.slot] = PreparedSummary(ask.key, text)
+            notes = self.notes.setdefault(command.slot, {})
+            for seen in command.evict_notes:
+                notes.pop(seen, None)
+            if command.note is not None:
+                notes[command.note.seen] = replace(command.note, text=text)
+            return Started()
+        if isinstance(command, TouchLine):
+            line = self.lines.get(command.slot, {}).get(command.line)
+            if line is not None:
+                self.lines[command.slot][command.line] = replace(line, used=command.used)
             return Started()
         assert isinstance(command, SaveCrossing)
+        kept = self.lines.setdefault(command.slot, {})
+        for name in command.evict:
+            self.evicted += kept.pop(name, None) is not None
+        for seen in command.evict_notes:
+            self.notes.get(command.slot, {}).pop(seen, None)
         if command.checkpoint is not None:
-            self.checkpoints[command.slot] = command.checkpoint
+            checkpoint = command.checkpoint
+            kept[checkpoint.prefix_hash] = Line(checkpoint, command.used)
         for ref, text in command.blobs:
             self.blobs[ref] = len(text)
         return Saved(ok=True)
+
+
+def _applied(memory: MemoryExecutor, digests: Sequence[bytes]) -> Checkpoint | None:
+    """The checkpoint a request of these messages took (its line's, the longest)."""
+    line = best_line(memory.lines.get(checkpoint_slot(digests), {}).values(), digests)
+    return line.checkpoint if line is not None else None
 
 
 class Simulator:
@@ -193,7 +235,7 @@ class Simulator:
         memory = self.memory
         memory.asked = memory.ahead = None
         known = set(memory.summaries)
-        before = dict(memory.checkpoints)
+        before = memory.copy()
         decision = run(compaction(request), memory)
         history, fixed = counted.history, counted.fixed
         ahead = self._summarise(memory.ahead, reused=False)
@@ -214,8 +256,7 @@ class Simulator:
             )
             summary = self._summarise(asked, reused)
             fallback = self._without_summary(request, before)
-        slot = checkpoint_slot(counted.digests)
-        stored = rewrite.checkpoint or memory.checkpoints.get(slot)
+        stored = rewrite.checkpoint or _applied(memory, counted.digests)
         step = self._rewritten(body, decision.sent, rewrite, stored, policy, decision.estimate,
                                summary, fallback)  # fmt: skip
         step.made_ahead = ahead
@@ -229,12 +270,11 @@ class Simulator:
         return Summarise(0, asked.slot, reused, prompt, asked.body)
 
     def _without_summary(
-        self, request: CompactionRequest, before: dict[str, Checkpoint]
+        self, request: CompactionRequest, before: MemoryExecutor
     ) -> Rewrite | Refuse:
         """What the request would have got had the summariser failed: the same driver on
         a copy of the state before this step, so nothing of it is kept."""
-        shadow = MemoryExecutor(self.counter)
-        shadow.checkpoints = dict(before)
+        shadow = before.copy()
 
         def failing(command: Command) -> Reply:
             if isinstance(command, GetSummary):

@@ -186,8 +186,10 @@ def create_app(settings: Settings) -> web.Application:
     app[LIFECYCLE] = Lifecycle()
     app[REQUEST_LOG] = RequestLog(settings.server.log_format)
     app[STORE] = StoreState()
-    app[COMPACTOR] = Compactor(settings.policies)
+    app[COMPACTOR] = Compactor(settings.policies, max_lines=settings.store.max_lines)
     app[COMPACTOR].on_background_summary = app[METRICS].summariser_call
+    app[COMPACTOR].on_lines = app[METRICS].conversation_lines.observe
+    app[COMPACTOR].on_evicted = app[METRICS].checkpoints_evicted.inc
     app[RESPONSES_STATE] = ResponsesState()
     # Started in this order, stopped in the reverse: nothing outlives what it uses.
     app.cleanup_ctx.append(_upstream_lifetime)

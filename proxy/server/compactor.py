@@ -23,6 +23,7 @@ from proxy.core.counting import Counted, cannot_cross, count_request
 from proxy.core.driver import CompactionRequest, Decision, compaction
 from proxy.core.errors import ContextTooLong, ProxyError
 from proxy.core.identity import conversation_of, tenant_of
+from proxy.core.lines import DEFAULT_MAX_LINES
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies, policy_for
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TokenCounter, default_counter
@@ -90,6 +91,10 @@ def _ignore_usage(usage: Usage) -> None:
     return None
 
 
+def _ignore_number(value: float) -> None:
+    return None
+
+
 class Compactor:
     """Per-process compaction state: policies, the counter, calibration."""
 
@@ -99,7 +104,9 @@ class Compactor:
         *,
         counter: TokenCounter | None = None,
         summariser: SummariserSettings | None = None,
+        max_lines: int = DEFAULT_MAX_LINES,
     ) -> None:
+        self.max_lines = max_lines
         self.policies = [*parse_policies(raw_policies), *DEFAULT_POLICIES]
         self.counter = counter or default_counter()
         self.summariser = summariser or SummariserSettings()
@@ -109,6 +116,9 @@ class Compactor:
         self.stubbed: StubbedMemo = {}  # stubbed messages built, shared by all requests
         # Told of each summariser call made in the background (metrics count them).
         self.on_background_summary: Callable[[bool], None] = _ignore
+        # Told how many lines each load found, and how many lines a crossing evicted.
+        self.on_lines: Callable[[float], None] = _ignore_number
+        self.on_evicted: Callable[[float], None] = _ignore_number
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Work that outlives the request that started it (a summary made ahead), in a
@@ -190,6 +200,7 @@ class Compactor:
             stubbed=self.stubbed,
             now=int(time.time()),
             renew_every=renew_every(store),
+            max_lines=self.max_lines,
         )
         executor = StoreExecutor(
             store,
@@ -207,6 +218,8 @@ class Compactor:
             count=self.counter.count_text,
             charge_later=charge_later,
             on_background_call=self.on_background_summary,
+            on_lines=self.on_lines,
+            on_evicted=self.on_evicted,
         )
         # Planning a huge history takes seconds of pure work: off the event loop.
         off_loop = len(body_bytes) > COUNT_OFF_LOOP_BYTES

@@ -8,12 +8,13 @@ reply saying so (never an exception): the driver then plans without the store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from functools import cached_property
 from typing import Any, TypeVar
 
-from proxy.core.checkpoint import decode_checkpoint, encode_checkpoint
+from proxy.core.checkpoint import Line, decode_checkpoint, encode_checkpoint
 from proxy.core.commands import (
     Command,
     GetSummary,
@@ -25,6 +26,7 @@ from proxy.core.commands import (
     Saved,
     Started,
     SummaryReply,
+    TouchLine,
 )
 from proxy.core.usage import Usage
 from proxy.server.summariser import (
@@ -42,6 +44,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+def _ignore_count(count: float) -> None:
+    return None
+
+
 class StoreExecutor:
     """The commands of one request's driver, for one tenant's conversation. The identity
     is worked out on the first command: a request that needs none never pays for it."""
@@ -57,7 +63,11 @@ class StoreExecutor:
         count: Callable[[str], int],
         charge_later: Callable[[Usage], None],
         on_background_call: Callable[[bool], None],
+        on_lines: Callable[[float], None] = _ignore_count,
+        on_evicted: Callable[[float], None] = _ignore_count,
     ) -> None:
+        self.on_lines = on_lines  # told how many lines a load found (metrics)
+        self.on_evicted = on_evicted  # ... and how many a crossing evicted
         self.store = store
         self._identify = identify
         self.summariser = summariser
@@ -92,6 +102,8 @@ class StoreExecutor:
             return await self._summary(command)
         if isinstance(command, PrepareSummary):
             return self._prepare(command)
+        if isinstance(command, TouchLine):
+            return self._touch_line(command)
         return await self._save(command)
 
     async def _load(self, command: LoadConversation) -> Loaded:
@@ -101,7 +113,29 @@ class StoreExecutor:
             state = await self.store.load_conversation(self.tenant, self.conversation, command.slot)
         except StoreUnavailable:
             return Loaded(None, store_ok=False)
-        return Loaded(decode_checkpoint(state.checkpoint), prepared=prepared_of(state.prepared))
+        lines = []
+        for raw, used in state.lines:
+            checkpoint = decode_checkpoint(raw)
+            if checkpoint is not None:
+                lines.append(Line(checkpoint, used))
+        notes = [n for n in map(prepared_of, state.notes) if n is not None]
+        self.on_lines(len(lines))
+        return Loaded(lines=tuple(lines), notes=tuple(notes))
+
+    def _touch_line(self, command: TouchLine) -> Started:
+        """Mark a line most recently used, off the request (it never waits for it)."""
+        store = self.store
+        if store is not None:
+            tenant, conversation = self.identity
+
+            async def touch() -> None:
+                with contextlib.suppress(StoreUnavailable):
+                    await store.touch_line(
+                        tenant, conversation, command.slot, command.line, command.used
+                    )
+
+            self.background(touch())
+        return Started()
 
     def _prepare(self, command: PrepareSummary) -> Started:
         """Start the summary made ahead, off the request: it must outlive it (the caller
@@ -153,11 +187,17 @@ class StoreExecutor:
                 blobs=command.blobs,
                 summary=command.summary,
                 touch=command.touch,
+                line=command.checkpoint.prefix_hash if command.checkpoint is not None else "",
+                used=command.used,
+                evict=command.evict,
+                evict_notes=command.evict_notes,
             )
         finally:
             await self.close()
         if saved.error:
             log.info("crossing not wholly stored: %s", saved.error)
+        elif command.evict:
+            self.on_evicted(len(command.evict))
         return Saved(ok=saved.blobs and saved.checkpoint, lost=saved.lost)
 
     async def close(self) -> None:

@@ -115,6 +115,17 @@ class Metrics:
             "Summariser calls that failed or gave no text (the proxy packed instead).",
             registry=r,
         )
+        self.conversation_lines = Histogram(
+            f"{NS}_conversation_lines",
+            "Lines (checkpoints) a conversation had when a request over its trigger "
+            "loaded them.",
+            buckets=(0, 1, 2, 3, 4, 6, 8, 16), registry=r,
+        )  # fmt: skip
+        self.checkpoints_evicted = Counter(
+            f"{NS}_checkpoints_evicted",
+            "Checkpoints of a line dropped, least recently used, beyond store.max_lines.",
+            registry=r,
+        )
         self.store_errors = Counter(
             f"{NS}_store_errors", "Redis calls that failed or timed out.", registry=r
         )

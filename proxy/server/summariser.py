@@ -196,16 +196,28 @@ async def post_summary(
     return wire.answer_text(answer), wire.body_usage(answer)
 
 
-PREPARED = "prepared"  # the store kind of a checkpoint slot's summary made ahead
-
-
 def prepared_of(raw: object) -> PreparedSummary | None:
-    """A stored record of a summary made ahead (None when absent or malformed)."""
+    """A stored note of a summary made ahead (None when absent or malformed, or of a
+    version that did not record what its summariser call saw: never used)."""
     if not isinstance(raw, dict) or not isinstance(raw.get("key"), str):
         return None
+    folds, seen, covers, made = raw.get("folds"), raw.get("seen"), raw.get("n"), raw.get("made", 0)
+    if not isinstance(folds, str) or not isinstance(seen, str) or not folds or not seen:
+        return None
+    if not isinstance(covers, int) or isinstance(covers, bool) or covers <= 0:
+        return None
+    if not isinstance(made, int) or isinstance(made, bool):
+        made = 0
     text = raw.get("text")
     usable = text if isinstance(text, str) and text.strip() else None
-    return PreparedSummary(raw["key"], usable, failed=raw.get("failed") is True)
+    return PreparedSummary(raw["key"], usable, raw.get("failed") is True, folds, covers, seen, made)
+
+
+def note_record(note: PreparedSummary, **more: object) -> dict[str, object]:
+    """A note of a summary made ahead as stored (prepared_of reads it back)."""
+    record: dict[str, object] = {"key": note.key, "folds": note.folds, "n": note.covers,
+                                 "seen": note.seen, "made": note.made}  # fmt: skip
+    return {**record, **more}
 
 
 async def prepare_summary(
@@ -226,6 +238,7 @@ async def prepare_summary(
     charged to the caller; a failure is logged and leaves the note (the crossing then makes
     the summary itself)."""
     key = command.ask.key
+    note = command.note or PreparedSummary(key, folds=key, covers=1, seen=command.slot)
     lock = f"summary:{key}"
     try:
         token = await store.acquire_lock(
@@ -237,7 +250,10 @@ async def prepare_summary(
     except StoreUnavailable:
         return
     try:
-        await store.put_json(tenant, conversation, PREPARED, command.slot, {"key": key})
+        await store.put_note(
+            tenant, conversation, command.slot, note.seen, note_record(note),
+            command.evict_notes,
+        )  # fmt: skip
         try:
             text, usage = await call(command.ask)
         except (SummariserFailed, aiohttp.ClientError, TimeoutError) as e:
@@ -250,15 +266,15 @@ async def prepare_summary(
             charge(usage)
         if not text.strip():
             # Said, so the crossing asks for it itself rather than wait for it.
-            failed = {"key": key, "failed": True}
-            await store.put_json(tenant, conversation, PREPARED, command.slot, failed)
+            failed = note_record(note, failed=True)
+            await store.put_note(tenant, conversation, command.slot, note.seen, failed)
             return
         # Ranking the folded turns' identifiers is pure work of tens of ms: off the loop.
         ranked = await asyncio.to_thread(command.facts.ranked)
         text = keep_facts(text, ranked, command.facts_budget, count)
         await store.put_json(tenant, conversation, SUMMARY, key, text)
-        record = {"key": key, "text": text}
-        await store.put_json(tenant, conversation, PREPARED, command.slot, record)
+        ready = note_record(note, text=text)
+        await store.put_note(tenant, conversation, command.slot, note.seen, ready)
     except StoreUnavailable as e:
         log.info("summary made ahead not stored: %s", e)
     finally:

@@ -29,14 +29,20 @@ def crossing_timeout(op_timeout: float, commands: int, payload: int) -> float:
 class ConversationState:
     """A conversation's stored state for one request, read in one round trip.
 
-    checkpoint: the checkpoint stored in the request's slot (decoded JSON object), or None.
+    lines: every line of the request's slot: (its checkpoint, decoded JSON object; its
+      logical clock), most recently used first.
     summaries: of the summary keys asked for, those stored (key -> text).
-    prepared: the slot's note of a summary made ahead (decoded JSON), or None.
+    notes: the slot's notes of summaries made ahead (decoded JSON).
     """
 
-    checkpoint: dict[str, Any] | None
+    lines: tuple[tuple[dict[str, Any], int], ...] = ()
     summaries: Mapping[str, str] = field(default_factory=dict)
-    prepared: object = None
+    notes: tuple[object, ...] = ()
+
+    @property
+    def checkpoint(self) -> dict[str, Any] | None:
+        """The most recently used line's checkpoint (None: the slot has none)."""
+        return self.lines[0][0] if self.lines else None
 
 
 @dataclass(frozen=True, slots=True)

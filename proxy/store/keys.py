@@ -26,9 +26,12 @@ import re
 # Kinds used by the store itself; callers choose their own for other JSON values.
 BLOB = "blob"
 LOCK = "lock"
-CHECKPOINT = "checkpoint"
+CHECKPOINT = "checkpoint"  # (before lines: one checkpoint per slot; no longer written)
 SUMMARY = "summary"
-PREPARED = "prepared"  # a checkpoint slot's note of the summary made ahead for it
+PREPARED = "prepared"  # (before lines: a slot's one note of a summary made ahead)
+# A slot's lines (proxy/core/lines.py): one hash holding every line's checkpoint and
+# clock and every note of a summary made ahead, read in one HGETALL.
+LINES = "lines"
 
 _WHITESPACE = re.compile(r"\s")
 

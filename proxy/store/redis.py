@@ -7,8 +7,9 @@ tag, so each script below touches a single slot and the same code runs on Redis 
 (``?cluster=1`` in the URL, or ``cluster=True``). Blobs are stored once per tenant and
 compressed (``proxy.store.codec``); JSON values over 1 KB are compressed too.
 
-The compaction executor uses four calls, one Redis round trip each on a single Redis:
-``load_conversation``, ``save_crossing``, ``read_blob`` and ``touch_refs``.
+The compaction executor uses these calls, one Redis round trip each on a single Redis:
+``load_conversation``, ``save_crossing``, ``read_blob`` and ``touch_refs``; in the
+background, ``put_note`` (a summary made ahead) and ``touch_line`` (a line taken again).
 """
 
 from __future__ import annotations
@@ -73,6 +74,14 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return {text, n}
 """
 
+
+# Set a line's clock, if the line (its checkpoint field) is still there.
+_TOUCH_LINE = """
+if redis.call('HEXISTS', KEYS[1], 'c:' .. ARGV[1]) == 1 then
+  return redis.call('HSET', KEYS[1], 'u:' .. ARGV[1], ARGV[2])
+end
+return 0
+"""
 
 # Reset the expiry of several keys of one conversation (one slot); counts those that exist.
 _TOUCH = """
@@ -142,6 +151,7 @@ class Store:
         self._release = client.register_script(_RELEASE)
         self._mean = client.register_script(_MEAN)
         self._touch = client.register_script(_TOUCH)
+        self._touch_line = client.register_script(_TOUCH_LINE)
 
     @classmethod
     def from_url(
@@ -291,27 +301,44 @@ class Store:
     async def load_conversation(
         self, tenant: str, conversation: str, slot: str, *, summaries: Sequence[str] = ()
     ) -> ConversationState:
-        """The checkpoint stored in ``slot``, the slot's note of a summary made ahead, and
-        the stored ones of the ``summaries`` keys, in one round trip (all keys share the
-        conversation's slot)."""
-        names = [
-            self._key(tenant, conversation, keys.CHECKPOINT, slot),
-            self._key(tenant, conversation, keys.PREPARED, slot),
-            *(self._key(tenant, conversation, keys.SUMMARY, k) for k in summaries),
-        ]
+        """Every line stored in ``slot`` (checkpoints and their clocks), the slot's notes
+        of summaries made ahead, and the stored ones of the ``summaries`` keys, in one
+        round trip (all keys share the conversation's slot)."""
+        lines_key = self._key(tenant, conversation, keys.LINES, slot)
+        names = [self._key(tenant, conversation, keys.SUMMARY, k) for k in summaries]
         pipe = self._client.pipeline(transaction=False)
+        pipe.hgetall(lines_key)
         for name in names:
             pipe.get(name)
         found = await self._call(lambda: pipe.execute())
-        checkpoint = self._decode(names[0], found[0])
-        prepared = self._decode(names[1], found[1])
+        fields = cast("dict[bytes, bytes]", found[0] or {})
+        checkpoints: dict[str, dict[str, Any]] = {}
+        used: dict[str, int] = {}
+        notes: list[object] = []
+        for raw_name, raw in fields.items():
+            name = raw_name.decode("utf-8", "replace")
+            kind, _, line = name.partition(":")
+            if kind == "u":
+                try:
+                    used[line] = int(raw)
+                except ValueError:
+                    used[line] = 0
+                continue
+            value = self._decode(f"{lines_key} {name}", raw)
+            if kind == "c" and isinstance(value, dict):
+                checkpoints[line] = value
+            elif kind == "p" and value is not None:
+                notes.append(value)
+        ordered = sorted(checkpoints, key=lambda line: -used.get(line, 0))
         texts = {}
-        for key, name, raw in zip(summaries, names[2:], found[2:], strict=True):
-            text = self._decode(name, raw)
+        for key, name, raw_text in zip(summaries, names, found[1:], strict=True):
+            text = self._decode(name, raw_text)
             if isinstance(text, str) and text.strip():
                 texts[key] = text
         return ConversationState(
-            checkpoint if isinstance(checkpoint, dict) else None, texts, prepared
+            tuple((checkpoints[line], used.get(line, 0)) for line in ordered),
+            texts,
+            tuple(notes),
         )
 
     async def save_crossing(
@@ -324,9 +351,15 @@ class Store:
         blobs: Sequence[tuple[str, str]],
         summary: tuple[str, str] | None,
         touch: Sequence[str],
+        line: str = "",
+        used: int = 0,
+        evict: Sequence[str] = (),
+        evict_notes: Sequence[str] = (),
     ) -> CrossingSaved:
         """Write a crossing in one pipelined call: every blob (once per tenant, compressed),
-        a fresh TTL on every ref of ``touch`` still named, the checkpoint and the summary.
+        a fresh TTL on every ref of ``touch`` still named, the checkpoint (the line
+        ``line`` of the slot's hash, its clock ``used``), the summary, and the lines of
+        ``evict`` and the notes of ``evict_notes`` taken out of the slot's hash.
 
         On a single Redis the call is one MULTI/EXEC: all of it is stored, or none of it.
         On a Cluster the writes go to each node concurrently (one round trip per node
@@ -349,27 +382,35 @@ class Store:
             pipe.set(self._blob_key(tenant, ref), value, ex=ttl)
         for ref in kept:
             pipe.expire(self._blob_key(tenant, ref), ttl)
-        checkpoint_key = self._key(tenant, conversation, keys.CHECKPOINT, slot)
+        lines_key = self._key(tenant, conversation, keys.LINES, slot)
+        line = line or "_"
         payload = sum(len(v) for _, v in packed)
         if checkpoint is not None:
             data = self._encode(checkpoint)
             payload += len(data)
-            pipe.set(checkpoint_key, data, ex=ttl)
+            pipe.hset(lines_key, mapping={f"c:{line}": data, f"u:{line}": str(used)})
         if summary is not None:
             data = self._encode(summary[1])
             payload += len(data)
             pipe.set(self._key(tenant, conversation, keys.SUMMARY, summary[0]), data, ex=ttl)
+        gone = [f"{kind}:{name}" for name in evict if name != line for kind in ("c", "u")]
+        gone += [f"p:{seen}" for seen in evict_notes]
+        if gone:
+            pipe.hdel(lines_key, *gone)
+        if checkpoint is not None or gone:
+            pipe.expire(lines_key, ttl)
         commands = len(pipe)
         timeout = crossing_timeout(self.op_timeout, commands, payload)
         parts = {"blobs": bool(blobs), "checkpoint": checkpoint is not None}
         parts["summary"] = summary is not None
+        take_back = (lines_key, f"c:{line}")
         try:
             replies = await self._call(lambda: pipe.execute(raise_on_error=False), timeout)
         except StoreUnavailable as unavailable:
             reason = str(unavailable)
             if self.is_cluster and checkpoint is not None:
                 # Some nodes may have written their part: take the checkpoint back.
-                reason += await self._take_back(checkpoint_key)
+                reason += await self._take_back(*take_back)
             return failed(reason, **parts)
         errors = [r for r in replies if isinstance(r, Exception)]
         if errors and self.on_error is not None:
@@ -381,21 +422,49 @@ class Store:
         touched_ok = not any(isinstance(r, Exception) for r in touch_replies)
         lost = tuple(ref for ref, r in zip(kept, touch_replies, strict=True) if r is False)
         self._unreadable(len(lost))
-        checkpoint_ok = checkpoint is None or rest.pop(0) is True
+        checkpoint_ok = checkpoint is None or not isinstance(rest.pop(0), Exception)
         summary_ok = summary is None or rest.pop(0) is True
         reason = _describe(errors[0]) if errors else ""
         if checkpoint is not None and checkpoint_ok and not (blobs_ok and touched_ok):
             checkpoint_ok = False  # only on a Cluster: a transaction fails as a whole
-            reason += await self._take_back(checkpoint_key)
+            reason += await self._take_back(*take_back)
         if blobs_ok:
             for ref, text in blobs:
                 self.blob_cache.put(tenant, ref, text)
         return CrossingSaved(blobs_ok, checkpoint_ok, summary_ok, lost, reason)
 
-    async def _take_back(self, checkpoint_key: str) -> str:
+    async def put_note(
+        self,
+        tenant: str,
+        conversation: str,
+        slot: str,
+        seen: str,
+        note: object,
+        evict_notes: Sequence[str] = (),
+    ) -> None:
+        """Keep a note of a summary made ahead in the slot's hash (one round trip),
+        taking out the notes of ``evict_notes``."""
+        lines_key = self._key(tenant, conversation, keys.LINES, slot)
+        data = self._encode(note)
+        pipe = self._client.pipeline(transaction=not self.is_cluster)
+        pipe.hset(lines_key, f"p:{seen}", data)
+        gone = [f"p:{s}" for s in evict_notes if s != seen]
+        if gone:
+            pipe.hdel(lines_key, *gone)
+        pipe.expire(lines_key, self.default_ttl)
+        await self._call(lambda: pipe.execute())
+
+    async def touch_line(
+        self, tenant: str, conversation: str, slot: str, line: str, used: int
+    ) -> None:
+        """Set a line's clock (it was taken by a request), if the line is still kept."""
+        lines_key = self._key(tenant, conversation, keys.LINES, slot)
+        await self._call(lambda: self._touch_line(keys=[lines_key], args=[line, used]))
+
+    async def _take_back(self, lines_key: str, name: str) -> str:
         """Delete a checkpoint that may name blobs that failed; what went wrong, if any."""
         try:
-            await self._call(lambda: self._client.delete(checkpoint_key))
+            await self._call(lambda: self._client.hdel(lines_key, name))
             return ""
         except StoreUnavailable as gone:
             return f"; the checkpoint may name blobs that failed: {gone}"

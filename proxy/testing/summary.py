@@ -6,7 +6,10 @@ ways the proxy's tests can check: the same request gives the same summary, ident
 verbatim, and the answer stays within `max_tokens` as counted by the project's counter.
 
 The text read is that of the messages (text blocks, tool calls' inputs, tool results),
-not the system prompt, which holds the summariser's instruction.
+not the system prompt, which holds the summariser's instruction. Like a real model asked
+what the user is "currently trying to do", it notes the newest message it was shown
+first (in place, the whole history is shown: the newest turn too, not only the messages
+the notes replace).
 """
 
 from __future__ import annotations
@@ -82,11 +85,28 @@ def summarise(body: dict[str, Any], counter: TokenCounter, loss: int = 0) -> str
 
     budget = int(body.get("max_tokens") or 1024)
     lines = [f"Summary of {len(messages)} earlier messages."]
+    current = _currently(messages)
+    if current:
+        # What a real model notes first: what the user is currently doing, from the
+        # newest message it was shown (in place, the one before the proxy's prompt).
+        lines.append(f"Currently: {current}")
     if names:
         lines.append("Identifiers: " + ", ".join(names))
     lines.append("Notes:")
     lines.extend(notes)
     return _fit(lines, budget, counter)
+
+
+def _currently(messages: list[dict[str, Any]]) -> str:
+    """The tail of the newest user message the summariser was shown, other than the
+    proxy's own request for notes (the last message of a summary made in place)."""
+    users = [m for m in messages if m.get("role") == "user"]
+    if users and " ".join(_texts(users[-1].get("content"))).startswith("[compaction-proxy]"):
+        users = users[:-1]
+    if not users:
+        return ""
+    text = " ".join(" ".join(_texts(users[-1].get("content"))).split())
+    return text if len(text) <= NOTE_CHARS else "... " + text[-NOTE_CHARS:].lstrip()
 
 
 def _without(text: str, lost: set[str]) -> str:

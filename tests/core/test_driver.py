@@ -22,6 +22,7 @@ from proxy.core.commands import (
     Saved,
     Started,
     SummaryReply,
+    TouchLine,
 )
 from proxy.core.counting import count_request
 from proxy.core.driver import (
@@ -66,7 +67,10 @@ class Store:
             slot = command.slot
             return Loaded(self.checkpoints.get(slot), prepared=self.prepared.get(slot))
         if isinstance(command, PrepareSummary):
-            self.prepared[command.slot] = PreparedSummary(command.ask.key)  # in the making
+            assert command.note is not None and command.note.key == command.ask.key
+            self.prepared[command.slot] = command.note  # in the making
+            return Started()
+        if isinstance(command, TouchLine):
             return Started()
         if isinstance(command, GetSummary):
             return SummaryReply(self.summary, failure="" if self.summary else "it failed")
@@ -222,7 +226,7 @@ def history_between(low: int, high: int) -> list[dict[str, Any]]:
 def ready(store: Store, text: str = "notes made ahead") -> None:
     """The background calls finish: every summary in the making is ready."""
     for slot, made in store.prepared.items():
-        store.prepared[slot] = PreparedSummary(made.key, text)
+        store.prepared[slot] = dataclasses.replace(made, text=text)
 
 
 def test_near_the_trigger_the_next_summary_is_made_ahead() -> None:
@@ -317,7 +321,7 @@ def test_a_summary_that_failed_ahead_is_asked_for_at_the_fold() -> None:
     store = Store()
     commands_of(compaction(request(history_between(7_200, 8_000), NO_OFFLOAD)), store)
     for slot, made in store.prepared.items():
-        store.prepared[slot] = PreparedSummary(made.key, failed=True)
+        store.prepared[slot] = dataclasses.replace(made, failed=True)
     over = history_between(8_000, 11_000)
     commands, decision = commands_of(compaction(request(over, NO_OFFLOAD)), store)
     assert kinds(commands) == ["LoadConversation", "GetSummary", "SaveCrossing"]

@@ -93,3 +93,124 @@ async def test_a_ref_the_client_typed_stays_unreadable_once_its_turn_is_folded(
     assert all(b"CONV1SECRET" not in r.body for r in standin.recorded[before:])
     assert all(b.type != "tool_use" for b in answer.content)
     await client.close()
+
+
+def _turn(marker: str, words: int = 220) -> list[dict[str, Any]]:
+    """One turn of a line: the model's answer and the user's next message, each holding
+    the turn's marker (so any text upstream says which line it came from)."""
+    said = " ".join(f"{marker.lower()}a{i}" for i in range(words))
+    asked = " ".join(f"{marker.lower()}u{i}" for i in range(words))
+    return [
+        {"role": "assistant", "content": f"Answer {marker}: {said}"},
+        {"role": "user", "content": f"Task {marker}: {asked}"},
+    ]
+
+
+class Lines:
+    """Lines of one conversation sent through the proxy, one request at a time, with
+    what went upstream for each request (the background work settled after each)."""
+
+    def __init__(self, proxy: Any, standin: Any, conversation: str) -> None:
+        self.proxy, self.standin = proxy, standin
+        self.client = anthropic.AsyncAnthropic(
+            base_url=proxy.url, api_key="sk-lines", max_retries=0
+        )
+        self.headers = {"x-stand-in": '{"text": "ok"}', "x-conversation-id": conversation}
+        self.sent: dict[str, list[bytes]] = {}  # line -> its upstream requests' bodies
+        self.strategies: dict[str, list[str]] = {}
+
+    async def send(self, line: str, messages: list[dict[str, Any]]) -> None:
+        compactor = self.proxy.app[COMPACTOR]
+        await compactor.settled()
+        before = len(self.standin.recorded)
+        raw = await self.client.messages.with_raw_response.create(
+            model="claude-test-1", max_tokens=64, messages=messages, extra_headers=self.headers
+        )
+        await compactor.settled()
+        mine = [r for r in self.standin.recorded[before:] if not r.headers.get(PURPOSE)]
+        assert len(mine) == 1
+        self.sent.setdefault(line, []).append(mine[0].body)
+        self.strategies.setdefault(line, []).append(
+            raw.headers.get("x-compaction-strategy", "untouched")
+        )
+
+    def summary_calls(self, since: int = 0) -> list[Any]:
+        return [r for r in self.standin.recorded[since:] if r.headers.get(PURPOSE) == "summary"]
+
+
+async def test_a_rewind_never_carries_the_abandoned_turn_into_the_new_line(
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
+) -> None:
+    """Finding 1: a summary made ahead, in place, on the turn before a rewind saw that
+    turn (the stand-in's summariser notes everything it is shown, the newest turn
+    included). The new line shares the folded turns, not the abandoned one: it must
+    never get that summary, nor any text of the abandoned turn."""
+    standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
+    proxy = await make_compacting_proxy(standin.url)
+    lines = Lines(proxy, standin, uuid.uuid4().hex)
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Start S00."}]
+    t = 0
+    while not lines.summary_calls():  # until a summary is made ahead
+        t += 1
+        assert t < 40, "no summary was ever made ahead"
+        history += _turn(f"S{t:02d}")
+        await lines.send("shared", history)
+    ahead = lines.summary_calls()[0].body
+    assert f"S{t:02d}".encode() in ahead, "the summariser was not shown the newest turn"
+    assert "summary" not in lines.strategies["shared"][-1], "folded before the rewind"
+
+    # The user edits the newest message and goes on: a new line, sharing all but it.
+    rewound = [*history[:-1], {"role": "user", "content": "Task B: something else."}]
+    for k in range(12):
+        rewound += _turn(f"B{k:02d}")
+        await lines.send("new", rewound)
+    assert any("summary" in s for s in lines.strategies["new"]), "the new line never folded"
+    abandoned = f"s{t:02d}u".encode()  # the abandoned message's words, in any form
+    for body in lines.sent["new"]:
+        assert abandoned not in body
+    await lines.client.close()
+
+
+async def _alternate(lines: Lines, fork: int, steps: int, only: str | None = None) -> None:
+    """Two lines sharing `fork` turns, then taking turns (only one of them: `only`)."""
+    shared: list[dict[str, Any]] = [{"role": "user", "content": "Start."}]
+    for t in range(fork):
+        shared += _turn(f"S{t:02d}")
+    histories = {"A": list(shared), "B": list(shared)}
+    for step in range(steps):
+        for name in ("A", "B"):
+            histories[name] += _turn(f"{name}{step:02d}")
+            if only in (None, name):
+                await lines.send(name, histories[name])
+
+
+@pytest.mark.parametrize("fork", [5, 8])
+async def test_two_lines_sharing_a_prefix_each_keep_their_own(
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, fork: int
+) -> None:
+    """Finding 2: two lines that share their first turns, then alternate, in one
+    conversation. Each must go upstream exactly as it would alone (its own prefix,
+    changed only at its own crossings, its own summaries), and neither may ever carry
+    the other's text."""
+    standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
+    proxy = await make_compacting_proxy(standin.url)
+    together = Lines(proxy, standin, uuid.uuid4().hex)
+    await _alternate(together, fork, 11)
+    calls_together = len(together.summary_calls())
+    alone: dict[str, Lines] = {}
+    calls_alone = 0
+    for name in ("A", "B"):
+        start = len(standin.recorded)
+        alone[name] = Lines(proxy, standin, uuid.uuid4().hex)
+        await _alternate(alone[name], fork, 11, only=name)
+        calls_alone += len(alone[name].summary_calls(start))
+    for name, other in (("A", "B"), ("B", "A")):
+        assert any("summary" in s for s in together.strategies[name]), "no fold: tested nothing"
+        for body in together.sent[name]:
+            assert f"answer {other}".encode() not in body.lower()
+            assert f" {other.lower()}0".encode() not in body  # the other line's words
+        assert together.strategies[name] == alone[name].strategies[name]
+        assert together.sent[name] == alone[name].sent[name]
+    assert calls_together == calls_alone
+    for lines in (together, *alone.values()):
+        await lines.client.close()

@@ -37,7 +37,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
 
 # What a conversation's compaction reads and writes (calibration samples, written after
 # the answer, and connections opening are another matter).
-CONVERSATION_KEYS = (b":checkpoint:", b":prepared:", b":summary:", b":blob:")
+CONVERSATION_KEYS = (b":lines:", b":summary:", b":blob:")
 
 
 def conversation_trips(seen: list[bytes]) -> list[bytes]:

@@ -54,11 +54,11 @@ async def test_every_operation_works_on_a_cluster(
         store.blob_cache.clear()  # read from the cluster, not this replica's cache
         assert await store.read_blob("t", conversation, "ref") == "0123456789"
         assert await store.touch_refs("t", conversation, ["ref", "ref2", "no"]) == ("no",)
-        assert await store.get_json("t", conversation, "checkpoint", "current") == {
-            "c": conversation
-        }
+        state = await store.load_conversation("t", conversation, "current")
+        assert state.checkpoint == {"c": conversation}
+        await store.put_json("t", conversation, "summary", "current", "a summary")
         # One script over several keys of the conversation: legal, they share a slot.
-        assert await store.refresh_ttl("t", conversation, "checkpoint", ["current", "no"]) == 1
+        assert await store.refresh_ttl("t", conversation, "summary", ["current", "no"]) == 1
         token = await store.acquire_lock("t", conversation, "summary", 10_000)
         assert token is not None
         assert await store.acquire_lock("t", conversation, "summary", 10_000) is None
@@ -72,7 +72,7 @@ async def test_every_operation_works_on_a_cluster(
     # conversations spread over all three masters.
     for conversation in conversations:
         tagged = {k: n for k, n in placement.items() if f"{{t:{conversation}}}" in k}
-        assert len(tagged) == 1  # the checkpoint; the lock was released
+        assert len(tagged) == 2  # the lines and the summary; the lock was released
         assert len({key_slot(k.encode()) for k in tagged}) == 1
         assert len(set(tagged.values())) == 1
     # The tenant's blobs are stored once each, whichever conversations wrote them, and

@@ -51,7 +51,9 @@ def stored_keys(url: str, prefix: str) -> dict[str, int]:
         for node in nodes:
             conn = node.redis_connection if node is not None else client
             for key in conn.scan_iter(match=scan_pattern(prefix)):
-                found[key.decode()] = conn.strlen(key)
+                # A slot's lines are one hash: its length is its number of fields.
+                string = conn.type(key) == b"string"
+                found[key.decode()] = conn.strlen(key) if string else conn.hlen(key)
         return found
     finally:
         client.close()
