@@ -233,12 +233,17 @@ async def prepare_summary(
     on_call: Callable[[bool], None],
 ) -> None:
     """Make the next fold's summary in the background, once for the fleet (the same lock
-    as a summary made at a crossing), and note it as the slot's summary made ahead: first
-    as being made (so no replica starts it again), then with its text. Its usage is
-    charged to the caller; a failure is logged and leaves the note (the crossing then makes
-    the summary itself)."""
+    as a summary made at a crossing), and keep its note in the slot (what it folds and
+    what its call saw: proxy/core/lines.py): first as being made (so no replica starts it
+    again), then with its text. Its usage is charged to the caller; a failure is logged
+    and leaves the note (the crossing then makes the summary itself)."""
     key = command.ask.key
-    note = command.note or PreparedSummary(key, folds=key, covers=1, seen=command.slot)
+    note = command.note  # None: the summary is stored, no crossing is told of it
+
+    async def keep(record: dict[str, object], evict: Sequence[str] = ()) -> None:
+        if note is not None:
+            await store.put_note(tenant, conversation, command.slot, note.seen, record, evict)
+
     lock = f"summary:{key}"
     try:
         token = await store.acquire_lock(
@@ -250,10 +255,8 @@ async def prepare_summary(
     except StoreUnavailable:
         return
     try:
-        await store.put_note(
-            tenant, conversation, command.slot, note.seen, note_record(note),
-            command.evict_notes,
-        )  # fmt: skip
+        if note is not None:
+            await keep(note_record(note), command.evict_notes)
         try:
             text, usage = await call(command.ask)
         except (SummariserFailed, aiohttp.ClientError, TimeoutError) as e:
@@ -266,15 +269,15 @@ async def prepare_summary(
             charge(usage)
         if not text.strip():
             # Said, so the crossing asks for it itself rather than wait for it.
-            failed = note_record(note, failed=True)
-            await store.put_note(tenant, conversation, command.slot, note.seen, failed)
+            if note is not None:
+                await keep(note_record(note, failed=True))
             return
         # Ranking the folded turns' identifiers is pure work of tens of ms: off the loop.
         ranked = await asyncio.to_thread(command.facts.ranked)
         text = keep_facts(text, ranked, command.facts_budget, count)
         await store.put_json(tenant, conversation, SUMMARY, key, text)
-        ready = note_record(note, text=text)
-        await store.put_note(tenant, conversation, command.slot, note.seen, ready)
+        if note is not None:
+            await keep(note_record(note, text=text))
     except StoreUnavailable as e:
         log.info("summary made ahead not stored: %s", e)
     finally:

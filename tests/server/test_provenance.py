@@ -20,6 +20,7 @@ from proxy.server.state import COMPACTOR
 from proxy.testing.standin import StandInOptions
 from tests.server.conftest import SMALL_WINDOW, MakeProxy
 from tests.server.test_compaction_e2e import synthetic_history
+from tests.server.test_metrics import scrape
 
 MakeStandIn = Callable[[StandInOptions], Awaitable[Any]]
 PURPOSE = "x-compaction-proxy-purpose"
@@ -214,3 +215,35 @@ async def test_two_lines_sharing_a_prefix_each_keep_their_own(
     assert calls_together == calls_alone
     for lines in (together, *alone.values()):
         await lines.client.close()
+
+
+async def test_lines_beyond_the_bound_evict_the_least_recently_used(
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
+) -> None:
+    """With store.max_lines = 2, a third line of one first message evicts the least
+    recently used one, which crosses again at its next request; the metrics count the
+    lines found and the checkpoints evicted."""
+    standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
+    proxy = await make_compacting_proxy(standin.url, **{"store.max_lines": 2})
+    lines = Lines(proxy, standin, uuid.uuid4().hex)
+    histories = {}
+    for name in ("A", "B", "C"):
+        history = synthetic_history(12)
+        for message in history[2::2]:
+            message["content"][0]["content"] = f"{name} " + message["content"][0]["content"]
+        histories[name] = history
+    more = [{"role": "assistant", "content": "Read them."}, {"role": "user", "content": "Go on."}]
+    for name in ("A", "B"):
+        await lines.send(name, histories[name])
+    await lines.send("A", [*histories["A"], *more])  # A is now the most recent: B goes
+    await lines.send("C", histories["C"])
+    await lines.send("A", [*histories["A"], *more, *more])
+    await lines.send("B", [*histories["B"], *more])
+    assert lines.strategies["A"] == ["offload", "checkpoint", "checkpoint"]
+    assert lines.strategies["B"] == ["offload", "offload"]  # evicted: it crossed again
+    assert lines.strategies["C"] == ["offload"]
+    samples = await scrape(proxy)
+    assert samples[("compaction_proxy_checkpoints_evicted_total", ())] == 2  # B, then C
+    assert samples[("compaction_proxy_conversation_lines_count", ())] == 6
+    assert samples[("compaction_proxy_conversation_lines_sum", ())] == 0 + 1 + 2 + 2 + 2 + 2
+    await lines.client.close()

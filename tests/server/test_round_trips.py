@@ -77,3 +77,44 @@ async def test_a_checkpoint_reuse_is_one_round_trip_and_a_crossing_two(
     assert strategy == "checkpoint"
     assert len(trips) == 1, trips
     await client.close()
+
+
+async def test_a_line_taken_again_costs_one_round_trip_and_one_mark(
+    make_standin: Any, make_compacting_proxy: MakeProxy, sent: list[bytes]
+) -> None:
+    """Two lines of one conversation (a fork after the first message): each crossing is
+    two round trips, each reuse one; a reuse of the line that was not the most recent
+    one adds one write in the background (its mark as most recently used)."""
+    standin: RunningStandIn = await make_standin(
+        StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None)
+    )
+    proxy = await make_compacting_proxy(standin.url)
+    compactor = proxy.app[COMPACTOR]
+    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-trips", max_retries=0)
+    headers = {"x-stand-in": '{"text": "ok"}', "x-conversation-id": uuid.uuid4().hex}
+    lines = [synthetic_history(12), synthetic_history(12)]
+    for message in lines[1][2::2]:
+        message["content"][0]["content"] = "B " + message["content"][0]["content"]
+
+    async def send(messages: list[dict[str, Any]]) -> tuple[str | None, list[bytes]]:
+        await compactor.settled()
+        before = len(sent)
+        raw = await client.messages.with_raw_response.create(
+            model="claude-test-1", max_tokens=64, messages=messages, extra_headers=headers
+        )
+        await compactor.settled()
+        return raw.headers.get("x-compaction-strategy"), conversation_trips(sent[before:])
+
+    for history in lines:
+        strategy, trips = await send(history)
+        assert strategy == "offload" and len(trips) == 2, trips
+    more = [{"role": "assistant", "content": "Read them."}, {"role": "user", "content": "Go on."}]
+    strategy, trips = await send([*lines[0], *more])  # the first line, not the most recent
+    assert strategy == "checkpoint"
+    load, *marks = trips
+    assert b"HGETALL" in load and b"SET" not in load
+    # The mark: one script call (two the first time a Redis meets the script: NOSCRIPT).
+    assert 1 <= len(marks) <= 2 and all(b"EVALSHA" in m for m in marks), trips
+    strategy, trips = await send([*lines[0], *more])  # now it is the most recent
+    assert strategy == "checkpoint" and len(trips) == 1, trips
+    await client.close()
