@@ -3,7 +3,7 @@ branch, rewind, retry, run in parallel and drop their own old turns, over Anthro
 Messages, OpenAI Chat and Responses, through a real proxy (its own thread and loop) to
 the stand-in, with a unique marker `<LnTm>` in every message.
 
-Invariants, after every request:
+Requests go streamed or not. Invariants, after every request:
 - everything that went upstream for it (the agent's request and its read_result rounds,
   the summariser calls it made or had made ahead) holds only markers of the messages the
   client itself sent in that request: nothing of another line, in any form (verbatim, a
@@ -145,35 +145,38 @@ class Client:
                 base_url=proxy_url + "/v1", api_key="sk-machine", max_retries=0
             )
 
-    def send(self, history: list[dict[str, Any]], reads: bool) -> str:
-        """Send it; the answer's x-compaction-strategy and -reason ("offload/")."""
+    def send(self, history: list[dict[str, Any]], reads: bool, stream: bool = False) -> str:
+        """Send it (streamed or not, read to its end); the answer's x-compaction-strategy
+        and -reason ("offload/")."""
         script = orjson.dumps({"text": "ok", "read_result": reads}).decode()
-        headers = {**self.headers, "x-stand-in": script}
+        request: dict[str, Any] = {"extra_headers": {**self.headers, "x-stand-in": script}}
+        if stream:
+            request["stream"] = True
         if self.fmt == "messages":
             tools = [{"name": "Bash", "description": "Run.", "input_schema": TOOL_SCHEMA}]
-            raw = self.anthropic.messages.with_raw_response.create(
-                model="claude-test-1", max_tokens=64, messages=history, tools=tools,
-                extra_headers=headers,
-            )  # fmt: skip
+            request.update(model="claude-test-1", max_tokens=64, messages=history, tools=tools)
+            api: Any = self.anthropic.messages
         elif self.fmt == "chat":
             function = {"name": "Bash", "description": "Run.", "parameters": TOOL_SCHEMA}
-            raw = self.openai.chat.completions.with_raw_response.create(
-                model="gpt-test-1", max_completion_tokens=64, messages=history,
-                tools=[{"type": "function", "function": function}], extra_headers=headers,
-            )  # fmt: skip
+            tools = [{"type": "function", "function": function}]
+            request.update(
+                model="gpt-test-1", max_completion_tokens=64, messages=history, tools=tools
+            )
+            api = self.openai.chat.completions
         else:
             tool = {"type": "function", "name": "Bash", "description": "Run.",
                     "parameters": TOOL_SCHEMA, "strict": False}  # fmt: skip
-            raw = self.openai.responses.with_raw_response.create(
-                model="gpt-test-1", max_output_tokens=64, input=history, tools=[tool],
-                store=False, extra_headers=headers,
-            )  # fmt: skip
-        raw.parse()
-        return (
-            str(raw.headers.get("x-compaction-strategy", "untouched"))
-            + "/"
-            + str(raw.headers.get("x-compaction-reason", ""))
-        )
+            request.update(
+                model="gpt-test-1", max_output_tokens=64, input=history, tools=[tool], store=False
+            )
+            api = self.openai.responses
+        with api.with_streaming_response.create(**request) as raw:
+            assert raw.status_code == 200
+            headers = raw.headers
+            body = b"".join(raw.iter_bytes())
+        assert body and (not stream or b"data:" in body)
+        strategy = headers.get("x-compaction-strategy", "untouched")
+        return f"{strategy}/{headers.get('x-compaction-reason', '')}"
 
     def first_round(self, body: bytes) -> list[Any]:
         sent = orjson.loads(body)
@@ -207,12 +210,12 @@ def lines_machine(
             self.lines.append(line)
             return line
 
-        def _send(self, line: Line, reads: bool = True) -> Sent:
+        def _send(self, line: Line, reads: bool = True, stream: bool = False) -> Sent:
             history = line.history()
             allowed = set(MARKER.findall(orjson.dumps(history)))
             settle()
             before = len(standin.recorded)
-            strategy = self.client.send(history, reads)
+            strategy = self.client.send(history, reads, stream)
             settle()
             made = standin.recorded[before:]
             for r in made:  # the agent's rounds, summaries made for it or ahead
@@ -235,12 +238,12 @@ def lines_machine(
         def _pick(self, pick: int) -> Line:
             return self.lines[pick % len(self.lines)]
 
-        @rule(pick=st.integers(0, 99), times=st.integers(1, 3))
-        def grow(self, pick: int, times: int) -> None:
+        @rule(pick=st.integers(0, 99), times=st.integers(1, 3), stream=st.booleans())
+        def grow(self, pick: int, times: int, stream: bool) -> None:
             line = self._pick(pick)
             for _ in range(times):
                 line.turns.append(turn(self.fmt, self._marker(line.name)))
-                self._send(line)
+                self._send(line, stream=stream)
 
         @rule(pick=st.integers(0, 99), cut=st.integers(0, 99))
         def branch(self, pick: int, cut: int) -> None:
@@ -249,9 +252,9 @@ def lines_machine(
             kept = parent.turns[: cut % (len(parent.turns) + 1)]
             self._send(self._new_line(list(kept), parent.first))
 
-        @rule(pick=st.integers(0, 99))
-        def retry(self, pick: int) -> None:
-            self._send(self._pick(pick))
+        @rule(pick=st.integers(0, 99), stream=st.booleans())
+        def retry(self, pick: int, stream: bool) -> None:
+            self._send(self._pick(pick), stream=stream)
 
         @rule(pick=st.integers(0, 99))
         def parallel(self, pick: int) -> None:
@@ -315,5 +318,7 @@ def test_lines_never_mix(
         # It tested something: lines folded, with summaries, and offloaded.
         assert any("summary" in s for s in seen) and any("offload" in s for s in seen), seen
         assert any(r.headers.get(PURPOSE) == "summary" for r in standin.recorded)
+        # ... and the model read offloaded results (the tool, then a call of it).
+        assert any(r.body.count(b'"read_result"') >= 2 for r in standin.recorded)
     finally:
         proxy.stop()
