@@ -104,14 +104,14 @@ def test_planning_a_huge_history_leaves_the_loop_to_other_clients(
     read = next(
         (t, found.group(0))
         for t, command in commands
-        if (found := re.search(r"\{[^}]+\}", command)) and ":checkpoint:" in command
+        if (found := re.search(r"\{[^}]+\}", command)) and ":lines:" in command
     )
     start, tag = read
-    # Planning runs between the load (its GETs) and the crossing's write.
+    # Planning runs between the load (its HGETALL) and the crossing's write.
     end = next(
         t
         for t, command in commands
-        if t > start and tag in command and not command.startswith("GET ")
+        if t > start and tag in command and not command.startswith(("GET ", "HGETALL "))
     )
     during = [t for t in answered if start < t < end]
     assert len(during) >= 3, (end - start, len(answered))

@@ -133,7 +133,7 @@ async def test_keys_carry_prefix_and_hash_tag(store: Store, raw: redis.asyncio.R
     assert found == [
         f"{store.prefix}g:calibration:m",
         blob,
-        f"{store.prefix}{{{T}:{C}}}:checkpoint:c",
+        f"{store.prefix}{{{T}:{C}}}:lines:c",
     ]
     assert blob.startswith(f"{store.prefix}{{{T}/") and blob.endswith("}:blob:ref9")
 
