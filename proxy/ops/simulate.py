@@ -2,12 +2,13 @@
 
 `Simulator.step(body)` runs the same compaction driver the server runs
 (proxy/core/driver.py) for one request of its wire format, with an executor on dicts
-instead of Redis and the upstream: the conversation's checkpoints (one per first
-message), the stored summaries (a placeholder text of the slot's size stands in for the
-summariser's answer), the offloaded blobs. Steps on one Simulator form one conversation,
-as the replica fleet would see it. Calibration is fixed (factor 1.0 unless given, no
-sampling): the local count is taken as the real one, and every request is counted (the
-server's byte-size shortcut only skips counts that could not change the decision).
+instead of Redis and the upstream: the conversation's lines (checkpoints, several per
+first message, proxy/core/lines.py), the stored summaries (a placeholder text of the
+slot's size stands in for the summariser's answer), the offloaded blobs. Steps on one
+Simulator form one conversation, as the replica fleet would see it. Calibration is fixed
+(factor 1.0 unless given, no sampling): the local count is taken as the real one, and
+every request is counted (the server's byte-size shortcut only skips counts that could
+not change the decision).
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from proxy.core.offload import ref_for
 from proxy.server.state import COMPACTOR
 from proxy.testing.standin import StandInOptions
 from tests.plugins.standin import RunningStandIn
@@ -78,10 +79,14 @@ def first_message(fmt: str, marker: str) -> dict[str, Any]:
     return {"role": "user", "content": text}
 
 
-def turn(fmt: str, marker: str) -> list[dict[str, Any]]:
-    """One turn: a tool call, its (offloadable) result, and a user note."""
+def turn(fmt: str, marker: str, paste: str = "") -> list[dict[str, Any]]:
+    """One turn: a tool call, its (offloadable) result, and a user note (which may hold
+    a ref the client typed)."""
     call_id = f"call_{marker[1:-1]}"
     result, note = marked(marker, 200, "log"), marked(marker, 50, "note")
+    if paste:
+        note = f'See read_result(ref="{paste}", start=0, length=300) from before. {note}'
+
     said = f"Step {marker}."
     if fmt == "messages":
         return [
@@ -112,12 +117,21 @@ def turn(fmt: str, marker: str) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def result_of(fmt: str, turn: list[dict[str, Any]]) -> str:
+    """The text of a turn's tool result (what its ref is the hash of)."""
+    if fmt == "messages":
+        return str(turn[1]["content"][0]["content"])
+    return str(turn[1]["content" if fmt == "chat" else "output"])
+
+
 @dataclass
 class Line:
     name: int
     turns: list[list[dict[str, Any]]]
     first: dict[str, Any]
     last_sent: list[Any] | None = None  # the messages its previous request went up with
+    pasted: str | None = None  # a ref of another line the client typed: the model reads it
+    last_tokens: tuple[int, int] | None = None  # its previous rewrite: tokens before, after
 
     def history(self) -> list[dict[str, Any]]:
         return [self.first, *(m for t in self.turns for m in t)]
@@ -136,6 +150,7 @@ class Client:
     def __init__(self, fmt: str, proxy_url: str, conversation: str) -> None:
         self.fmt = fmt
         self.headers = {"x-conversation-id": conversation}
+        self.tokens = (0, 0)  # the last answer's x-compaction-tokens-before and -after
         if fmt == "messages":
             self.anthropic = anthropic.Anthropic(
                 base_url=proxy_url, api_key="sk-machine", max_retries=0
@@ -145,10 +160,21 @@ class Client:
                 base_url=proxy_url + "/v1", api_key="sk-machine", max_retries=0
             )
 
-    def send(self, history: list[dict[str, Any]], reads: bool, stream: bool = False) -> str:
+    def send(
+        self,
+        history: list[dict[str, Any]],
+        reads: bool,
+        stream: bool = False,
+        read_ref: str | None = None,
+    ) -> str:
         """Send it (streamed or not, read to its end); the answer's x-compaction-strategy
-        and -reason ("offload/")."""
-        script = orjson.dumps({"text": "ok", "read_result": reads}).decode()
+        and -reason ("offload/"). `reads`: the model reads the history's stubs;
+        `read_ref`: it reads that ref, round after round."""
+        wanted: dict[str, Any] = {"text": "ok", "read_result": reads}
+        if read_ref is not None:
+            read = {"ref": read_ref, "start": 0, "length": 300}
+            wanted = {"text": "ok", "tool": {"name": "read_result", "input": read}}
+        script = orjson.dumps(wanted).decode()
         request: dict[str, Any] = {"extra_headers": {**self.headers, "x-stand-in": script}}
         if stream:
             request["stream"] = True
@@ -176,6 +202,10 @@ class Client:
             body = b"".join(raw.iter_bytes())
         assert body and (not stream or b"data:" in body)
         strategy = headers.get("x-compaction-strategy", "untouched")
+        self.tokens = (
+            int(headers.get("x-compaction-tokens-before", "0")),
+            int(headers.get("x-compaction-tokens-after", "0")),
+        )
         return f"{strategy}/{headers.get('x-compaction-reason', '')}"
 
     def first_round(self, body: bytes) -> list[Any]:
@@ -215,7 +245,7 @@ def lines_machine(
             allowed = set(MARKER.findall(orjson.dumps(history)))
             settle()
             before = len(standin.recorded)
-            strategy = self.client.send(history, reads, stream)
+            strategy = self.client.send(history, reads, stream, line.pasted if reads else None)
             settle()
             made = standin.recorded[before:]
             for r in made:  # the agent's rounds, summaries made for it or ahead
@@ -224,6 +254,15 @@ def lines_machine(
             agent = [r for r in made if not r.headers.get(PURPOSE)]
             assert agent, "nothing went upstream"
             first = self.client.first_round(agent[0].body)
+            before, after = self.client.tokens
+            if "summary" in strategy and line.last_tokens is not None:
+                # A fold at a line's own crossing: its history, as the line's previous
+                # rewrite left it plus what it grew since, went over the trigger (not a
+                # fold because another line's crossing took its checkpoint away).
+                was_before, was_after = line.last_tokens
+                grown = was_after + (before - was_before)
+                assert grown > 0.9 * POLICY["trigger"], (line.name, line.last_tokens, before)
+            line.last_tokens = (before, after) if after else None
             if strategy.startswith("checkpoint/") and line.last_sent is not None:
                 # No crossing: the line's prefix is what it was.
                 assert first[: len(line.last_sent)] == line.last_sent, line.name
@@ -238,7 +277,7 @@ def lines_machine(
         def _pick(self, pick: int) -> Line:
             return self.lines[pick % len(self.lines)]
 
-        @rule(pick=st.integers(0, 99), times=st.integers(1, 3), stream=st.booleans())
+        @rule(pick=st.integers(0, 99), times=st.integers(1, 4), stream=st.booleans())
         def grow(self, pick: int, times: int, stream: bool) -> None:
             line = self._pick(pick)
             for _ in range(times):
@@ -249,7 +288,10 @@ def lines_machine(
         def branch(self, pick: int, cut: int) -> None:
             """A fork or a rewind: the history up to a turn, then a turn of its own."""
             parent = self._pick(pick)
-            kept = parent.turns[: cut % (len(parent.turns) + 1)]
+            n = len(parent.turns)
+            # Mostly a rewind of the newest turns (an edit of the last message), else a
+            # fork anywhere.
+            kept = parent.turns[: max(0, n - 1 - cut % 3) if cut % 4 else cut % (n + 1)]
             self._send(self._new_line(list(kept), parent.first))
 
         @rule(pick=st.integers(0, 99), stream=st.booleans())
@@ -274,7 +316,23 @@ def lines_machine(
                 assert set(MARKER.findall(r.body)) <= allowed
             bodies = {r.body for r in made if not r.headers.get(PURPOSE)}
             assert len(bodies) == 1, "identical requests went up differently"
-            line.last_sent = None  # which of them crossed is not known
+            line.last_sent = line.last_tokens = None  # which of them crossed is not known
+
+        @rule(pick=st.integers(0, 99), other=st.integers(0, 99))
+        def paste_a_foreign_ref(self, pick: int, other: int) -> None:
+            """The client types the ref of another line's result (its stub copied) into a
+            new message; from then on the model reads that ref, also once the message is
+            folded and the summary quotes it. It must read as missing: its text (the
+            other line's markers) never goes upstream."""
+            line, source = self._pick(pick), self._pick(other)
+            own = set(MARKER.findall(orjson.dumps(line.history())))
+            foreign = [t for t in source.turns if not set(MARKER.findall(orjson.dumps(t))) <= own]
+            if not foreign:
+                return
+            ref = ref_for(result_of(self.fmt, foreign[-1]))
+            line.turns.append(turn(self.fmt, self._marker(line.name), paste=ref))
+            line.pasted = ref
+            self._send(line)
 
         @rule(pick=st.integers(0, 99))
         def drop_own_turns(self, pick: int) -> None:
@@ -301,7 +359,13 @@ def test_lines_never_mix(
     base = proxy_settings(
         standin.url,
         redis_url,
-        **{"store.key_prefix": redis_key_prefix, "upstream.openai_url": standin.url},
+        # Lines enough that none is evicted: what is checked is that lines never meet
+        # (eviction beyond the bound: test_provenance.py).
+        **{
+            "store.key_prefix": redis_key_prefix,
+            "upstream.openai_url": standin.url,
+            "store.max_lines": 64,
+        },
     )
     proxy = ThreadedProxy(dataclasses.replace(base, policies=(POLICY,)))
     try:
@@ -320,5 +384,7 @@ def test_lines_never_mix(
         assert any(r.headers.get(PURPOSE) == "summary" for r in standin.recorded)
         # ... and the model read offloaded results (the tool, then a call of it).
         assert any(r.body.count(b'"read_result"') >= 2 for r in standin.recorded)
+        # ... and read a ref the client typed: as missing.
+        assert any(b"No offloaded result 'r_" in r.body for r in standin.recorded)
     finally:
         proxy.stop()
