@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anthropic
+import openai
 import orjson
 import pytest
 
@@ -23,6 +24,7 @@ from tests.server.test_compaction_e2e import synthetic_history
 from tests.server.test_metrics import scrape
 
 MakeStandIn = Callable[[StandInOptions], Awaitable[Any]]
+FORMATS = ("messages", "chat", "responses")
 PURPOSE = "x-compaction-proxy-purpose"
 
 
@@ -96,6 +98,13 @@ async def test_a_ref_the_client_typed_stays_unreadable_once_its_turn_is_folded(
     await client.close()
 
 
+def _item(message: dict[str, Any]) -> dict[str, Any]:
+    """A {role, content} message as a Responses input item."""
+    kind = "output_text" if message["role"] == "assistant" else "input_text"
+    content = [{"type": kind, "text": message["content"]}]
+    return {"type": "message", "role": message["role"], "content": content}
+
+
 def _turn(marker: str, words: int = 220) -> list[dict[str, Any]]:
     """One turn of a line: the model's answer and the user's next message, each holding
     the turn's marker (so any text upstream says which line it came from)."""
@@ -109,12 +118,16 @@ def _turn(marker: str, words: int = 220) -> list[dict[str, Any]]:
 
 class Lines:
     """Lines of one conversation sent through the proxy, one request at a time, with
-    what went upstream for each request (the background work settled after each)."""
+    what went upstream for each request (the background work settled after each), in
+    one of the three formats (messages are given as Messages/Chat {role, content})."""
 
-    def __init__(self, proxy: Any, standin: Any, conversation: str) -> None:
-        self.proxy, self.standin = proxy, standin
+    def __init__(self, proxy: Any, standin: Any, conversation: str, fmt: str = "messages"):
+        self.proxy, self.standin, self.fmt = proxy, standin, fmt
         self.client = anthropic.AsyncAnthropic(
             base_url=proxy.url, api_key="sk-lines", max_retries=0
+        )
+        self.openai = openai.AsyncOpenAI(
+            base_url=proxy.url + "/v1", api_key="sk-lines", max_retries=0
         )
         self.headers = {"x-stand-in": '{"text": "ok"}', "x-conversation-id": conversation}
         self.sent: dict[str, list[bytes]] = {}  # line -> its upstream requests' bodies
@@ -124,9 +137,23 @@ class Lines:
         compactor = self.proxy.app[COMPACTOR]
         await compactor.settled()
         before = len(self.standin.recorded)
-        raw = await self.client.messages.with_raw_response.create(
-            model="claude-test-1", max_tokens=64, messages=messages, extra_headers=self.headers
-        )
+        raw: Any
+        if self.fmt == "messages":
+            raw = await self.client.messages.with_raw_response.create(
+                model="claude-test-1", max_tokens=64, messages=messages,
+                extra_headers=self.headers,
+            )  # fmt: skip
+        elif self.fmt == "chat":
+            raw = await self.openai.chat.completions.with_raw_response.create(
+                model="gpt-test-1", max_completion_tokens=64, messages=messages,
+                extra_headers=self.headers,
+            )  # fmt: skip
+        else:
+            items = [_item(m) for m in messages]
+            raw = await self.openai.responses.with_raw_response.create(
+                model="gpt-test-1", max_output_tokens=64, input=items, store=False,
+                extra_headers=self.headers,
+            )  # fmt: skip
         await compactor.settled()
         mine = [r for r in self.standin.recorded[before:] if not r.headers.get(PURPOSE)]
         assert len(mine) == 1
@@ -135,20 +162,25 @@ class Lines:
             raw.headers.get("x-compaction-strategy", "untouched")
         )
 
+    async def close(self) -> None:
+        await self.client.close()
+        await self.openai.close()
+
     def summary_calls(self, since: int = 0) -> list[Any]:
         return [r for r in self.standin.recorded[since:] if r.headers.get(PURPOSE) == "summary"]
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 async def test_a_rewind_never_carries_the_abandoned_turn_into_the_new_line(
-    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, fmt: str
 ) -> None:
     """Finding 1: a summary made ahead, in place, on the turn before a rewind saw that
     turn (the stand-in's summariser notes everything it is shown, the newest turn
     included). The new line shares the folded turns, not the abandoned one: it must
     never get that summary, nor any text of the abandoned turn."""
     standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
-    proxy = await make_compacting_proxy(standin.url)
-    lines = Lines(proxy, standin, uuid.uuid4().hex)
+    proxy = await make_compacting_proxy(standin.url, **{"upstream.openai_url": standin.url})
+    lines = Lines(proxy, standin, uuid.uuid4().hex, fmt)
     history: list[dict[str, Any]] = [{"role": "user", "content": "Start S00."}]
     t = 0
     while not lines.summary_calls():  # until a summary is made ahead
@@ -169,7 +201,7 @@ async def test_a_rewind_never_carries_the_abandoned_turn_into_the_new_line(
     abandoned = f"s{t:02d}u".encode()  # the abandoned message's words, in any form
     for body in lines.sent["new"]:
         assert abandoned not in body
-    await lines.client.close()
+    await lines.close()
 
 
 async def _alternate(lines: Lines, fork: int, steps: int, only: str | None = None) -> None:
@@ -185,24 +217,25 @@ async def _alternate(lines: Lines, fork: int, steps: int, only: str | None = Non
                 await lines.send(name, histories[name])
 
 
-@pytest.mark.parametrize("fork", [5, 8])
+@pytest.mark.parametrize(("fmt", "fork"), [("messages", 5), ("messages", 8), ("chat", 8),
+                                           ("responses", 8)])  # fmt: skip
 async def test_two_lines_sharing_a_prefix_each_keep_their_own(
-    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, fork: int
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, fmt: str, fork: int
 ) -> None:
     """Finding 2: two lines that share their first turns, then alternate, in one
     conversation. Each must go upstream exactly as it would alone (its own prefix,
     changed only at its own crossings, its own summaries), and neither may ever carry
     the other's text."""
     standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
-    proxy = await make_compacting_proxy(standin.url)
-    together = Lines(proxy, standin, uuid.uuid4().hex)
+    proxy = await make_compacting_proxy(standin.url, **{"upstream.openai_url": standin.url})
+    together = Lines(proxy, standin, uuid.uuid4().hex, fmt)
     await _alternate(together, fork, 11)
     calls_together = len(together.summary_calls())
     alone: dict[str, Lines] = {}
     calls_alone = 0
     for name in ("A", "B"):
         start = len(standin.recorded)
-        alone[name] = Lines(proxy, standin, uuid.uuid4().hex)
+        alone[name] = Lines(proxy, standin, uuid.uuid4().hex, fmt)
         await _alternate(alone[name], fork, 11, only=name)
         calls_alone += len(alone[name].summary_calls(start))
     for name, other in (("A", "B"), ("B", "A")):
@@ -214,7 +247,7 @@ async def test_two_lines_sharing_a_prefix_each_keep_their_own(
         assert together.sent[name] == alone[name].sent[name]
     assert calls_together == calls_alone
     for lines in (together, *alone.values()):
-        await lines.client.close()
+        await lines.close()
 
 
 async def test_lines_beyond_the_bound_evict_the_least_recently_used(
@@ -246,4 +279,4 @@ async def test_lines_beyond_the_bound_evict_the_least_recently_used(
     assert samples[("compaction_proxy_checkpoints_evicted_total", ())] == 2  # B, then C
     assert samples[("compaction_proxy_conversation_lines_count", ())] == 6
     assert samples[("compaction_proxy_conversation_lines_sum", ())] == 0 + 1 + 2 + 2 + 2 + 2
-    await lines.client.close()
+    await lines.close()
