@@ -31,8 +31,8 @@ from proxy.server.responses import (
     ResponsesState,
     expect_responses,
     handle_responses,
-    handle_responses_get,
 )
+from proxy.server.responses_ws import handle_responses_get
 from proxy.server.routes import (
     CHAT_COMPLETIONS,
     COUNT_TOKENS,

@@ -138,6 +138,29 @@ class Metrics:
             f"{NS}_budget_store_outages", "Outages of Redis seen by this replica.", registry=r
         )
         self.in_flight = Gauge(f"{NS}_requests_in_flight", "Requests being handled.", registry=r)
+        # The Responses WebSocket (proxy/server/responses_ws.py); each response.create
+        # is also counted as a request of route /v1/responses, method WS.
+        self.websocket_sessions = Counter(
+            f"{NS}_websocket_sessions",
+            "WebSocket upgrades of /v1/responses, by outcome (relayed; refused: 426 by "
+            "the proxy's setting or the upstream's refusal; failed: the upstream "
+            "unreachable or another refusal).",
+            ["outcome"], registry=r,
+        )  # fmt: skip
+        self.websocket_open = Gauge(
+            f"{NS}_websocket_open", "Client WebSockets being relayed.", registry=r
+        )
+        self.websocket_frames = Counter(
+            f"{NS}_websocket_frames",
+            "WebSocket frames relayed, by direction (client_to_upstream, upstream_to_client).",
+            ["direction"], registry=r,
+        )  # fmt: skip
+        self.websocket_upstream_bytes = Counter(
+            f"{NS}_websocket_upstream_request_bytes",
+            "Bytes of response.create frames sent upstream, by form (incremental: only the "
+            "new items after previous_response_id; whole: the whole input).",
+            ["form"], registry=r,
+        )  # fmt: skip
         self.draining = Gauge(
             f"{NS}_draining", "1 while shutting down (readiness fails).", registry=r
         )

@@ -1,0 +1,250 @@
+"""/v1/responses over WebSocket through the proxy, against the stand-in's WebSocket: a
+Codex-shaped client (aiohttp's WebSocket client) that prewarms, then sends each turn as
+a `response.create` with previous_response_id and only its new items."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from proxy.core.tokens import default_counter
+from proxy.server.app import RunningProxy
+from proxy.testing.agent import tool_output
+from proxy.testing.agent_responses import INSTRUCTIONS, TOOLS, message
+from proxy.testing.responses_items import ItemCounter
+from proxy.testing.responses_standin import ResponsesOptions
+from proxy.testing.responses_validate import input_items
+from proxy.testing.standin import RecordedRequest, StandInOptions
+from tests.plugins.responses import MakeResponsesStandIn
+from tests.plugins.standin import RunningStandIn
+from tests.server.conftest import SMALL_WINDOW, MakeProxy
+from tests.server.test_metrics import scrape, value
+
+PATH = "/v1/responses"
+BETA = {"OpenAI-Beta": "responses_websockets=2026-02-06"}
+AUTH = {"Authorization": "Bearer sk-responses-ws"}
+EXEC = {"name": "exec_command", "input": {"cmd": "make"}}
+KEY = ResponsesOptions().seal_key
+
+
+def stand_in(**keys: Any) -> dict[str, str]:
+    return {"x-stand-in": orjson.dumps(keys).decode()}
+
+
+def create(items: list[Any], previous: str | None = None, **extra: Any) -> str:
+    frame: dict[str, Any] = {"type": "response.create", "model": "gpt-test", "input": items}
+    frame |= {"tools": TOOLS, "store": False, "stream": True, **extra}
+    if previous is not None:
+        frame["previous_response_id"] = previous
+    return orjson.dumps(frame).decode()
+
+
+async def until_done(ws: aiohttp.ClientWebSocketResponse) -> list[dict[str, Any]]:
+    events = []
+    while True:
+        message_ = await ws.receive(timeout=20)
+        assert message_.type == aiohttp.WSMsgType.TEXT, message_
+        event = orjson.loads(message_.data)
+        events.append(event)
+        if event["type"] in ("response.completed", "response.incomplete", "response.failed"):
+            return events
+        if event["type"] == "error" and "status" in event:
+            return events
+
+
+def frames(standin: RunningStandIn) -> list[RecordedRequest]:
+    return [r for r in standin.recorded if r.transport == "websocket"]
+
+
+def tokens(record: RecordedRequest) -> int:
+    return ItemCounter(default_counter(), KEY).count_request(orjson.loads(record.resolved))
+
+
+async def standin_with(make: MakeResponsesStandIn, **responses: Any) -> RunningStandIn:
+    return await make(
+        StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None),
+        ResponsesOptions(**{"websocket_status": 101, **responses}),
+    )
+
+
+async def proxy_for(make: MakeProxy, upstream: str, **settings: Any) -> RunningProxy:
+    return await make("http://127.0.0.1:9", **{"upstream.openai_url": upstream, **settings})
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+async def agent(
+    ws: aiohttp.ClientWebSocketResponse, turns: int, chars: int
+) -> list[list[dict[str, Any]]]:
+    """Prewarm, then `turns` tool turns, each answered with a large output."""
+    first = [message("developer", INSTRUCTIONS), message("user", "Fix the build.")]
+    await ws.send_str(create(first, generate=False))
+    answers = [await until_done(ws)]
+    previous = answers[-1][-1]["response"]["id"]
+    new: list[Any] = []
+    for t in range(turns):
+        await ws.send_str(create(new, previous))
+        events = await until_done(ws)
+        answers.append(events)
+        end = events[-1]
+        assert end["type"] == "response.completed", end
+        previous = end["response"]["id"]
+        calls = [i for i in end["response"]["output"] if i["type"] == "function_call"]
+        new = [
+            {
+                "type": "function_call_output",
+                "call_id": c["call_id"],
+                "output": tool_output(t, chars),
+            }
+            for c in calls
+        ]
+    return answers
+
+
+async def test_a_session_relayed_untouched_goes_incrementally(
+    make_responses_standin: MakeResponsesStandIn, make_compacting_proxy: MakeProxy, session: Any
+) -> None:
+    standin = await standin_with(make_responses_standin)
+    proxy = await proxy_for(make_compacting_proxy, standin.url)
+    metadata = {"x-codex-turn-metadata": orjson.dumps({"turn_id": "t1"}).decode()}
+    headers = {**AUTH, **BETA, **stand_in(tool=EXEC), **metadata}
+    async with session.ws_connect(proxy.url + PATH, headers=headers, compress=15) as ws:
+        assert ws.compress  # permessage-deflate, end to end
+        turn_state = ws._response.headers.get("x-codex-turn-state", "")  # the 101's headers
+        assert turn_state.startswith("sts_")
+        answers = await agent(ws, turns=3, chars=400)
+    assert len(answers) == 4
+    sent = frames(standin)
+    assert [r.status for r in sent] == [200] * 4 and sent[0].kind == "prewarm"
+    # Nothing to compact: upstream, every turn goes as its new items only.
+    for record in sent[1:]:
+        frame = orjson.loads(record.body)
+        assert "previous_response_id" in frame
+    assert orjson.loads(sent[1].body)["input"] == []
+    assert [i["type"] for i in orjson.loads(sent[2].body)["input"]] == ["function_call_output"]
+    # The upstream's upgrade carried the client's headers, and one socket served all.
+    [upgrade] = [r for r in standin.recorded if r.method == "GET"]
+    assert upgrade.headers["Authorization"] == AUTH["Authorization"]
+    assert upgrade.headers["OpenAI-Beta"] == BETA["OpenAI-Beta"]
+    metrics = await scrape(proxy)
+    assert value(metrics, "compaction_proxy_websocket_sessions_total", outcome="relayed") == 1
+    requests = value(metrics, "compaction_proxy_requests_total", route=PATH, status="200")
+    assert requests == 4
+    incremental = value(
+        metrics, "compaction_proxy_websocket_upstream_request_bytes_total", form="incremental"
+    )
+    assert incremental > 0
+
+
+async def test_a_long_session_is_compacted_on_the_socket(
+    make_responses_standin: MakeResponsesStandIn, make_compacting_proxy: MakeProxy, session: Any
+) -> None:
+    standin = await standin_with(make_responses_standin)
+    proxy = await proxy_for(make_compacting_proxy, standin.url)
+    headers = {**AUTH, **BETA, **stand_in(tool=EXEC, read_result=True)}
+    async with session.ws_connect(proxy.url + PATH, headers=headers) as ws:
+        answers = await agent(ws, turns=24, chars=6_000)
+    # The client: one ordinary response per turn, never a read_result.
+    for events in answers[1:]:
+        kinds = [e["type"] for e in events]
+        assert kinds.count("response.created") == 1 and kinds[-1] == "response.completed"
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        output = events[-1]["response"]["output"]
+        assert all(item.get("name") != "read_result" for item in output)
+    sent = frames(standin)
+    assert all(r.status == 200 for r in sent), [(r.status, r.error) for r in sent]
+    # Every upstream request fits the window, though the client's history does not.
+    assert max(tokens(r) for r in sent) <= SMALL_WINDOW
+    history = sum(len(tool_output(t, 6_000)) for t in range(24)) // 4
+    assert history > SMALL_WINDOW
+    # The proxy compacted (stubs, then a fold) and answered read_result on the socket.
+    resolved = [orjson.loads(r.resolved) for r in sent]
+    assert any("read_result" in orjson.dumps(b["tools"]).decode() for b in resolved)
+    reads = [
+        b
+        for b in resolved
+        if any(
+            i.get("type") == "function_call" and i.get("name") == "read_result"
+            for i in input_items(b)
+        )
+    ]
+    assert reads, "the stand-in never called read_result"
+    whole = [r for r in sent[1:] if "previous_response_id" not in orjson.loads(r.body)]
+    incremental = [r for r in sent[1:] if "previous_response_id" in orjson.loads(r.body)]
+    assert whole and incremental  # crossings sent whole, the turns between them not
+    metrics = await scrape(proxy)
+    assert value(metrics, "compaction_proxy_read_result_rounds_total") >= 1
+    assert value(metrics, "compaction_proxy_offloads_total") >= 1
+
+
+async def test_upgrades_the_upstream_refuses_get_426(
+    make_responses_standin: MakeResponsesStandIn, make_compacting_proxy: MakeProxy, session: Any
+) -> None:
+    for status in (426, 404):
+        standin = await standin_with(make_responses_standin, websocket_status=status)
+        proxy = await proxy_for(make_compacting_proxy, standin.url)
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await session.ws_connect(proxy.url + PATH, headers={**AUTH, **BETA})
+        assert refused.value.status == 426
+    # Refused by the proxy's own setting: the upstream is not asked.
+    standin = await standin_with(make_responses_standin)
+    proxy = await proxy_for(make_compacting_proxy, standin.url, **{"responses.websocket": "refuse"})
+    async with session.get(
+        proxy.url + PATH,
+        headers={
+            **AUTH,
+            **BETA,
+            "Connection": "Upgrade",
+            "Upgrade": "websocket",
+            "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "c3RhbmQtaW4gd2Vic29jaw==",
+        },
+    ) as r:
+        assert r.status == 426
+        assert (await r.json())["error"]["code"] == "websocket_not_supported"
+    assert not [r for r in standin.recorded if r.method == "GET"]
+    # The upstream's 401 stays a 401.
+    relaying = await proxy_for(make_compacting_proxy, standin.url)
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await session.ws_connect(relaying.url + PATH, headers=BETA)
+    assert refused.value.status == 401
+
+
+async def test_error_frames_and_closes_pass_through(
+    make_responses_standin: MakeResponsesStandIn, make_compacting_proxy: MakeProxy, session: Any
+) -> None:
+    standin = await standin_with(make_responses_standin)
+    proxy = await proxy_for(make_compacting_proxy, standin.url)
+    headers = {**AUTH, **BETA, **stand_in(fault="429", fault_times=1)}
+    async with session.ws_connect(proxy.url + PATH, headers=headers) as ws:
+        await ws.send_str(create([message("user", "hi")]))
+        [error] = await until_done(ws)
+        assert error["status"] == 429 and error["error"]["code"] == "rate_limit_exceeded"
+        assert int(error["headers"]["retry-after"]) >= 1
+        # The socket goes on: the next request is answered.
+        await ws.send_str(create([message("user", "hi")]))
+        assert (await until_done(ws))[-1]["type"] == "response.completed"
+        # A previous_response_id the socket does not keep goes to the upstream to refuse.
+        await ws.send_str(create([message("user", "more")], previous="resp_unknown"))
+        [error] = await until_done(ws)
+        assert error["status"] == 400 and error["error"]["code"] == "previous_response_not_found"
+        # A request the proxy refuses itself (nothing fits): an error frame in OpenAI's shape.
+        huge = [message("developer", "rule " * 80_000), message("user", "go")]
+        await ws.send_str(create(huge))
+        [error] = await until_done(ws)
+        assert error["status"] == 400 and error["error"]["code"] == "context_length_exceeded"
+        # A binary frame reaches the upstream, whose close (1003) reaches the client.
+        await ws.send_bytes(b"\x00")
+        closing = await ws.receive(timeout=10)
+        assert closing.type == aiohttp.WSMsgType.CLOSE
+        assert closing.data == aiohttp.WSCloseCode.UNSUPPORTED_DATA
+    statuses = [r.status for r in frames(standin)]
+    assert statuses == [429, 200, 400]  # the proxy's own refusal never went upstream
