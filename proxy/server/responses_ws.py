@@ -203,6 +203,9 @@ class Relay:
             await up.close()
             raise
         self.metrics.websocket_sessions.labels("relayed").inc()
+        upgrade = records.current()
+        if upgrade is not None:  # the upgrade was answered; its frames count as their own
+            upgrade.meter.complete = True  # (a client that goes away is no 499 of it)
         self.metrics.websocket_open.inc()
         pumps = [
             asyncio.create_task(self._pump("client", client)),
