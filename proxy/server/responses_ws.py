@@ -48,6 +48,7 @@ from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 from multidict import CIMultiDict
 
 from proxy.core.errors import ProxyError, UpgradeRequired
+from proxy.core.usage import Usage
 from proxy.server import budgets
 from proxy.server import record as records
 from proxy.server.bodies import output_tokens
@@ -95,6 +96,7 @@ _HANDSHAKE = frozenset(
         "sec-websocket-protocol",
     }
 )
+INBOX_FRAMES = 256
 _KEEP_STATUS = (401, 403, 429)  # upgrade refusals the client gets as they are
 _CLOSED = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR)
 
@@ -139,7 +141,9 @@ class Relay:
             for n, v in upstream_request_headers(request.headers)
             if n.lower() not in _HANDSHAKE
         ]
-        self.inbox: asyncio.Queue[tuple[str, WSMessage]] = asyncio.Queue()
+        # Both sockets' frames, in arrival order; bounded, so a client slower than its
+        # upstream holds the upstream back (its reader stops, then TCP does).
+        self.inbox: asyncio.Queue[tuple[str, WSMessage]] = asyncio.Queue(INBOX_FRAMES)
         self.pending: deque[WSMessage] = deque()  # client frames that came mid-response
         self.client_kept: Kept | None = None  # what the client may name next
         self.upstream_kept: Kept | None = None  # ... and what the upstream keeps
@@ -417,7 +421,9 @@ class Relay:
             record.meter.round(RESPONSES.usage(usage))
             record.meter.complete = True
         elif event.get("type") in ("response.completed", "response.incomplete"):
-            record.meter.seen_answer = True
+            if sent is not None and sent.get("generate") is False:
+                record.meter.round(Usage())  # a prewarm: nothing generated, nothing told
+            record.meter.seen_answer = True  # (else: the reservation, nothing better known)
             record.meter.complete = True
         self.upstream_kept = kept_after(input_list(sent), event) if sent is not None else None
 

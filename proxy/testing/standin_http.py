@@ -90,6 +90,7 @@ class RecordedRequest:
     # resolved: the request it stands for, previous_response_id resolved)
     transport: str = "http"
     resolved: bytes = b""
+    started_at: float = field(default_factory=time.monotonic)  # when it arrived
 
 
 RECORDED: web.AppKey[list[RecordedRequest]] = web.AppKey("standin_recorded", list)

@@ -4,6 +4,7 @@ a `response.create` with previous_response_id and only its new items."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +13,9 @@ import orjson
 import pytest
 
 from proxy.core.tokens import default_counter
-from proxy.server.app import RunningProxy
+from proxy.server.app import RunningProxy, start
+from proxy.server.logs import REQUEST_LOGGER
+from proxy.store.accounts import Accounts, Scope
 from proxy.testing.agent import tool_output
 from proxy.testing.agent_responses import INSTRUCTIONS, TOOLS, message
 from proxy.testing.responses_items import ItemCounter
@@ -21,7 +24,8 @@ from proxy.testing.responses_validate import input_items
 from proxy.testing.standin import RecordedRequest, StandInOptions
 from tests.plugins.responses import MakeResponsesStandIn
 from tests.plugins.standin import RunningStandIn
-from tests.server.conftest import SMALL_WINDOW, MakeProxy
+from tests.server.conftest import SMALL_WINDOW, MakeProxy, proxy_settings
+from tests.server.test_keys_and_budgets import ENV, UPSTREAM_SECRET, new_key, settled
 from tests.server.test_metrics import scrape, value
 
 PATH = "/v1/responses"
@@ -145,10 +149,14 @@ async def test_a_session_relayed_untouched_goes_incrementally(
 
 
 async def test_a_long_session_is_compacted_on_the_socket(
-    make_responses_standin: MakeResponsesStandIn, make_compacting_proxy: MakeProxy, session: Any
+    make_responses_standin: MakeResponsesStandIn,
+    make_compacting_proxy: MakeProxy,
+    session: Any,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     standin = await standin_with(make_responses_standin)
     proxy = await proxy_for(make_compacting_proxy, standin.url)
+    caplog.set_level(logging.INFO, logger=REQUEST_LOGGER)
     headers = {**AUTH, **BETA, **stand_in(tool=EXEC, read_result=True)}
     async with session.ws_connect(proxy.url + PATH, headers=headers) as ws:
         answers = await agent(ws, turns=24, chars=6_000)
@@ -180,6 +188,13 @@ async def test_a_long_session_is_compacted_on_the_socket(
     whole = [r for r in sent[1:] if "previous_response_id" not in orjson.loads(r.body)]
     incremental = [r for r in sent[1:] if "previous_response_id" in orjson.loads(r.body)]
     assert whole and incremental  # crossings sent whole, the turns between them not
+    # One request log line per response.create, with its strategy.
+    lines = [r.fields for r in caplog.records if r.name == REQUEST_LOGGER]  # type: ignore[attr-defined]
+    ws_lines = [f for f in lines if f["method"] == "WS"]
+    assert len(ws_lines) == len(answers) and all(f["status"] == 200 for f in ws_lines)
+    strategies = {f["strategy"] for f in ws_lines}
+    assert "none" in strategies and any(s.startswith("offload") for s in strategies), strategies
+    assert any(f.get("read_rounds") for f in ws_lines)
     metrics = await scrape(proxy)
     assert value(metrics, "compaction_proxy_read_result_rounds_total") >= 1
     assert value(metrics, "compaction_proxy_offloads_total") >= 1
@@ -248,3 +263,90 @@ async def test_error_frames_and_closes_pass_through(
         assert closing.data == aiohttp.WSCloseCode.UNSUPPORTED_DATA
     statuses = [r.status for r in frames(standin)]
     assert statuses == [429, 200, 400]  # the proxy's own refusal never went upstream
+
+
+@pytest.mark.parametrize("mode", ["serve", "auto"])
+async def test_codex_compaction_is_served_on_the_socket(
+    make_responses_standin: MakeResponsesStandIn,
+    make_compacting_proxy: MakeProxy,
+    session: Any,
+    mode: str,
+) -> None:
+    """An upstream that knows no compaction items: the proxy answers Codex's
+    compaction_trigger on the socket (auto: once the upstream's error frame refused it),
+    and opens its sealed item in the next request."""
+    standin = await standin_with(make_responses_standin, plays_openai=False)
+    proxy = await proxy_for(
+        make_compacting_proxy, standin.url, **{"responses.codex_compaction": mode}
+    )
+    history = [message("developer", INSTRUCTIONS), message("user", "Fix the build: step 42.")]
+    async with session.ws_connect(proxy.url + PATH, headers={**AUTH, **BETA}) as ws:
+        await ws.send_str(create(history))
+        answered = await until_done(ws)
+        previous = answered[-1]["response"]["id"]
+        await ws.send_str(create([{"type": "compaction_trigger"}], previous))
+        events = await until_done(ws)
+        assert events[-1]["type"] == "response.completed", events[-1]
+        [item] = events[-1]["response"]["output"]
+        assert item["type"] == "compaction" and item["encrypted_content"].startswith("cpx1.")
+        # Codex starts its next window over from the item, on the same socket.
+        await ws.send_str(create([*history[:1], item, message("user", "go on")]))
+        assert (await until_done(ws))[-1]["type"] == "response.completed"
+    sent = frames(standin)
+    triggers = [r for r in sent if b"compaction_trigger" in r.resolved]
+    assert len(triggers) == (1 if mode == "auto" else 0)  # auto: the one refused upstream
+    assert all(r.status == 400 for r in triggers)
+    restarted = orjson.loads(sent[-1].resolved)
+    text = orjson.dumps(restarted["input"]).decode()
+    assert "cpx1." not in text and "[compaction-proxy: summary of the conversation" in text
+    summaries = [r for r in standin.recorded if r.headers.get("x-compaction-proxy-purpose")]
+    assert summaries and all(r.method == "POST" for r in summaries)
+
+
+async def test_budgets_are_reserved_and_settled_per_frame(
+    make_responses_standin: MakeResponsesStandIn,
+    monkeypatch: pytest.MonkeyPatch,
+    redis_url: str,
+    store: Any,
+    session: Any,
+) -> None:
+    standin = await standin_with(make_responses_standin)
+    monkeypatch.setenv(ENV, UPSTREAM_SECRET)
+    settings = proxy_settings(
+        "http://127.0.0.1:9",
+        redis_url,
+        **{
+            "upstream.openai_url": standin.url,
+            "auth.keys": "required",
+            "auth.cache_seconds": 0.0,
+            "store.key_prefix": store.prefix,
+        },
+    )
+    proxy = await start(settings)
+    try:
+        accounts = Accounts(store)
+        text, key_id = await new_key(accounts, provider="openai", **{"day:output": 1_500})
+        headers = {"Authorization": f"Bearer {text}", **BETA, **stand_in(text="Done.")}
+        async with session.ws_connect(proxy.url + PATH, headers=headers) as ws:
+            await ws.send_str(create([message("user", "hi")], max_output_tokens=1_000))
+            first = await until_done(ws)
+            assert first[-1]["type"] == "response.completed"
+            # Settled to what it used (not the 1,000 it held) once it ended.
+            once = first[-1]["response"]["usage"]["output_tokens"]
+            scope = Scope("key", key_id)
+            assert await settled(accounts, scope, lambda u: u["output"] == once)
+            # Over the budget as one frame: refused on the socket, which goes on.
+            await ws.send_str(create([message("user", "more")], max_output_tokens=2_000))
+            [refused] = await until_done(ws)
+            assert refused["status"] == 429 and refused["error"]["type"] == "rate_limit_error"
+            await ws.send_str(create([message("user", "again")], max_output_tokens=1_000))
+            last = await until_done(ws)
+            assert last[-1]["type"] == "response.completed"
+        sent = frames(standin)
+        assert [r.status for r in sent] == [200, 200]  # the refused frame never went upstream
+        assert all(r.headers["Authorization"] == f"Bearer {UPSTREAM_SECRET}" for r in sent)
+        # Each frame settled to its own reported usage.
+        used = sum(e[-1]["response"]["usage"]["output_tokens"] for e in (first, last))
+        assert await settled(accounts, scope, lambda u: u["output"] == used)
+    finally:
+        await proxy.stop()
