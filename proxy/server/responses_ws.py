@@ -47,15 +47,17 @@ import orjson
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 from multidict import CIMultiDict
 
-from proxy.core.errors import ProxyError, UpgradeRequired
+from proxy.core.errors import NotAuthenticated, ProxyError, UpgradeRequired
+from proxy.core.errors import StoreUnavailable as CannotCheck
 from proxy.core.usage import Usage
 from proxy.server import budgets
 from proxy.server import record as records
 from proxy.server.bodies import output_tokens
-from proxy.server.budgets import TICKET, Ticket
-from proxy.server.caller import caller_of
+from proxy.server.budgets import STORE_DOWN_RETRY_AFTER, TICKET, Ticket
+from proxy.server.caller import caller_of, count_rejection
 from proxy.server.compactor import Prepared
 from proxy.server.errors import render, upstream_failure
+from proxy.server.fleet import FLEET
 from proxy.server.headers import client_response_headers, upstream_request_headers
 from proxy.server.logs import REQUEST_LOG
 from proxy.server.metrics import METRICS, REQUEST_ENDED
@@ -67,6 +69,7 @@ from proxy.server.routes import Incoming, _calibrate, _prepare, _reserve
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.state import SETTINGS
 from proxy.server.upstream import Upstream
+from proxy.store import StoreUnavailable
 from proxy.wire.responses import RESPONSES
 from proxy.wire.responses_ws import (
     CREATE,
@@ -342,8 +345,33 @@ class Relay:
         request[TICKET] = ticket
         return ticket
 
+    async def _key_still_good(self) -> None:
+        """A proxy key checked at the upgrade is checked again for every frame (its
+        record at most `auth.cache_seconds` old): a revoked key stops being served on a
+        socket it opened before."""
+        caller = caller_of(self.request)
+        if caller.key_id is None:
+            return
+        fleet = self.app[FLEET]
+        accounts = fleet.accounts()
+        try:
+            if accounts is None:
+                raise StoreUnavailable("no key store")
+            found = await fleet.key_record(accounts, caller.key_id)
+        except StoreUnavailable:
+            count_rejection(self.app, "store_unavailable")
+            raise CannotCheck(
+                "compaction-proxy cannot check keys right now (its store is unreachable);"
+                " retry shortly",
+                retry_after=STORE_DOWN_RETRY_AFTER,
+            ) from None
+        if found is None or found.get("revoked") == "1":
+            count_rejection(self.app, "key")
+            raise NotAuthenticated("invalid x-api-key")
+
     async def _drive(self, raw: str, frame: dict[str, Any], record: RequestRecord) -> int:
         request = self.request
+        await self._key_still_good()
         payload = resolve(self.client_kept, frame)
         if payload is None:
             # A response this socket does not keep: the upstream's to resolve or refuse.

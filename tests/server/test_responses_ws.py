@@ -303,7 +303,7 @@ async def test_codex_compaction_is_served_on_the_socket(
     assert summaries and all(r.method == "POST" for r in summaries)
 
 
-async def test_budgets_are_reserved_and_settled_per_frame(
+async def test_keys_and_budgets_are_checked_and_settled_per_frame(
     make_responses_standin: MakeResponsesStandIn,
     monkeypatch: pytest.MonkeyPatch,
     redis_url: str,
@@ -342,11 +342,40 @@ async def test_budgets_are_reserved_and_settled_per_frame(
             await ws.send_str(create([message("user", "again")], max_output_tokens=1_000))
             last = await until_done(ws)
             assert last[-1]["type"] == "response.completed"
+            # The key is checked again for every frame: revoked, the socket serves no more.
+            assert await accounts.revoke_key(key_id)
+            await ws.send_str(create([message("user", "still there?")]))
+            [revoked] = await until_done(ws)
+            assert revoked["status"] == 401
         sent = frames(standin)
-        assert [r.status for r in sent] == [200, 200]  # the refused frame never went upstream
+        assert [r.status for r in sent] == [200, 200]  # the refused frames never went upstream
         assert all(r.headers["Authorization"] == f"Bearer {UPSTREAM_SECRET}" for r in sent)
         # Each frame settled to its own reported usage.
         used = sum(e[-1]["response"]["usage"]["output_tokens"] for e in (first, last))
         assert await settled(accounts, scope, lambda u: u["output"] == used)
     finally:
         await proxy.stop()
+
+
+async def test_frame_size_and_idle_timeout_close_both_sockets(
+    make_responses_standin: MakeResponsesStandIn, make_compacting_proxy: MakeProxy, session: Any
+) -> None:
+    standin = await standin_with(make_responses_standin)
+    proxy = await proxy_for(
+        make_compacting_proxy,
+        standin.url,
+        **{"responses.websocket_max_frame": 65_536, "responses.websocket_idle_timeout": 0.5},
+    )
+    async with session.ws_connect(proxy.url + PATH, headers={**AUTH, **BETA}) as ws:
+        await ws.send_str(create([message("user", "x" * 70_000)]))
+        closing = await ws.receive(timeout=10)
+        assert closing.type == aiohttp.WSMsgType.CLOSE
+        assert closing.data == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+    async with session.ws_connect(proxy.url + PATH, headers={**AUTH, **BETA}) as ws:
+        await ws.send_str(create([message("user", "hi")]))
+        assert (await until_done(ws))[-1]["type"] == "response.completed"
+        closing = await ws.receive(timeout=10)  # then nothing for longer than the timeout
+        assert closing.type == aiohttp.WSMsgType.CLOSE and closing.data == 1000
+    assert [r.status for r in frames(standin)] == [200]  # the big frame never went upstream
+    metrics = await scrape(proxy)
+    assert value(metrics, "compaction_proxy_websocket_open") == 0
