@@ -25,6 +25,8 @@ from proxy.testing.responses_standin import ResponsesOptions
 from proxy.testing.responses_validate import input_items
 from proxy.testing.standin import RecordedRequest
 from tests.agents.test_codex_standin import (
+    COMPACT_AT,
+    LATE_POLICY,
     WINDOW,
     assert_task_done,
     codex_items,
@@ -103,3 +105,48 @@ async def test_codex_over_the_websocket_is_compacted_on_the_socket(
     assert kept and not any(i.get("name") == "read_result" for i in kept)
     assert "read_result" not in orjson.dumps(run.events).decode()
     assert "499" not in statuses, statuses
+
+
+@pytest.mark.parametrize("upstream", ["openai", "other"])
+async def test_codex_compaction_over_the_websocket(
+    make_responses_standin: MakeResponsesStandIn,
+    tmp_path: Path,
+    redis_url: str,
+    redis_key_prefix: str,
+    upstream: str,
+) -> None:
+    """Codex, told the window, compacts by itself on the socket: its compaction_trigger
+    frame passes through to an upstream that serves it (OpenAI), or is served by the proxy
+    for one that refuses it (`codex_compaction = "auto"`), and Codex goes on over the socket
+    from the compaction item it got."""
+    standin = await start_standin(
+        make_responses_standin, upstream == "openai", websocket_status=101
+    )
+    proxy = await proxy_in_front(standin.url, redis_url, redis_key_prefix, LATE_POLICY)
+    try:
+        run = await codex_task(
+            tmp_path, proxy.url, "openai", context_window=WINDOW, auto_compact_limit=COMPACT_AT
+        )
+        statuses = responses_statuses(proxy)
+    finally:
+        await proxy.stop()
+    assert_task_done(run)
+    assert "426" not in statuses and not [
+        p for p in posts(standin) if not p.record.headers.get("x-compaction-proxy-purpose")
+    ]
+    sent = frames(standin)
+    counter = ItemCounter(default_counter(), ResponsesOptions().seal_key)
+    assert all(counter.count_request(resolved(r)) <= WINDOW for r in sent)
+    triggers = [r for r in sent if b'"compaction_trigger"' in r.resolved]
+    kept = codex_items(tmp_path / "codex-home")
+    compactions = [i for i in kept if i.get("type") == "compaction"]
+    assert compactions, "Codex never compacted"
+    if upstream == "openai":
+        assert triggers and all(r.status == 200 for r in triggers)
+        assert all(not i["encrypted_content"].startswith("cpx1.") for i in compactions)
+    else:
+        assert len(triggers) == 1 and triggers[0].status == 400  # refused once, then served
+        assert all(i["encrypted_content"].startswith("cpx1.") for i in compactions)
+        later = [orjson.dumps(input_items(resolved(r))).decode() for r in sent]
+        assert any("[compaction-proxy: summary of the conversation" in t for t in later)
+        assert not any("cpx1." in t for t in later)  # never forwarded
