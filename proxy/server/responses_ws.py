@@ -15,7 +15,8 @@ client towards the upstream), opened before the client's upgrade is answered:
   bounded (`websocket_max_frame`: a bigger one closes that socket with 1009), a socket
   without a request for `websocket_idle_timeout` is closed (1000), an upstream silent for
   `upstream.stream_idle_timeout` in the middle of a response closes both (1011); a close
-  from either side is passed to the other with its code.
+  from either side is passed to the other with its code. While the proxy drains for
+  shutdown, a socket closes (1001) as soon as no response is under way on it.
 
 Each `response.create` goes through the driver of an HTTP Responses request
 (proxy/server/responses.py `before`, routes.py `_prepare` and `_reserve`): resolved to the
@@ -59,6 +60,7 @@ from proxy.server.compactor import Prepared
 from proxy.server.errors import render, upstream_failure
 from proxy.server.fleet import FLEET
 from proxy.server.headers import client_response_headers, upstream_request_headers
+from proxy.server.lifecycle import LIFECYCLE
 from proxy.server.logs import REQUEST_LOG
 from proxy.server.metrics import METRICS, REQUEST_ENDED
 from proxy.server.passthrough import handle_passthrough
@@ -100,6 +102,7 @@ _HANDSHAKE = frozenset(
     }
 )
 INBOX_FRAMES = 256
+DRAIN_POLL = 0.5  # seconds between looks at the shutdown flag on an idle socket
 _KEEP_STATUS = (401, 403, 429)  # upgrade refusals the client gets as they are
 _CLOSED = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR)
 
@@ -123,7 +126,8 @@ async def handle_responses_get(request: web.Request) -> web.StreamResponse:
 
 
 class _Gone(Exception):
-    """A socket closed: `side` ("client" or "upstream"), with its close code."""
+    """A socket closed: `side` ("client" or "upstream"), with its close code; "proxy":
+    the proxy closes both."""
 
     def __init__(self, side: str, code: int | None, reason: bytes = b"") -> None:
         super().__init__(side)
@@ -240,11 +244,16 @@ class Relay:
                 return
 
     async def _close_other(self, gone: _Gone) -> None:
+        """Pass a close on with its code (the proxy's own: to both sides)."""
         code = gone.code if gone.code and gone.code >= 1000 else WSCloseCode.INTERNAL_ERROR
-        other = self.up if gone.side == "client" else self.client
-        if other is not None and not other.closed:
-            with contextlib.suppress(Exception):
-                await other.close(code=code, message=gone.reason)
+        if gone.side == "proxy":
+            others = [self.client, self.up]
+        else:
+            others = [self.up if gone.side == "client" else self.client]
+        for other in others:
+            if other is not None and not other.closed:
+                with contextlib.suppress(Exception):
+                    await other.close(code=code, message=gone.reason)
 
     # -- the frames -----------------------------------------------------------------------
 
@@ -256,12 +265,7 @@ class Relay:
             if self.pending:
                 side, message = "client", self.pending.popleft()
             else:
-                try:
-                    side, message = await asyncio.wait_for(
-                        self.inbox.get(), self.settings.websocket_idle_timeout
-                    )
-                except TimeoutError:
-                    raise _Gone("client", WSCloseCode.OK, b"idle") from None
+                side, message = await self._between_responses()
             if message.type in _CLOSED:
                 raise _Gone(side, _close_code(message), _close_reason(message))
             if side == "upstream":  # between responses: passed on as it came
@@ -275,6 +279,24 @@ class Relay:
                     continue
             await _send(up, message)  # another frame type: the upstream's to answer
             self.metrics.websocket_frames.labels("client_to_upstream").inc()
+
+    async def _between_responses(self) -> tuple[str, WSMessage]:
+        """The next frame while no response is under way; _Gone("proxy") when the socket
+        stays idle too long (1000), or the proxy is shutting down (1001: Codex opens a new
+        socket, on a replica that is not)."""
+        lifecycle = self.app[LIFECYCLE]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.websocket_idle_timeout
+        while True:
+            if lifecycle.draining:
+                raise _Gone("proxy", WSCloseCode.GOING_AWAY, b"shutting down")
+            left = deadline - loop.time()
+            if left <= 0:
+                raise _Gone("proxy", WSCloseCode.OK, b"idle")
+            try:
+                return await asyncio.wait_for(self.inbox.get(), min(DRAIN_POLL, left))
+            except TimeoutError:
+                continue
 
     async def _upstream_message(self) -> WSMessage:
         """The next upstream frame of the response under way (client frames meanwhile

@@ -4,6 +4,7 @@ a `response.create` with previous_response_id and only its new items."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 
 from proxy.core.tokens import default_counter
 from proxy.server.app import RunningProxy, start
+from proxy.server.lifecycle import LIFECYCLE
 from proxy.server.logs import REQUEST_LOGGER
 from proxy.store.accounts import Accounts, Scope
 from proxy.testing.agent import tool_output
@@ -379,3 +381,18 @@ async def test_frame_size_and_idle_timeout_close_both_sockets(
     assert [r.status for r in frames(standin)] == [200]  # the big frame never went upstream
     metrics = await scrape(proxy)
     assert value(metrics, "compaction_proxy_websocket_open") == 0
+
+
+async def test_a_draining_proxy_closes_idle_sockets_going_away(
+    make_responses_standin: MakeResponsesStandIn, make_compacting_proxy: MakeProxy, session: Any
+) -> None:
+    standin = await standin_with(make_responses_standin)
+    proxy = await proxy_for(make_compacting_proxy, standin.url)
+    async with session.ws_connect(proxy.url + PATH, headers={**AUTH, **BETA}) as ws:
+        await ws.send_str(create([message("user", "hi")]))
+        assert (await until_done(ws))[-1]["type"] == "response.completed"
+        drained = asyncio.create_task(proxy.app[LIFECYCLE].drain(10.0))
+        closing = await ws.receive(timeout=10)
+        assert closing.type == aiohttp.WSMsgType.CLOSE
+        assert closing.data == aiohttp.WSCloseCode.GOING_AWAY
+        assert await drained  # nothing left open: the drain ended before its timeout
