@@ -78,6 +78,7 @@ from proxy.wire.responses_ws import (
     Kept,
     as_event,
     ends_response,
+    error_frame,
     error_frame_of,
     frame_of,
     frames_of_sse,
@@ -349,6 +350,15 @@ class Relay:
         except _Gone as gone:
             status = 200 if record.meter.complete else 499 if gone.side == "client" else 502
             raise
+        except Exception:
+            # A fault of the proxy's own mid-frame: the socket's state is unknown from
+            # here, so the client is told and both sockets close (Codex opens a new one).
+            log.exception("WebSocket frame failed; closing the socket")
+            status = 500
+            failure = {"type": "api_error", "message": "compaction-proxy failed on this request"}
+            with contextlib.suppress(Exception):
+                await self._to_client(error_frame(500, failure))
+            raise _Gone("proxy", WSCloseCode.INTERNAL_ERROR, b"internal error") from None
         finally:
             ended = time.perf_counter()
             records.end(token)
