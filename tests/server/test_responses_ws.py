@@ -396,3 +396,44 @@ async def test_a_draining_proxy_closes_idle_sockets_going_away(
         assert closing.type == aiohttp.WSMsgType.CLOSE
         assert closing.data == aiohttp.WSCloseCode.GOING_AWAY
         assert await drained  # nothing left open: the drain ended before its timeout
+
+
+async def test_frames_in_order_and_upstream_failures_close_the_client(
+    make_responses_standin: MakeResponsesStandIn, make_compacting_proxy: MakeProxy, session: Any
+) -> None:
+    standin = await standin_with(make_responses_standin)
+    proxy = await proxy_for(
+        make_compacting_proxy, standin.url, **{"upstream.stream_idle_timeout": 0.5}
+    )
+    async with session.ws_connect(proxy.url + PATH, headers={**AUTH, **BETA}) as ws:
+        # Two requests sent at once are answered one after the other, in order.
+        await ws.send_str(create([message("user", "first")]))
+        await ws.send_str(create([message("user", "second")]))
+        one, two = await until_done(ws), await until_done(ws)
+        assert one[-1]["type"] == two[-1]["type"] == "response.completed"
+        assert one[-1]["response"]["id"] != two[-1]["response"]["id"]
+    resolved = [orjson.loads(r.resolved)["input"][0]["content"] for r in frames(standin)]
+    assert resolved == [message("user", "first")["content"], message("user", "second")["content"]]
+    # The upstream cuts the connection mid-response: the client's socket closes too.
+    cut = stand_in(fault="eof", text="a b c d e f g h")
+    async with session.ws_connect(proxy.url + PATH, headers={**AUTH, **BETA, **cut}) as ws:
+        await ws.send_str(create([message("user", "hi")]))
+        while (got := await ws.receive(timeout=10)).type == aiohttp.WSMsgType.TEXT:
+            assert orjson.loads(got.data)["type"] != "response.completed"
+        assert (
+            got.type == aiohttp.WSMsgType.CLOSE and got.data == aiohttp.WSCloseCode.INTERNAL_ERROR
+        )
+    # The upstream goes silent mid-response past its idle timeout: both close.
+    stall = stand_in(fault="stall", stall_seconds=3)
+    async with session.ws_connect(proxy.url + PATH, headers={**AUTH, **BETA, **stall}) as ws:
+        await ws.send_str(create([message("user", "hi")]))
+        while (got := await ws.receive(timeout=10)).type == aiohttp.WSMsgType.TEXT:
+            pass
+        assert (
+            got.type == aiohttp.WSMsgType.CLOSE and got.data == aiohttp.WSCloseCode.INTERNAL_ERROR
+        )
+    # An upstream that cannot be reached: 502 to the upgrade (Codex retries, then HTTP).
+    gone = await proxy_for(make_compacting_proxy, "http://127.0.0.1:9")
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await session.ws_connect(gone.url + PATH, headers={**AUTH, **BETA})
+    assert refused.value.status == 502
