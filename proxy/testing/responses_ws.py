@@ -1,9 +1,10 @@
 """The stand-in's Responses API over WebSocket (`GET /v1/responses` upgraded), strict like
 the real one as Codex speaks it (codex-rs/codex-api/src/endpoint/responses_websocket.rs):
 
-- the upgrade needs a Bearer credential (401 before it) and `OpenAI-Beta:
-  responses_websockets=...` (400 without); the 101 carries `x-codex-turn-state` for a
-  Codex request, as the HTTP answers do; permessage-deflate is offered (aiohttp's);
+- the upgrade needs a Bearer credential (401 before it); Codex sends `OpenAI-Beta:
+  responses_websockets=...`, the openai SDK (`client.responses.connect`) no beta header,
+  and both are served; the 101 carries `x-codex-turn-state` for a Codex request, as the
+  HTTP answers do; permessage-deflate is agreed when offered (aiohttp's);
 - each client frame is one JSON text object `{"type": "response.create", ...the HTTP
   body's fields}`; anything else (another type, not JSON, a binary frame) gets an error
   frame, a binary frame closes the socket (1003);
@@ -33,7 +34,6 @@ from typing import Any
 import orjson
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from proxy.testing.chat_standin import chat_error
 from proxy.testing.responses_events import CREATED_AT
 from proxy.testing.responses_standin import (
     RESPONSES,
@@ -54,7 +54,6 @@ from proxy.testing.standin_http import (
     request_digest,
 )
 
-BETA = "responses_websockets="
 # What an error frame carries of the headers an HTTP refusal would have had.
 ERROR_HEADERS = ("retry-after", "retry-after-ms", "x-request-id")
 
@@ -131,12 +130,6 @@ async def serve_websocket(request: web.Request) -> web.StreamResponse:
     options = app[RESPONSES]
     if _credential(request) is None:
         return _unauthorized()
-    if BETA not in request.headers.get("openai-beta", ""):
-        return chat_error(
-            400,
-            "WebSocket connections to /v1/responses need the header"
-            " 'OpenAI-Beta: responses_websockets=2026-02-06'.",
-        )
     ws = web.WebSocketResponse(
         compress=True,
         max_msg_size=options.websocket_max_frame,

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import openai
 import orjson
 import pytest
 
@@ -437,3 +438,41 @@ async def test_frames_in_order_and_upstream_failures_close_the_client(
     with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
         await session.ws_connect(gone.url + PATH, headers={**AUTH, **BETA})
     assert refused.value.status == 502
+
+
+async def test_the_openai_sdk_websocket_client_through_the_proxy(
+    make_responses_standin: MakeResponsesStandIn, make_compacting_proxy: MakeProxy
+) -> None:
+    """The openai SDK's own Responses WebSocket (`client.responses.connect()`, no beta
+    header) through the proxy: typed events, previous_response_id resolved on the socket."""
+    standin = await standin_with(make_responses_standin)
+    proxy = await proxy_for(make_compacting_proxy, standin.url)
+    client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-sdk-ws", max_retries=0)
+    script = stand_in(text="Hello from the socket.")
+    async with client.responses.connect(extra_headers=script, max_retries=0) as connection:
+        ids = []
+        for text in ("hi", "and again"):
+            event: dict[str, Any] = {
+                "type": "response.create",
+                "model": "gpt-test",
+                "input": [message("user", text)],
+                "store": False,
+            }
+            if ids:
+                event["previous_response_id"] = ids[-1]
+            await connection.send(event)  # type: ignore[arg-type]
+            kinds = []
+            async for got in connection:
+                kinds.append(got.type)
+                if got.type == "response.completed":
+                    ids.append(got.response.id)
+                    assert got.response.output_text == "Hello from the socket."
+                    break
+            assert kinds[0] == "response.created" and "response.output_text.delta" in kinds
+    await client.close()
+    sent = frames(standin)
+    assert [r.status for r in sent] == [200, 200]
+    second = orjson.loads(sent[1].body)
+    assert second["previous_response_id"] and len(second["input"]) == 1  # only the new item
+    whole = orjson.loads(sent[1].resolved)["input"]
+    assert [i.get("role") for i in whole] == ["user", "assistant", "user"]
