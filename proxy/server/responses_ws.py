@@ -466,6 +466,7 @@ class Relay:
             if on_refusal is not None and is_error_frame(event) and event["status"] in (400, 422):
                 answer = await on_refusal(message.data.encode())
                 if answer is not None:
+                    self.upstream_kept = None  # after an error, whole again (whatever it kept)
                     return await self._send_answer(answer)
             await self._to_client(message.data)
             if ends_response(event):
