@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.core.sse import SSEDecoder, encode_event
 from proxy.wire.responses_ws import (
@@ -103,3 +105,21 @@ def test_frames_and_events_carry_across() -> None:
     }
     plain = orjson.loads(error_frame_of(502, b"bad gateway", {}))
     assert plain["status"] == 502 and plain["error"]["message"] == "bad gateway"
+
+
+ITEMS = st.lists(st.sampled_from([user("a"), user("b"), ANSWER, {"type": "reasoning"}]), max_size=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(kept_items=ITEMS, extra=ITEMS, rewritten=st.booleans())
+def test_the_upstream_resolves_what_the_proxy_sends_to_what_it_meant(
+    kept_items: list[Any], extra: list[Any], rewritten: bool
+) -> None:
+    """Whatever the upstream keeps and whatever goes next, the upstream (resolving the
+    frame as the API does) sees exactly the input the proxy meant."""
+    kept = Kept("resp_k", tuple(kept_items)) if kept_items else None
+    meant = [user("summary"), *extra] if rewritten else [*kept_items, *extra]
+    frame, reused = upstream_frame(kept, {"model": "m", "input": meant})
+    seen = resolve(kept, frame)
+    assert seen is not None and seen["input"] == meant
+    assert len(frame["input"]) == len(meant) - reused
