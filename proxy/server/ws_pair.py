@@ -253,14 +253,15 @@ class SocketPair:
         await self.client.send_str(text)
         self.metrics.websocket_frames.labels("upstream_to_client").inc()
 
-    async def to_upstream(self, frame: dict[str, Any], reused: int) -> None:
+    async def to_upstream(self, frame: dict[str, Any] | str, reused: int) -> None:
+        """A request frame (a str: as the client sent it); `reused`: items it leaves to
+        the upstream's kept response (0: it holds the whole input)."""
         assert self.up is not None
-        data = orjson.dumps(frame)
-        self.metrics.websocket_upstream_bytes.labels("incremental" if reused else "whole").inc(
-            len(data)
-        )
+        text = frame if isinstance(frame, str) else orjson.dumps(frame).decode()
+        form = "incremental" if reused else "whole"
+        self.metrics.websocket_upstream_bytes.labels(form).inc(len(text))
         self.metrics.websocket_frames.labels("client_to_upstream").inc()
-        await self.up.send_str(data.decode())
+        await self.up.send_str(text)
 
 
 class _Refusal(ProxyError):

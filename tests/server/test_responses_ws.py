@@ -89,16 +89,20 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 async def agent(
-    ws: aiohttp.ClientWebSocketResponse, turns: int, chars: int
+    ws: aiohttp.ClientWebSocketResponse, turns: int, chars: int, sent: list[str] | None = None
 ) -> list[list[dict[str, Any]]]:
-    """Prewarm, then `turns` tool turns, each answered with a large output."""
+    """Prewarm, then `turns` tool turns, each answered with a large output (the frames
+    sent noted in `sent`)."""
+    sent = [] if sent is None else sent
     first = [message("developer", INSTRUCTIONS), message("user", "Fix the build.")]
-    await ws.send_str(create(first, generate=False))
+    sent.append(create(first, generate=False))
+    await ws.send_str(sent[-1])
     answers = [await until_done(ws)]
     previous = answers[-1][-1]["response"]["id"]
     new: list[Any] = []
     for t in range(turns):
-        await ws.send_str(create(new, previous))
+        sent.append(create(new, previous))
+        await ws.send_str(sent[-1])
         events = await until_done(ws)
         answers.append(events)
         end = events[-1]
@@ -127,10 +131,13 @@ async def test_a_session_relayed_untouched_goes_incrementally(
         assert ws.compress  # permessage-deflate, end to end
         turn_state = ws._response.headers.get("x-codex-turn-state", "")  # the 101's headers
         assert turn_state.startswith("sts_")
-        answers = await agent(ws, turns=3, chars=400)
+        texts: list[str] = []
+        answers = await agent(ws, turns=3, chars=400, sent=texts)
     assert len(answers) == 4
     sent = frames(standin)
     assert [r.status for r in sent] == [200] * 4 and sent[0].kind == "prewarm"
+    # Fits means untouched: every frame reached the upstream as the client's bytes.
+    assert [r.body for r in sent] == [t.encode() for t in texts]
     # Nothing to compact: upstream, every turn goes as its new items only.
     for record in sent[1:]:
         frame = orjson.loads(record.body)
