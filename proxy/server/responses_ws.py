@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 from aiohttp import WSCloseCode, WSMsgType, web
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.core.errors import NotAuthenticated, ProxyError, UpgradeRequired
 from proxy.core.errors import StoreUnavailable as CannotCheck
@@ -39,7 +40,7 @@ from proxy.server import budgets
 from proxy.server import record as records
 from proxy.server.bodies import output_tokens
 from proxy.server.budgets import STORE_DOWN_RETRY_AFTER, TICKET, Ticket
-from proxy.server.caller import caller_of, count_rejection
+from proxy.server.caller import CALLER, caller_of, count_rejection
 from proxy.server.compactor import Prepared
 from proxy.server.errors import render
 from proxy.server.fleet import FLEET
@@ -51,7 +52,7 @@ from proxy.server.record import RequestRecord
 from proxy.server.responses import RESPONSES_ROUTE, before
 from proxy.server.routes import Incoming, _calibrate, _prepare, _reserve
 from proxy.server.state import SETTINGS
-from proxy.server.ws_pair import Gone, SocketPair, send_message
+from proxy.server.ws_pair import HANDSHAKE, Gone, SocketPair, send_message
 from proxy.store import StoreUnavailable
 from proxy.wire.responses import RESPONSES
 from proxy.wire.responses_ws import (
@@ -100,6 +101,12 @@ class Relay(SocketPair):
         super().__init__(request)
         self.client_kept: Kept | None = None  # what the client may name next
         self.upstream_kept: Kept | None = None  # ... and what the upstream keeps
+        # What each frame is handled as: the upgrade request without its handshake
+        # headers (the summariser's POSTs must not carry Sec-WebSocket-Key), the caller's.
+        kept = [(n, v) for n, v in request.headers.items() if n.lower() not in HANDSHAKE]
+        self.frames_request = request.clone(headers=CIMultiDictProxy(CIMultiDict(kept)))
+        self.frames_request[CALLER] = caller_of(request)
+        self.has_budgets = request.get(TICKET) is not None
 
     # -- one response.create --------------------------------------------------------------
 
@@ -149,8 +156,8 @@ class Relay(SocketPair):
     def _ticket(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """The frame's own budget ticket (reserve, then settle to its usage), when the
         caller has budgets."""
-        request = self.request
-        if request.get(TICKET) is None:
+        request = self.frames_request
+        if not self.has_budgets:
             return contextlib.nullcontext()
         ticket = Ticket(request, caller_of(request))  # meters the current (frame's) record
         request[TICKET] = ticket
@@ -160,7 +167,7 @@ class Relay(SocketPair):
         """A proxy key checked at the upgrade is checked again for every frame (its
         record at most `auth.cache_seconds` old): a revoked key stops being served on a
         socket it opened before."""
-        caller = caller_of(self.request)
+        caller = caller_of(self.frames_request)
         if caller.key_id is None:
             return
         fleet = self.app[FLEET]
@@ -181,7 +188,7 @@ class Relay(SocketPair):
             raise NotAuthenticated("invalid x-api-key")
 
     async def _drive(self, raw: str, frame: dict[str, Any], record: RequestRecord) -> int:
-        request = self.request
+        request = self.frames_request
         await self._key_still_good()
         payload = resolve(self.client_kept, frame)
         if payload is None:
@@ -281,7 +288,7 @@ class Relay(SocketPair):
         """The read_result rounds of one response, answered on the socket: the client
         sees one response (read_result held back, later rounds continuing it)."""
         assert prepared.tool is not None
-        rounds = ReadRounds(self.request, prepared, RESPONSES, self.upstream, self.headers)
+        rounds = ReadRounds(self.frames_request, prepared, RESPONSES, self.upstream, self.headers)
         merger = RESPONSES.merger(prepared.tool)
         meter = record.meter
         meter.seen_answer = True

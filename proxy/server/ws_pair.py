@@ -44,7 +44,7 @@ from proxy.server.upstream import Upstream
 log = logging.getLogger(__name__)
 
 # The client's own handshake: aiohttp makes the upstream's.
-_HANDSHAKE = frozenset(
+HANDSHAKE = frozenset(
     {
         "sec-websocket-key",
         "sec-websocket-version",
@@ -81,7 +81,7 @@ class SocketPair:
         self.headers = [
             (n, v)
             for n, v in upstream_request_headers(request.headers)
-            if n.lower() not in _HANDSHAKE
+            if n.lower() not in HANDSHAKE
         ]
         # Both sockets' frames, in arrival order; bounded, so a client slower than its
         # upstream holds the upstream back (its reader stops, then TCP does).

@@ -311,6 +311,10 @@ async def test_codex_compaction_is_served_on_the_socket(
     assert "cpx1." not in text and "[compaction-proxy: summary of the conversation" in text
     summaries = [r for r in standin.recorded if r.headers.get("x-compaction-proxy-purpose")]
     assert summaries and all(r.method == "POST" for r in summaries)
+    # The summariser's POSTs carry the client's headers, not its WebSocket handshake.
+    for summary in summaries:
+        assert summary.headers["Authorization"] == AUTH["Authorization"]
+        assert not any(h.lower().startswith("sec-websocket") for h in summary.headers)
 
 
 async def test_keys_and_budgets_are_checked_and_settled_per_frame(
