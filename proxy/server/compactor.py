@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy import tracing
 from proxy.core.counting import Counted, cannot_cross, count_request
 from proxy.core.driver import CompactionRequest, Decision, compaction
 from proxy.core.errors import ContextTooLong, ProxyError
@@ -113,6 +114,9 @@ class Compactor:
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Work that outlives the request that started it (a summary made ahead), in a
         context of its own: nothing of the request's record or meter is touched."""
+        active = tracing.ACTIVE
+        if active is not None:  # a trace of its own, linked to the request's span
+            work = active.detached("compaction.summary_ahead", work, active.here())
         task = asyncio.get_running_loop().create_task(work, context=contextvars.Context())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -241,6 +245,17 @@ class Compactor:
         record.tokens_before, record.tokens_after = rewrite.tokens_before, rewrite.tokens_after
         record.offloaded = len(rewrite.blobs)
         record.summary = rewrite.summary if rewrite.strategy != "checkpoint" else ""
+        if "summary" in rewrite.strategy or "pack" in rewrite.strategy:
+            tracing.event(
+                "compaction.fold" if "summary" in rewrite.strategy else "compaction.pack",
+                {
+                    "compaction.strategy": rewrite.strategy,
+                    "compaction.tokens_before": rewrite.tokens_before,
+                    "compaction.tokens_after": rewrite.tokens_after,
+                    "compaction.summary": rewrite.summary or "none",
+                    "compaction.reason": rewrite.reason or "none",
+                },
+            )
         if rewrite.strategy != "checkpoint" and rewrite.tokens_after > policy.trigger_tokens:
             log.warning(
                 "history still %d tokens after compaction, above the trigger %d (%s)",

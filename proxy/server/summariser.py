@@ -180,7 +180,15 @@ async def post_summary(
         (PURPOSE_HEADER, "summary"),
     ]
     async with asyncio.timeout(seconds):
-        response = await upstream.send("POST", path, sent, orjson.dumps(need.body), stream=False)
+        response = await upstream.send(
+            "POST",
+            path,
+            sent,
+            orjson.dumps(need.body),
+            stream=False,
+            purpose="summary",
+            model=str(need.body.get("model", "")),
+        )
         try:
             raw = await response.read()
         finally:

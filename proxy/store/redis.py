@@ -28,6 +28,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from proxy import tracing
 from proxy.core.errors import StoreUnavailable as StoreUnavailable  # callers degrade on it
 from proxy.store import keys
 from proxy.store.blobcache import DEFAULT_CHARS, BlobCache
@@ -116,6 +117,13 @@ def _plausible_ref(ref: str) -> bool:
     return 0 < len(ref) <= MAX_REF_CHARS and not any(c.isspace() for c in ref)
 
 
+def _operation_name(operation: Callable[..., object]) -> str:
+    """`Store.load_conversation` for a lambda made in that method, `Redis.ping` for a
+    bound method: what a Redis span is named (a fixed word, never a key)."""
+    qualname = getattr(operation, "__qualname__", "") or type(operation).__qualname__
+    return qualname.partition(".<locals>")[0] or "call"
+
+
 class Store:
     """Tenant-scoped blobs; conversation-scoped JSON values and locks; a few globals."""
 
@@ -194,6 +202,13 @@ class Store:
     # -- plumbing ---------------------------------------------------------------------
 
     async def _call(self, operation: Callable[[], Awaitable[T]], seconds: float = 0.0) -> T:
+        active = tracing.ACTIVE
+        if active is not None:  # a span per round trip, named by the method making it
+            with active.store_span(_operation_name(operation)):
+                return await self._bounded(operation, seconds)
+        return await self._bounded(operation, seconds)
+
+    async def _bounded(self, operation: Callable[[], Awaitable[T]], seconds: float) -> T:
         try:
             async with asyncio.timeout(seconds or self.op_timeout):
                 return await operation()

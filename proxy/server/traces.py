@@ -1,0 +1,185 @@
+"""The HTTP server's traces (proxy/tracing.py holds the tracer; off, nothing here runs).
+
+- `trace_requests`, a middleware installed only with tracing on: one SERVER span per
+  client request (health probes and scrapes left out), continuing the client's trace,
+  named and described with the GenAI semantic conventions plus `compaction.*`: what the
+  proxy did, from the request's record (proxy/server/record.py) once it is answered.
+- the upstream calls' CLIENT spans are opened by the upstream client
+  (proxy/server/upstream.py), the Redis calls' by the store (proxy/store/redis.py);
+- `tracing_lifetime`: installs the tracer for the app's life; on shutdown the spans
+  still queued are exported, within a bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from proxy import tracing
+from proxy.core.identity import tenant_of
+from proxy.server import record as records
+from proxy.server.caller import caller_of
+from proxy.server.record import RequestRecord
+
+if TYPE_CHECKING:
+    try:  # noqa: SIM105 (the packaging test reads a try that handles ImportError)
+        from opentelemetry.trace import Span
+    except ImportError:  # the otel extra is not installed
+        pass
+
+log = logging.getLogger(__name__)
+
+FLUSH_SECONDS = 5.0  # the longest shutdown waits for the last spans to be exported
+_UNTRACED = frozenset({"/healthz", "/readyz", "/metrics"})
+
+# route -> (gen_ai.provider.name, gen_ai.operation.name or "" when not an inference)
+GENAI_ROUTES: Mapping[str, tuple[str, str]] = {
+    "/v1/messages": ("anthropic", "chat"),
+    "/v1/messages/count_tokens": ("anthropic", ""),
+    "/v1/chat/completions": ("openai", "chat"),
+    "/v1/responses": ("openai", "chat"),
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def trace_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+    active = tracing.ACTIVE
+    if active is None or request.path in _UNTRACED:
+        return await handler(request)
+    record = records.current()
+    route = record.route if record is not None else "other"
+    attributes: dict[str, Any] = {
+        "http.request.method": request.method,
+        "http.route": route,
+        "url.path": request.path,  # never the query string (it may carry a key)
+    }
+    provider, operation = GENAI_ROUTES.get(route, ("", ""))
+    name = f"{request.method} {route}"
+    if provider:
+        attributes["gen_ai.provider.name"] = provider
+        attributes["gen_ai.system"] = provider  # the older name, for older backends
+    if operation:
+        attributes["gen_ai.operation.name"] = operation
+        name = operation
+    status = 500
+    with active.server_span(name, request.headers, attributes) as span:
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as e:
+            status = e.status
+            raise
+        except asyncio.CancelledError:
+            status = 200 if record is not None and record.meter.complete else 499
+            raise
+        finally:
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500 or status == 499:
+                active.failed(span, str(status))
+            if record is not None:
+                describe(span, record, request, operation if provider else None)
+
+
+def describe(
+    span: Span, record: RequestRecord, request: web.Request, operation: str | None
+) -> None:
+    """The request's GenAI and compaction attributes, from its record (numbers, ids,
+    model names and fixed words only). `operation`: the GenAI operation's name ("" for a
+    route of a GenAI API that is no inference), None for any other route."""
+    genai = operation is not None
+    if record.model and genai:
+        if operation:  # named as the conventions say: "{operation} {model}"
+            span.update_name(f"{operation} {record.model}")
+        span.set_attribute("gen_ai.request.model", record.model)
+    if record.meter.response_model:
+        span.set_attribute("gen_ai.response.model", record.meter.response_model)
+    if record.meter.rounds:
+        usage = record.meter.total()
+        # The conventions' input includes cached input (Anthropic's input_tokens does not).
+        span.set_attribute("gen_ai.usage.input_tokens", usage.total_input)
+        span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+        span.set_attribute("gen_ai.usage.cache_read.input_tokens", usage.cache_read_input_tokens)
+        span.set_attribute(
+            "gen_ai.usage.cache_creation.input_tokens", usage.cache_creation_input_tokens
+        )
+    if record.upstream_request_id:
+        span.set_attribute("gen_ai.response.id", record.upstream_request_id)
+    span.set_attribute("compaction.request_id", record.request_id)
+    span.set_attribute("compaction.strategy", record.strategy or "none")
+    if record.reason:
+        span.set_attribute("compaction.reason", record.reason)
+    if record.strategy and record.strategy != "refuse":
+        span.set_attribute("compaction.tokens_before", record.tokens_before)
+        span.set_attribute("compaction.tokens_after", record.tokens_after)
+    span.set_attribute("compaction.offloaded", record.offloaded)
+    span.set_attribute("compaction.summary", record.summary or "none")
+    span.set_attribute("compaction.read_rounds", record.read_rounds)
+    if record.read_outcome:
+        span.set_attribute("compaction.read_outcome", record.read_outcome)
+    if record.summariser_calls:
+        span.set_attribute("compaction.summariser_calls", record.summariser_calls)
+        span.set_attribute("compaction.summariser_failures", record.summariser_failures)
+    if record.conversation:
+        span.set_attribute("compaction.conversation", record.conversation)
+    if record.key_id:
+        span.set_attribute("compaction.key_id", record.key_id)  # the id, never the key
+    if record.team:
+        span.set_attribute("compaction.team", record.team)
+    if record.rejected:
+        span.set_attribute("compaction.rejected", record.rejected)
+    if genai:
+        # A hash of the key or credential (proxy/core/identity.py), never the credential.
+        tenant = caller_of(request).tenant or tenant_of(request.headers)
+        span.set_attribute("compaction.tenant", tenant)
+
+
+# -- lifetime --------------------------------------------------------------------------
+
+
+def tracing_lifetime(
+    active: tracing.Tracing,
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def lifetime(app: web.Application) -> AsyncIterator[None]:
+        tracing.install(active)
+        try:
+            yield
+        finally:
+            tracing.install(None)
+            await flush(active, FLUSH_SECONDS)
+
+    return lifetime
+
+
+async def flush(active: tracing.Tracing, seconds: float) -> None:
+    """Export the spans still queued and stop the exporter, waiting at most `seconds`
+    (in a daemon thread: an exporter that hangs never holds the process up)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def finished() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    def run() -> None:
+        try:
+            active.shutdown(int(seconds * 1000))
+        except Exception:
+            log.exception("exporting the last spans failed")
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(finished)
+
+    threading.Thread(target=run, name="otel-flush", daemon=True).start()
+    try:
+        await asyncio.wait_for(done, seconds + 1.0)
+    except TimeoutError:
+        log.warning("the last spans were not exported within %.0f s", seconds)

@@ -1,0 +1,594 @@
+"""OpenTelemetry traces (issue 24): a real `serve` process configured by the standard
+OTEL_* variables only exports to a real OTLP/HTTP receiver in the test process, which
+decodes the protobuf payloads. Checked: one SERVER span per request continuing the
+client's trace, the GenAI and compaction attributes, a CLIENT span per upstream call
+(the request, each read round, the summariser) whose context reaches the upstream as its
+`traceparent`, Redis spans, a fold's event, a summary made ahead in a trace of its own
+linked to its request, no prompt text or credential anywhere in what is exported, the
+last spans flushed on shutdown, and nothing of OpenTelemetry imported with tracing off."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import orjson
+import pytest
+
+from proxy.testing.agent import Turn, run_agent
+from proxy.testing.standin import StandInOptions
+from proxy.tracing import wanted
+from tests.plugins.standin import RunningStandIn
+from tests.server.conftest import SMALL_WINDOW, SMALL_WINDOW_POLICY, MakeProxy
+from tests.server.otlp_receiver import (
+    CLIENT,
+    INTERNAL,
+    SERVER,
+    ReceivedSpan,
+    Receiver,
+    start_receiver,
+)
+from tests.server.test_metrics import long_history
+
+MakeStandIn = Callable[[StandInOptions], Awaitable[RunningStandIn]]
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    received, runner = await start_receiver()
+    yield received
+    await runner.cleanup()
+
+
+def _policy_toml() -> str:
+    lines = ["[[policy]]"]
+    for key, value in SMALL_WINDOW_POLICY.items():
+        lines.append(f"{key} = {orjson.dumps(value).decode()}")
+    return "\n".join(lines) + "\n"
+
+
+class Serve:
+    """`compaction-proxy serve` as a child process, its stderr drained into `lines`."""
+
+    def __init__(self, env: dict[str, str], config: Path) -> None:
+        child_env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("COMPACTION_PROXY_", "OTEL_")) and k != "REDIS_URL"
+        }
+        child_env.update(env)
+        self.child = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "serve", "--config", str(config)],
+            env=child_env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.url = ""
+        assert self.child.stderr is not None
+        for line in self.child.stderr:
+            self.lines.append(line)
+            if "listening on " in line:
+                self.url = line.split("listening on ")[1].split(",")[0]
+                break
+        assert self.url.startswith("http://127.0.0.1:"), "".join(self.lines)
+        self._drain = threading.Thread(target=self._read, daemon=True)
+        self._drain.start()
+
+    def _read(self) -> None:
+        assert self.child.stderr is not None
+        for line in self.child.stderr:
+            self.lines.append(line)
+
+    async def stopped(self) -> int:
+        """SIGTERM, then wait for the exit without blocking the test's loop (its OTLP
+        receiver must go on answering the last exports)."""
+        self.child.send_signal(signal.SIGTERM)
+        for _ in range(600):
+            if (code := self.child.poll()) is not None:
+                return code
+            await asyncio.sleep(0.05)
+        return self.stop()
+
+    def stop(self) -> int:
+        if self.child.poll() is None:
+            self.child.send_signal(signal.SIGTERM)
+        try:
+            return self.child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+            return self.child.wait()
+
+
+@contextmanager
+def serve(tmp_path: Path, standin: str, redis_url: str, prefix: str, **env: str) -> Iterator[Serve]:
+    config = tmp_path / "proxy.toml"
+    config.write_text(_policy_toml())
+    settings = {
+        "COMPACTION_PROXY_SERVER_PORT": "0",
+        "COMPACTION_PROXY_SERVER_DRAIN_TIMEOUT": "1",
+        "COMPACTION_PROXY_UPSTREAM_URL": standin,
+        "COMPACTION_PROXY_UPSTREAM_OPENAI_URL": standin,
+        "COMPACTION_PROXY_STORE_KEY_PREFIX": prefix,
+        "REDIS_URL": redis_url,
+        **env,
+    }
+    running = Serve(settings, config)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def otel(receiver: Receiver, **more: str) -> dict[str, str]:
+    return {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_SERVICE_NAME": "proxy-under-test",
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+        **more,
+    }
+
+
+def client_context() -> tuple[str, str, str]:
+    """(trace id, span id, traceparent) of a client's span."""
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    return trace_id, span_id, f"00-{trace_id}-{span_id}-01"
+
+
+def traceparent_of(span: ReceivedSpan) -> str:
+    """The span's W3C context, flags left out (a root span of the proxy's own may set
+    the random-trace-id flag as well as sampled)."""
+    return f"00-{span.trace_id}-{span.span_id}"
+
+
+def contexts(recorded: list[Any]) -> set[str]:
+    """The traceparents the upstream received, flags left out."""
+    return {r.headers.get("traceparent", "")[:52] for r in recorded}
+
+
+def server_spans(spans: list[ReceivedSpan], trace_id: str) -> list[ReceivedSpan]:
+    return [s for s in spans if s.kind == SERVER and s.trace_id == trace_id]
+
+
+def children(spans: list[ReceivedSpan], parent: ReceivedSpan, kind: int) -> list[ReceivedSpan]:
+    return [s for s in spans if s.parent_span_id == parent.span_id and s.kind == kind]
+
+
+def upstream_calls(spans: list[ReceivedSpan], parent: ReceivedSpan) -> list[ReceivedSpan]:
+    """The CLIENT spans of the upstream calls made under `parent` (Redis ones left out)."""
+    return [s for s in children(spans, parent, CLIENT) if s.attr("compaction.purpose")]
+
+
+def check_propagated(standin: RunningStandIn, calls: list[ReceivedSpan], sent: str) -> None:
+    """Each upstream call got its own CLIENT span's context as its traceparent, never the
+    client's own."""
+    arrived = contexts(standin.recorded)
+    assert sent[:52] not in arrived
+    for call in calls:
+        assert traceparent_of(call) in arrived, call.name
+
+
+# -- Messages: a read round and a summary in one request --------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_a_messages_request_with_a_read_round_and_a_summary(
+    tmp_path: Path,
+    make_standin: MakeStandIn,
+    receiver: Receiver,
+    redis_url: str,
+    redis_key_prefix: str,
+    stream: bool,
+) -> None:
+    standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
+    trace_id, span_id, traceparent = client_context()
+    with serve(tmp_path, standin.url, redis_url, redis_key_prefix, **otel(receiver)) as proxy:
+        client = anthropic.AsyncAnthropic(
+            base_url=proxy.url,
+            api_key="sk-traces",
+            max_retries=0,
+            default_headers={"traceparent": traceparent, "tracestate": "vendor=client-state"},
+        )
+        request: dict[str, Any] = {
+            "model": "claude-test-1",
+            "max_tokens": 64,
+            "messages": long_history(turns=10, chars=6_000, chat_chars=600),
+            "extra_headers": {"x-stand-in": orjson.dumps({"read_result": True}).decode()},
+        }
+        async with client:
+            if stream:
+                async with client.messages.stream(**request) as s:
+                    await s.get_final_message()
+                    headers = s.response.headers
+            else:
+                raw = await client.messages.with_raw_response.create(**request)
+                headers = raw.headers
+        assert headers["x-compaction-strategy"] == "offload+summary"
+        assert headers["x-compaction-summary"] == "made"
+
+        def complete(spans: list[ReceivedSpan]) -> bool:
+            found = server_spans(spans, trace_id)
+            return bool(found) and len(upstream_calls(spans, found[0])) >= 3
+
+        spans = await receiver.wait_for(complete)
+
+    (server,) = server_spans(spans, trace_id)
+    # The client's span is the server span's parent; its tracestate is carried on.
+    assert server.parent_span_id == span_id
+    assert server.trace_state == "vendor=client-state"
+    assert server.resource["service.name"] == "proxy-under-test"
+    assert server.name == "chat claude-test-1"
+    a = server.attributes
+    assert a["gen_ai.operation.name"] == "chat"
+    assert a["gen_ai.provider.name"] == a["gen_ai.system"] == "anthropic"
+    assert a["gen_ai.request.model"] == "claude-test-1"
+    assert a["gen_ai.response.model"]
+    assert a["http.response.status_code"] == 200 and a["http.route"] == "/v1/messages"
+    assert a["compaction.strategy"] == "offload+summary"
+    assert a["compaction.summary"] == "made"
+    assert a["compaction.offloaded"] > 0
+    assert a["compaction.tokens_before"] > a["compaction.tokens_after"] > 0
+    assert a["compaction.read_rounds"] >= 1
+    assert a["compaction.tenant"].startswith("t") and a["compaction.conversation"]
+    # Usage: every round the stand-in answered for the client (not the summariser),
+    # input normalised to include cached input.
+    rounds = [r.usage for r in standin.agent_calls]
+    total_in = sum(
+        u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"]
+        for u in rounds
+    )
+    assert a["gen_ai.usage.input_tokens"] == total_in
+    assert a["gen_ai.usage.output_tokens"] == sum(u["output_tokens"] for u in rounds)
+    assert a["gen_ai.usage.cache_read.input_tokens"] == sum(
+        u["cache_read_input_tokens"] for u in rounds
+    )
+    assert a["gen_ai.usage.cache_creation.input_tokens"] == sum(
+        u["cache_creation_input_tokens"] for u in rounds
+    )
+    # A fold's event, with what it did.
+    (fold,) = [attrs for name, attrs in server.events if name == "compaction.fold"]
+    assert fold["compaction.strategy"] == "offload+summary"
+    assert fold["compaction.tokens_before"] == a["compaction.tokens_before"]
+
+    # One CLIENT span per upstream call: the request, each read round, the summariser.
+    calls = upstream_calls(spans, server)
+    assert {c.attr("gen_ai.provider.name") for c in calls} == {"anthropic"}
+    purposes = sorted(c.attr("compaction.purpose") for c in calls)
+    assert purposes.count("request") == 1 and purposes.count("summary") == 1
+    assert purposes.count("read_round") == a["compaction.read_rounds"]
+    assert len(calls) == len(standin.recorded)
+    for call in calls:
+        assert call.attr("http.response.status_code") == 200
+        assert call.attr("gen_ai.request.model") == "claude-test-1"
+        assert call.name == "chat claude-test-1"
+        assert call.end_ns >= call.start_ns > 0
+    check_propagated(standin, calls, traceparent)
+    # Redis round trips of the request, under its span.
+    redis_spans = [s for s in spans if s.attr("db.system.name") == "redis"]
+    assert any(s.parent_span_id == server.span_id for s in redis_spans)
+    assert {s.attr("db.operation.name") for s in redis_spans} >= {"Store.load_conversation"}
+
+
+# -- Chat Completions and Responses ------------------------------------------------------
+
+
+async def test_chat_completions_and_responses(
+    tmp_path: Path,
+    make_standin: MakeStandIn,
+    receiver: Receiver,
+    redis_url: str,
+    redis_key_prefix: str,
+) -> None:
+    standin = await make_standin(StandInOptions())
+    chat_trace, chat_span, chat_parent = client_context()
+    responses_trace, responses_span, responses_parent = client_context()
+    with serve(tmp_path, standin.url, redis_url, redis_key_prefix, **otel(receiver)) as proxy:
+        client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="sk-openai", max_retries=0)
+        async with client:
+            chat = await client.chat.completions.create(
+                model="gpt-test-1",
+                messages=[{"role": "user", "content": "Say hello."}],
+                extra_headers={"traceparent": chat_parent},
+            )
+            stream = await client.responses.create(
+                model="gpt-test-1",
+                input="Say hello.",
+                stream=True,
+                extra_headers={"traceparent": responses_parent},
+            )
+            async for _event in stream:
+                pass
+
+        def both(spans: list[ReceivedSpan]) -> bool:
+            return all(
+                server_spans(spans, t) and upstream_calls(spans, server_spans(spans, t)[0])
+                for t in (chat_trace, responses_trace)
+            )
+
+        spans = await receiver.wait_for(both)
+
+    assert chat.usage is not None
+    for trace_id, span_id, sent, route in (
+        (chat_trace, chat_span, chat_parent, "/v1/chat/completions"),
+        (responses_trace, responses_span, responses_parent, "/v1/responses"),
+    ):
+        (server,) = server_spans(spans, trace_id)
+        assert server.parent_span_id == span_id
+        a = server.attributes
+        assert a["http.route"] == route and a["http.response.status_code"] == 200
+        assert a["gen_ai.operation.name"] == "chat"
+        assert a["gen_ai.provider.name"] == a["gen_ai.system"] == "openai"
+        assert a["gen_ai.request.model"] == "gpt-test-1"
+        assert a["gen_ai.response.model"]
+        assert a["gen_ai.usage.input_tokens"] > 0 and a["gen_ai.usage.output_tokens"] > 0
+        assert a["compaction.strategy"] == "none"
+        (call,) = upstream_calls(spans, server)
+        assert call.attr("url.path") == route and call.attr("compaction.purpose") == "request"
+        assert call.attr("gen_ai.provider.name") == "openai"
+        recorded = [r for r in standin.recorded if r.path_qs.startswith(route)]
+        assert contexts(recorded) == {traceparent_of(call)}
+        assert sent[:52] not in contexts(standin.recorded)
+    (chat_server,) = server_spans(spans, chat_trace)
+    assert chat_server.attr("gen_ai.usage.input_tokens") == chat.usage.prompt_tokens
+    assert chat_server.attr("gen_ai.usage.output_tokens") == chat.usage.completion_tokens
+
+
+# -- a summary made ahead: a trace of its own, linked to its request ---------------------
+
+PURPOSE = "x-compaction-proxy-purpose"
+
+
+class Enough(Exception):
+    """The agent has gone far enough."""
+
+
+async def test_a_summary_made_ahead_is_linked_to_the_request_that_asked_for_it(
+    tmp_path: Path,
+    make_standin: MakeStandIn,
+    receiver: Receiver,
+    redis_url: str,
+    redis_key_prefix: str,
+) -> None:
+    standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
+    trace_id, _, traceparent = client_context()
+    with serve(tmp_path, standin.url, redis_url, redis_key_prefix, **otel(receiver)) as proxy:
+        client = anthropic.AsyncAnthropic(
+            base_url=proxy.url,
+            api_key="sk-ahead",
+            max_retries=0,
+            default_headers={"traceparent": traceparent},
+        )
+        async with client:
+
+            async def enough_once_a_summary_is_asked(t: int, turn: Turn) -> None:
+                if any(r.headers.get(PURPOSE) for r in standin.recorded):
+                    raise Enough
+
+            with pytest.raises(Enough):  # within 40 turns
+                await run_agent(
+                    client,
+                    turns=40,
+                    result_chars=3_000,
+                    conversation=uuid.uuid4().hex,
+                    on_turn=enough_once_a_summary_is_asked,
+                )
+
+        def ahead_done(spans: list[ReceivedSpan]) -> bool:
+            return any(
+                s.name == "compaction.summary_ahead" and upstream_calls(spans, s) for s in spans
+            )
+
+        spans = await receiver.wait_for(ahead_done)
+
+    servers = {s.span_id: s for s in server_spans(spans, trace_id)}
+    ahead = [s for s in spans if s.name == "compaction.summary_ahead"]
+    assert ahead
+    for made in ahead:
+        assert made.kind == INTERNAL and made.parent_span_id == ""  # a trace of its own
+        assert made.trace_id != trace_id
+        ((linked_trace, linked_span),) = made.links
+        assert linked_trace == trace_id and linked_span in servers
+        assert servers[linked_span].name == "chat claude-test-1"
+    calls = [c for made in ahead for c in upstream_calls(spans, made)]
+    assert calls and {c.attr("compaction.purpose") for c in calls} == {"summary"}
+    summaries = [r for r in standin.recorded if r.headers.get(PURPOSE)]
+    arrived = contexts(summaries)
+    for call in calls:
+        assert traceparent_of(call) in arrived
+
+
+# -- nothing of the prompt or a credential in any span ------------------------------------
+
+
+async def test_no_prompt_text_tool_output_or_credential_in_any_span(
+    tmp_path: Path,
+    make_standin: MakeStandIn,
+    receiver: Receiver,
+    redis_url: str,
+    redis_key_prefix: str,
+) -> None:
+    canaries = {
+        "prompt": f"CANARY-PROMPT-{uuid.uuid4().hex}",
+        "key": f"sk-CANARY-KEY-{uuid.uuid4().hex}",
+        "bearer": f"CANARY-BEARER-{uuid.uuid4().hex}",
+    }
+    standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
+    trace_id, _, traceparent = client_context()
+    with serve(tmp_path, standin.url, redis_url, redis_key_prefix, **otel(receiver)) as proxy:
+        client = anthropic.AsyncAnthropic(
+            base_url=proxy.url,
+            api_key=canaries["key"],
+            max_retries=0,
+            default_headers={
+                "Authorization": f"Bearer {canaries['bearer']}",
+                "traceparent": traceparent,
+            },
+        )
+        history = long_history(turns=10, chars=6_000, chat_chars=600, marker=canaries["prompt"])
+        async with (
+            client,
+            client.messages.stream(
+                model="claude-test-1",
+                max_tokens=64,
+                messages=history,  # type: ignore[arg-type]
+                extra_headers={"x-stand-in": orjson.dumps({"read_result": True}).decode()},
+            ) as s,
+        ):
+            await s.get_final_message()
+            assert s.response.headers["x-compaction-strategy"] == "offload+summary"
+        spans = await receiver.wait_for(
+            lambda spans: any(
+                len(upstream_calls(spans, s)) >= 3 for s in server_spans(spans, trace_id)
+            )
+        )
+    # The request went through every part that handles the canaries.
+    assert any(canaries["prompt"].encode() in r.body for r in standin.recorded)
+    assert any(b"characters 0 to" in r.body for r in standin.recorded)
+    assert len(spans) >= 5
+    everything = b"".join(receiver.bodies)
+    for name, canary in canaries.items():
+        assert canary.encode() not in everything, f"the {name} canary is in an exported span"
+        for span in spans:
+            assert canary not in repr(span), f"the {name} canary is in span {span.name}"
+
+
+# -- shutdown flushes; off means off -----------------------------------------------------
+
+
+async def test_the_last_spans_are_exported_on_shutdown(
+    tmp_path: Path,
+    make_standin: MakeStandIn,
+    receiver: Receiver,
+    redis_url: str,
+    redis_key_prefix: str,
+) -> None:
+    standin = await make_standin(StandInOptions())
+    trace_id, _, traceparent = client_context()
+    # A schedule delay far longer than the test: only the shutdown's flush exports them.
+    env = otel(receiver, OTEL_BSP_SCHEDULE_DELAY="600000")
+    with serve(tmp_path, standin.url, redis_url, redis_key_prefix, **env) as proxy:
+        client = anthropic.AsyncAnthropic(
+            base_url=proxy.url, api_key="sk-flush", max_retries=0,
+            default_headers={"traceparent": traceparent},
+        )  # fmt: skip
+        async with client:
+            await client.messages.create(
+                model="claude-test-1",
+                max_tokens=16,
+                messages=[{"role": "user", "content": "Hello."}],
+            )
+        assert not server_spans(receiver.spans, trace_id)
+        code = await proxy.stopped()
+        assert code == 0, "".join(proxy.lines)
+    spans = await receiver.wait_for(lambda spans: bool(server_spans(spans, trace_id)), 5.0)
+    (server,) = server_spans(spans, trace_id)
+    assert upstream_calls(spans, server)
+
+
+@pytest.mark.parametrize(
+    ("environ", "on"),
+    [
+        ({}, False),
+        ({"OTEL_SERVICE_NAME": "x", "OTEL_BSP_SCHEDULE_DELAY": "5"}, False),
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, True),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://h:4318"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://h:4318"}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://h:4318/v1/traces"}, True),
+        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}, False),
+        ({"OTEL_TRACES_EXPORTER": "console"}, True),
+    ],
+)
+def test_which_environment_turns_traces_on(environ: dict[str, str], on: bool) -> None:
+    assert wanted(environ) is on
+
+
+OFF_PROBE = """
+import sys
+import redis.asyncio, redis.asyncio.cluster  # redis-py imports parts of the API itself
+before = {m for m in sys.modules if m.startswith("opentelemetry")}
+from proxy import tracing
+from proxy.config import load_settings
+from proxy.server.app import create_app
+app = create_app(load_settings(None, environ={}, overrides={"server.port": 0}))
+added = {m for m in sys.modules if m.startswith("opentelemetry")} - before
+print(sorted(added), tracing.ACTIVE, len(app.middlewares))
+"""
+
+
+def test_with_tracing_off_nothing_of_opentelemetry_is_imported() -> None:
+    """No SDK, no exporter, no tracer, no middleware: the proxy adds nothing to what
+    redis-py itself imports (parts of the API, for its own optional metrics)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    out = subprocess.run(
+        [sys.executable, "-c", OFF_PROBE], env=env, capture_output=True, text=True, check=True
+    )
+    added, active, middlewares = out.stdout.split()
+    assert (added, active) == ("[]", "None"), out.stderr
+    on = subprocess.run(
+        [sys.executable, "-c", OFF_PROBE],
+        env={**env, "OTEL_TRACES_EXPORTER": "console"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    # The probe itself tells: with traces asked for, the SDK and one more middleware.
+    assert "opentelemetry.sdk.trace" in on.stdout
+    assert int(on.stdout.split()[-1]) == int(middlewares) + 1
+
+
+async def test_with_tracing_off_the_clients_traceparent_passes_through_unchanged(
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
+) -> None:
+    standin = await make_standin(StandInOptions())
+    proxy = await make_compacting_proxy(standin.url)
+    _, _, traceparent = client_context()
+    client = anthropic.AsyncAnthropic(
+        base_url=proxy.url,
+        api_key="sk-off",
+        max_retries=0,
+        default_headers={"traceparent": traceparent, "tracestate": "a=b"},
+    )
+    async with client:
+        await client.messages.create(
+            model="claude-test-1", max_tokens=16, messages=[{"role": "user", "content": "Hi."}]
+        )
+    (recorded,) = standin.recorded
+    assert recorded.headers.get("traceparent") == traceparent
+    assert recorded.headers.get("tracestate") == "a=b"
+
+
+def test_asking_for_traces_without_the_extra_stops_start_up(tmp_path: Path) -> None:
+    """With the otel extra's packages unimportable, OTEL_TRACES_EXPORTER=otlp is a
+    start-up error that says what to install (not a silent proxy without traces)."""
+    from tests.server.cli_process import HIDE_EXTRAS
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "COMPACTION_"))}
+    env.update(
+        OTEL_TRACES_EXPORTER="otlp",
+        COMPACTION_PROXY_SERVER_PORT="0",
+        COMPACTION_PROXY_STORE_STATE_DIR=str(tmp_path / "state"),
+        HOME=str(tmp_path),
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", HIDE_EXTRAS, "opentelemetry.sdk,opentelemetry.exporter", "serve"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0
+    assert "compaction-proxy[otel]" in out.stderr, out.stderr
