@@ -71,6 +71,8 @@ async def trace_requests(request: web.Request, handler: Handler) -> web.StreamRe
         name = operation
     status = 500
     with active.server_span(name, request.headers, attributes) as span:
+        if record is not None and span.is_recording():  # for the metrics' exemplars
+            record.trace_id = format(span.get_span_context().trace_id, "032x")
         try:
             response = await handler(request)
             status = response.status
@@ -85,7 +87,7 @@ async def trace_requests(request: web.Request, handler: Handler) -> web.StreamRe
             span.set_attribute("http.response.status_code", status)
             if status >= 500 or status == 499:
                 active.failed(span, str(status))
-            if record is not None:
+            if record is not None and span.is_recording():  # (not sampled: nothing to say)
                 describe(span, record, request, operation if provider else None)
 
 

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import anthropic
 import openai
 import orjson
@@ -312,6 +313,18 @@ async def test_chat_completions_and_responses(
             )
             async for _event in stream:
                 pass
+        # The latency histograms carry the traced requests' trace ids as exemplars, in
+        # the OpenMetrics format Prometheus asks for (a data link from a metric to traces).
+        openmetrics = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{proxy.url}/metrics", headers={"Accept": openmetrics}) as r:
+                assert r.headers["Content-Type"].startswith("application/openmetrics-text")
+                exposed = await r.text()
+            async with session.get(f"{proxy.url}/metrics") as r:
+                plain = await r.text()
+        for trace_id in (chat_trace, responses_trace):
+            assert f'# {{trace_id="{trace_id}"}}' in exposed
+            assert trace_id not in plain
 
         def both(spans: list[ReceivedSpan]) -> bool:
             return all(
