@@ -4,6 +4,8 @@
   client request (health probes and scrapes left out), continuing the client's trace,
   named and described with the GenAI semantic conventions plus `compaction.*`: what the
   proxy did, from the request's record (proxy/server/record.py) once it is answered.
+- `request_span`, the same span for any transport: a WebSocket frame gets one with a
+  single `with` (it does nothing with tracing off).
 - the upstream calls' CLIENT spans are opened by the upstream client
   (proxy/server/upstream.py), the Redis calls' by the store (proxy/store/redis.py);
 - `tracing_lifetime`: installs the tracer for the app's life; on shutdown the spans
@@ -16,7 +18,8 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -51,39 +54,79 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def trace_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
-    active = tracing.ACTIVE
-    if active is None or request.path in _UNTRACED:
+    if tracing.ACTIVE is None or request.path in _UNTRACED:
         return await handler(request)
-    record = records.current()
-    route = record.route if record is not None else "other"
+    with request_span(request, records.current()) as outcome:
+        response = await handler(request)
+        outcome.status = response.status
+        return response
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How the traced request or frame ended: set `status` (an HTTP status; for a
+    WebSocket frame, the status its error event names, else 200)."""
+
+    status: int = 500
+
+
+@contextlib.contextmanager
+def request_span(
+    request: web.Request,
+    record: RequestRecord | None,
+    *,
+    route: str | None = None,
+    transport: str = "http",
+) -> Iterator[Outcome]:
+    """One SERVER span around one client request, or one message of a longer exchange
+    (a WebSocket `response.create` frame: give the upgrade's request, the frame's own
+    record, `transport="websocket"`). It continues the trace of the request's
+    `traceparent`; once the block ends it is described from `record` (GenAI and
+    compaction attributes) and given `Outcome.status`. An exception sets the status
+    (HTTPException's, 499 for a client gone before its answer's end, else 500) and goes
+    on. With tracing off it only yields an `Outcome`:
+
+        with request_span(upgrade, frame_record, transport="websocket") as outcome:
+            ...  # the frame's work
+            outcome.status = 200
+    """
+    outcome = Outcome()
+    active = tracing.ACTIVE
+    if active is None:
+        yield outcome
+        return
+    route = route or (record.route if record is not None else "other")
     attributes: dict[str, Any] = {
         "http.request.method": request.method,
         "http.route": route,
         "url.path": request.path,  # never the query string (it may carry a key)
     }
+    if transport != "http":
+        attributes["network.protocol.name"] = transport
     provider, operation = GENAI_ROUTES.get(route, ("", ""))
-    name = f"{request.method} {route}"
+    name = f"{request.method} {route}" if transport == "http" else f"{transport} {route}"
     if provider:
         attributes["gen_ai.provider.name"] = provider
         attributes["gen_ai.system"] = provider  # the older name, for older backends
     if operation:
         attributes["gen_ai.operation.name"] = operation
         name = operation
-    status = 500
     with active.server_span(name, request.headers, attributes) as span:
         if record is not None and span.is_recording():  # for the metrics' exemplars
             record.trace_id = format(span.get_span_context().trace_id, "032x")
         try:
-            response = await handler(request)
-            status = response.status
-            return response
+            yield outcome
         except web.HTTPException as e:
-            status = e.status
+            outcome.status = e.status
             raise
         except asyncio.CancelledError:
-            status = 200 if record is not None and record.meter.complete else 499
+            outcome.status = 200 if record is not None and record.meter.complete else 499
+            raise
+        except BaseException:
+            outcome.status = 500
             raise
         finally:
+            status = outcome.status
             span.set_attribute("http.response.status_code", status)
             if status >= 500 or status == 499:
                 active.failed(span, str(status))

@@ -284,6 +284,53 @@ async def test_a_messages_request_with_a_read_round_and_a_summary(
     assert {s.attr("db.operation.name") for s in redis_spans} >= {"Store.load_conversation"}
 
 
+async def test_a_pack_when_the_summariser_fails(
+    tmp_path: Path,
+    make_standin: MakeStandIn,
+    receiver: Receiver,
+    redis_url: str,
+    redis_key_prefix: str,
+) -> None:
+    standin = await make_standin(
+        StandInOptions(
+            windows={"*": SMALL_WINDOW}, script={"summary_fault": "500"}, max_recorded=None
+        )
+    )
+    trace_id, _, traceparent = client_context()
+    with serve(tmp_path, standin.url, redis_url, redis_key_prefix, **otel(receiver)) as proxy:
+        client = anthropic.AsyncAnthropic(
+            base_url=proxy.url,
+            api_key="sk-pack",
+            max_retries=0,
+            default_headers={"traceparent": traceparent},
+        )
+        async with client:
+            raw = await client.messages.with_raw_response.create(
+                model="claude-test-1",
+                max_tokens=64,
+                messages=long_history(turns=12, chars=4_000, chat_chars=600),  # type: ignore[arg-type]
+            )
+        assert raw.headers["x-compaction-strategy"] in ("pack", "offload+pack")
+        spans = await receiver.wait_for(
+            lambda spans: any(
+                len(upstream_calls(spans, s)) >= 2 for s in server_spans(spans, trace_id)
+            )
+        )
+    (server,) = server_spans(spans, trace_id)
+    assert server.attr("compaction.reason") == "summary_unavailable"
+    assert server.attr("compaction.summariser_failures") == 1
+    (pack,) = [attrs for name, attrs in server.events if name == "compaction.pack"]
+    assert pack["compaction.strategy"] == raw.headers["x-compaction-strategy"]
+    assert pack["compaction.reason"] == "summary_unavailable"
+    assert not [name for name, _ in server.events if name == "compaction.fold"]
+    (summary,) = [
+        c for c in upstream_calls(spans, server) if c.attr("compaction.purpose") == "summary"
+    ]
+    assert summary.attr("http.response.status_code") == 500
+    assert summary.attr("error.type") == "500" and summary.status_code == 2  # ERROR
+    assert server.status_code != 2  # the proxy degraded: the client's request succeeded
+
+
 # -- Chat Completions and Responses ------------------------------------------------------
 
 
@@ -605,3 +652,69 @@ def test_asking_for_traces_without_the_extra_stops_start_up(tmp_path: Path) -> N
     )
     assert out.returncode != 0
     assert "compaction-proxy[otel]" in out.stderr, out.stderr
+
+
+# -- the API a transport of its own uses (a WebSocket frame) -----------------------------
+
+
+async def test_each_websocket_frame_can_have_its_own_server_span(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`request_span` around each frame of one socket: a SERVER span per frame, each
+    continuing the upgrade request's trace and described from the frame's own record."""
+    from aiohttp import web
+
+    from proxy import tracing
+    from proxy.server.record import RequestRecord
+    from proxy.server.traces import flush, request_span
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    active = tracing.from_environment({"OTEL_TRACES_EXPORTER": "otlp"})
+    assert active is not None
+    trace_id, span_id, traceparent = client_context()
+
+    async def socket(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for message in ws:
+            frame = orjson.loads(message.data)
+            record = RequestRecord(f"frame-{frame['n']}", "/v1/responses", "GET")
+            record.model = frame["model"]
+            with request_span(request, record, transport="websocket") as outcome:
+                await ws.send_str('{"type": "response.completed"}')
+                outcome.status = 200
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/responses", socket)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    tracing.install(active)
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(
+                f"http://127.0.0.1:{port}/v1/responses", headers={"traceparent": traceparent}
+            ) as ws,
+        ):
+            for n in range(2):
+                await ws.send_str(orjson.dumps({"n": n, "model": "gpt-test-1"}).decode())
+                await ws.receive()
+    finally:
+        tracing.install(None)
+        await flush(active, 5.0)
+        await runner.cleanup()
+    spans = await receiver.wait_for(lambda spans: len(server_spans(spans, trace_id)) == 2)
+    frames = server_spans(spans, trace_id)
+    assert {s.parent_span_id for s in frames} == {span_id}
+    assert len({s.span_id for s in frames}) == 2
+    assert sorted(s.attr("compaction.request_id") for s in frames) == ["frame-0", "frame-1"]
+    for frame in frames:
+        assert frame.name == "chat gpt-test-1"
+        assert frame.attr("network.protocol.name") == "websocket"
+        assert frame.attr("gen_ai.provider.name") == "openai"
+        assert frame.attr("http.response.status_code") == 200
