@@ -178,7 +178,7 @@ class Metrics:
         counted.inc()
         duration, overhead, latency = self._route(route)
         # A traced request's trace id rides along as an exemplar (OpenMetrics scrapes).
-        exemplar = {"trace_id": rec.trace_id} if rec.trace_id else None
+        exemplar = {EXEMPLAR_LABEL: rec.trace_id} if rec.trace_id else None
         duration.observe(ended - rec.started, exemplar)
         if route in _PROBES:
             return
@@ -275,6 +275,9 @@ def route_of(request: web.Request) -> str:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# The exemplar label of a traced request's trace id on the latency histograms (what
+# deploy/grafana/datasources.yaml links to the trace store).
+EXEMPLAR_LABEL = "trace_id"
 
 
 @web.middleware

@@ -718,3 +718,29 @@ async def test_each_websocket_frame_can_have_its_own_server_span(
         assert frame.attr("network.protocol.name") == "websocket"
         assert frame.attr("gen_ai.provider.name") == "openai"
         assert frame.attr("http.response.status_code") == 200
+
+
+def test_the_dashboard_links_latency_to_traces_through_the_exemplar_label() -> None:
+    """The latency panels ask for exemplars of the histograms that carry them, and the
+    provisioned Prometheus data source links the label the proxy uses to a trace store
+    that is provisioned too."""
+    import yaml
+
+    from proxy.server.metrics import EXEMPLAR_LABEL
+
+    root = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
+    dashboard = orjson.loads((root / "compaction-proxy.json").read_bytes())
+    histograms = ("request_duration", "upstream_latency", "proxy_overhead")
+    targets = [
+        t
+        for p in dashboard["panels"]
+        for t in p.get("targets", [])
+        if any(f"compaction_proxy_{h}_seconds_bucket" in t["expr"] for h in histograms)
+    ]
+    assert len(targets) == 9 and all(t.get("exemplar") is True for t in targets)
+    sources = yaml.safe_load((root / "datasources.yaml").read_text())["datasources"]
+    uids = {s["uid"]: s for s in sources}
+    (prometheus,) = [s for s in sources if s["type"] == "prometheus"]
+    (link,) = prometheus["jsonData"]["exemplarTraceIdDestinations"]
+    assert link["name"] == EXEMPLAR_LABEL
+    assert uids[link["datasourceUid"]]["type"] in ("jaeger", "tempo")
