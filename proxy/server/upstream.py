@@ -48,10 +48,8 @@ class TracedResponse(aiohttp.ClientResponse):
     def traced(self, span: Span) -> None:
         self.span = span
         span.set_attribute("http.response.status_code", self.status)
-        if self.status >= 400:
-            span.set_attribute("error.type", str(self.status))
-            if self.status >= 500 and (active := tracing.ACTIVE) is not None:
-                active.failed(span, str(self.status))
+        if self.status >= 400 and (active := tracing.ACTIVE) is not None:
+            active.failed(span, str(self.status))  # a client span's 4xx is an error too
         self.content.on_eof(self._end_span)
 
     def _end_span(self) -> None:

@@ -1,16 +1,19 @@
 """A real OTLP/HTTP trace receiver on a loopback port: `POST /v1/traces` with an
 `ExportTraceServiceRequest` protobuf (as the proxy's exporter sends it), decoded into
-plain `ReceivedSpan`s. The raw bodies are kept too, for searching them byte by byte."""
+plain `ReceivedSpan`s. The raw bodies are kept too, for searching them byte by byte.
+The `receiver` fixture serves one for a test; the helpers below read its spans."""
 
 from __future__ import annotations
 
 import asyncio
 import gzip
+import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -128,3 +131,40 @@ async def start_receiver() -> tuple[Receiver, web.AppRunner]:
     host, port = runner.addresses[0][:2]
     receiver.url = f"http://{host}:{port}"
     return receiver, runner
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    received, runner = await start_receiver()
+    yield received
+    await runner.cleanup()
+
+
+def client_context() -> tuple[str, str, str]:
+    """(trace id, span id, traceparent) of a client's span."""
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    return trace_id, span_id, f"00-{trace_id}-{span_id}-01"
+
+
+def traceparent_of(span: ReceivedSpan) -> str:
+    """The span's W3C context, flags left out (a root span of the proxy's own may set
+    the random-trace-id flag as well as sampled)."""
+    return f"00-{span.trace_id}-{span.span_id}"
+
+
+def contexts(recorded: list[Any]) -> set[str]:
+    """The traceparents the upstream received, flags left out."""
+    return {r.headers.get("traceparent", "")[:52] for r in recorded}
+
+
+def server_spans(spans: list[ReceivedSpan], trace_id: str) -> list[ReceivedSpan]:
+    return [s for s in spans if s.kind == SERVER and s.trace_id == trace_id]
+
+
+def children(spans: list[ReceivedSpan], parent: ReceivedSpan, kind: int) -> list[ReceivedSpan]:
+    return [s for s in spans if s.parent_span_id == parent.span_id and s.kind == kind]
+
+
+def upstream_calls(spans: list[ReceivedSpan], parent: ReceivedSpan) -> list[ReceivedSpan]:
+    """The CLIENT spans of the upstream calls made under `parent` (Redis ones left out)."""
+    return [s for s in children(spans, parent, CLIENT) if s.attr("compaction.purpose")]

@@ -3,21 +3,21 @@ OTEL_* variables only exports to a real OTLP/HTTP receiver in the test process, 
 decodes the protobuf payloads. Checked: one SERVER span per request continuing the
 client's trace, the GenAI and compaction attributes, a CLIENT span per upstream call
 (the request, each read round, the summariser) whose context reaches the upstream as its
-`traceparent`, Redis spans, a fold's event, a summary made ahead in a trace of its own
-linked to its request, no prompt text or credential anywhere in what is exported, the
-last spans flushed on shutdown, and nothing of OpenTelemetry imported with tracing off."""
+`traceparent`, Redis spans, a fold's and a pack's events, a summary made ahead in a trace
+of its own linked to its request, exemplars on the latency metrics, no prompt text or
+credential anywhere in what is exported, the last spans flushed on shutdown. Set-up and
+edges (tracing off, the WebSocket frame API) are in test_traces_setup.py."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import signal
 import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,27 +30,23 @@ import pytest
 
 from proxy.testing.agent import Turn, run_agent
 from proxy.testing.standin import StandInOptions
-from proxy.tracing import wanted
 from tests.plugins.standin import RunningStandIn
-from tests.server.conftest import SMALL_WINDOW, SMALL_WINDOW_POLICY, MakeProxy
+from tests.server.conftest import SMALL_WINDOW, SMALL_WINDOW_POLICY
 from tests.server.otlp_receiver import (
-    CLIENT,
     INTERNAL,
-    SERVER,
     ReceivedSpan,
     Receiver,
-    start_receiver,
+    client_context,
+    contexts,
+    receiver,
+    server_spans,
+    traceparent_of,
+    upstream_calls,
 )
 from tests.server.test_metrics import long_history
 
 MakeStandIn = Callable[[StandInOptions], Awaitable[RunningStandIn]]
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    received, runner = await start_receiver()
-    yield received
-    await runner.cleanup()
+__all__ = ["receiver"]  # the fixture
 
 
 def _policy_toml() -> str:
@@ -142,36 +138,6 @@ def otel(receiver: Receiver, **more: str) -> dict[str, str]:
         "OTEL_BSP_SCHEDULE_DELAY": "50",
         **more,
     }
-
-
-def client_context() -> tuple[str, str, str]:
-    """(trace id, span id, traceparent) of a client's span."""
-    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
-    return trace_id, span_id, f"00-{trace_id}-{span_id}-01"
-
-
-def traceparent_of(span: ReceivedSpan) -> str:
-    """The span's W3C context, flags left out (a root span of the proxy's own may set
-    the random-trace-id flag as well as sampled)."""
-    return f"00-{span.trace_id}-{span.span_id}"
-
-
-def contexts(recorded: list[Any]) -> set[str]:
-    """The traceparents the upstream received, flags left out."""
-    return {r.headers.get("traceparent", "")[:52] for r in recorded}
-
-
-def server_spans(spans: list[ReceivedSpan], trace_id: str) -> list[ReceivedSpan]:
-    return [s for s in spans if s.kind == SERVER and s.trace_id == trace_id]
-
-
-def children(spans: list[ReceivedSpan], parent: ReceivedSpan, kind: int) -> list[ReceivedSpan]:
-    return [s for s in spans if s.parent_span_id == parent.span_id and s.kind == kind]
-
-
-def upstream_calls(spans: list[ReceivedSpan], parent: ReceivedSpan) -> list[ReceivedSpan]:
-    """The CLIENT spans of the upstream calls made under `parent` (Redis ones left out)."""
-    return [s for s in children(spans, parent, CLIENT) if s.attr("compaction.purpose")]
 
 
 def check_propagated(standin: RunningStandIn, calls: list[ReceivedSpan], sent: str) -> None:
@@ -344,6 +310,7 @@ async def test_chat_completions_and_responses(
     standin = await make_standin(StandInOptions())
     chat_trace, chat_span, chat_parent = client_context()
     responses_trace, responses_span, responses_parent = client_context()
+    other_trace, other_span, other_parent = client_context()
     with serve(tmp_path, standin.url, redis_url, redis_key_prefix, **otel(receiver)) as proxy:
         client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="sk-openai", max_retries=0)
         async with client:
@@ -369,6 +336,14 @@ async def test_chat_completions_and_responses(
                 exposed = await r.text()
             async with session.get(f"{proxy.url}/metrics") as r:
                 plain = await r.text()
+            # A route the proxy passes through is traced and propagated the same way.
+            passed = {
+                "x-api-key": "sk-models",
+                "anthropic-version": "2023-06-01",
+                "traceparent": other_parent,
+            }
+            async with session.get(f"{proxy.url}/v1/models", headers=passed) as r:
+                assert r.status == 200
         for trace_id in (chat_trace, responses_trace):
             assert f'# {{trace_id="{trace_id}"}}' in exposed
             assert trace_id not in plain
@@ -376,7 +351,7 @@ async def test_chat_completions_and_responses(
         def both(spans: list[ReceivedSpan]) -> bool:
             return all(
                 server_spans(spans, t) and upstream_calls(spans, server_spans(spans, t)[0])
-                for t in (chat_trace, responses_trace)
+                for t in (chat_trace, responses_trace, other_trace)
             )
 
         spans = await receiver.wait_for(both)
@@ -402,6 +377,12 @@ async def test_chat_completions_and_responses(
         recorded = [r for r in standin.recorded if r.path_qs.startswith(route)]
         assert contexts(recorded) == {traceparent_of(call)}
         assert sent[:52] not in contexts(standin.recorded)
+    (other,) = server_spans(spans, other_trace)
+    assert other.parent_span_id == other_span and other.name == "GET other"
+    assert "gen_ai.operation.name" not in other.attributes
+    (call,) = upstream_calls(spans, other)
+    (models,) = [r for r in standin.recorded if r.path_qs == "/v1/models"]
+    assert contexts([models]) == {traceparent_of(call)}
     (chat_server,) = server_spans(spans, chat_trace)
     assert chat_server.attr("gen_ai.usage.input_tokens") == chat.usage.prompt_tokens
     assert chat_server.attr("gen_ai.usage.output_tokens") == chat.usage.completion_tokens
@@ -539,7 +520,11 @@ async def test_the_last_spans_are_exported_on_shutdown(
     standin = await make_standin(StandInOptions())
     trace_id, _, traceparent = client_context()
     # A schedule delay far longer than the test: only the shutdown's flush exports them.
-    env = otel(receiver, OTEL_BSP_SCHEDULE_DELAY="600000")
+    # Configured the other way: no OTEL_TRACES_EXPORTER, a traces endpoint of its own.
+    env = {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{receiver.url}/v1/traces",
+        "OTEL_BSP_SCHEDULE_DELAY": "600000",
+    }
     with serve(tmp_path, standin.url, redis_url, redis_key_prefix, **env) as proxy:
         client = anthropic.AsyncAnthropic(
             base_url=proxy.url, api_key="sk-flush", max_retries=0,
@@ -557,190 +542,4 @@ async def test_the_last_spans_are_exported_on_shutdown(
     spans = await receiver.wait_for(lambda spans: bool(server_spans(spans, trace_id)), 5.0)
     (server,) = server_spans(spans, trace_id)
     assert upstream_calls(spans, server)
-
-
-@pytest.mark.parametrize(
-    ("environ", "on"),
-    [
-        ({}, False),
-        ({"OTEL_SERVICE_NAME": "x", "OTEL_BSP_SCHEDULE_DELAY": "5"}, False),
-        ({"OTEL_TRACES_EXPORTER": "otlp"}, True),
-        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://h:4318"}, False),
-        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://h:4318"}, True),
-        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://h:4318/v1/traces"}, True),
-        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}, False),
-        ({"OTEL_TRACES_EXPORTER": "console"}, True),
-    ],
-)
-def test_which_environment_turns_traces_on(environ: dict[str, str], on: bool) -> None:
-    assert wanted(environ) is on
-
-
-OFF_PROBE = """
-import sys
-import redis.asyncio, redis.asyncio.cluster  # redis-py imports parts of the API itself
-before = {m for m in sys.modules if m.startswith("opentelemetry")}
-from proxy import tracing
-from proxy.config import load_settings
-from proxy.server.app import create_app
-app = create_app(load_settings(None, environ={}, overrides={"server.port": 0}))
-added = {m for m in sys.modules if m.startswith("opentelemetry")} - before
-print(sorted(added), tracing.ACTIVE, len(app.middlewares))
-"""
-
-
-def test_with_tracing_off_nothing_of_opentelemetry_is_imported() -> None:
-    """No SDK, no exporter, no tracer, no middleware: the proxy adds nothing to what
-    redis-py itself imports (parts of the API, for its own optional metrics)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    out = subprocess.run(
-        [sys.executable, "-c", OFF_PROBE], env=env, capture_output=True, text=True, check=True
-    )
-    added, active, middlewares = out.stdout.split()
-    assert (added, active) == ("[]", "None"), out.stderr
-    on = subprocess.run(
-        [sys.executable, "-c", OFF_PROBE],
-        env={**env, "OTEL_TRACES_EXPORTER": "console"},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    # The probe itself tells: with traces asked for, the SDK and one more middleware.
-    assert "opentelemetry.sdk.trace" in on.stdout
-    assert int(on.stdout.split()[-1]) == int(middlewares) + 1
-
-
-async def test_with_tracing_off_the_clients_traceparent_passes_through_unchanged(
-    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
-) -> None:
-    standin = await make_standin(StandInOptions())
-    proxy = await make_compacting_proxy(standin.url)
-    _, _, traceparent = client_context()
-    client = anthropic.AsyncAnthropic(
-        base_url=proxy.url,
-        api_key="sk-off",
-        max_retries=0,
-        default_headers={"traceparent": traceparent, "tracestate": "a=b"},
-    )
-    async with client:
-        await client.messages.create(
-            model="claude-test-1", max_tokens=16, messages=[{"role": "user", "content": "Hi."}]
-        )
-    (recorded,) = standin.recorded
-    assert recorded.headers.get("traceparent") == traceparent
-    assert recorded.headers.get("tracestate") == "a=b"
-
-
-def test_asking_for_traces_without_the_extra_stops_start_up(tmp_path: Path) -> None:
-    """With the otel extra's packages unimportable, OTEL_TRACES_EXPORTER=otlp is a
-    start-up error that says what to install (not a silent proxy without traces)."""
-    from tests.server.cli_process import HIDE_EXTRAS
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "COMPACTION_"))}
-    env.update(
-        OTEL_TRACES_EXPORTER="otlp",
-        COMPACTION_PROXY_SERVER_PORT="0",
-        COMPACTION_PROXY_STORE_STATE_DIR=str(tmp_path / "state"),
-        HOME=str(tmp_path),
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", HIDE_EXTRAS, "opentelemetry.sdk,opentelemetry.exporter", "serve"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode != 0
-    assert "compaction-proxy[otel]" in out.stderr, out.stderr
-
-
-# -- the API a transport of its own uses (a WebSocket frame) -----------------------------
-
-
-async def test_each_websocket_frame_can_have_its_own_server_span(
-    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`request_span` around each frame of one socket: a SERVER span per frame, each
-    continuing the upgrade request's trace and described from the frame's own record."""
-    from aiohttp import web
-
-    from proxy import tracing
-    from proxy.server.record import RequestRecord
-    from proxy.server.traces import flush, request_span
-
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-    active = tracing.from_environment({"OTEL_TRACES_EXPORTER": "otlp"})
-    assert active is not None
-    trace_id, span_id, traceparent = client_context()
-
-    async def socket(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse()
-        await ws.prepare(request)
-        async for message in ws:
-            frame = orjson.loads(message.data)
-            record = RequestRecord(f"frame-{frame['n']}", "/v1/responses", "GET")
-            record.model = frame["model"]
-            with request_span(request, record, transport="websocket") as outcome:
-                await ws.send_str('{"type": "response.completed"}')
-                outcome.status = 200
-        return ws
-
-    app = web.Application()
-    app.router.add_get("/v1/responses", socket)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    tracing.install(active)
-    try:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.ws_connect(
-                f"http://127.0.0.1:{port}/v1/responses", headers={"traceparent": traceparent}
-            ) as ws,
-        ):
-            for n in range(2):
-                await ws.send_str(orjson.dumps({"n": n, "model": "gpt-test-1"}).decode())
-                await ws.receive()
-    finally:
-        tracing.install(None)
-        await flush(active, 5.0)
-        await runner.cleanup()
-    spans = await receiver.wait_for(lambda spans: len(server_spans(spans, trace_id)) == 2)
-    frames = server_spans(spans, trace_id)
-    assert {s.parent_span_id for s in frames} == {span_id}
-    assert len({s.span_id for s in frames}) == 2
-    assert sorted(s.attr("compaction.request_id") for s in frames) == ["frame-0", "frame-1"]
-    for frame in frames:
-        assert frame.name == "chat gpt-test-1"
-        assert frame.attr("network.protocol.name") == "websocket"
-        assert frame.attr("gen_ai.provider.name") == "openai"
-        assert frame.attr("http.response.status_code") == 200
-
-
-def test_the_dashboard_links_latency_to_traces_through_the_exemplar_label() -> None:
-    """The latency panels ask for exemplars of the histograms that carry them, and the
-    provisioned Prometheus data source links the label the proxy uses to a trace store
-    that is provisioned too."""
-    import yaml
-
-    from proxy.server.metrics import EXEMPLAR_LABEL
-
-    root = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
-    dashboard = orjson.loads((root / "compaction-proxy.json").read_bytes())
-    histograms = ("request_duration", "upstream_latency", "proxy_overhead")
-    targets = [
-        t
-        for p in dashboard["panels"]
-        for t in p.get("targets", [])
-        if any(f"compaction_proxy_{h}_seconds_bucket" in t["expr"] for h in histograms)
-    ]
-    assert len(targets) == 9 and all(t.get("exemplar") is True for t in targets)
-    sources = yaml.safe_load((root / "datasources.yaml").read_text())["datasources"]
-    uids = {s["uid"]: s for s in sources}
-    (prometheus,) = [s for s in sources if s["type"] == "prometheus"]
-    (link,) = prometheus["jsonData"]["exemplarTraceIdDestinations"]
-    assert link["name"] == EXEMPLAR_LABEL
-    assert uids[link["datasourceUid"]]["type"] in ("jaeger", "tempo")
+    assert server.resource["service.name"] == "compaction-proxy"  # the default name
