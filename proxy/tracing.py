@@ -20,7 +20,7 @@ more when it is None. With tracing on:
   `traceparent` on that call (`outgoing`);
 - a span per Redis round trip (`store_span`);
 - work that outlives its request (a summary made ahead) gets a trace of its own, linked
-  to the request that asked for it (`detached`).
+  to the request that asked for it (`detached`, for the context of its task).
 
 Attributes are numbers, ids, model names and fixed words: never prompt text, tool
 output, a header's value or a credential.
@@ -28,9 +28,11 @@ output, a header's value or a credential.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import logging
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the otel extra may be missing: imported only when tracing is on
@@ -245,25 +247,26 @@ class Tracing:
         context = self._trace.get_current_span().get_span_context()
         return context if context.is_valid else None
 
-    async def detached(
-        self, name: str, work: Coroutine[Any, Any, None], origin: SpanContext | None
-    ) -> None:
-        """Run `work` under a root span of its own trace, linked to `origin` (the span of
-        the request that asked for it)."""
+    def detached(
+        self, name: str, origin: SpanContext | None, context: contextvars.Context
+    ) -> Callable[[asyncio.Future[Any]], None]:
+        """Make `context` (that of a task about to be created) run under a root span of
+        a trace of its own, linked to `origin` (the span of the request that asked for
+        the work); returns the task's done callback, which ends the span."""
         links = [self._link(origin)] if origin is not None else None
-        with self.tracer.start_as_current_span(
-            name,
-            context=self._context.Context(),
-            kind=self._kind.INTERNAL,
-            links=links,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            try:
-                await work
-            except BaseException as error:
+        span = self.tracer.start_span(
+            name, context=self._context.Context(), kind=self._kind.INTERNAL, links=links
+        )
+        context.run(self._context.attach, self._trace.set_span_in_context(span))
+
+        def done(task: asyncio.Future[Any]) -> None:
+            if task.cancelled():
+                self.failed(span, "cancelled")
+            elif (error := task.exception()) is not None:
                 self.failed(span, error)
-                raise
+            span.end()
+
+        return done
 
     # -- events ----------------------------------------------------------------------
 

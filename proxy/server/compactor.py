@@ -91,6 +91,9 @@ def _ignore_usage(usage: Usage) -> None:
     return None
 
 
+SUMMARY_AHEAD = "compaction.summary_ahead"  # the span of background work's trace
+
+
 class Compactor:
     """Per-process compaction state: policies, the counter, calibration."""
 
@@ -114,12 +117,15 @@ class Compactor:
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Work that outlives the request that started it (a summary made ahead), in a
         context of its own: nothing of the request's record or meter is touched."""
+        context = contextvars.Context()
         active = tracing.ACTIVE
-        if active is not None:  # a trace of its own, linked to the request's span
-            work = active.detached("compaction.summary_ahead", work, active.here())
-        task = asyncio.get_running_loop().create_task(work, context=contextvars.Context())
+        # With tracing on: a trace of its own, linked to the request's span.
+        ended = active.detached(SUMMARY_AHEAD, active.here(), context) if active else None
+        task = asyncio.get_running_loop().create_task(work, context=context)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        if ended is not None:
+            task.add_done_callback(ended)
 
     async def settled(self) -> None:
         """Wait for the background work started so far (tests, benchmarks, replay)."""
