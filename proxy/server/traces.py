@@ -165,9 +165,13 @@ def describe(
     if record.strategy and record.strategy != "refuse":
         span.set_attribute("compaction.tokens_before", record.tokens_before)
         span.set_attribute("compaction.tokens_after", record.tokens_after)
-    span.set_attribute("compaction.offloaded", record.offloaded)
-    span.set_attribute("compaction.summary", record.summary or "none")
-    span.set_attribute("compaction.read_rounds", record.read_rounds)
+    # What did not happen is left out (fewer attributes to export on every request).
+    if record.offloaded:
+        span.set_attribute("compaction.offloaded", record.offloaded)
+    if record.summary:
+        span.set_attribute("compaction.summary", record.summary)
+    if record.read_rounds:
+        span.set_attribute("compaction.read_rounds", record.read_rounds)
     if record.read_outcome:
         span.set_attribute("compaction.read_outcome", record.read_outcome)
     if record.summariser_calls:

@@ -371,6 +371,7 @@ async def test_chat_completions_and_responses(
         assert a["gen_ai.response.model"]
         assert a["gen_ai.usage.input_tokens"] > 0 and a["gen_ai.usage.output_tokens"] > 0
         assert a["compaction.strategy"] == "none"
+        assert not {"compaction.offloaded", "compaction.read_rounds"} & set(a)  # nothing done
         (call,) = upstream_calls(spans, server)
         assert call.attr("url.path") == route and call.attr("compaction.purpose") == "request"
         assert call.attr("gen_ai.provider.name") == "openai"
