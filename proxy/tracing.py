@@ -199,7 +199,7 @@ class Tracing:
     @contextlib.contextmanager
     def client_span(self, name: str, attributes: Mapping[str, Any]) -> Iterator[Span]:
         """A CLIENT span for one upstream call, child of the current span; not ended by
-        the block (the call's answer ends it: proxy/server/traces.py)."""
+        the block (the call's answer ends it: TracedResponse, proxy/server/upstream.py)."""
         span = self.tracer.start_span(name, kind=self._kind.CLIENT, attributes=attributes)
         with self._trace.use_span(span, end_on_exit=False):
             yield span

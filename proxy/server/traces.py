@@ -141,54 +141,54 @@ def describe(
     model names and fixed words only). `operation`: the GenAI operation's name ("" for a
     route of a GenAI API that is no inference), None for any other route."""
     genai = operation is not None
+    out: dict[str, Any] = {}  # set at once: one pass of the SDK's checks, not one each
     if record.model and genai:
         if operation:  # named as the conventions say: "{operation} {model}"
             span.update_name(f"{operation} {record.model}")
-        span.set_attribute("gen_ai.request.model", record.model)
+        out["gen_ai.request.model"] = record.model
     if record.meter.response_model:
-        span.set_attribute("gen_ai.response.model", record.meter.response_model)
+        out["gen_ai.response.model"] = record.meter.response_model
     if record.meter.rounds:
         usage = record.meter.total()
         # The conventions' input includes cached input (Anthropic's input_tokens does not).
-        span.set_attribute("gen_ai.usage.input_tokens", usage.total_input)
-        span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
-        span.set_attribute("gen_ai.usage.cache_read.input_tokens", usage.cache_read_input_tokens)
-        span.set_attribute(
-            "gen_ai.usage.cache_creation.input_tokens", usage.cache_creation_input_tokens
-        )
+        out["gen_ai.usage.input_tokens"] = usage.total_input
+        out["gen_ai.usage.output_tokens"] = usage.output_tokens
+        out["gen_ai.usage.cache_read.input_tokens"] = usage.cache_read_input_tokens
+        out["gen_ai.usage.cache_creation.input_tokens"] = usage.cache_creation_input_tokens
     if record.upstream_request_id:
-        span.set_attribute("gen_ai.response.id", record.upstream_request_id)
-    span.set_attribute("compaction.request_id", record.request_id)
-    span.set_attribute("compaction.strategy", record.strategy or "none")
+        out["gen_ai.response.id"] = record.upstream_request_id
+    out["compaction.request_id"] = record.request_id
+    out["compaction.strategy"] = record.strategy or "none"
     if record.reason:
-        span.set_attribute("compaction.reason", record.reason)
+        out["compaction.reason"] = record.reason
     if record.strategy and record.strategy != "refuse":
-        span.set_attribute("compaction.tokens_before", record.tokens_before)
-        span.set_attribute("compaction.tokens_after", record.tokens_after)
+        out["compaction.tokens_before"] = record.tokens_before
+        out["compaction.tokens_after"] = record.tokens_after
     # What did not happen is left out (fewer attributes to export on every request).
     if record.offloaded:
-        span.set_attribute("compaction.offloaded", record.offloaded)
+        out["compaction.offloaded"] = record.offloaded
     if record.summary:
-        span.set_attribute("compaction.summary", record.summary)
+        out["compaction.summary"] = record.summary
     if record.read_rounds:
-        span.set_attribute("compaction.read_rounds", record.read_rounds)
+        out["compaction.read_rounds"] = record.read_rounds
     if record.read_outcome:
-        span.set_attribute("compaction.read_outcome", record.read_outcome)
+        out["compaction.read_outcome"] = record.read_outcome
     if record.summariser_calls:
-        span.set_attribute("compaction.summariser_calls", record.summariser_calls)
-        span.set_attribute("compaction.summariser_failures", record.summariser_failures)
+        out["compaction.summariser_calls"] = record.summariser_calls
+        out["compaction.summariser_failures"] = record.summariser_failures
     if record.conversation:
-        span.set_attribute("compaction.conversation", record.conversation)
+        out["compaction.conversation"] = record.conversation
     if record.key_id:
-        span.set_attribute("compaction.key_id", record.key_id)  # the id, never the key
+        out["compaction.key_id"] = record.key_id  # the id, never the key
     if record.team:
-        span.set_attribute("compaction.team", record.team)
+        out["compaction.team"] = record.team
     if record.rejected:
-        span.set_attribute("compaction.rejected", record.rejected)
+        out["compaction.rejected"] = record.rejected
     if genai:
         # A hash of the key or credential (proxy/core/identity.py), never the credential.
         tenant = caller_of(request).tenant or tenant_of(request.headers)
-        span.set_attribute("compaction.tenant", tenant)
+        out["compaction.tenant"] = tenant
+    span.set_attributes(out)
 
 
 # -- lifetime --------------------------------------------------------------------------
