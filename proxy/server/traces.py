@@ -26,6 +26,7 @@ from aiohttp import web
 
 from proxy import tracing
 from proxy.core.identity import tenant_of
+from proxy.core.usage import Usage
 from proxy.server import record as records
 from proxy.server.caller import caller_of
 from proxy.server.record import RequestRecord
@@ -176,6 +177,12 @@ def describe(
     if record.summariser_calls:
         out["compaction.summariser_calls"] = record.summariser_calls
         out["compaction.summariser_failures"] = record.summariser_failures
+    if record.meter.extra:  # what the summariser calls made for this request used
+        spent = Usage()
+        for usage in record.meter.extra:
+            spent = spent.plus(usage)
+        out["compaction.summariser.input_tokens"] = spent.total_input
+        out["compaction.summariser.output_tokens"] = spent.output_tokens
     if record.conversation:
         out["compaction.conversation"] = record.conversation
     if record.key_id:

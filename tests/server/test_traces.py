@@ -47,6 +47,7 @@ from tests.server.test_metrics import long_history
 
 MakeStandIn = Callable[[StandInOptions], Awaitable[RunningStandIn]]
 __all__ = ["receiver"]  # the fixture
+PURPOSE = "x-compaction-proxy-purpose"
 
 
 def _policy_toml() -> str:
@@ -226,6 +227,13 @@ async def test_a_messages_request_with_a_read_round_and_a_summary(
     assert a["gen_ai.usage.cache_creation.input_tokens"] == sum(
         u["cache_creation_input_tokens"] for u in rounds
     )
+    # The summariser's call, apart (it is the proxy's spending, not the answer's).
+    (summarised,) = [r.usage for r in standin.recorded if r.headers.get(PURPOSE)]
+    assert a["compaction.summariser.output_tokens"] == summarised["output_tokens"]
+    assert a["compaction.summariser.input_tokens"] == sum(
+        summarised[k]
+        for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    )
     # A fold's event, with what it did.
     (fold,) = [attrs for name, attrs in server.events if name == "compaction.fold"]
     assert fold["compaction.strategy"] == "offload+summary"
@@ -390,8 +398,6 @@ async def test_chat_completions_and_responses(
 
 
 # -- a summary made ahead: a trace of its own, linked to its request ---------------------
-
-PURPOSE = "x-compaction-proxy-purpose"
 
 
 class Enough(Exception):
