@@ -201,10 +201,12 @@ class Store:
 
     # -- plumbing ---------------------------------------------------------------------
 
-    async def _call(self, operation: Callable[[], Awaitable[T]], seconds: float = 0.0) -> T:
+    async def _call(
+        self, operation: Callable[[], Awaitable[T]], seconds: float = 0.0, name: str = ""
+    ) -> T:
         active = tracing.ACTIVE
         if active is not None:  # a span per round trip, named by the method making it
-            with active.store_span(_operation_name(operation)):
+            with active.store_span(name or _operation_name(operation)):
                 return await self._bounded(operation, seconds)
         return await self._bounded(operation, seconds)
 
@@ -237,9 +239,9 @@ class Store:
     def client(self) -> Redis | RedisCluster:
         return self._client
 
-    async def _get(self, key: str) -> bytes | None:
+    async def _get(self, key: str, name: str) -> bytes | None:
         # Replies are bytes: the client is built without decode_responses.
-        return cast("bytes | None", await self._call(lambda: self._client.get(key)))
+        return cast("bytes | None", await self._call(lambda: self._client.get(key), name=name))
 
     def _key(self, tenant: str, conversation: str, kind: str, name: str) -> str:
         return keys.conversation_key(self.prefix, tenant, conversation, kind, name)
@@ -426,7 +428,7 @@ class Store:
         cached = self.blob_cache.get(tenant, ref)
         if cached is not None:
             return cached
-        raw = await self._get(self._blob_key(tenant, ref))
+        raw = await self._get(self._blob_key(tenant, ref), "Store.read_blob")
         try:
             data = None if raw is None else await self._unpack(raw)
         except CorruptValue as error:
@@ -488,7 +490,7 @@ class Store:
 
     async def get_json(self, tenant: str, conversation: str, kind: str, name: str) -> object | None:
         key = self._key(tenant, conversation, kind, name)
-        return self._decode(key, await self._get(key))
+        return self._decode(key, await self._get(key, "Store.get_json"))
 
     async def refresh_ttl(
         self, tenant: str, conversation: str, kind: str, names: list[str], ttl: int | None = None
