@@ -296,3 +296,11 @@ def event(name: str, attributes: Mapping[str, Any]) -> None:
     """An event on the current span, when tracing is on."""
     if ACTIVE is not None:
         ACTIVE.event(name, attributes)
+
+
+def note(attributes: Mapping[str, Any]) -> None:
+    """Attributes on the current span, when tracing is on (and it is sampled)."""
+    if ACTIVE is not None:
+        span = ACTIVE._trace.get_current_span()
+        if span.is_recording():
+            span.set_attributes(attributes)
