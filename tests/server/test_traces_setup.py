@@ -210,3 +210,37 @@ def test_the_dashboard_links_latency_to_traces_through_the_exemplar_label() -> N
     (link,) = prometheus["jsonData"]["exemplarTraceIdDestinations"]
     assert link["name"] == EXEMPLAR_LABEL
     assert uids[link["datasourceUid"]]["type"] in ("jaeger", "tempo")
+
+
+@pytest.mark.parametrize(
+    ("environ", "says"),
+    [
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "http/json is not supported"),
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER=zipkin is not supported"),
+    ],
+)
+def test_what_the_proxy_cannot_export_with_is_said(environ: dict[str, str], says: str) -> None:
+    from proxy.tracing import TracingUnavailable, from_environment
+
+    environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", **environ}
+    with pytest.raises(TracingUnavailable, match=says):
+        from_environment(environ)
+
+
+def test_grpc_needs_its_exporter() -> None:
+    """grpc works when its exporter is installed; else start-up says what to install."""
+    import importlib.util
+
+    from proxy.tracing import TracingUnavailable, from_environment
+
+    environ = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+    }
+    if importlib.util.find_spec("opentelemetry.exporter.otlp.proto.grpc") is None:
+        with pytest.raises(TracingUnavailable, match="opentelemetry-exporter-otlp-proto-grpc"):
+            from_environment(environ)
+    else:
+        made = from_environment(environ)
+        assert made is not None
+        made.shutdown(100)
