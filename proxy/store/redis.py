@@ -14,6 +14,7 @@ The compaction executor uses four calls, one Redis round trip each on a single R
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import secrets
@@ -117,6 +118,9 @@ def _plausible_ref(ref: str) -> bool:
     return 0 < len(ref) <= MAX_REF_CHARS and not any(c.isspace() for c in ref)
 
 
+_UNTRACED: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
 def _operation_name(operation: Callable[..., object]) -> str:
     """`Store.load_conversation` for a lambda made in that method, `Redis.ping` for a
     bound method: what a Redis span is named (a fixed word, never a key)."""
@@ -205,15 +209,14 @@ class Store:
         self, operation: Callable[[], Awaitable[T]], seconds: float = 0.0, name: str = ""
     ) -> T:
         active = tracing.ACTIVE
-        if active is not None:  # a span per round trip, named by the method making it
-            with active.store_span(name or _operation_name(operation)):
-                return await self._bounded(operation, seconds)
-        return await self._bounded(operation, seconds)
-
-    async def _bounded(self, operation: Callable[[], Awaitable[T]], seconds: float) -> T:
+        # With tracing on, a span per round trip, named by the method making it.
+        span = (
+            _UNTRACED if active is None else active.store_span(name or _operation_name(operation))
+        )
         try:
-            async with asyncio.timeout(seconds or self.op_timeout):
-                return await operation()
+            with span:
+                async with asyncio.timeout(seconds or self.op_timeout):
+                    return await operation()
         except (RedisError, OSError, TimeoutError, AttributeError) as error:
             # AttributeError: redis-py's Cluster client, after a node's connection error,
             # disconnects that node's idle connections while other calls may be opening
