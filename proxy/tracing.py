@@ -14,8 +14,8 @@ middleware, the upstream client, the store's calls) tests it first and does noth
 more when it is None. With tracing on:
 
 - a SERVER span per client request continues the client's `traceparent`/`tracestate`
-  (proxy/server/traces.py, or `Tracing.server_span` for a transport of its own, such as
-  one WebSocket frame);
+  (`server_span`, through proxy/server/traces.py: its middleware, and `request_span` for
+  a transport of its own, such as one WebSocket frame);
 - a CLIENT span per upstream call (`client_span`), whose context replaces the client's
   `traceparent` on that call (`outgoing`);
 - a span per Redis round trip (`store_span`);
@@ -276,6 +276,12 @@ class Tracing:
         if span.is_recording():
             span.add_event(name, attributes)
 
+    def note(self, attributes: Mapping[str, Any]) -> None:
+        """Attributes on the current span (when it is sampled)."""
+        span = self._trace.get_current_span()
+        if span.is_recording():
+            span.set_attributes(attributes)
+
     # -- lifetime --------------------------------------------------------------------
 
     def shutdown(self, timeout_ms: int = 5_000) -> None:
@@ -301,6 +307,4 @@ def event(name: str, attributes: Mapping[str, Any]) -> None:
 def note(attributes: Mapping[str, Any]) -> None:
     """Attributes on the current span, when tracing is on (and it is sampled)."""
     if ACTIVE is not None:
-        span = ACTIVE._trace.get_current_span()
-        if span.is_recording():
-            span.set_attributes(attributes)
+        ACTIVE.note(attributes)
