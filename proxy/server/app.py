@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import signal
 import socket
 import time
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from proxy import tracing
 from proxy.config import Settings
 from proxy.core.policy import DEFAULT_POLICIES
 from proxy.server.admin.routes import install as install_admin
@@ -44,6 +46,7 @@ from proxy.server.routes import (
 )
 from proxy.server.routing import OPENAI_UPSTREAM, openai_upstream_lifetime
 from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM, StoreState
+from proxy.server.traces import trace_requests, tracing_lifetime
 from proxy.server.upstream import Upstream
 from proxy.store import EmbeddedRedis, StateDirBusy, Store, StoreUnavailable
 from proxy.store.probe import addressing_problem
@@ -178,9 +181,18 @@ async def _compactor_lifetime(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(settings: Settings) -> web.Application:
+    # Traces only when the OTEL_* environment asks for them (proxy/tracing.py).
+    try:
+        traced = tracing.from_environment(os.environ, version=_version())
+    except tracing.TracingUnavailable as e:
+        raise StartupError(str(e)) from None
     # Outermost first: the record and metrics see every answer, errors included; key
-    # checks and budgets (a no-op with keys off) run inside them.
-    app = web.Application(middlewares=[observe_requests, render_errors, authenticate])
+    # checks and budgets (a no-op with keys off) run inside them; the request's span
+    # (with tracing on) is opened inside the record, so it reads what the record says.
+    inner = [render_errors, authenticate]
+    if traced is not None:
+        inner.insert(0, trace_requests)
+    app = web.Application(middlewares=[observe_requests, *inner])
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app[LIFECYCLE] = Lifecycle()
@@ -190,6 +202,8 @@ def create_app(settings: Settings) -> web.Application:
     app[COMPACTOR].on_background_summary = app[METRICS].summariser_call
     app[RESPONSES_STATE] = ResponsesState()
     # Started in this order, stopped in the reverse: nothing outlives what it uses.
+    if traced is not None:  # first: the upstream client's spans need it; flushed last
+        app.cleanup_ctx.append(tracing_lifetime(traced))
     app.cleanup_ctx.append(_upstream_lifetime)
     app.cleanup_ctx.append(openai_upstream_lifetime)
     app.cleanup_ctx.append(_store_lifetime)
@@ -212,6 +226,15 @@ def create_app(settings: Settings) -> web.Application:
     install_admin(app)  # the admin API and the dashboard (404 without an admin key)
     app.router.add_route("*", "/{tail:.*}", handle_passthrough)
     return app
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("compaction-proxy")
+    except PackageNotFoundError:
+        return ""
 
 
 @dataclass

@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy import tracing
 from proxy.core.counting import Counted, cannot_cross, count_request
 from proxy.core.driver import CompactionRequest, Decision, compaction
 from proxy.core.errors import ContextTooLong, ProxyError
@@ -90,6 +91,9 @@ def _ignore_usage(usage: Usage) -> None:
     return None
 
 
+SUMMARY_AHEAD = "compaction.summary_ahead"  # the span of background work's trace
+
+
 class Compactor:
     """Per-process compaction state: policies, the counter, calibration."""
 
@@ -113,9 +117,15 @@ class Compactor:
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Work that outlives the request that started it (a summary made ahead), in a
         context of its own: nothing of the request's record or meter is touched."""
-        task = asyncio.get_running_loop().create_task(work, context=contextvars.Context())
+        context = contextvars.Context()
+        active = tracing.ACTIVE
+        # With tracing on: a trace of its own, linked to the request's span.
+        ended = active.detached(SUMMARY_AHEAD, active.here(), context) if active else None
+        task = asyncio.get_running_loop().create_task(work, context=context)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        if ended is not None:
+            task.add_done_callback(ended)
 
     async def settled(self) -> None:
         """Wait for the background work started so far (tests, benchmarks, replay)."""
@@ -241,6 +251,17 @@ class Compactor:
         record.tokens_before, record.tokens_after = rewrite.tokens_before, rewrite.tokens_after
         record.offloaded = len(rewrite.blobs)
         record.summary = rewrite.summary if rewrite.strategy != "checkpoint" else ""
+        if "summary" in rewrite.strategy or "pack" in rewrite.strategy:
+            tracing.event(
+                "compaction.fold" if "summary" in rewrite.strategy else "compaction.pack",
+                {
+                    "compaction.strategy": rewrite.strategy,
+                    "compaction.tokens_before": rewrite.tokens_before,
+                    "compaction.tokens_after": rewrite.tokens_after,
+                    "compaction.summary": rewrite.summary or "none",
+                    "compaction.reason": rewrite.reason or "none",
+                },
+            )
         if rewrite.strategy != "checkpoint" and rewrite.tokens_after > policy.trigger_tokens:
             log.warning(
                 "history still %d tokens after compaction, above the trigger %d (%s)",

@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from proxy.server import record as records
 from proxy.server.lifecycle import LIFECYCLE
@@ -199,12 +200,14 @@ class Metrics:
             counted = self._counted[(route, status)] = self.requests.labels(route, str(status))
         counted.inc()
         duration, overhead, latency = self._route(route)
-        duration.observe(ended - rec.started)
+        # A traced request's trace id rides along as an exemplar (OpenMetrics scrapes).
+        exemplar = {EXEMPLAR_LABEL: rec.trace_id} if rec.trace_id else None
+        duration.observe(ended - rec.started, exemplar)
         if route in _PROBES:
             return
-        overhead.observe(rec.own_seconds(ended))
+        overhead.observe(rec.own_seconds(ended), exemplar)
         if rec.upstream_sent is not None and rec.upstream_answered is not None:
-            latency.observe(rec.upstream_answered - rec.upstream_sent)
+            latency.observe(rec.upstream_answered - rec.upstream_sent, exemplar)
         if rec.meter.rounds:
             usage = rec.meter.total().as_dict()
             for key, counter in self._by_usage:
@@ -295,6 +298,9 @@ def route_of(request: web.Request) -> str:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# The exemplar label of a traced request's trace id on the latency histograms (what
+# deploy/grafana/datasources.yaml links to the trace store).
+EXEMPLAR_LABEL = "trace_id"
 
 
 @web.middleware
@@ -332,5 +338,11 @@ async def observe_requests(request: web.Request, handler: Handler) -> web.Stream
 
 async def handle_metrics(request: web.Request) -> web.Response:
     await request.app[METRICS].store.refresh(request.app[STORE].store)
-    body = generate_latest(request.app[METRICS].registry)
+    registry = request.app[METRICS].registry
+    if "application/openmetrics-text" in request.headers.get("Accept", ""):
+        # What Prometheus asks for first: the same metrics, with the latency histograms'
+        # exemplars (trace ids of traced requests: README, "Traces").
+        body = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
+        return web.Response(body=body, headers={"Content-Type": openmetrics.CONTENT_TYPE_LATEST})
+    body = generate_latest(registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

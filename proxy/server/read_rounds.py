@@ -170,7 +170,12 @@ class ReadRounds:
         if isinstance(body, str):
             return body
         return await self.upstream.send(
-            "POST", self.request.raw_path, self.upstream_headers, body, stream=stream
+            "POST",
+            self.request.raw_path,
+            self.upstream_headers,
+            body,
+            stream=stream,
+            purpose="read_round",
         )
 
     async def _fitted(self, round_: Round) -> bytes | str:
@@ -236,6 +241,7 @@ class ReadRounds:
             finally:
                 response.release()
             message, round_ = self._read_answer(raw)
+            meter.answered_by(message)
             answers.append(message)
             meter.round(round_.usage)
             if not round_.wants_reads_only:
@@ -322,6 +328,7 @@ class ReadRounds:
         try:
             async for chunk in response.content.iter_any():
                 for event in decoder.feed(chunk):
+                    self.record.meter.answered_by(event.raw)
                     try:
                         pieces = merger.feed(event)
                     except Exception as e:

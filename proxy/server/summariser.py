@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
+from proxy import tracing
 from proxy.core.commands import GetSummary, PreparedSummary, PrepareSummary, SummaryReply
 from proxy.core.facts import keep_facts
 from proxy.core.usage import Usage
@@ -180,7 +181,15 @@ async def post_summary(
         (PURPOSE_HEADER, "summary"),
     ]
     async with asyncio.timeout(seconds):
-        response = await upstream.send("POST", path, sent, orjson.dumps(need.body), stream=False)
+        response = await upstream.send(
+            "POST",
+            path,
+            sent,
+            orjson.dumps(need.body),
+            stream=False,
+            purpose="summary",
+            model=str(need.body.get("model", "")),
+        )
         try:
             raw = await response.read()
         finally:
@@ -227,11 +236,13 @@ async def prepare_summary(
     the summary itself)."""
     key = command.ask.key
     lock = f"summary:{key}"
+    tracing.note({"compaction.tenant": tenant, "compaction.conversation": conversation})
     try:
         token = await store.acquire_lock(
             tenant, conversation, lock, int((settings.timeout + 30) * 1000)
         )
         if token is None:
+            tracing.note({"compaction.summary": "busy"})
             return  # another replica is making it
         held = (lock, token)
     except StoreUnavailable:
@@ -249,6 +260,7 @@ async def prepare_summary(
         if usage is not None:
             charge(usage)
         if not text.strip():
+            tracing.note({"compaction.summary": "failed"})
             # Said, so the crossing asks for it itself rather than wait for it.
             failed = {"key": key, "failed": True}
             await store.put_json(tenant, conversation, PREPARED, command.slot, failed)
@@ -259,6 +271,7 @@ async def prepare_summary(
         await store.put_json(tenant, conversation, SUMMARY, key, text)
         record = {"key": key, "text": text}
         await store.put_json(tenant, conversation, PREPARED, command.slot, record)
+        tracing.note({"compaction.summary": "made"})
     except StoreUnavailable as e:
         log.info("summary made ahead not stored: %s", e)
     finally:
