@@ -52,6 +52,7 @@ from proxy.server.record import RequestRecord
 from proxy.server.responses import RESPONSES_ROUTE, before
 from proxy.server.routes import Incoming, _calibrate, _prepare, _reserve
 from proxy.server.state import SETTINGS
+from proxy.server.traces import request_span
 from proxy.server.ws_pair import HANDSHAKE, Gone, SocketPair, send_message
 from proxy.store import StoreUnavailable
 from proxy.wire.responses import RESPONSES
@@ -122,36 +123,44 @@ class Relay(SocketPair):
         record.reads_answers_as(RESPONSES)
         token = records.begin(record)
         status = 500
-        try:
-            async with self._ticket():
-                status = await self._drive(raw, frame, record)
-        except ProxyError as error:
-            status = error.status
-            response = render(error, RESPONSES)
-            body = response.body if isinstance(response.body, bytes) else b""
-            await self.to_client(error_frame_of(error.status, body, response.headers))
-        except asyncio.CancelledError:
-            status = 200 if record.meter.complete else 499
-            raise
-        except Gone as gone:
-            status = 200 if record.meter.complete else 499 if gone.side == "client" else 502
-            raise
-        except Exception:
-            # A fault of the proxy's own mid-frame: the socket's state is unknown from
-            # here, so the client is told and both sockets close (Codex opens a new one).
-            log.exception("WebSocket frame failed; closing the socket")
-            status = 500
-            failure = {"type": "api_error", "message": "compaction-proxy failed on this request"}
-            with contextlib.suppress(Exception):
-                await self.to_client(error_frame(500, failure))
-            raise Gone("proxy", WSCloseCode.INTERNAL_ERROR, b"internal error") from None
-        finally:
-            ended = time.perf_counter()
-            records.end(token)
-            self.metrics.record(record, status, ended)
-            self.app[REQUEST_LOG].emit(record, status, ended)
-            for listener in self.app.get(REQUEST_ENDED, ()):
-                listener(record, status)
+        # The frame's own SERVER span (a no-op with tracing off), a child of the upgrade's
+        # traceparent: one trace per agent turn, as over HTTP.
+        span = request_span(self.frames_request, record, route=ROUTE, transport="websocket")
+        with span as outcome:
+            try:
+                async with self._ticket():
+                    status = await self._drive(raw, frame, record)
+            except ProxyError as error:
+                status = error.status
+                response = render(error, RESPONSES)
+                body = response.body if isinstance(response.body, bytes) else b""
+                await self.to_client(error_frame_of(error.status, body, response.headers))
+            except asyncio.CancelledError:
+                status = 200 if record.meter.complete else 499
+                raise
+            except Gone as gone:
+                status = 200 if record.meter.complete else 499 if gone.side == "client" else 502
+                raise
+            except Exception:
+                # A fault of the proxy's own mid-frame: the socket's state is unknown from
+                # here, so the client is told and both sockets close (Codex opens a new one).
+                log.exception("WebSocket frame failed; closing the socket")
+                status = 500
+                failure = {
+                    "type": "api_error",
+                    "message": "compaction-proxy failed on this request",
+                }
+                with contextlib.suppress(Exception):
+                    await self.to_client(error_frame(500, failure))
+                raise Gone("proxy", WSCloseCode.INTERNAL_ERROR, b"internal error") from None
+            finally:
+                outcome.status = status
+                ended = time.perf_counter()
+                records.end(token)
+                self.metrics.record(record, status, ended)
+                self.app[REQUEST_LOG].emit(record, status, ended)
+                for listener in self.app.get(REQUEST_ENDED, ()):
+                    listener(record, status)
 
     def _ticket(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """The frame's own budget ticket (reserve, then settle to its usage), when the

@@ -84,8 +84,8 @@ def request_span(
     record, `transport="websocket"`). It continues the trace of the request's
     `traceparent`; once the block ends it is described from `record` (GenAI and
     compaction attributes) and given `Outcome.status`. An exception sets the status
-    (HTTPException's, 499 for a client gone before its answer's end, else 500) and goes
-    on. With tracing off it only yields an `Outcome`:
+    (HTTPException's; 499 for a client gone before its answer's end; else what the block
+    set, 500 by default) and goes on. With tracing off it only yields an `Outcome`:
 
         with request_span(upgrade, frame_record, transport="websocket") as outcome:
             ...  # the frame's work
@@ -124,7 +124,8 @@ def request_span(
             outcome.status = 200 if record is not None and record.meter.complete else 499
             raise
         except BaseException:
-            outcome.status = 500
+            # Any other failure is a 500 unless the block said what it was (a WebSocket
+            # frame whose client or upstream went away: 499, 502).
             raise
         finally:
             status = outcome.status

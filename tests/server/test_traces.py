@@ -569,3 +569,63 @@ async def test_the_last_spans_are_exported_on_shutdown(
     (server,) = server_spans(spans, trace_id)
     assert upstream_calls(spans, server)
     assert server.resource["service.name"] == "compaction-proxy"  # the default name
+
+
+# -- the WebSocket transport: a SERVER span per response.create ---------------------------
+
+
+async def test_every_websocket_frame_has_its_own_server_span(
+    tmp_path: Path,
+    make_responses_standin: Any,
+    receiver: Receiver,
+    redis_url: str,
+    redis_key_prefix: str,
+) -> None:
+    from proxy.testing.responses_standin import ResponsesOptions
+
+    standin = await make_responses_standin(StandInOptions(), ResponsesOptions(websocket_status=101))
+    trace_id, span_id, parent = client_context()
+    headers = {
+        "Authorization": "Bearer sk-openai",
+        "OpenAI-Beta": "responses_websockets=2026-02-06",
+        "traceparent": parent,
+    }
+    with serve(tmp_path, standin.url, redis_url, redis_key_prefix, **otel(receiver)) as proxy:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(f"{proxy.url}/v1/responses", headers=headers) as ws,
+        ):
+            previous = None
+            for text in ("Say hello.", "Again."):
+                frame: dict[str, Any] = {
+                    "type": "response.create",
+                    "model": "gpt-test-1",
+                    "input": [{"role": "user", "content": text}],
+                    "store": False,
+                }
+                if previous:
+                    frame["previous_response_id"] = previous
+                await ws.send_str(orjson.dumps(frame).decode())
+                while True:
+                    event = orjson.loads((await ws.receive(timeout=20)).data)
+                    if event["type"] == "response.completed":
+                        previous = event["response"]["id"]
+                        break
+                    assert event["type"] != "error", event
+        spans = await receiver.wait_for(lambda s: len(server_spans(s, trace_id)) >= 3)
+
+    # The upgrade is a request of its own (its span lasts the socket's life), and each
+    # response.create its own span beside it.
+    everything = server_spans(spans, trace_id)
+    frames = [s for s in everything if s.attr("network.protocol.name") == "websocket"]
+    (upgrade,) = [s for s in everything if s not in frames]
+    assert upgrade.parent_span_id == span_id and upgrade.attr("http.request.method") == "GET"
+    assert len(frames) == 2
+    for server in frames:
+        assert server.parent_span_id == span_id  # each a child of the upgrade's context
+        a = server.attributes
+        assert a["network.protocol.name"] == "websocket"
+        assert a["http.route"] == "/v1/responses" and a["http.response.status_code"] == 200
+        assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == "gpt-test-1"
+        assert a["gen_ai.usage.input_tokens"] > 0 and a["gen_ai.usage.output_tokens"] > 0
+    assert len({s.span_id for s in frames}) == 2
