@@ -183,6 +183,10 @@ class InPlace:
     # The history, the prompt and the summary fit the window (a crossing the hysteresis
     # put off to the window's edge has no room left: its summariser gets the transcript).
     fits: bool = True
+    # The name read_result goes under in the conversation's request without the fold (the
+    # summariser call's tools must be the conversation's own, byte for byte, to read its
+    # cache: tools come first in the prompt cache's order).
+    tool: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,17 +493,42 @@ def _in_place(
     limit = min(limits.limit, math.floor(inp.policy.window / factor) - inp.fixed_tokens
                 - inp.tool_tokens)  # fmt: skip
     room = limit - work.tokens - math.ceil(slot / factor) - IN_PLACE_OVERHEAD
-    originals = _fitted(pieces, tokens, max(room, 0)) if room > 0 else ""
+    budget = min(room, _originals_cap(work, inp))
+    # Each piece keeps a head and a tail when cut: past what the budget holds of those,
+    # the newest pieces only.
+    fit = max(budget, 0) // MIN_PIECE_TOKENS
+    originals = _fitted(pieces[-fit:], tokens[-fit:], budget) if fit else ""
     first, last = members[0], members[-1]
     heads = (
         _head_of(work.messages[first], inp.dialect),
         _head_of(work.messages[last], inp.dialect),
     )
     prompt = in_place_prompt(first + 1, last + 1, heads, originals)
-    return InPlace(work.messages, _last_stub(work.segments), prompt, fits=room >= 0)
+    return InPlace(
+        work.messages, _last_stub(work.segments), prompt, fits=room >= 0, tool=_tool_of(work, inp)
+    )
+
+
+def _tool_of(work: Working, inp: PlanInput) -> str | None:
+    """The name read_result is injected under in the request `work` would make."""
+    named = _has_stubs(work.segments) or inp.sticky_tool or named_refs(work.segments)
+    return inp.tool if named else None
 
 
 IN_PLACE_OVERHEAD = 600  # tokens of the in-place prompt's own words, with a margin
+# What the in-place call reads from the cache at least, as a share of its prompt: what
+# follows the cached prefix (the prompt's words and the originals of the folded turns'
+# offloaded results) is paid at the full input price, on every summary.
+IN_PLACE_READ_SHARE = 0.92  # 0.9, with a margin for the estimate
+MIN_PIECE_TOKENS = 150  # what a piece cut to its head and tail still takes, about
+
+
+def _originals_cap(work: Working, inp: PlanInput) -> int:
+    """Tokens the originals may take so the cached prefix (tools, system, the history as
+    the conversation sent it) stays IN_PLACE_READ_SHARE of the in-place call's prompt."""
+    cached = inp.fixed_tokens + inp.tool_tokens + work.tokens
+    uncached = math.floor(cached * (1 - IN_PLACE_READ_SHARE) / IN_PLACE_READ_SHARE)
+    return max(uncached - IN_PLACE_OVERHEAD, 0)
 
 
 def _head_of(message: Message, dialect: Dialect) -> str:
