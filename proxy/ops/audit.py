@@ -123,8 +123,9 @@ def render_audit(body: Mapping[str, Any], counter: TokenCounter, policies: Seque
     )
     lines += [
         "",
-        f"model {model or '(none)'}: policy {policy.match!r}, window {policy.window:,},"
-        f" trigger {trigger:,}, target {policy.target_tokens:,} (history tokens)",
+        f"model {model or '(none)'}: policy {policy.match!r}, window {policy.window:,}"
+        f" ({policy.window_source}), trigger {trigger:,}, target {policy.target_tokens:,}"
+        " (history tokens)",
         f"history {history:,} tokens, {len(body.get('messages') or [])} messages; {verdict}",
         f"whole request {total:,} tokens = {100 * total / policy.window:.1f}% of the window"
         " (estimated with the proxy's counter, before calibration)",

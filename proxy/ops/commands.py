@@ -74,6 +74,10 @@ def add_commands(commands: Any) -> None:
     )
     replay.set_defaults(ops_run=run_replay)
 
+    from proxy.ops.models import add_commands as add_model_commands
+
+    add_model_commands(commands)
+
 
 def _settings(config: Path | None) -> Settings:
     return load_settings(config, warn=warn)
