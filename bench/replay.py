@@ -139,7 +139,7 @@ def totals(turns: list[Any]) -> dict[str, float]:
 
 
 def with_policy(settings: Any, fields: str) -> Any:
-    """The settings with fields of the claude-* policy replaced ("trigger=100000,...")."""
+    """The settings with fields of the built-in policy replaced ("trigger=100000,...")."""
     if not fields:
         return settings
     from proxy.core.policy import DEFAULT_POLICIES, FIELD_TYPES
@@ -148,7 +148,7 @@ def with_policy(settings: Any, fields: str) -> Any:
     tables = []
     for p in DEFAULT_POLICIES:
         table = {f: getattr(p, f) for f in FIELD_TYPES}
-        tables.append({**table, **changes} if p.match == "claude-*" else table)
+        tables.append({**table, **changes})
     return dataclasses.replace(settings, policies=tuple(tables))
 
 
@@ -380,7 +380,7 @@ def main() -> None:
     parser.add_argument("--result-chars", type=int, help="default: the shape's")
     parser.add_argument("--seed", type=int, default=12, help="of the chat shape's reasoning")
     parser.add_argument("--read-every", type=int, default=10, help="0: no read_result rounds")
-    parser.add_argument("--policy", default="", help="claude-* fields: trigger=100000,...")
+    parser.add_argument("--policy", default="", help="built-in policy fields: trigger=100000,...")
     parser.add_argument("--rounds", type=int, default=30, help="latency rounds; 0: cost only")
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     args = parser.parse_args()

@@ -159,6 +159,7 @@ class Limits:
     trigger: int  # over this, the oldest turns are folded
     target: int  # ... down to this
     note: int
+    window: int = 0  # the whole window, estimated (0: unknown, the deferral is the limit's)
 
     @property
     def prepare_at(self) -> int:
@@ -168,8 +169,19 @@ class Limits:
     @property
     def defer_at(self) -> int:
         """Over the trigger but under this, a fold whose summary is not ready yet waits
-        for it (the request goes on unfolded); over this, the request waits for it."""
-        return self.trigger + (self.limit - self.trigger) // 4
+        for it (the request goes on unfolded); over this, the request waits for it. The
+        deferral is bounded by DEFER_SHARE of the window: every turn past the trigger is
+        paid at the larger size, so the fold must land at the trigger, not near the
+        window's edge."""
+        room = (self.limit - self.trigger) // 4
+        if self.window:
+            room = min(room, math.floor(self.window * DEFER_SHARE))
+        return self.trigger + max(room, 0)
+
+
+# How far past the trigger a fold may wait for its summary made ahead, as a share of the
+# window (a turn or two of a chat-heavy session in a 200,000-token window).
+DEFER_SHARE = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -819,15 +831,18 @@ def limits_of(inp: PlanInput) -> Limits:
     trigger = min(math.floor(policy.trigger_tokens / factor), limit)
     target = min(math.floor(policy.target_tokens / factor), trigger)
     offload_at = min(math.floor(policy.offload_tokens / factor), trigger)
-    return Limits(limit, offload_at, trigger, target, math.ceil(policy.note_cost / factor))
+    note = math.ceil(policy.note_cost / factor)
+    return Limits(limit, offload_at, trigger, target, note, math.floor(policy.window / factor))
 
 
 def _recross_at(limits: Limits, stored: Checkpoint | None) -> int:
-    """The history size that makes a new crossing. A checkpoint that could not get under
-    the trigger (what cannot be dropped is larger) keeps the hysteresis from where it got
-    to, so identical resends reuse it instead of compacting again every time."""
+    """The history size that makes a new crossing: the trigger. A fold that landed above
+    the target (its summary made ahead folded fewer turns) does not move it, nor the
+    prepare and wait points with it. Only a checkpoint that could not get under the
+    trigger at all (what cannot be dropped is larger) keeps the hysteresis from where it
+    got to, so identical resends reuse it instead of compacting again every time."""
     folded = stored is not None and ("summary" in stored.strategy or "pack" in stored.strategy)
-    if stored is None or not folded or stored.tokens_after <= limits.target:
+    if stored is None or not folded or stored.tokens_after <= limits.trigger:
         return limits.trigger
     gap = limits.trigger - limits.target
     return min(limits.limit, max(limits.trigger, stored.tokens_after + gap))
