@@ -101,7 +101,9 @@ def history_tokens(body: Mapping[str, Any], counter: TokenCounter) -> int:
     return sum(counter.count_message(m) for m in messages) if isinstance(messages, list) else 0
 
 
-def render_audit(body: Mapping[str, Any], counter: TokenCounter, policies: Sequence[Policy]) -> str:
+def render_audit(
+    body: Mapping[str, Any], counter: TokenCounter, policies: Sequence[Policy], betas: str = ""
+) -> str:
     parts = audit(body, counter)
     total = sum(p.tokens for p in parts)
     width = max([len(p.name) for p in parts] + [len("part"), len("total")])
@@ -113,7 +115,7 @@ def render_audit(body: Mapping[str, Any], counter: TokenCounter, policies: Seque
     lines.append("-" * len(lines[0]))
     lines.append(f"{'total':<{width}}  {'':>6}  {total:>9,}  {100.0 if total else 0:>5.1f}%")
     model = str(body.get("model", ""))
-    policy = policy_for(model, policies)
+    policy = policy_for(model, policies, betas=betas)
     history = history_tokens(body, counter)
     trigger = policy.trigger_tokens
     verdict = (

@@ -103,6 +103,7 @@ def plan_text(
     counter: TokenCounter,
     policies: Sequence[Policy],
     fmt: WireFormat = ANTHROPIC,
+    betas: str = "",
 ) -> str:
-    step = Simulator(policies, counter, fmt=fmt).step(dict(body))
+    step = Simulator(policies, counter, fmt=fmt, betas=betas).step(dict(body))
     return render_plan(step)

@@ -78,3 +78,32 @@ def test_models_refresh_writes_a_snapshot_and_models_show_reads_the_vendored_one
     assert shown.returncode == 0, shown.stderr
     assert "claude-opus-5-5: max input 1,000,000, max output 128,000" in shown.stdout
     assert "claude-test-1: not in the table (a default window of 200,000 applies)" in shown.stdout
+
+
+def test_plan_and_audit_say_which_window_applies_and_where_it_came_from(tmp_path: Path) -> None:
+    fixture = Path(__file__).parents[1] / "fixtures" / "agent-requests" / "claude-code-turn7.json"
+    audited = run_cli(["audit", str(fixture)], cli_env(tmp_path))
+    assert audited.returncode == 0, audited.stderr
+    assert "window 1,000,000 (model table (claude-opus-5-5))" in audited.stdout
+    body = {
+        "model": "claude-sonnet-4-5-20250929",
+        "max_tokens": 100,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(body))
+    plain = run_cli(["plan", str(request)], cli_env(tmp_path))
+    assert plain.returncode == 0, plain.stderr
+    assert "window 200,000 (model table (claude-sonnet-4-5-20250929))" in plain.stdout
+    beta = ["--anthropic-beta", "context-1m-2025-08-07"]
+    wide = run_cli(["plan", str(request), *beta], cli_env(tmp_path))
+    assert wide.returncode == 0, wide.stderr
+    assert "window 1,000,000 (model table (claude-sonnet-4-5-20250929, with the context-1m" in (
+        wide.stdout
+    )
+    # A recorded request's own header counts too.
+    recorded = tmp_path / "recorded.json"
+    headers = {"anthropic-beta": "context-1m-2025-08-07"}
+    recorded.write_text(json.dumps({"method": "POST", "headers": headers, "body": body}))
+    own = run_cli(["plan", str(recorded)], cli_env(tmp_path))
+    assert "window 1,000,000" in own.stdout, own.stdout + own.stderr
