@@ -97,6 +97,12 @@ def window_for(model: str, betas: str = "", table: ModelTable | None = None) -> 
     return Window(found.max_input, f"model table ({found.name})")
 
 
+def max_output(model: str, table: ModelTable | None = None) -> int:
+    """The model's max output tokens from the table (0: not known)."""
+    found = (table or BUILTIN).lookup(model)
+    return found.max_output if found is not None else 0
+
+
 BUILTIN = ModelTable(
     model_snapshot.ROWS, f"{model_snapshot.SOURCE}; {model_snapshot.SECOND}", model_snapshot.MADE
 )

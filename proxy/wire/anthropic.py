@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core import offload, summary
+from proxy.core import model_facts, offload, summary
 from proxy.core.errors import ProxyError
 from proxy.core.history import Shape
 from proxy.core.offload import Stub
@@ -224,6 +224,11 @@ class AnthropicMessages:
             budget = thinking.get("budget_tokens")
         extra = budget if isinstance(budget, int) else 0
         out["max_tokens"] = slot + extra
+        # Never above the model's max output (the API would refuse it), while the thinking
+        # budget still leaves room for notes.
+        limit = model_facts.max_output(model)
+        if limit and slot + extra > limit > extra:
+            out["max_tokens"] = limit
         return out
 
     def answer_text(self, answer: JSON) -> str:

@@ -106,3 +106,27 @@ def test_every_row_of_the_snapshot_is_sane() -> None:
         max_input, max_output, beta = row[:3]
         assert name == name.lower() and max_input > 0 and max_output >= 0, name
         assert beta in (0, 1_000_000) and (beta == 0 or beta > max_input), name
+
+
+def test_a_summary_made_in_place_never_asks_for_more_than_the_models_max_output() -> None:
+    from proxy.wire import ANTHROPIC
+
+    body = {
+        "model": "claude-haiku-4-5",
+        "max_tokens": 64_000,
+        "thinking": {"type": "enabled", "budget_tokens": 60_000},
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
+    history = body["messages"]
+    asked = ANTHROPIC.summary_request(
+        body, model="claude-haiku-4-5", slot=8_000, prompt="notes", history=history
+    )
+    assert asked is not None and asked["max_tokens"] == 64_000  # not 68,000
+    small = ANTHROPIC.summary_request(
+        {**body, "thinking": {"type": "enabled", "budget_tokens": 2_000}},
+        model="claude-haiku-4-5",
+        slot=8_000,
+        prompt="notes",
+        history=history,
+    )
+    assert small is not None and small["max_tokens"] == 10_000
