@@ -74,7 +74,7 @@ async def test_the_fold_lands_at_the_trigger_when_the_summariser_is_slow(
     make_standin: Any, redis_url: str, redis_key_prefix: str
 ) -> None:
     standin: RunningStandIn = await make_standin(
-        StandInOptions(windows={"*": WINDOW}, max_recorded=None, summary_delay=0.6)
+        StandInOptions(windows={"*": WINDOW}, max_recorded=None, summary_delay=1.5)
     )
     settings = proxy_settings(standin.url, redis_url, **{"store.key_prefix": redis_key_prefix})
     proxy = await start(dataclasses.replace(settings, policies=(CHAT_POLICY,)))
