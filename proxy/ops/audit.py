@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.core.policy import Policy, policy_for
-from proxy.core.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter, loaded_tools
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,15 +64,16 @@ def audit(body: Mapping[str, Any], counter: TokenCounter) -> list[Part]:
             counter.count_system(system),
             len(system) if isinstance(system, list) else 1,
         )
-    tools = body.get("tools")
+    messages = body.get("messages")
+    messages = messages if isinstance(messages, list) else []
+    # Deferred tools (tool search) are in the prompt only once a tool_reference loads them.
+    tools = loaded_tools(body.get("tools"), messages)
     if tools:
         add(
             "tool definitions",
             counter.count_tools(tools),
             len(tools) if isinstance(tools, list) else 1,
         )
-    messages = body.get("messages")
-    messages = messages if isinstance(messages, list) else []
     names = _tool_names(messages)
     for m in messages:
         if not isinstance(m, dict):

@@ -116,3 +116,25 @@ async def test_deferred_tools_and_tool_references_pass_through_and_are_kept(
         assert all(b["content"] == [REFERENCE] for b in results)
     first = orjson.loads(sent[0].body)
     assert first["messages"] == history(1)
+
+
+def test_a_deferred_tool_counts_only_once_a_tool_reference_loads_it() -> None:
+    """The API leaves a `defer_loading` tool out of the prompt until a tool_reference
+    names it: the proxy's count and the stand-in's prompt-cache model agree."""
+    from proxy.core.tokens import default_counter
+    from proxy.testing.cache import prompt_units
+    from proxy.wire import ANTHROPIC
+
+    counter = default_counter()
+    unused = {**FETCH, "name": "Unused", "description": "A rarely used tool. " * 200}
+    before = {"model": "m", "max_tokens": 10, "tools": [BASH, SEARCH], "messages": history(2)}
+    after = {**before, "tools": [BASH, SEARCH, FETCH, unused]}
+    # FETCH is referenced (loaded), `unused` is not: only FETCH adds to the count.
+    grown = counter.count_request(after) - counter.count_request(before)
+    assert grown == counter.count_tools([BASH, SEARCH, FETCH]) - counter.count_tools([BASH, SEARCH])
+    assert ANTHROPIC.fixed_tokens(counter, after) == counter.count_tools([BASH, SEARCH, FETCH])
+    marked = history(2)
+    marked[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    units = prompt_units({**after, "messages": marked}, counter)
+    assert units[-1].cumulative_tokens == counter.count_request({**after, "messages": marked})
+    assert units[2].cumulative_tokens == units[3].cumulative_tokens  # `unused` adds nothing
