@@ -16,7 +16,8 @@ from aiohttp import web
 
 from proxy import tracing
 from proxy.config import Settings
-from proxy.core.policy import DEFAULT_POLICIES
+from proxy.core.model_facts import BUILTIN, UNKNOWN_WINDOWS
+from proxy.core.policy import DEFAULT_POLICIES, parse_policies
 from proxy.server.admin.routes import install as install_admin
 from proxy.server.auth import authenticate
 from proxy.server.compactor import Compactor
@@ -345,8 +346,18 @@ def startup_line(running: RunningProxy) -> str:
         f"compaction-proxy listening on {running.url}, anthropic upstream"
         f" {running.app[UPSTREAM].shown_url}, openai upstream {openai},"
         f" config {settings.config_file or 'none (built-in defaults)'}, store {store},"
-        f" auth {auth}, policies {policies}"
+        f" auth {auth}, policies {policies}, windows {windows_line(settings)}"
     )
+
+
+def windows_line(settings: Settings) -> str:
+    """Which windows apply and where they come from: the policies that set one, then the
+    model table for the rest, and the default for a model it lacks."""
+    own = [p for p in parse_policies(settings.policies) if p.window]
+    named = "".join(f"{p.window:,} for {p.match!r} (its [[policy]]), " for p in own)
+    unknown = ", ".join(f"{w:,} for {g}" for g, w in UNKNOWN_WINDOWS)
+    rest = "others" if own else "every model"
+    return f"{named}{rest} from the model table ({BUILTIN.described}); a model not in it: {unknown}"
 
 
 def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

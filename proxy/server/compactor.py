@@ -24,6 +24,7 @@ from proxy.core.counting import Counted, cannot_cross, count_request
 from proxy.core.driver import CompactionRequest, Decision, compaction
 from proxy.core.errors import ContextTooLong, ProxyError
 from proxy.core.identity import conversation_of, tenant_of
+from proxy.core.model_facts import UNKNOWN_SOURCE, wants_1m
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies, policy_for
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TokenCounter, default_counter
@@ -87,6 +88,11 @@ def renew_every(store: Store | None) -> int:
     return max(1, min(RENEW_EVERY, store.default_ttl // 4))
 
 
+def betas_of(headers: Mapping[str, str]) -> str:
+    """Every `anthropic-beta` value of the request, as one comma list."""
+    return ",".join(v for k, v in headers.items() if k.lower() == "anthropic-beta")
+
+
 def _ignore_usage(usage: Usage) -> None:
     return None
 
@@ -109,7 +115,9 @@ class Compactor:
         self.summariser = summariser or SummariserSettings()
         self.calibration = Calibration()
         self._background: set[asyncio.Task[None]] = set()
-        self._policy_of: dict[str, Policy] = {}  # model -> its policy (a glob match each)
+        # (model, 1M beta asked) -> its policy (a glob match and a table lookup each)
+        self._policy_of: dict[tuple[str, bool], Policy] = {}
+        self._warned: set[str] = set()  # models not in the model table, warned of once
         self.stubbed: StubbedMemo = {}  # stubbed messages built, shared by all requests
         # Told of each summariser call made in the background (metrics count them).
         self.on_background_summary: Callable[[bool], None] = _ignore
@@ -138,15 +146,29 @@ class Compactor:
         await asyncio.gather(*self._background, return_exceptions=True)
         await self.calibration.close()
 
-    def policy(self, model: str, override: Mapping[str, int] | None = None) -> Policy:
+    def policy(
+        self, model: str, override: Mapping[str, int] | None = None, betas: str = ""
+    ) -> Policy:
+        """The model's policy; `betas` is the request's `anthropic-beta` (a model that
+        reaches 1M only with `context-1m-...` gets that window when it is asked for)."""
         if override:
-            return policy_for(model, self.policies, override)
-        found = self._policy_of.get(model)
+            return policy_for(model, self.policies, override, betas=betas)
+        beta = wants_1m(betas)
+        found = self._policy_of.get((model, beta))
         if found is None:
-            found = policy_for(model, self.policies)
+            found = policy_for(model, self.policies, betas=betas)
             if len(self._policy_of) >= POLICY_MEMO_SIZE:
                 self._policy_of.clear()  # model names are bounded; a flood only resets it
-            self._policy_of[model] = found
+            self._policy_of[(model, beta)] = found
+            unknown = found.window_source.startswith(UNKNOWN_SOURCE)
+            if unknown and model not in self._warned and len(self._warned) < POLICY_MEMO_SIZE:
+                self._warned.add(model)
+                log.warning(
+                    "model %r is not in the model table: a window of %d tokens applies"
+                    " (set one with a [[policy]] window)",
+                    model[:100],
+                    found.window,
+                )
         return found
 
     async def count(self, wire: WireFormat, body: Mapping[str, Any], size: int) -> Counted:
@@ -178,7 +200,7 @@ class Compactor:
         messages = wire.messages(body)
         if not messages:
             return Prepared(body_bytes, body, model)
-        policy = self.policy(model, policy_override)
+        policy = self.policy(model, policy_override, betas_of(headers))
         # Calibration is per tenant: one tenant's requests never skew another's counts.
         calibrated_for = tenant or tenant_of(headers)
         # ... and per format: each format's counting errs its own way.

@@ -108,6 +108,12 @@ class Metrics:
             ["outcome"],
             registry=r,
         )  # fmt: skip
+        self.folds_deferred = Counter(
+            f"{NS}_folds_deferred",
+            "Requests over the trigger sent unfolded because their fold's summary was still"
+            " being made ahead (bounded: past the wait point a request waits for it).",
+            registry=r,
+        )
         self.summariser_calls = Counter(
             f"{NS}_summariser_calls", "Summariser calls made upstream.", registry=r
         )
@@ -225,6 +231,8 @@ class Metrics:
             self.offloads.inc(rec.offloaded)
         if rec.summary:
             self.summaries.labels(rec.summary).inc()
+        if rec.reason == "summary_pending":
+            self.folds_deferred.inc()
         if rec.read_rounds:
             self.read_rounds.inc(rec.read_rounds)
         if rec.read_outcome:
