@@ -70,8 +70,11 @@ WINDOW = 200_000
 PURPOSE = "x-compaction-proxy-purpose"
 
 
-async def serve_standin(window: int) -> tuple[str, web.Application, web.AppRunner]:
-    app = create_app(StandInOptions(windows={"*": window}, max_recorded=None))
+async def serve_standin(
+    window: int, summary_delay: float = 0.0
+) -> tuple[str, web.Application, web.AppRunner]:
+    options = StandInOptions(windows={"*": window}, max_recorded=None, summary_delay=summary_delay)
+    app = create_app(options)
     runner = web.AppRunner(app, max_field_size=65_536)  # the chat shape's text is a header
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -139,7 +142,7 @@ def totals(turns: list[Any]) -> dict[str, float]:
 
 
 def with_policy(settings: Any, fields: str) -> Any:
-    """The settings with fields of the claude-* policy replaced ("trigger=100000,...")."""
+    """The settings with fields of the built-in policy replaced ("trigger=100000,...")."""
     if not fields:
         return settings
     from proxy.core.policy import DEFAULT_POLICIES, FIELD_TYPES
@@ -148,7 +151,7 @@ def with_policy(settings: Any, fields: str) -> Any:
     tables = []
     for p in DEFAULT_POLICIES:
         table = {f: getattr(p, f) for f in FIELD_TYPES}
-        tables.append({**table, **changes} if p.match == "claude-*" else table)
+        tables.append({**table, **changes})
     return dataclasses.replace(settings, policies=tuple(tables))
 
 
@@ -156,7 +159,7 @@ async def cost_runs(
     turns: int, chars: int, redis_url: str, args: argparse.Namespace
 ) -> dict[str, Any]:
     direct_url, direct_app, direct_runner = await serve_standin(100_000_000)
-    proxied_url, proxied_app, proxied_runner = await serve_standin(WINDOW)
+    proxied_url, proxied_app, proxied_runner = await serve_standin(WINDOW, args.summary_delay)
     settings = load_settings(
         None,
         environ={},
@@ -380,8 +383,11 @@ def main() -> None:
     parser.add_argument("--result-chars", type=int, help="default: the shape's")
     parser.add_argument("--seed", type=int, default=12, help="of the chat shape's reasoning")
     parser.add_argument("--read-every", type=int, default=10, help="0: no read_result rounds")
-    parser.add_argument("--policy", default="", help="claude-* fields: trigger=100000,...")
+    parser.add_argument("--policy", default="", help="built-in policy fields: trigger=100000,...")
     parser.add_argument("--rounds", type=int, default=30, help="latency rounds; 0: cost only")
+    parser.add_argument(
+        "--summary-delay", type=float, default=0.0, help="seconds each summariser call takes"
+    )
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     args = parser.parse_args()
     turns, chars, _ = SHAPES[args.shape]

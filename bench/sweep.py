@@ -1,7 +1,8 @@
 """Policy sweep: `replay`'s simulation of recorded traces for a grid of policy knobs.
 
-For each combination of trigger, target, offload_trigger, offload_threshold, keep_results
-and stub_head_chars (one claude-* policy, window 200,000 unless --window), every trace is
+For each combination of trigger, target, offload_trigger, offload_threshold, keep_results,
+stub_head_chars, keep_last and summary_max_tokens (one `*` policy, window 200,000 unless
+--window), every trace is
 run through proxy/ops/replay.py (the planner, checkpoints in memory, the stand-in's
 prompt-cache model; summariser calls billed) and compared with the same trace sent
 unmanaged to a model with an unlimited window (every request billed, none refused).
@@ -16,7 +17,9 @@ Rows are ranked by the worst ratio over the traces.
         --trigger 100000,140000 --target 40000,60000
 
 Lists are comma-separated; a value 0 means the policy's own default (offload_trigger 0:
-15% of the window). The sweep runs on --jobs processes (default 2).
+20,000, at most 10% of the window). `replay` bills each summary at its slot's size (a
+placeholder of that length): a smaller summary_max_tokens is cheaper here, but what a
+summary keeps is not measured. The sweep runs on --jobs processes (default 2).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from proxy.ops.replay import Replay, replay  # noqa: E402
 from proxy.ops.requests import load_trace  # noqa: E402
 
 KNOBS = ("trigger", "target", "offload_trigger", "offload_threshold", "keep_results",
-         "stub_head_chars")  # fmt: skip
+         "stub_head_chars", "keep_last", "summary_max_tokens")  # fmt: skip
 UNLIMITED = 1_000_000_000
 
 
@@ -126,8 +129,8 @@ def grid(args: argparse.Namespace) -> list[tuple[int, ...]]:
 def header() -> str:
     return (
         "| trigger | target | offload_trigger | offload_threshold | keep_results"
-        " | stub_head_chars | trace | ratio | cache read | crossings | summaries"
-        " | largest | over window |\n|" + "---:|" * 6 + "---|" + "---:|" * 6
+        " | stub_head_chars | keep_last | summary_max_tokens | trace | ratio | cache read"
+        " | crossings | summaries | largest | over window |\n|" + "---:|" * 8 + "---|" + "---:|" * 6
     )
 
 
@@ -149,6 +152,8 @@ def main() -> None:
     parser.add_argument("--offload-threshold", dest="offload_threshold", default="500,2000")
     parser.add_argument("--keep-results", dest="keep_results", default="1")
     parser.add_argument("--stub-head-chars", dest="stub_head_chars", default="200")
+    parser.add_argument("--keep-last", dest="keep_last", default="6")
+    parser.add_argument("--summary-max-tokens", dest="summary_max_tokens", default="8000")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--top", type=int, default=15, help="ranked rows to print at the end")
     args = parser.parse_args()

@@ -130,6 +130,13 @@ class ResponsesSettings:
     # answers it with the proxy's own summary, "auto" forwards it until the upstream
     # refuses one (a server that is not OpenAI), then serves it.
     codex_compaction: str = "auto"
+    # GET /v1/responses upgraded to a WebSocket (Codex's first choice): "relay" (one
+    # upstream socket per client socket, every response.create compacted like a POST)
+    # or "refuse" (426: Codex uses HTTP for the session).
+    websocket: str = "relay"
+    websocket_max_frame: int = 32 * 1024 * 1024  # bytes of one frame, either way
+    websocket_heartbeat: float = 30.0  # seconds between pings on both sockets
+    websocket_idle_timeout: float = 3600.0  # seconds a socket may go without a request
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +296,10 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "budgets.timeout": _positive,
     "budgets.outage_allowance": _non_negative,
     "responses.codex_compaction": _one_of("auto", "pass-through", "serve"),
+    "responses.websocket": _one_of("relay", "refuse"),
+    "responses.websocket_max_frame": _positive,
+    "responses.websocket_heartbeat": _positive,
+    "responses.websocket_idle_timeout": _positive,
 }
 
 # Environment aliases: conventional names accepted besides COMPACTION_PROXY_*.

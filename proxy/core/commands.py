@@ -71,13 +71,16 @@ class GetSummary:
     it). `body` is the summariser's request, in the conversation's API (made in place,
     reading the conversation's cached prefix, when the summariser is its model); `slot`
     is its output cap in tokens. `ahead`: it is the summary being made ahead, in the
-    background: wait for that call (however long it takes), never give up on it early."""
+    background: wait for that call (however long it takes), never give up on it early.
+    `fallback`: the transcript request to send when the in-place `body` is answered with a
+    tool call instead of notes (the tools it carries for the cache's sake tempt the model)."""
 
     key: str
     body: dict[str, Any]
     slot: int
     model: str
     ahead: bool = False
+    fallback: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

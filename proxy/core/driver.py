@@ -247,18 +247,21 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
     own = str(request.body.get("model", ""))
     model = fold.model or own
     body = None
+    transcript = request.wire.summary_request(
+        request.body, model=model, slot=fold.slot, prompt=fold.transcript, history=None
+    )
+    assert transcript is not None
     if model == own and fold.in_place.fits:
         place = fold.in_place
         history = _marked(request, place.history, place.breakpoint_at)
+        # The conversation's request as it goes upstream (read_result among its tools).
+        sent = {**request.body, **request.wire.with_history(request.body, history, place.tool)}
         body = request.wire.summary_request(
-            request.body, model=model, slot=fold.slot, prompt=place.prompt, history=history
+            sent, model=model, slot=fold.slot, prompt=place.prompt, history=history
         )
     if body is None:
-        body = request.wire.summary_request(
-            request.body, model=model, slot=fold.slot, prompt=fold.transcript, history=None
-        )
-    assert body is not None
-    return GetSummary(fold.key, body, fold.slot, model, ahead=fold.ahead)
+        return GetSummary(fold.key, transcript, fold.slot, model, ahead=fold.ahead)
+    return GetSummary(fold.key, body, fold.slot, model, ahead=fold.ahead, fallback=transcript)
 
 
 def _plan_input(

@@ -160,6 +160,7 @@ class Limits:
     trigger: int  # over this, the oldest turns are folded
     target: int  # ... down to this
     note: int
+    window: int = 0  # the whole window, estimated (0: unknown, the deferral is the limit's)
 
     @property
     def prepare_at(self) -> int:
@@ -169,8 +170,19 @@ class Limits:
     @property
     def defer_at(self) -> int:
         """Over the trigger but under this, a fold whose summary is not ready yet waits
-        for it (the request goes on unfolded); over this, the request waits for it."""
-        return self.trigger + (self.limit - self.trigger) // 4
+        for it (the request goes on unfolded); over this, the request waits for it. The
+        deferral is bounded by DEFER_SHARE of the window: every turn past the trigger is
+        paid at the larger size, so the fold must land at the trigger, not near the
+        window's edge."""
+        room = (self.limit - self.trigger) // 4
+        if self.window:
+            room = min(room, math.floor(self.window * DEFER_SHARE))
+        return self.trigger + max(room, 0)
+
+
+# How far past the trigger a fold may wait for its summary made ahead, as a share of the
+# window (a turn or two of a chat-heavy session in a 200,000-token window).
+DEFER_SHARE = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +196,10 @@ class InPlace:
     # The history, the prompt and the summary fit the window (a crossing the hysteresis
     # put off to the window's edge has no room left: its summariser gets the transcript).
     fits: bool = True
+    # The name read_result goes under in the conversation's request without the fold (the
+    # summariser call's tools must be the conversation's own, byte for byte, to read its
+    # cache: tools come first in the prompt cache's order).
+    tool: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,17 +525,42 @@ def _in_place(
     limit = min(limits.limit, math.floor(inp.policy.window / factor) - inp.fixed_tokens
                 - inp.tool_tokens)  # fmt: skip
     room = limit - work.tokens - math.ceil(slot / factor) - IN_PLACE_OVERHEAD
-    originals = _fitted(pieces, tokens, max(room, 0)) if room > 0 else ""
+    budget = min(room, _originals_cap(work, inp))
+    # Each piece keeps a head and a tail when cut: past what the budget holds of those,
+    # the newest pieces only.
+    fit = max(budget, 0) // MIN_PIECE_TOKENS
+    originals = _fitted(pieces[-fit:], tokens[-fit:], budget) if fit else ""
     first, last = members[0], members[-1]
     heads = (
         _head_of(work.messages[first], inp.dialect),
         _head_of(work.messages[last], inp.dialect),
     )
     prompt = in_place_prompt(first + 1, last + 1, heads, originals)
-    return InPlace(work.messages, _last_stub(work.segments), prompt, fits=room >= 0)
+    return InPlace(
+        work.messages, _last_stub(work.segments), prompt, fits=room >= 0, tool=_tool_of(work, inp)
+    )
+
+
+def _tool_of(work: Working, inp: PlanInput) -> str | None:
+    """The name read_result is injected under in the request `work` would make."""
+    named = _has_stubs(work.segments) or inp.sticky_tool or named_refs(work.segments)
+    return inp.tool if named else None
 
 
 IN_PLACE_OVERHEAD = 600  # tokens of the in-place prompt's own words, with a margin
+# What the in-place call reads from the cache at least, as a share of its prompt: what
+# follows the cached prefix (the prompt's words and the originals of the folded turns'
+# offloaded results) is paid at the full input price, on every summary.
+IN_PLACE_READ_SHARE = 0.92  # 0.9, with a margin for the estimate
+MIN_PIECE_TOKENS = 150  # what a piece cut to its head and tail still takes, about
+
+
+def _originals_cap(work: Working, inp: PlanInput) -> int:
+    """Tokens the originals may take so the cached prefix (tools, system, the history as
+    the conversation sent it) stays IN_PLACE_READ_SHARE of the in-place call's prompt."""
+    cached = inp.fixed_tokens + inp.tool_tokens + work.tokens
+    uncached = math.floor(cached * (1 - IN_PLACE_READ_SHARE) / IN_PLACE_READ_SHARE)
+    return max(uncached - IN_PLACE_OVERHEAD, 0)
 
 
 def _head_of(message: Message, dialect: Dialect) -> str:
@@ -810,15 +851,18 @@ def limits_of(inp: PlanInput) -> Limits:
     trigger = min(math.floor(policy.trigger_tokens / factor), limit)
     target = min(math.floor(policy.target_tokens / factor), trigger)
     offload_at = min(math.floor(policy.offload_tokens / factor), trigger)
-    return Limits(limit, offload_at, trigger, target, math.ceil(policy.note_cost / factor))
+    note = math.ceil(policy.note_cost / factor)
+    return Limits(limit, offload_at, trigger, target, note, math.floor(policy.window / factor))
 
 
 def _recross_at(limits: Limits, stored: Checkpoint | None) -> int:
-    """The history size that makes a new crossing. A checkpoint that could not get under
-    the trigger (what cannot be dropped is larger) keeps the hysteresis from where it got
-    to, so identical resends reuse it instead of compacting again every time."""
+    """The history size that makes a new crossing: the trigger. A fold that landed above
+    the target (its summary made ahead folded fewer turns) does not move it, nor the
+    prepare and wait points with it. Only a checkpoint that could not get under the
+    trigger at all (what cannot be dropped is larger) keeps the hysteresis from where it
+    got to, so identical resends reuse it instead of compacting again every time."""
     folded = stored is not None and ("summary" in stored.strategy or "pack" in stored.strategy)
-    if stored is None or not folded or stored.tokens_after <= limits.target:
+    if stored is None or not folded or stored.tokens_after <= limits.trigger:
         return limits.trigger
     gap = limits.trigger - limits.target
     return min(limits.limit, max(limits.trigger, stored.tokens_after + gap))

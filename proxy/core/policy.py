@@ -12,17 +12,22 @@ request.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from difflib import get_close_matches
 from fnmatch import fnmatchcase
 from typing import Any
 
-# The defaults' shares of the window, chosen by bench/sweep.py over the long-tool and
-# chat-heavy traces (bench/RESULTS.md, "Policy defaults by measurement"): folding earlier
-# and often costs less than folding late and deep (each fold keeps the newest keep_last
-# groups and a summary, whatever the target), and offloading from 10% of the window
-# costs less than from 15%.
+from proxy.core.model_facts import ModelTable, window_for
+
+# The fold trigger and target are economic and fidelity choices in tokens of history,
+# chosen by bench/sweep.py over the long-tool and chat-heavy traces (bench/RESULTS.md,
+# "Policy defaults by measurement"), not shares of whatever window a model has: a turn
+# past the trigger is paid at the larger size, and a summary keeps what it keeps whatever
+# the window. Each is capped by the window (its share below), for small windows.
+DEFAULT_TRIGGER, DEFAULT_TARGET, DEFAULT_OFFLOAD = 100_000, 80_000, 20_000
 TRIGGER_SHARE, TARGET_SHARE, OFFLOAD_SHARE = 0.5, 0.4, 0.1
+# Fields of a policy that say where its numbers came from, not what they are.
+NOT_SETTINGS = frozenset({"window_source"})
 
 
 class PolicyError(ValueError):
@@ -32,10 +37,12 @@ class PolicyError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Policy:
     match: str = "*"  # glob on the request's `model`
-    window: int = 200_000  # the model's context window, whole request
-    trigger: int = 0  # history size that starts a fold; 0 = 50% of the window
-    target: int = 0  # history size after a fold; 0 = 40% of the window
-    offload_trigger: int = 0  # history size from which results are offloaded; 0 = 10% of the window
+    # The model's context window (max input tokens), whole request; 0 (a [[policy]] that
+    # sets none): the model table's (proxy/core/model_facts.py), resolved by policy_for.
+    window: int = 200_000
+    trigger: int = 0  # history size that starts a fold; 0 = DEFAULT_TRIGGER, capped by the window
+    target: int = 0  # history size after a fold; 0 = DEFAULT_TARGET, capped by the window
+    offload_trigger: int = 0  # history size from which results are offloaded; 0 = DEFAULT_OFFLOAD
     keep_last: int = 6  # newest groups that stay verbatim when folding
     note_cost: int = 48  # tokens reserved for a "history was dropped" note
     offload_threshold: int = 500  # tool results above this many tokens may be offloaded
@@ -45,18 +52,21 @@ class Policy:
     summariser_model: str = ""  # empty = the request's own model
     summary_max_tokens: int = 8_000  # cap on the summary, below the slot
     max_read_rounds: int = 4  # read_result round trips per client request
+    # Where `window` came from (this policy, the model table, a default): for messages.
+    window_source: str = field(default="", compare=False)
 
     @property
     def trigger_tokens(self) -> int:
-        return self.trigger or int(self.window * TRIGGER_SHARE)
+        return self.trigger or _capped(DEFAULT_TRIGGER, self.window, TRIGGER_SHARE)
 
     @property
     def target_tokens(self) -> int:
-        return self.target or int(self.window * TARGET_SHARE)
+        return self.target or _capped(DEFAULT_TARGET, self.window, TARGET_SHARE)
 
     @property
     def offload_tokens(self) -> int:
-        return self.offload_trigger or min(int(self.window * OFFLOAD_SHARE), self.trigger_tokens)
+        default = _capped(DEFAULT_OFFLOAD, self.window, OFFLOAD_SHARE)
+        return self.offload_trigger or min(default, self.trigger_tokens)
 
     @property
     def prepare_tokens(self) -> int:
@@ -70,17 +80,17 @@ class Policy:
 
     def validate(self) -> Policy:
         where = f"policy {self.match!r}"
-        positive = ("window", "note_cost", "offload_threshold", "stub_head_chars", "read_length")
+        positive = ("note_cost", "offload_threshold", "stub_head_chars", "read_length")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise PolicyError(f"{where}: {name} must be a positive number of tokens")
-        names = ("trigger", "target", "offload_trigger", "keep_last", "keep_results")
+        names = ("window", "trigger", "target", "offload_trigger", "keep_last", "keep_results")
         for name in (*names, "max_read_rounds"):
             if getattr(self, name) < 0:
                 raise PolicyError(f"{where}: {name} must not be negative")
         if self.summary_max_tokens <= 0:
             raise PolicyError(f"{where}: summary_max_tokens must be positive")
-        if self.trigger_tokens > self.window:
+        if self.window and self.trigger_tokens > self.window:
             raise PolicyError(f"{where}: trigger ({self.trigger_tokens}) exceeds the window")
         if self.target_tokens >= self.trigger_tokens:
             raise PolicyError(
@@ -95,13 +105,18 @@ class Policy:
         return self
 
 
+def _capped(tokens: int, window: int, share: float) -> int:
+    """A default amount of tokens, capped at its share of the window (once known)."""
+    return min(tokens, int(window * share)) if window else tokens
+
+
 def prepare_at(trigger: int, target: int) -> int:
     """Four fifths of the way from the target to the trigger: a summary made from here
     has the turns until the trigger to be ready."""
     return target + (trigger - target) * 4 // 5
 
 
-FIELD_TYPES = {f.name: f.type for f in fields(Policy)}
+FIELD_TYPES = {f.name: f.type for f in fields(Policy) if f.name not in NOT_SETTINGS}
 
 
 def parse_policies(raw: Sequence[Mapping[str, Any]]) -> list[Policy]:
@@ -121,7 +136,8 @@ def parse_policies(raw: Sequence[Mapping[str, Any]]) -> list[Policy]:
             want = str if FIELD_TYPES[key] == "str" else int
             if not isinstance(value, want) or isinstance(value, bool):
                 raise PolicyError(f"{where}: {key} must be {want.__name__}, got {value!r}")
-        out.append(Policy(**table).validate())
+        # A policy that names no window takes the model's from the model table.
+        out.append(Policy(**{"window": 0, **table}).validate())
     return out
 
 
@@ -132,22 +148,39 @@ def _with_hint(name: str) -> str:
 
 
 def policy_for(
-    model: str, policies: Sequence[Policy], override: Mapping[str, Any] | None = None
+    model: str,
+    policies: Sequence[Policy],
+    override: Mapping[str, Any] | None = None,
+    *,
+    betas: str = "",
+    table: ModelTable | None = None,
 ) -> Policy:
-    """The first policy whose glob matches the model (a default when none does).
+    """The first policy whose glob matches the model (a default when none does), with
+    the window it applies: its own, or the model table's for the model (its 1M window
+    when `betas`, the request's `anthropic-beta`, asks for it).
 
     `override` (a key's or team's own window/trigger/target) replaces fields of it.
     """
-    chosen = next((p for p in policies if fnmatchcase(model, p.match)), Policy())
+    chosen = next((p for p in policies if fnmatchcase(model, p.match)), DEFAULT_POLICIES[-1])
     if override:
-        chosen = replace(chosen, **override).validate()
-    return chosen
+        chosen = replace(chosen, **override)
+    if chosen.window:
+        source = chosen.window_source or f"policy {chosen.match!r}"
+        return replace(chosen, window_source=source).validate()
+    window = window_for(model, betas, table)
+    resolved = replace(chosen, window=window.tokens, window_source=window.source)
+    try:
+        return resolved.validate()
+    except PolicyError:
+        # Its own trigger, target or offload point do not fit the model's window: the
+        # defaults (capped by that window) do.
+        fitted = replace(resolved, trigger=0, target=0, offload_trigger=0)
+        note = f"{window.source}; the policy's thresholds exceed it: the defaults apply"
+        return replace(fitted, window_source=note).validate()
 
 
 DEFAULT_POLICIES = [
-    # Today's Claude models: a 200k window by default (1M only with a beta header).
-    Policy(match="claude-*", window=200_000, trigger=100_000, target=80_000),
-    # OpenAI-format models served through the Chat adapter (the same shares of the window).
-    Policy(match="gpt-*", window=128_000, trigger=64_000, target=51_200),
-    Policy(match="*"),
+    # Every model: its window from the model table (a stated default for one it lacks),
+    # the fold trigger and target in tokens (DEFAULT_TRIGGER, DEFAULT_TARGET).
+    Policy(match="*", window=0),
 ]

@@ -7,10 +7,11 @@ onto them):
   write 1.25, 1-hour cache write 2.0, cache read 0.1, output 5.0 per token. This is how
   the API bills relative to its input price, so ratios (with / without the proxy) are
   true for every model even when no price is known.
-- A `PriceTable` from `[[price]]` config tables, per model glob, in a currency per
-  million tokens (e.g. USD 3.00 input, 3.75 write, 0.30 read, 15.00 output). A table
-  names every rate it sets; the ones it leaves out follow from `input` by the cache
-  model's ratios (write 1.25x, 1-hour write 2x, read 0.1x) and output is required.
+- A `PriceTable`: the model table's prices (proxy/core/model_facts.py, in USD),
+  overridden by `[[price]]` config tables, per model glob, in a currency per million
+  tokens (e.g. USD 3.00 input, 3.75 write, 0.30 read, 15.00 output). A table names every
+  rate it sets; the ones it leaves out follow from `input` by the cache model's ratios
+  (write 1.25x, 1-hour write 2x, read 0.1x) and output is required.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
+
+from proxy.core.model_facts import BUILTIN
 
 PER_MILLION = 1_000_000
 
@@ -70,10 +73,16 @@ class Price:
 @dataclass(frozen=True, slots=True)
 class PriceTable:
     prices: tuple[Price, ...] = ()
+    # Whether models no `[[price]]` fits are priced from the model table (USD).
+    from_model_table: bool = True
 
     def rates_for(self, model: str) -> Rates | None:
-        """The first matching table's rates, or None when the model has no price."""
-        return next((p.rates for p in self.prices if fnmatchcase(model, p.match)), None)
+        """The first matching table's rates, else the model table's (USD), or None when
+        the model has no price."""
+        found = next((p.rates for p in self.prices if fnmatchcase(model, p.match)), None)
+        if found is None and self.from_model_table:
+            return table_rates(model)
+        return found
 
     def cost(self, model: str, usage: Mapping[str, Any]) -> tuple[float, str]:
         """(cost, unit): in the model's currency when priced, else in cache-model units."""
@@ -134,6 +143,25 @@ def parse_price_table(raw: Sequence[Mapping[str, Any]]) -> PriceTable:
         )
         prices.append(Price(match, rates))
     return PriceTable(tuple(prices))
+
+
+def table_rates(model: str) -> Rates | None:
+    """The model table's prices of a model, per token in USD (the cache rates it lacks
+    follow from its input price by the cache model's ratios), or None."""
+    facts = BUILTIN.lookup(model)
+    if facts is None or facts.price is None:
+        return None
+    base, output, read, write, write_1h = facts.price
+    assert base is not None and output is not None
+    return Rates(
+        input=base / PER_MILLION,
+        cache_write=(write if write is not None else base * CACHE_MODEL.cache_write) / PER_MILLION,
+        cache_write_1h=(write_1h if write_1h is not None else base * CACHE_MODEL.cache_write_1h)
+        / PER_MILLION,
+        cache_read=(read if read is not None else base * CACHE_MODEL.cache_read) / PER_MILLION,
+        output=output / PER_MILLION,
+        unit="USD",
+    )
 
 
 def _int(usage: Mapping[str, Any], key: str) -> int:

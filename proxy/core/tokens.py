@@ -301,7 +301,7 @@ class TokenCounter:
         history = messages if isinstance(messages, list) else []
         return (
             self.count_system(body.get("system"))
-            + self.count_tools(body.get("tools"))
+            + self.count_tools(loaded_tools(body.get("tools"), history))
             + sum(self.count_message(message) for message in history)
         )
 
@@ -356,6 +356,40 @@ class TokenCounter:
         if count is None:
             count = self._remember(key, pdf_tokens_from_base64(data))
         return extras + count
+
+
+def loaded_tools(tools: object, messages: object) -> object:
+    """The tools whose definitions the API puts in the prompt: all but those marked
+    `defer_loading: true` (tool search, beta advanced-tool-use) that no `tool_reference`
+    block of the messages names: a deferred tool is expanded only where it is referenced.
+    Without a deferred tool (the usual case) the list itself, unscanned."""
+    if not isinstance(tools, list) or not any(_deferred(t) for t in tools):
+        return tools
+    named = referenced_tools(messages)
+    return [t for t in tools if not _deferred(t) or t.get("name") in named]
+
+
+def _deferred(tool: object) -> bool:
+    return isinstance(tool, dict) and tool.get("defer_loading") is True
+
+
+def referenced_tools(messages: object) -> set[str]:
+    """Tool names the messages' `tool_reference` blocks give: in a client tool's result
+    (Claude Code's ToolSearch) or a server tool search's (`tool_references`)."""
+    named: set[str] = set()
+    stack: list[object] = []
+    if isinstance(messages, list):
+        stack = [m.get("content") for m in messages if isinstance(m, dict)]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            if item.get("type") == "tool_reference" and isinstance(item.get("tool_name"), str):
+                named.add(item["tool_name"])
+            elif item.get("type") not in ("text", "image", "document", "thinking"):
+                stack.extend(item.get(k) for k in ("content", "tool_references") if k in item)
+    return named
 
 
 def image_tokens(width: int, height: int) -> int:

@@ -14,6 +14,7 @@ disconnect, a broken upstream) and its output is estimated from the text that di
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -32,6 +33,11 @@ def call_tokens(arguments_chars: int) -> int:
 
 
 _LOOK = 64  # bytes of a line enough to tell whether it matters
+# The answer's model, in the head of the line that starts a stream or carries its usage
+# (Messages' message_start, Chat's chunks, Responses' response.*): a string value of a
+# "model" key (one inside a JSON string has its quotes escaped, so cannot match).
+_MODEL = re.compile(rb'"model":\s*"([A-Za-z0-9._:/@+-]{1,128})"')
+_MODEL_LOOK = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +159,7 @@ class UsageMeter:
         self.extra: list[Usage] = []  # summariser calls made for this request
         self.seen_answer = False  # some 200 answer's bytes went through
         self.complete = False  # the answer's final usage reached the client (its end)
+        self.response_model = ""  # the model the first answer says it came from
         self._carry = b""
         self._skipping = False  # inside a long line that does not matter
 
@@ -166,9 +173,24 @@ class UsageMeter:
     def body(self, answer: Mapping[str, Any]) -> None:
         """A whole JSON answer, parsed."""
         self.seen_answer = True
+        self.answered_by(answer)
         found = self.scan.body_usage(answer) if self.scan is not None else None
         if found is not None:
             self.rounds.append(_Round(found, finished=True))
+
+    def answered_by(self, answer: Mapping[str, Any] | bytes) -> None:
+        """Note the model an answer (a parsed body, or an event's raw bytes) says it came
+        from, unless one is known already."""
+        if self.response_model:
+            return
+        if isinstance(answer, bytes):
+            found = _MODEL.search(answer, 0, _MODEL_LOOK)
+            if found is not None:
+                self.response_model = found[1].decode()
+            return
+        model = answer.get("model")
+        if isinstance(model, str):
+            self.response_model = model[:128]
 
     def summariser(self, usage: Usage) -> None:
         self.extra.append(usage)
@@ -213,6 +235,7 @@ class UsageMeter:
         if found is None:
             return
         kind, usage = found
+        self.answered_by(line)
         self.complete = kind is LineKind.END
         if kind is LineKind.START or not self.rounds or self.rounds[-1].finished:
             self.rounds.append(_Round(usage, finished=kind is LineKind.END))

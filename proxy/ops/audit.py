@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.core.policy import Policy, policy_for
-from proxy.core.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter, loaded_tools
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,15 +64,16 @@ def audit(body: Mapping[str, Any], counter: TokenCounter) -> list[Part]:
             counter.count_system(system),
             len(system) if isinstance(system, list) else 1,
         )
-    tools = body.get("tools")
+    messages = body.get("messages")
+    messages = messages if isinstance(messages, list) else []
+    # Deferred tools (tool search) are in the prompt only once a tool_reference loads them.
+    tools = loaded_tools(body.get("tools"), messages)
     if tools:
         add(
             "tool definitions",
             counter.count_tools(tools),
             len(tools) if isinstance(tools, list) else 1,
         )
-    messages = body.get("messages")
-    messages = messages if isinstance(messages, list) else []
     names = _tool_names(messages)
     for m in messages:
         if not isinstance(m, dict):
@@ -101,7 +102,9 @@ def history_tokens(body: Mapping[str, Any], counter: TokenCounter) -> int:
     return sum(counter.count_message(m) for m in messages) if isinstance(messages, list) else 0
 
 
-def render_audit(body: Mapping[str, Any], counter: TokenCounter, policies: Sequence[Policy]) -> str:
+def render_audit(
+    body: Mapping[str, Any], counter: TokenCounter, policies: Sequence[Policy], betas: str = ""
+) -> str:
     parts = audit(body, counter)
     total = sum(p.tokens for p in parts)
     width = max([len(p.name) for p in parts] + [len("part"), len("total")])
@@ -113,7 +116,7 @@ def render_audit(body: Mapping[str, Any], counter: TokenCounter, policies: Seque
     lines.append("-" * len(lines[0]))
     lines.append(f"{'total':<{width}}  {'':>6}  {total:>9,}  {100.0 if total else 0:>5.1f}%")
     model = str(body.get("model", ""))
-    policy = policy_for(model, policies)
+    policy = policy_for(model, policies, betas=betas)
     history = history_tokens(body, counter)
     trigger = policy.trigger_tokens
     verdict = (
@@ -123,8 +126,9 @@ def render_audit(body: Mapping[str, Any], counter: TokenCounter, policies: Seque
     )
     lines += [
         "",
-        f"model {model or '(none)'}: policy {policy.match!r}, window {policy.window:,},"
-        f" trigger {trigger:,}, target {policy.target_tokens:,} (history tokens)",
+        f"model {model or '(none)'}: policy {policy.match!r}, window {policy.window:,}"
+        f" ({policy.window_source}), trigger {trigger:,}, target {policy.target_tokens:,}"
+        " (history tokens)",
         f"history {history:,} tokens, {len(body.get('messages') or [])} messages; {verdict}",
         f"whole request {total:,} tokens = {100 * total / policy.window:.1f}% of the window"
         " (estimated with the proxy's counter, before calibration)",

@@ -12,7 +12,13 @@ from proxy.console import fail, warn
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies
 from proxy.core.tokens import default_counter
 from proxy.ops.formats import FORMAT_CHOICES, format_for, format_mismatch
-from proxy.ops.requests import RequestFileError, load_request, load_trace, trace_length
+from proxy.ops.requests import (
+    RequestFileError,
+    load_request,
+    load_trace,
+    recorded_betas,
+    trace_length,
+)
 
 CONFIG_HELP = (
     "TOML settings file whose [[policy]] tables apply (default: $COMPACTION_PROXY_CONFIG,"
@@ -23,6 +29,11 @@ FORMAT_HELP = (
     "the requests' wire format: anthropic (Messages), chat (OpenAI Chat Completions) or"
     " responses (OpenAI Responses); auto (default) tells them apart by `input`, Chat-only"
     " fields and roles, judging a trace by its first request"
+)
+
+BETA_HELP = (
+    "the request's anthropic-beta header (default: a recorded request's own); with"
+    " context-1m-... a model that reaches 1M only with it gets that window"
 )
 
 FORMAT_LABELS = {
@@ -41,6 +52,7 @@ def add_commands(commands: Any) -> None:
     )
     audit.add_argument("file", type=Path, help="a JSON Messages body or a recorded request")
     audit.add_argument("--config", type=Path, help=CONFIG_HELP)
+    audit.add_argument("--anthropic-beta", dest="betas", default=None, help=BETA_HELP)
     audit.set_defaults(ops_run=run_audit)
 
     plan = commands.add_parser(
@@ -55,6 +67,7 @@ def add_commands(commands: Any) -> None:
     )
     plan.add_argument("--config", type=Path, help=CONFIG_HELP)
     plan.add_argument("--format", choices=FORMAT_CHOICES, default="auto", help=FORMAT_HELP)
+    plan.add_argument("--anthropic-beta", dest="betas", default=None, help=BETA_HELP)
     plan.set_defaults(ops_run=run_plan)
 
     replay = commands.add_parser(
@@ -74,6 +87,10 @@ def add_commands(commands: Any) -> None:
     )
     replay.set_defaults(ops_run=run_replay)
 
+    from proxy.ops.models import add_commands as add_model_commands
+
+    add_model_commands(commands)
+
 
 def _settings(config: Path | None) -> Settings:
     return load_settings(config, warn=warn)
@@ -81,6 +98,10 @@ def _settings(config: Path | None) -> Settings:
 
 def _policies(settings: Settings) -> list[Policy]:
     return [*parse_policies(settings.policies), *DEFAULT_POLICIES]
+
+
+def _betas(args: argparse.Namespace) -> str:
+    return str(args.betas) if args.betas is not None else recorded_betas(args.file)
 
 
 def _guarded(run: Any) -> Any:
@@ -110,7 +131,8 @@ def run_audit(args: argparse.Namespace) -> int:
     from proxy.ops.audit import render_audit
 
     policies = _policies(_settings(args.config))
-    print(render_audit(load_request(args.file), default_counter(), policies))
+    body = load_request(args.file)
+    print(render_audit(body, default_counter(), policies, _betas(args)))
     return 0
 
 
@@ -125,7 +147,7 @@ def run_plan(args: argparse.Namespace) -> int:
         warn(mismatch)
     fmt = format_for(args.format, body)
     print(f"format: {FORMAT_LABELS[fmt.name]}")
-    print(plan_text(body, default_counter(), policies, fmt))
+    print(plan_text(body, default_counter(), policies, fmt, _betas(args)))
     return 0
 
 

@@ -40,8 +40,9 @@ def _saved(before: int, after: int) -> str:
 def render_plan(step: Step) -> str:
     p = step.policy
     lines = [
-        f"policy {p.match!r}: window {p.window:,}, trigger {p.trigger_tokens:,},"
-        f" target {p.target_tokens:,} (history tokens; system prompt and tools apart)",
+        f"policy {p.match!r}: window {p.window:,} ({p.window_source or 'policy'}), trigger"
+        f" {p.trigger_tokens:,}, target {p.target_tokens:,} (history tokens; system prompt"
+        " and tools apart)",
         f"history {step.tokens_before:,} tokens; system prompt and tools as sent"
         f" {step.fixed_tokens:,} tokens",
     ]
@@ -102,6 +103,7 @@ def plan_text(
     counter: TokenCounter,
     policies: Sequence[Policy],
     fmt: WireFormat = ANTHROPIC,
+    betas: str = "",
 ) -> str:
-    step = Simulator(policies, counter, fmt=fmt).step(dict(body))
+    step = Simulator(policies, counter, fmt=fmt, betas=betas).step(dict(body))
     return render_plan(step)

@@ -94,6 +94,29 @@ def load_request(path: Path) -> dict[str, Any]:
         raise RequestFileError(f"{path}: not valid JSON: {e}") from None
 
 
+def recorded_betas(path: Path) -> str:
+    """The `anthropic-beta` header of a recorded `{method, path, headers, body}` request
+    file ("" for a bare body, or a file that is not one request)."""
+    try:
+        value = orjson.loads(_read(path))
+    except (orjson.JSONDecodeError, RequestFileError):
+        return ""
+    headers = value.get("headers") if isinstance(value, dict) else None
+    if isinstance(headers, dict):
+        pairs: list[Any] = list(headers.items())
+    elif isinstance(headers, list):
+        pairs = headers
+    else:
+        return ""
+    found = []
+    for pair in pairs:
+        if isinstance(pair, (list, tuple)) and len(pair) == 2:
+            name, text = pair
+            if str(name).lower() == "anthropic-beta" and isinstance(text, str):
+                found.append(text)
+    return ",".join(found)
+
+
 def _is_request_file(path: Path) -> bool:
     return path.name.endswith((".json", ".json.gz"))
 

@@ -211,8 +211,10 @@ class Simulator:
         *,
         factor: float = 1.0,
         fmt: WireFormat = ANTHROPIC,
+        betas: str = "",
     ) -> None:
         self.policies = list(policies)
+        self.betas = betas  # the requests' anthropic-beta (the context-1m window)
         self.counter = counter
         self.factor = factor
         self.format = fmt
@@ -227,7 +229,7 @@ class Simulator:
         wire = self.format
         messages = wire.messages(body)
         model = str(body.get("model", ""))
-        policy = policy_for(model, self.policies)
+        policy = policy_for(model, self.policies, betas=self.betas)
         counted = count_request(wire, self.counter, body, messages)
         counter = wire.counter(self.counter)
         request = CompactionRequest(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import signal
 import socket
 import time
@@ -13,8 +14,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from proxy import tracing
 from proxy.config import Settings
-from proxy.core.policy import DEFAULT_POLICIES
+from proxy.core.model_facts import BUILTIN, UNKNOWN_WINDOWS
+from proxy.core.policy import DEFAULT_POLICIES, parse_policies
 from proxy.server.admin.routes import install as install_admin
 from proxy.server.auth import authenticate
 from proxy.server.compactor import Compactor
@@ -31,8 +34,8 @@ from proxy.server.responses import (
     ResponsesState,
     expect_responses,
     handle_responses,
-    handle_responses_get,
 )
+from proxy.server.responses_ws import handle_responses_get
 from proxy.server.routes import (
     CHAT_COMPLETIONS,
     COUNT_TOKENS,
@@ -44,6 +47,7 @@ from proxy.server.routes import (
 )
 from proxy.server.routing import OPENAI_UPSTREAM, openai_upstream_lifetime
 from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM, StoreState
+from proxy.server.traces import trace_requests, tracing_lifetime
 from proxy.server.upstream import Upstream
 from proxy.store import EmbeddedRedis, StateDirBusy, Store, StoreUnavailable
 from proxy.store.probe import addressing_problem
@@ -178,9 +182,18 @@ async def _compactor_lifetime(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(settings: Settings) -> web.Application:
+    # Traces only when the OTEL_* environment asks for them (proxy/tracing.py).
+    try:
+        traced = tracing.from_environment(os.environ, version=_version())
+    except tracing.TracingUnavailable as e:
+        raise StartupError(str(e)) from None
     # Outermost first: the record and metrics see every answer, errors included; key
-    # checks and budgets (a no-op with keys off) run inside them.
-    app = web.Application(middlewares=[observe_requests, render_errors, authenticate])
+    # checks and budgets (a no-op with keys off) run inside them; the request's span
+    # (with tracing on) is opened inside the record, so it reads what the record says.
+    inner = [render_errors, authenticate]
+    if traced is not None:
+        inner.insert(0, trace_requests)
+    app = web.Application(middlewares=[observe_requests, *inner])
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app[LIFECYCLE] = Lifecycle()
@@ -192,6 +205,8 @@ def create_app(settings: Settings) -> web.Application:
     app[COMPACTOR].on_evicted = app[METRICS].checkpoints_evicted.inc
     app[RESPONSES_STATE] = ResponsesState()
     # Started in this order, stopped in the reverse: nothing outlives what it uses.
+    if traced is not None:  # first: the upstream client's spans need it; flushed last
+        app.cleanup_ctx.append(tracing_lifetime(traced))
     app.cleanup_ctx.append(_upstream_lifetime)
     app.cleanup_ctx.append(openai_upstream_lifetime)
     app.cleanup_ctx.append(_store_lifetime)
@@ -214,6 +229,15 @@ def create_app(settings: Settings) -> web.Application:
     install_admin(app)  # the admin API and the dashboard (404 without an admin key)
     app.router.add_route("*", "/{tail:.*}", handle_passthrough)
     return app
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("compaction-proxy")
+    except PackageNotFoundError:
+        return ""
 
 
 @dataclass
@@ -324,8 +348,18 @@ def startup_line(running: RunningProxy) -> str:
         f"compaction-proxy listening on {running.url}, anthropic upstream"
         f" {running.app[UPSTREAM].shown_url}, openai upstream {openai},"
         f" config {settings.config_file or 'none (built-in defaults)'}, store {store},"
-        f" auth {auth}, policies {policies}"
+        f" auth {auth}, policies {policies}, windows {windows_line(settings)}"
     )
+
+
+def windows_line(settings: Settings) -> str:
+    """Which windows apply and where they come from: the policies that set one, then the
+    model table for the rest, and the default for a model it lacks."""
+    own = [p for p in parse_policies(settings.policies) if p.window]
+    named = "".join(f"{p.window:,} for {p.match!r} (its [[policy]]), " for p in own)
+    unknown = ", ".join(f"{w:,} for {g}" for g, w in UNKNOWN_WINDOWS)
+    rest = "others" if own else "every model"
+    return f"{named}{rest} from the model table ({BUILTIN.described}); a model not in it: {unknown}"
 
 
 def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

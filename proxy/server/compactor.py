@@ -19,11 +19,13 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy import tracing
 from proxy.core.counting import Counted, cannot_cross, count_request
 from proxy.core.driver import CompactionRequest, Decision, compaction
 from proxy.core.errors import ContextTooLong, ProxyError
 from proxy.core.identity import conversation_of, tenant_of
 from proxy.core.lines import DEFAULT_MAX_LINES
+from proxy.core.model_facts import UNKNOWN_SOURCE, wants_1m
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies, policy_for
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TokenCounter, default_counter
@@ -87,12 +89,20 @@ def renew_every(store: Store | None) -> int:
     return max(1, min(RENEW_EVERY, store.default_ttl // 4))
 
 
+def betas_of(headers: Mapping[str, str]) -> str:
+    """Every `anthropic-beta` value of the request, as one comma list."""
+    return ",".join(v for k, v in headers.items() if k.lower() == "anthropic-beta")
+
+
 def _ignore_usage(usage: Usage) -> None:
     return None
 
 
 def _ignore_number(value: float) -> None:
     return None
+
+
+SUMMARY_AHEAD = "compaction.summary_ahead"  # the span of background work's trace
 
 
 class Compactor:
@@ -112,7 +122,9 @@ class Compactor:
         self.summariser = summariser or SummariserSettings()
         self.calibration = Calibration()
         self._background: set[asyncio.Task[None]] = set()
-        self._policy_of: dict[str, Policy] = {}  # model -> its policy (a glob match each)
+        # (model, 1M beta asked) -> its policy (a glob match and a table lookup each)
+        self._policy_of: dict[tuple[str, bool], Policy] = {}
+        self._warned: set[str] = set()  # models not in the model table, warned of once
         self.stubbed: StubbedMemo = {}  # stubbed messages built, shared by all requests
         # Told of each summariser call made in the background (metrics count them).
         self.on_background_summary: Callable[[bool], None] = _ignore
@@ -123,9 +135,15 @@ class Compactor:
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Work that outlives the request that started it (a summary made ahead), in a
         context of its own: nothing of the request's record or meter is touched."""
-        task = asyncio.get_running_loop().create_task(work, context=contextvars.Context())
+        context = contextvars.Context()
+        active = tracing.ACTIVE
+        # With tracing on: a trace of its own, linked to the request's span.
+        ended = active.detached(SUMMARY_AHEAD, active.here(), context) if active else None
+        task = asyncio.get_running_loop().create_task(work, context=context)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        if ended is not None:
+            task.add_done_callback(ended)
 
     async def settled(self) -> None:
         """Wait for the background work started so far (tests, benchmarks, replay)."""
@@ -138,15 +156,29 @@ class Compactor:
         await asyncio.gather(*self._background, return_exceptions=True)
         await self.calibration.close()
 
-    def policy(self, model: str, override: Mapping[str, int] | None = None) -> Policy:
+    def policy(
+        self, model: str, override: Mapping[str, int] | None = None, betas: str = ""
+    ) -> Policy:
+        """The model's policy; `betas` is the request's `anthropic-beta` (a model that
+        reaches 1M only with `context-1m-...` gets that window when it is asked for)."""
         if override:
-            return policy_for(model, self.policies, override)
-        found = self._policy_of.get(model)
+            return policy_for(model, self.policies, override, betas=betas)
+        beta = wants_1m(betas)
+        found = self._policy_of.get((model, beta))
         if found is None:
-            found = policy_for(model, self.policies)
+            found = policy_for(model, self.policies, betas=betas)
             if len(self._policy_of) >= POLICY_MEMO_SIZE:
                 self._policy_of.clear()  # model names are bounded; a flood only resets it
-            self._policy_of[model] = found
+            self._policy_of[(model, beta)] = found
+            unknown = found.window_source.startswith(UNKNOWN_SOURCE)
+            if unknown and model not in self._warned and len(self._warned) < POLICY_MEMO_SIZE:
+                self._warned.add(model)
+                log.warning(
+                    "model %r is not in the model table: a window of %d tokens applies"
+                    " (set one with a [[policy]] window)",
+                    model[:100],
+                    found.window,
+                )
         return found
 
     async def count(self, wire: WireFormat, body: Mapping[str, Any], size: int) -> Counted:
@@ -178,7 +210,7 @@ class Compactor:
         messages = wire.messages(body)
         if not messages:
             return Prepared(body_bytes, body, model)
-        policy = self.policy(model, policy_override)
+        policy = self.policy(model, policy_override, betas_of(headers))
         # Calibration is per tenant: one tenant's requests never skew another's counts.
         calibrated_for = tenant or tenant_of(headers)
         # ... and per format: each format's counting errs its own way.
@@ -254,6 +286,17 @@ class Compactor:
         record.tokens_before, record.tokens_after = rewrite.tokens_before, rewrite.tokens_after
         record.offloaded = len(rewrite.blobs)
         record.summary = rewrite.summary if rewrite.strategy != "checkpoint" else ""
+        if "summary" in rewrite.strategy or "pack" in rewrite.strategy:
+            tracing.event(
+                "compaction.fold" if "summary" in rewrite.strategy else "compaction.pack",
+                {
+                    "compaction.strategy": rewrite.strategy,
+                    "compaction.tokens_before": rewrite.tokens_before,
+                    "compaction.tokens_after": rewrite.tokens_after,
+                    "compaction.summary": rewrite.summary or "none",
+                    "compaction.reason": rewrite.reason or "none",
+                },
+            )
         if rewrite.strategy != "checkpoint" and rewrite.tokens_after > policy.trigger_tokens:
             log.warning(
                 "history still %d tokens after compaction, above the trigger %d (%s)",

@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from proxy.server import record as records
 from proxy.server.lifecycle import LIFECYCLE
@@ -107,6 +108,12 @@ class Metrics:
             ["outcome"],
             registry=r,
         )  # fmt: skip
+        self.folds_deferred = Counter(
+            f"{NS}_folds_deferred",
+            "Requests over the trigger sent unfolded because their fold's summary was still"
+            " being made ahead (bounded: past the wait point a request waits for it).",
+            registry=r,
+        )
         self.summariser_calls = Counter(
             f"{NS}_summariser_calls", "Summariser calls made upstream.", registry=r
         )
@@ -149,6 +156,29 @@ class Metrics:
             f"{NS}_budget_store_outages", "Outages of Redis seen by this replica.", registry=r
         )
         self.in_flight = Gauge(f"{NS}_requests_in_flight", "Requests being handled.", registry=r)
+        # The Responses WebSocket (proxy/server/responses_ws.py); each response.create
+        # is also counted as a request of route /v1/responses, method WS.
+        self.websocket_sessions = Counter(
+            f"{NS}_websocket_sessions",
+            "WebSocket upgrades of /v1/responses, by outcome (relayed; refused: 426 by "
+            "the proxy's setting or the upstream's refusal; failed: the upstream "
+            "unreachable or another refusal).",
+            ["outcome"], registry=r,
+        )  # fmt: skip
+        self.websocket_open = Gauge(
+            f"{NS}_websocket_open", "Client WebSockets being relayed.", registry=r
+        )
+        self.websocket_frames = Counter(
+            f"{NS}_websocket_frames",
+            "WebSocket frames relayed, by direction (client_to_upstream, upstream_to_client).",
+            ["direction"], registry=r,
+        )  # fmt: skip
+        self.websocket_upstream_bytes = Counter(
+            f"{NS}_websocket_upstream_request_bytes",
+            "Bytes of response.create frames sent upstream, by form (incremental: only the "
+            "new items after previous_response_id; whole: the whole input).",
+            ["form"], registry=r,
+        )  # fmt: skip
         self.draining = Gauge(
             f"{NS}_draining", "1 while shutting down (readiness fails).", registry=r
         )
@@ -187,12 +217,14 @@ class Metrics:
             counted = self._counted[(route, status)] = self.requests.labels(route, str(status))
         counted.inc()
         duration, overhead, latency = self._route(route)
-        duration.observe(ended - rec.started)
+        # A traced request's trace id rides along as an exemplar (OpenMetrics scrapes).
+        exemplar = {EXEMPLAR_LABEL: rec.trace_id} if rec.trace_id else None
+        duration.observe(ended - rec.started, exemplar)
         if route in _PROBES:
             return
-        overhead.observe(rec.own_seconds(ended))
+        overhead.observe(rec.own_seconds(ended), exemplar)
         if rec.upstream_sent is not None and rec.upstream_answered is not None:
-            latency.observe(rec.upstream_answered - rec.upstream_sent)
+            latency.observe(rec.upstream_answered - rec.upstream_sent, exemplar)
         if rec.meter.rounds:
             usage = rec.meter.total().as_dict()
             for key, counter in self._by_usage:
@@ -210,6 +242,8 @@ class Metrics:
             self.offloads.inc(rec.offloaded)
         if rec.summary:
             self.summaries.labels(rec.summary).inc()
+        if rec.reason == "summary_pending":
+            self.folds_deferred.inc()
         if rec.read_rounds:
             self.read_rounds.inc(rec.read_rounds)
         if rec.read_outcome:
@@ -283,6 +317,9 @@ def route_of(request: web.Request) -> str:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# The exemplar label of a traced request's trace id on the latency histograms (what
+# deploy/grafana/datasources.yaml links to the trace store).
+EXEMPLAR_LABEL = "trace_id"
 
 
 @web.middleware
@@ -320,5 +357,11 @@ async def observe_requests(request: web.Request, handler: Handler) -> web.Stream
 
 async def handle_metrics(request: web.Request) -> web.Response:
     await request.app[METRICS].store.refresh(request.app[STORE].store)
-    body = generate_latest(request.app[METRICS].registry)
+    registry = request.app[METRICS].registry
+    if "application/openmetrics-text" in request.headers.get("Accept", ""):
+        # What Prometheus asks for first: the same metrics, with the latency histograms'
+        # exemplars (trace ids of traced requests: README, "Traces").
+        body = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
+        return web.Response(body=body, headers={"Content-Type": openmetrics.CONTENT_TYPE_LATEST})
+    body = generate_latest(registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -147,20 +147,35 @@ class ReadRounds:
             return await self.stream(response)
         return await self.whole(response)
 
-    async def _next(self, round_: Round, stream: bool) -> aiohttp.ClientResponse | str:
-        """The next round's upstream response, or why there is none: "limit", "window"
-        (even the shortest slices would not fit) or "budget" (the top-up was refused)."""
+    async def next_body(self, round_: Round) -> bytes | str:
+        """The next round's request (the reads answered, fitted to the window, the budget
+        topped up), or why there is none: "limit", "window" (even the shortest slices
+        would not fit) or "budget" (the top-up was refused). Any transport sends it."""
         if self.rounds_used >= self.max_rounds:
             return "limit"
         began = time.perf_counter()
         try:
-            body = await self._fitted(round_)
+            return await self._fitted(round_)
         finally:
             self.record.interception_seconds += time.perf_counter() - began
+
+    def stop_note(self, why: str) -> str:
+        """The note ending an answer whose rounds stopped for `why` (noted as the
+        record's read_outcome)."""
+        return self._stop_note(why)
+
+    async def _next(self, round_: Round, stream: bool) -> aiohttp.ClientResponse | str:
+        """The next round's upstream response, or why there is none (`next_body`)."""
+        body = await self.next_body(round_)
         if isinstance(body, str):
             return body
         return await self.upstream.send(
-            "POST", self.request.raw_path, self.upstream_headers, body, stream=stream
+            "POST",
+            self.request.raw_path,
+            self.upstream_headers,
+            body,
+            stream=stream,
+            purpose="read_round",
         )
 
     async def _fitted(self, round_: Round) -> bytes | str:
@@ -226,6 +241,7 @@ class ReadRounds:
             finally:
                 response.release()
             message, round_ = self._read_answer(raw)
+            meter.answered_by(message)
             answers.append(message)
             meter.round(round_.usage)
             if not round_.wants_reads_only:
@@ -312,6 +328,7 @@ class ReadRounds:
         try:
             async for chunk in response.content.iter_any():
                 for event in decoder.feed(chunk):
+                    self.record.meter.answered_by(event.raw)
                     try:
                         pieces = merger.feed(event)
                     except Exception as e:

@@ -46,6 +46,7 @@ class RequestRecord:
     key_id: str = ""  # the proxy key's id and team
     team: str = ""
     rejected: str = ""  # why a key or budget check refused the request ("tokens", ...)
+    trace_id: str = ""  # the request's trace (hex) when it is traced and sampled
 
     def reads_answers_as(self, scan: UsageScan | None) -> None:
         """The wire format whose answers this request relays (how usage is read)."""

@@ -16,9 +16,8 @@ route's own step first (`before`):
   tenant-bound reference (proxy/core/seal.py) to a summary of the history stored for the
   conversation.
 
-GET with `Upgrade: websocket` (Codex's built-in provider tries a WebSocket first) is
-answered 426 at once, so Codex falls back to HTTP without retrying; any other GET is
-passed through.
+GET (a WebSocket, Codex's first choice, or a plain one): proxy/server/responses_ws.py,
+which drives each `response.create` frame through `before` and the shared request path.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from aiohttp import web
 from proxy.core.checkpoint import chain_hash, message_digest
 from proxy.core.commands import GetSummary, SummaryReply
 from proxy.core.counting import count_request
-from proxy.core.errors import StoreUnavailable, UpgradeRequired, UpstreamError
+from proxy.core.errors import StoreUnavailable, UpstreamError
 from proxy.core.identity import conversation_of
 from proxy.core.planner import IN_PLACE_OVERHEAD, SUMMARISER_MARGIN
 from proxy.core.seal import open_sealed, seal
@@ -47,7 +46,6 @@ from proxy.server.caller import caller_of
 from proxy.server.compactor import calibrated_as
 from proxy.server.errors import new_request_id
 from proxy.server.headers import upstream_request_headers
-from proxy.server.passthrough import handle_passthrough
 from proxy.server.record import detached
 from proxy.server.routes import (
     Adjusted,
@@ -114,15 +112,6 @@ expect_responses = expect_for(RESPONSES_ROUTE)
 
 async def handle_responses(request: web.Request) -> web.StreamResponse:
     return await handle_conversation(request, RESPONSES_ROUTE)
-
-
-async def handle_responses_get(request: web.Request) -> web.StreamResponse:
-    if request.headers.get("Upgrade", "").lower() == "websocket":
-        raise UpgradeRequired(
-            "WebSocket connections to /v1/responses are not served by compaction-proxy;"
-            " use HTTP POST."
-        )
-    return await handle_passthrough(request)
 
 
 # -- sealed compaction items --------------------------------------------------------------

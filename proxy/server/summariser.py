@@ -15,10 +15,12 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import orjson
 
+from proxy import tracing
 from proxy.core.commands import GetSummary, PreparedSummary, PrepareSummary, SummaryReply
 from proxy.core.facts import keep_facts
 from proxy.core.usage import Usage
@@ -168,7 +170,9 @@ async def post_summary(
     """One summariser call: the request the driver built, sent through the proxy's own
     upstream client with the caller's credential, betas and API version (a summary made
     in place must match the conversation's requests to read their cache); it says what it
-    is in PURPOSE_HEADER. Returns its text and the usage the upstream reported."""
+    is in PURPOSE_HEADER. Returns its text and the usage the upstream reported. An answer
+    that calls a tool is no summary: the transcript request (`need.fallback`) is sent then,
+    and the usage is both calls'."""
     sent = [
         (name, value)
         for name, value in headers
@@ -180,11 +184,37 @@ async def post_summary(
         (PURPOSE_HEADER, "summary"),
     ]
     async with asyncio.timeout(seconds):
-        response = await upstream.send("POST", path, sent, orjson.dumps(need.body), stream=False)
-        try:
-            raw = await response.read()
-        finally:
-            response.release()
+        answer = await _ask(upstream, path, sent, need.body)
+        usage = wire.body_usage(answer)
+        if calls_tool(answer):
+            if need.fallback is None:
+                raise SummariserFailed("the summariser called a tool")
+            log.info("the summary made in place called a tool: asking with the transcript")
+            again = await _ask(upstream, path, sent, need.fallback)
+            more = wire.body_usage(again)
+            if calls_tool(again):
+                raise SummariserFailed("the summariser called a tool")
+            usage = more if usage is None else usage if more is None else usage.plus(more)
+            answer = again
+    return wire.answer_text(answer), usage
+
+
+async def _ask(
+    upstream: Upstream, path: str, headers: list[tuple[str, str]], body: dict[str, Any]
+) -> dict[str, Any]:
+    response = await upstream.send(
+        "POST",
+        path,
+        headers,
+        orjson.dumps(body),
+        stream=False,
+        purpose="summary",
+        model=str(body.get("model", "")),
+    )
+    try:
+        raw = await response.read()
+    finally:
+        response.release()
     if response.status != 200:
         raise SummariserFailed(f"upstream answered {response.status}")
     try:
@@ -193,7 +223,29 @@ async def post_summary(
         raise SummariserFailed("the answer was not JSON") from None
     if not isinstance(answer, dict):
         raise SummariserFailed("the answer was not a JSON object")
-    return wire.answer_text(answer), wire.body_usage(answer)
+    return answer
+
+
+TOOL_CALLS = frozenset({"tool_use", "server_tool_use", "function_call", "custom_tool_call"})
+
+
+def calls_tool(answer: dict[str, Any]) -> bool:
+    """Whether an answer (Messages, Chat or Responses) calls a tool rather than (only)
+    writing text."""
+    blocks = answer.get("content")
+    items = answer.get("output")
+    for part in [
+        *(blocks if isinstance(blocks, list) else []),
+        *(items if isinstance(items, list) else []),
+    ]:
+        if isinstance(part, dict) and part.get("type") in TOOL_CALLS:
+            return True
+    choices = answer.get("choices")
+    for choice in choices if isinstance(choices, list) else []:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if isinstance(message, dict) and message.get("tool_calls"):
+            return True
+    return False
 
 
 def prepared_of(raw: object) -> PreparedSummary | None:
@@ -245,11 +297,13 @@ async def prepare_summary(
             await store.put_note(tenant, conversation, command.slot, note.seen, record, evict)
 
     lock = f"summary:{key}"
+    tracing.note({"compaction.tenant": tenant, "compaction.conversation": conversation})
     try:
         token = await store.acquire_lock(
             tenant, conversation, lock, int((settings.timeout + 30) * 1000)
         )
         if token is None:
+            tracing.note({"compaction.summary": "busy"})
             return  # another replica is making it
         held = (lock, token)
     except StoreUnavailable:
@@ -268,6 +322,7 @@ async def prepare_summary(
         if usage is not None:
             charge(usage)
         if not text.strip():
+            tracing.note({"compaction.summary": "failed"})
             # Said, so the crossing asks for it itself rather than wait for it.
             if note is not None:
                 await keep(note_record(note, failed=True))
@@ -278,6 +333,7 @@ async def prepare_summary(
         await store.put_json(tenant, conversation, SUMMARY, key, text)
         if note is not None:
             await keep(note_record(note, text=text))
+        tracing.note({"compaction.summary": "made"})
     except StoreUnavailable as e:
         log.info("summary made ahead not stored: %s", e)
     finally:

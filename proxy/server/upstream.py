@@ -9,15 +9,61 @@ an idle read timeout; never a total timeout, so long streams are not cut.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from yarl import URL
 
+from proxy import tracing
 from proxy.config import UpstreamSettings
+from proxy.server import record as records
 from proxy.server.logs import redacted_url
+
+if TYPE_CHECKING:
+    try:  # noqa: SIM105 (the packaging test reads a try that handles ImportError)
+        from opentelemetry.trace import Span
+    except ImportError:  # the otel extra is not installed
+        pass
 
 # aiohttp adds these when the caller does not send them; a transparent proxy must not.
 _NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+
+
+# path prefix -> (gen_ai.provider.name, gen_ai.operation.name) of an upstream call's span
+_GENAI_PATHS = (
+    ("/v1/messages/count_tokens", ("anthropic", "")),
+    ("/v1/messages", ("anthropic", "chat")),
+    ("/v1/chat/completions", ("openai", "chat")),
+    ("/v1/responses", ("openai", "chat")),
+)
+
+
+class TracedResponse(aiohttp.ClientResponse):
+    """An upstream answer (with tracing on) that ends its call's CLIENT span once read to
+    its end, released or closed, whichever comes first: a stream's span lasts as long
+    as the stream."""
+
+    span: Span | None = None
+
+    def traced(self, span: Span) -> None:
+        self.span = span
+        span.set_attribute("http.response.status_code", self.status)
+        if self.status >= 400 and (active := tracing.ACTIVE) is not None:
+            active.failed(span, str(self.status))  # a client span's 4xx is an error too
+        self.content.on_eof(self._end_span)
+
+    def _end_span(self) -> None:
+        span, self.span = self.span, None
+        if span is not None:
+            span.end()
+
+    def release(self) -> Any:
+        self._end_span()
+        return super().release()
+
+    def close(self) -> None:
+        self._end_span()
+        super().close()
 
 
 class Upstream:
@@ -64,6 +110,8 @@ class Upstream:
             max_line_size=65536,
             max_field_size=65536,
             read_bufsize=2**18,
+            # With tracing on, an answer ends its call's span (see TracedResponse).
+            response_class=TracedResponse if tracing.ACTIVE is not None else aiohttp.ClientResponse,
         )
 
     @property
@@ -87,9 +135,18 @@ class Upstream:
         data: bytes | aiohttp.StreamReader | None,
         *,
         stream: bool,
+        purpose: str = "request",
+        model: str = "",
     ) -> aiohttp.ClientResponse:
         """Send a request; returns once the response headers are in. The caller must
-        release() or close() the response."""
+        release() or close() the response. With tracing on the call has its own CLIENT
+        span (`purpose`: request, read_round, summary; `model`: the one asked for, else
+        the request's), whose context the upstream gets as its `traceparent`."""
+        active = tracing.ACTIVE
+        if active is not None:
+            return await self._traced(
+                active, method, path_qs, headers, data, stream=stream, purpose=purpose, model=model
+            )
         return await self.session.request(
             method,
             self.url(path_qs),
@@ -98,6 +155,60 @@ class Upstream:
             allow_redirects=False,
             timeout=self._stream_timeout if stream else self._response_timeout,
         )
+
+    async def _traced(
+        self,
+        active: tracing.Tracing,
+        method: str,
+        path_qs: str,
+        headers: Sequence[tuple[str, str]],
+        data: bytes | aiohttp.StreamReader | None,
+        *,
+        stream: bool,
+        purpose: str,
+        model: str,
+    ) -> aiohttp.ClientResponse:
+        url = self.url(path_qs)
+        path = url.raw_path
+        attributes: dict[str, Any] = {
+            "http.request.method": method,
+            "server.address": url.host or "",
+            "url.path": path,  # never the query string
+            "compaction.purpose": purpose,
+        }
+        if url.port is not None:
+            attributes["server.port"] = url.port
+        name = f"{method} {path}"
+        provider, operation = next((v for p, v in _GENAI_PATHS if path.startswith(p)), ("", ""))
+        if provider:
+            attributes["gen_ai.provider.name"] = attributes["gen_ai.system"] = provider
+            record = records.current()
+            model = model or (record.model if record is not None else "")
+            if model:
+                attributes["gen_ai.request.model"] = model
+        if operation:
+            attributes["gen_ai.operation.name"] = operation
+            name = f"{operation} {model}" if model else operation
+        with active.client_span(name, attributes) as span:
+            try:
+                response = await self.session.request(
+                    method,
+                    url,
+                    headers=active.outgoing(headers),
+                    data=data,
+                    allow_redirects=False,
+                    timeout=self._stream_timeout if stream else self._response_timeout,
+                )
+            except BaseException as error:
+                active.failed(span, error)
+                span.end()
+                raise
+        if isinstance(response, TracedResponse):
+            response.traced(span)
+        else:
+            span.set_attribute("http.response.status_code", response.status)
+            span.end()
+        return response
 
     def timeout_for(self, stream: bool) -> float:
         s = self.settings

@@ -15,6 +15,7 @@ background, ``put_note`` (a summary made ahead) and ``touch_line`` (a line taken
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import secrets
@@ -29,6 +30,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from proxy import tracing
 from proxy.core.errors import StoreUnavailable as StoreUnavailable  # callers degrade on it
 from proxy.store import keys
 from proxy.store.blobcache import DEFAULT_CHARS, BlobCache
@@ -125,6 +127,16 @@ def _plausible_ref(ref: str) -> bool:
     return 0 < len(ref) <= MAX_REF_CHARS and not any(c.isspace() for c in ref)
 
 
+_UNTRACED: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
+def _operation_name(operation: Callable[..., object]) -> str:
+    """`Store.load_conversation` for a lambda made in that method, `Redis.ping` for a
+    bound method: what a Redis span is named (a fixed word, never a key)."""
+    qualname = getattr(operation, "__qualname__", "") or type(operation).__qualname__
+    return qualname.partition(".<locals>")[0] or "call"
+
+
 class Store:
     """Tenant-scoped blobs; conversation-scoped JSON values and locks; a few globals."""
 
@@ -203,10 +215,18 @@ class Store:
 
     # -- plumbing ---------------------------------------------------------------------
 
-    async def _call(self, operation: Callable[[], Awaitable[T]], seconds: float = 0.0) -> T:
+    async def _call(
+        self, operation: Callable[[], Awaitable[T]], seconds: float = 0.0, name: str = ""
+    ) -> T:
+        active = tracing.ACTIVE
+        # With tracing on, a span per round trip, named by the method making it.
+        span = (
+            _UNTRACED if active is None else active.store_span(name or _operation_name(operation))
+        )
         try:
-            async with asyncio.timeout(seconds or self.op_timeout):
-                return await operation()
+            with span:
+                async with asyncio.timeout(seconds or self.op_timeout):
+                    return await operation()
         except (RedisError, OSError, TimeoutError, AttributeError) as error:
             # AttributeError: redis-py's Cluster client, after a node's connection error,
             # disconnects that node's idle connections while other calls may be opening
@@ -232,9 +252,9 @@ class Store:
     def client(self) -> Redis | RedisCluster:
         return self._client
 
-    async def _get(self, key: str) -> bytes | None:
+    async def _get(self, key: str, name: str) -> bytes | None:
         # Replies are bytes: the client is built without decode_responses.
-        return cast("bytes | None", await self._call(lambda: self._client.get(key)))
+        return cast("bytes | None", await self._call(lambda: self._client.get(key), name=name))
 
     def _key(self, tenant: str, conversation: str, kind: str, name: str) -> str:
         return keys.conversation_key(self.prefix, tenant, conversation, kind, name)
@@ -480,7 +500,7 @@ class Store:
         cached = self.blob_cache.get(tenant, ref)
         if cached is not None:
             return cached
-        raw = await self._get(self._blob_key(tenant, ref))
+        raw = await self._get(self._blob_key(tenant, ref), "Store.read_blob")
         try:
             data = None if raw is None else await self._unpack(raw)
         except CorruptValue as error:
@@ -542,7 +562,7 @@ class Store:
 
     async def get_json(self, tenant: str, conversation: str, kind: str, name: str) -> object | None:
         key = self._key(tenant, conversation, kind, name)
-        return self._decode(key, await self._get(key))
+        return self._decode(key, await self._get(key, "Store.get_json"))
 
     async def refresh_ttl(
         self, tenant: str, conversation: str, kind: str, names: list[str], ttl: int | None = None

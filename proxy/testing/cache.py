@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter, loaded_tools
 from proxy.testing.validate import cache_control_count
 
 LOOKBACK_UNITS = 20
@@ -101,14 +101,17 @@ def prompt_units(body: dict[str, Any], counter: TokenCounter) -> list[Unit]:
         units.append(Unit(digest, cumulative, ttl, ttl is not None))
 
     tools = body.get("tools") or []
-    if tools:
-        # count_tools is a preamble plus a cost per tool: one call per tool, not per prefix.
-        running = counter.count_tools(tools[:1])
-        add(b"tool", tools[0], running)
-        for tool in tools[1:]:
-            running += counter.count_tools([tool, tool]) - counter.count_tools([tool])
-            add(b"tool", tool, running)
-    base = counter.count_tools(tools)
+    # A deferred tool no tool_reference names is not in the prompt: it adds no tokens.
+    loaded = loaded_tools(tools, body.get("messages"))
+    in_prompt = {id(t) for t in loaded} if isinstance(loaded, list) else set()
+    running = 0
+    for tool in tools:
+        if id(tool) in in_prompt:
+            # count_tools is a preamble plus a cost per tool: one call per tool.
+            first = counter.count_tools([tool])
+            running += first if running == 0 else counter.count_tools([tool, tool]) - first
+        add(b"tool", tool, running)
+    base = counter.count_tools(loaded)
 
     system = body.get("system")
     if isinstance(system, str) and system:

@@ -25,7 +25,8 @@ chunk_tokens), the window per model, token_scale, the prompt-cache model behind
   message asking for a checkpoint/handoff summary) is answered with a summary text;
 - `GET /v1/responses` with `Upgrade: websocket` (Codex's built-in provider tries a WebSocket
   first) gets `websocket_status`: 426 by default (Codex falls back to HTTP at once), or 404
-  (Codex retries, then falls back), in OpenAI's error shape;
+  (Codex retries, then falls back), in OpenAI's error shape; or, with 101, is served
+  (responses_ws.py: the same answers as frames on the socket);
 - `x-codex-turn-state` on answers to Codex requests (`turn_state`), derived from the turn id
   in `x-codex-turn-metadata`, so tests can check that it reaches Codex and comes back;
 - scenario mode (`scenario`): the script of each answer comes from a Scenario
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +108,10 @@ STREAM_FAULT = {
 @dataclass
 class ResponsesOptions:
     plays_openai: bool = False  # know compaction items and serve compaction_trigger
-    websocket_status: int = 426  # answer to a WebSocket upgrade on /v1/responses: 426 or 404
+    # answer to a WebSocket upgrade on /v1/responses: 426 or 404, or 101 (served:
+    # responses_ws.py), with frames of at most websocket_max_frame bytes
+    websocket_status: int = 426
+    websocket_max_frame: int = 32 * 1024 * 1024
     overflow: str = "stream"  # a stream over the window: "stream" (as the API) or "status" (400)
     accept_foreign_encrypted: bool = True  # encrypted_content the stand-in did not write
     seal_key: bytes = b"compaction-proxy stand-in"
@@ -249,18 +254,23 @@ def plan_responses_answer(
     return Answer(out, max(1, tokens), reasoning_tokens, incomplete)
 
 
-def _script(request: web.Request, body: dict[str, Any], options: ResponsesOptions) -> Script:
-    defaults = dict(request.app[OPTIONS].script)
+def _script(
+    app: web.Application,
+    headers: Mapping[str, str],
+    body: dict[str, Any],
+    options: ResponsesOptions,
+) -> Script:
+    defaults = dict(app[OPTIONS].script)
     if options.scenario is not None:
         defaults.update(options.scenario.script(body, options.seal_key))
     try:
-        return parse_script(defaults, request.headers.get("x-stand-in"))
+        return parse_script(defaults, headers.get("x-stand-in"))
     except TypeError as exc:
         raise ScriptError(str(exc)) from None
 
 
-def _turn_state(request: web.Request, options: ResponsesOptions) -> dict[str, str]:
-    metadata = request.headers.get("x-codex-turn-metadata")
+def turn_state(headers: Mapping[str, str], options: ResponsesOptions) -> dict[str, str]:
+    metadata = headers.get("x-codex-turn-metadata")
     if not options.turn_state or not metadata:
         return {}
     try:
@@ -272,24 +282,37 @@ def _turn_state(request: web.Request, options: ResponsesOptions) -> dict[str, st
     return {"x-codex-turn-state": "sts_" + hashlib.sha256(str(turn).encode()).hexdigest()[:24]}
 
 
-async def handle_responses(request: web.Request) -> web.StreamResponse:
-    app = request.app
+@dataclass
+class Streamed:
+    """An answer to stream: its events, the script's delays and the fault that strikes."""
+
+    events: list[tuple[str, bytes]]
+    script: Script
+    fault: str | None
+    fault_event: bytes
+
+
+def answer(
+    app: web.Application,
+    headers: Mapping[str, str],
+    tenant: str,
+    body: Any,
+    *,
+    streaming: bool | None = None,
+) -> web.Response | Streamed | JsonFault:
+    """The answer to one parsed Responses request, whichever transport carried it: an
+    error or a JSON answer as a response, or the events of a stream. `streaming` None:
+    as the body's `stream` says (the WebSocket always streams)."""
     options = app[RESPONSES]
-    if _credential(request) is None:
-        return _unauthorized()
     try:
-        body = orjson.loads(await request.read())
-    except orjson.JSONDecodeError as exc:
-        return chat_error(400, f"We could not parse the JSON body of your request. ({exc})")
-    try:
-        script = _script(request, body if isinstance(body, dict) else {}, options)
+        script = _script(app, headers, body if isinstance(body, dict) else {}, options)
     except ScriptError as exc:
         return chat_error(400, str(exc))
     fault = _take_fault(app, script, STATUS_FAULTS)
     if fault is not None:
         status, kind, code, text = _FAULT_STATUS[fault]
-        headers = retry_headers(script) if fault == "429" else {}
-        return chat_error(status, text, kind, code=code, headers=headers)
+        extra = retry_headers(script) if fault == "429" else {}
+        return chat_error(status, text, kind, code=code, headers=extra)
 
     error = validate_responses_request(body, openai=options.plays_openai)
     if error:
@@ -301,10 +324,10 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
     counter = ItemCounter(app[COUNTER], options.seal_key)
     raw_total = counter.count_request(body)
     total = _scaled(raw_total, app[OPTIONS])
-    streaming = body.get("stream") is True
+    if streaming is None:
+        streaming = body.get("stream") is True
     digest = request_digest(body, ("stream",))
     head = {"id": f"resp_{digest[:32]}", "model": body["model"]}
-    request[EXTRA_HEADERS] = _turn_state(request, options)
     overflow = window_error(total, app[OPTIONS].window_for(body["model"]))
     if overflow:
         if not streaming or options.overflow == "status":
@@ -315,24 +338,50 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
             "message": overflow.message,
             "param": overflow.param,
         }
-        events = failed_events(head, body, error_body)
-        return await send_stream(request, events, script, None, b"")
+        return Streamed(failed_events(head, body, error_body), script, None, b"")
 
-    purpose = request.headers.get("x-compaction-proxy-purpose", "").strip().lower()
+    purpose = headers.get("x-compaction-proxy-purpose", "").strip().lower()
     kind = request_kind(body, purpose, options)
-    answer = plan_responses_answer(body, kind, script, options, app[COUNTER], digest)
-    cache = app[CACHE].account(_tenant(request), counter.prompt_units(body), raw_total)
+    planned = plan_responses_answer(body, kind, script, options, app[COUNTER], digest)
+    cache = app[CACHE].account(tenant, counter.prompt_units(body), raw_total)
     cached = min(_scaled(cache.cache_read_input_tokens, app[OPTIONS]), total)
-    usage = usage_object(total, cached, answer)
+    usage = usage_object(total, cached, planned)
     fault = _take_fault(app, script, answer_faults(streaming))
     if streaming:
-        events = stream_events(head, body, answer, usage, script)
+        events = stream_events(head, body, planned, usage, script)
         fault_event = error_event(stream_error_position(events), STREAM_FAULT)
-        return await send_stream(request, events, script, fault, fault_event)
-    final = final_status(answer)
-    response = response_object(head, body, answer.items, final, usage, answer.incomplete)
-    payload = orjson.dumps(response)
-    return await send_json(request, payload, script, fault)
+        return Streamed(events, script, fault, fault_event)
+    final = final_status(planned)
+    response = response_object(head, body, planned.items, final, usage, planned.incomplete)
+    if fault is None:
+        return web.Response(body=orjson.dumps(response), content_type="application/json")
+    return JsonFault(orjson.dumps(response), script, fault)
+
+
+@dataclass
+class JsonFault:
+    """A JSON answer a fault strikes (sent by send_json)."""
+
+    payload: bytes
+    script: Script
+    fault: str
+
+
+async def handle_responses(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    if _credential(request) is None:
+        return _unauthorized()
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        return chat_error(400, f"We could not parse the JSON body of your request. ({exc})")
+    request[EXTRA_HEADERS] = turn_state(request.headers, app[RESPONSES])
+    out = answer(app, request.headers, _tenant(request), body)
+    if isinstance(out, Streamed):
+        return await send_stream(request, out.events, out.script, out.fault, out.fault_event)
+    if isinstance(out, JsonFault):
+        return await send_json(request, out.payload, out.script, out.fault)
+    return out
 
 
 async def handle_responses_get(request: web.Request) -> web.Response:
@@ -360,4 +409,4 @@ def add_routes(app: web.Application) -> None:
     app[RESPONSES] = ResponsesOptions()
     app.on_response_prepare.append(_add_extra_headers)
     app.router.add_post("/v1/responses", handle_responses)
-    app.router.add_get("/v1/responses", handle_responses_get)
+    # GET /v1/responses: responses_ws.py (served with websocket_status 101, else this module's)

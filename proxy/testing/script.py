@@ -13,7 +13,9 @@ of a request's `x-stand-in` header laid over it. Keys:
 - `fault`: "429", "529", "500", "stream_error", "eof", "stall"; `fault_times`: only the
   first N requests carrying that fault get it (counted per stand-in); `summary_fault`: a
   status fault ("429", "529", "500") for the proxy's summariser requests only;
-  `stall_seconds` (default 30), `retry_after_ms` (default 1000);
+  `stall_seconds` (default 30), `retry_after_ms` (default 1000); `summary_tool`: true: a
+  summariser request that offers tools is answered with a call of its first tool (a model
+  the tools of a summary made in place tempt away from writing notes);
 - `token_delay`: seconds between streamed deltas; `chunk_tokens`: words per text delta.
 """
 
@@ -49,6 +51,7 @@ class Script:
     fault: str | None = None
     fault_times: int | None = None
     summary_fault: str | None = None
+    summary_tool: bool = False
     stall_seconds: float = 30.0
     retry_after_ms: float = 1000.0
     token_delay: float = 0.0
@@ -182,8 +185,13 @@ def plan_call(
     text_override: str | None,
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The tool call (`{"name", "input"}`) and the text the answer carries, either format:
-    a summary (`text_override`) never calls a tool."""
+    a summary (`text_override`) calls a tool only when the script says `summary_tool`."""
     call: dict[str, Any] | None = None
+    tools = body.get("tools")
+    if text_override is not None and script.summary_tool and isinstance(tools, list) and tools:
+        first = tools[0] if isinstance(tools[0], dict) else {}
+        name = first.get("name") or (first.get("function") or {}).get("name") or "tool"
+        return {"name": str(name), "input": {}}, None
     reads = script.read_result and text_override is None
     ref = ref_to_read(body, script.keep_reading) if reads else None
     if ref is not None:

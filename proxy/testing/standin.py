@@ -31,6 +31,7 @@ from proxy.core.tokens import default_counter
 from proxy.testing.cache import PromptCache, Unit, prompt_units
 from proxy.testing.chat_standin import add_routes
 from proxy.testing.responses_standin import add_routes as add_responses_routes
+from proxy.testing.responses_ws import add_routes as add_responses_ws_routes
 from proxy.testing.scenario import SUMMARY, scenario_answer
 from proxy.testing.script import (
     STATUS_FAULTS,
@@ -343,7 +344,8 @@ def create_app(options: StandInOptions | None = None) -> web.Application:
     app.router.add_get("/v1/models/{model_id}", handle_model)
 
     add_routes(app)  # POST /v1/chat/completions
-    add_responses_routes(app)  # POST /v1/responses, GET /v1/responses (WebSocket: refused)
+    add_responses_routes(app)  # POST /v1/responses
+    add_responses_ws_routes(app)  # GET /v1/responses (WebSocket: responses_ws.py)
     return app
 
 

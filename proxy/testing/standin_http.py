@@ -86,6 +86,11 @@ class RecordedRequest:
     content: list[dict[str, Any]] = field(default_factory=list)
     usage: dict[str, Any] = field(default_factory=dict)
     error: str = ""  # why a Messages request was refused (the 400's message)
+    # "http", or "websocket": one `response.create` frame (body: the frame as sent;
+    # resolved: the request it stands for, previous_response_id resolved)
+    transport: str = "http"
+    resolved: bytes = b""
+    started_at: float = field(default_factory=time.monotonic)  # when it arrived
 
 
 RECORDED: web.AppKey[list[RecordedRequest]] = web.AppKey("standin_recorded", list)

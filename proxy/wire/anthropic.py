@@ -13,11 +13,11 @@ from typing import Any
 
 import orjson
 
-from proxy.core import offload, summary
+from proxy.core import model_facts, offload, summary
 from proxy.core.errors import ProxyError
 from proxy.core.history import Shape
 from proxy.core.offload import Stub
-from proxy.core.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter, loaded_tools
 from proxy.core.usage import LineKind, Usage, anthropic_usage
 from proxy.core.wire_format import JSON, MessageCounter, Round, RoundMerger
 from proxy.wire import anthropic_rounds
@@ -134,7 +134,10 @@ class AnthropicMessages:
     def fixed_tokens(self, counter: MessageCounter, body: Mapping[str, Any]) -> int:
         system = body.get("system")
         system_tokens = counter.count_content(system) if system else 0
-        return system_tokens + counter.count_tools(body.get("tools"))
+        # Deferred tools (tool search) count once a tool_reference loads them.
+        return system_tokens + counter.count_tools(
+            loaded_tools(body.get("tools"), body.get("messages"))
+        )
 
     def tool_name(self, body: Mapping[str, Any]) -> str | None:
         return offload.choose_tool_name(body.get("tools"))
@@ -224,6 +227,11 @@ class AnthropicMessages:
             budget = thinking.get("budget_tokens")
         extra = budget if isinstance(budget, int) else 0
         out["max_tokens"] = slot + extra
+        # Never above the model's max output (the API would refuse it), while the thinking
+        # budget still leaves room for notes.
+        limit = model_facts.max_output(model)
+        if limit and slot + extra > limit > extra:
+            out["max_tokens"] = limit
         return out
 
     def answer_text(self, answer: JSON) -> str:

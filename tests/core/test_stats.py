@@ -73,8 +73,14 @@ def test_a_priced_model_is_also_counted_in_its_currency() -> None:
     summary = stats.summarise(stats.counts(facts, SONNET))
     assert summary["cost"]["USD"] == {"with_proxy": 4.5, "without_proxy": 4.5, "saved": 0.0}
     assert set(summary["by_model"]["claude-sonnet-4-5"]["cost"]) == {CACHE_UNITS, "USD"}
-    other = stats.counts(RequestFacts("/v1/messages", 200, model="gpt-4.1", usage=usage), SONNET)
-    assert "cost|USD|with" not in other
+    # A model no [[price]] fits is priced from the model table (gpt-4.1: 2 and 8 USD/MTok)...
+    other = stats.summarise(
+        stats.counts(RequestFacts("/v1/messages", 200, model="gpt-4.1", usage=usage), SONNET)
+    )
+    assert other["cost"]["USD"]["with_proxy"] == pytest.approx(2.8)
+    # ...and one the table lacks only in relative units.
+    unknown = RequestFacts("/v1/messages", 200, model="claude-test-1", usage=usage)
+    assert "cost|USD|with" not in stats.counts(unknown, SONNET)
 
 
 def test_refusals_count_but_cost_nothing() -> None:

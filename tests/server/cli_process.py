@@ -15,36 +15,75 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-# `python -c HIDE_EXTRAS MODULES ARGS...`: the CLI with the listed top-level modules (the
-# optional extras' packages) made unimportable, as after `pip install .` with no extras.
+# `python -c HIDE_EXTRAS MODULES ARGS...`: the CLI with the listed modules (the optional
+# extras' packages: top-level ones, or a namespace package's parts such as
+# opentelemetry.sdk) made unimportable, as after `pip install .` with no extras.
 HIDE = """
 import importlib.abc, runpy, sys
 hidden = set(sys.argv.pop(1).split(","))
+def _hidden(name):
+    parts = name.split(".")
+    return any(".".join(parts[:n]) in hidden for n in range(1, len(parts) + 1))
 class Hidden(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in hidden:
+        if _hidden(name):
             raise ModuleNotFoundError(f"No module named {name!r} (an extra's: hidden)", name=name)
 sys.meta_path.insert(0, Hidden())
 """
 HIDE_EXTRAS = HIDE + 'runpy.run_module("proxy", run_name="__main__", alter_sys=True)\n'
 
 
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~;\[ ]", requirement)[0].lower().replace("_", "-").replace(".", "-")
+
+
+def _installed_with(names: set[str]) -> set[str]:
+    """`names` and every distribution they require, as installed (extras' own left out)."""
+    found, todo = set(), list(names)
+    while todo:
+        dist = todo.pop()
+        if dist in found:
+            continue
+        found.add(dist)
+        try:
+            requires = importlib.metadata.requires(dist) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        todo.extend(_name(r) for r in requires if "extra ==" not in r.partition(";")[2])
+    return found
+
+
+def _parts(dist: str, top: str) -> set[str]:
+    """The packages directly under namespace package `top` that `dist` installs."""
+    files = importlib.metadata.distribution(dist).files or []
+    return {
+        f"{top}.{f.parts[1]}"
+        for f in files
+        if len(f.parts) > 2 and f.parts[0] == top and not f.parts[1].endswith(".dist-info")
+    }
+
+
 def extras_modules() -> list[str]:
-    """Top-level modules of the packages only the optional extras install."""
+    """Modules of the packages only the optional extras install: top-level ones, and
+    the parts of a namespace package (opentelemetry) the base install has only some of
+    (the anthropic SDK needs opentelemetry-api; the otel extra adds the SDK)."""
     pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     project = tomllib.loads(pyproject.read_text())["project"]
-
-    def name(requirement: str) -> str:
-        return re.split(r"[<>=!~;\[ ]", requirement)[0].lower().replace("_", "-")
-
-    base = {name(r) for r in project["dependencies"]}
-    extras = {name(r) for rs in project["optional-dependencies"].values() for r in rs}
-    extras -= base | {name(project["name"])}
+    direct = {_name(r) for r in project["dependencies"]}
+    base = _installed_with(direct)
+    extras = {_name(r) for rs in project["optional-dependencies"].values() for r in rs}
+    extras = _installed_with(extras - direct - {_name(project["name"])}) - base
     modules = set()
     for module, dists in importlib.metadata.packages_distributions().items():
-        owners = {name(d) for d in dists}
-        if owners & extras and not owners & base:
+        owners = {_name(d) for d in dists}
+        if not owners & extras:
+            continue
+        if not owners & base:
             modules.add(module)
+            continue
+        shared = set().union(*(_parts(d, module) for d in owners & base))
+        for dist in owners & extras:
+            modules |= _parts(dist, module) - shared
     return sorted(modules)
 
 

@@ -87,13 +87,13 @@ def test_operator_mistakes_are_named(run: Any) -> None:
 
 
 def test_a_policy_no_model_could_use_is_refused_when_set(run: Any) -> None:
-    """`--target 150000` alone sits above claude-*'s trigger (100,000): every request of
+    """`--target 150000` alone sits above the built-in trigger (100,000): every request of
     the key would fail its policy. Refused when set, with what to do instead."""
     code, created, _ = run("keys", "create", "--team", "policies")
     key_id = created["id"]
     code, _, err = run("budgets", "set", "--key", key_id, "--target", "150000")
     assert code == 2
-    assert "claude-*" in err and "150000" in err and "trigger" in err
+    assert "models matching '*'" in err and "150000" in err and "trigger" in err
     code, shown, _ = run("budgets", "show", "--key", key_id)
     assert shown["policy"] == {}  # nothing was stored
     # The same target with a trigger and window that hold it is fine for every model.

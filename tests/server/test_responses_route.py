@@ -122,7 +122,7 @@ async def test_the_proxys_own_errors_are_in_openais_shape(
     assert posts(standin) == []
 
 
-async def test_a_websocket_attempt_gets_426_and_other_gets_pass_through(
+async def test_a_websocket_the_upstream_refuses_gets_426_and_other_gets_pass_through(
     make_responses_standin: MakeResponsesStandIn, make_compacting_proxy: MakeProxy
 ) -> None:
     standin = await standin_with(make_responses_standin)
@@ -134,7 +134,9 @@ async def test_a_websocket_attempt_gets_426_and_other_gets_pass_through(
             assert (await r.json())["error"]["code"] == "websocket_not_supported"
         async with session.get(proxy.url + PATH, headers=AUTH) as r:
             assert r.status == 404  # the stand-in's own answer to a plain GET
-    assert [r.method for r in standin.recorded] == ["GET"]
+    # The upgrade was tried upstream (refused there: 426), the plain GET passed through.
+    upgrades = [r.headers.get("Upgrade", "") for r in standin.recorded]
+    assert [u.lower() for u in upgrades] == ["websocket", ""]
 
 
 async def test_a_client_that_closes_after_response_completed_counts_as_complete(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 
+from proxy.core.model_facts import BUILTIN
 from proxy.store import EmbeddedRedis
 from tests.plugins.standin import RunningStandIn
 from tests.server.cli_process import cli_env, cli_process, read_until, run_cli
@@ -31,15 +32,24 @@ def test_the_startup_line_says_what_the_proxy_does(
     tmp_path: Path, standin_thread: RunningStandIn
 ) -> None:
     config = tmp_path / "proxy.toml"
-    config.write_text('[[policy]]\nmatch = "claude-*"\ntrigger = 100000\ntarget = 40000\n')
+    config.write_text(
+        '[[policy]]\nmatch = "claude-*"\ntrigger = 100000\ntarget = 40000\n'
+        '[[policy]]\nmatch = "gpt-small"\nwindow = 64000\n'
+    )
     args = ["serve", "--port", "0", "--config", str(config), "--upstream", standin_thread.url]
     with cli_process([*args, "--openai-upstream", standin_thread.url], cli_env(tmp_path)) as child:
         line = read_until(child.stderr, "listening on ")[-1]
     state = tmp_path / "state" / "compaction-proxy" / "redis"
     assert f"anthropic upstream {standin_thread.url}, openai upstream {standin_thread.url}," in line
     assert f", config {config}, store embedded Redis in {state}," in line
+    assert (
+        ", auth off (callers' own keys go upstream), policies 3 (2 from the file, 1 built-in),"
+        in (line)
+    )
+    # Which window applies, and where it comes from.
     assert line.endswith(
-        ", auth off (callers' own keys go upstream), policies 4 (1 from the file, 3 built-in)\n"
+        ", windows 64,000 for 'gpt-small' (its [[policy]]), others from the model table"
+        f" ({BUILTIN.described}); a model not in it: 200,000 for claude*, 128,000 for *\n"
     )
     assert child.returncode == 0
 
@@ -51,7 +61,8 @@ def test_the_startup_line_masks_the_redis_password(tmp_path: Path, redis_url: st
         line = read_until(child.stderr, "listening on ")[-1]
     assert "hunter2" not in line and ":***@" in line
     assert ", config none (built-in defaults), store Redis " in line
-    assert ", auth proxy keys required, policies 3 (0 from the file, 3 built-in)" in line
+    assert ", auth proxy keys required, policies 1 (0 from the file, 1 built-in)" in line
+    assert f", windows every model from the model table ({BUILTIN.described});" in line
 
 
 def test_keys_and_budgets_share_the_embedded_store_with_serve(tmp_path: Path) -> None:

@@ -197,7 +197,11 @@ async def test_at_the_wait_point_the_crossing_waits_for_the_summary_made_ahead(
     pending = [t for t in turns if t.headers.get("x-compaction-reason") == "summary_pending"]
     assert pending, "the history never went on unfolded: the wait point was not reached"
     folded = [t for t in turns if t.headers.get("x-compaction-strategy") == "summary"]
-    assert folded and turns.index(folded[0]) == turns.index(pending[-1]) + 1
+    # The first fold comes right after the turns that went on unfolded before it (a later
+    # crossing may be pending in its turn: the trigger stays where it is after a fold).
+    first = turns.index(folded[0]) if folded else -1
+    before = [turns.index(t) for t in pending if turns.index(t) < first]
+    assert folded and before and first == before[-1] + 1
     calls = summary_calls()
     assert calls and all(r.outcome == "complete" for r in calls)
     # The fold went upstream with the notes of the summary it waited for.
