@@ -316,6 +316,8 @@ def lines_machine(
                 assert set(MARKER.findall(r.body)) <= allowed
             bodies = {r.body for r in made if not r.headers.get(PURPOSE)}
             assert len(bodies) == 1, "identical requests went up differently"
+            asked = [r.body for r in made if r.headers.get(PURPOSE) == "summary"]
+            assert len(asked) == len(set(asked)), "one summary was paid for twice"
             line.last_sent = line.last_tokens = None  # which of them crossed is not known
 
         @rule(pick=st.integers(0, 99), other=st.integers(0, 99))
