@@ -331,7 +331,8 @@ def lines_machine(
             foreign = [t for t in source.turns if not set(MARKER.findall(orjson.dumps(t))) <= own]
             if not foreign:
                 return
-            ref = ref_for(result_of(self.fmt, foreign[-1]))
+            # The oldest: most likely offloaded (stored) by now.
+            ref = ref_for(result_of(self.fmt, foreign[0]))
             line.turns.append(turn(self.fmt, self._marker(line.name), paste=ref))
             line.pasted = ref
             self._send(line)
