@@ -106,6 +106,10 @@ class AuthSettings:
     # Name of the environment variable holding the admin key (the admin API and the
     # dashboard); empty: no admin API. The key itself is never in a file or in Redis.
     admin_key_env: str = ""
+    # Environment variables a key made through the admin API may name as its upstream
+    # credential, comma-separated, besides the providers' defaults (ANTHROPIC_API_KEY,
+    # OPENAI_API_KEY). Never the admin key's, nor the proxy's own settings.
+    upstream_envs: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +255,17 @@ def _env_name(value: str) -> str | None:
     return "must be empty or an environment variable name (A-Z, 0-9, _)"
 
 
+def _env_names(value: str) -> str | None:
+    for name in value.split(","):
+        if not re.fullmatch(r"[A-Z_][A-Z0-9_]{0,127}", name.strip()):
+            return "must be environment variable names (A-Z, 0-9, _), comma-separated"
+    return None
+
+
+def _optional_env_names(value: str) -> str | None:
+    return None if not value.strip() else _env_names(value)
+
+
 def _not_empty(value: str) -> str | None:
     return None if value.strip() else "must not be empty"
 
@@ -281,6 +296,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "auth.keys": _one_of("off", "required"),
     "auth.cache_seconds": _non_negative,
     "auth.admin_key_env": _env_name,
+    "auth.upstream_envs": _optional_env_names,
     "budgets.on_store_down": _one_of("open", "closed"),
     "budgets.timeout": _positive,
     "budgets.outage_allowance": _non_negative,

@@ -44,6 +44,7 @@ from proxy.server.routes import (
 )
 from proxy.server.routing import OPENAI_UPSTREAM, openai_upstream_lifetime
 from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM, StoreState
+from proxy.server.target import canonical_target
 from proxy.server.upstream import Upstream
 from proxy.store import EmbeddedRedis, StateDirBusy, Store, StoreUnavailable
 from proxy.store.probe import addressing_problem
@@ -178,9 +179,12 @@ async def _compactor_lifetime(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(settings: Settings) -> web.Application:
-    # Outermost first: the record and metrics see every answer, errors included; key
-    # checks and budgets (a no-op with keys off) run inside them.
-    app = web.Application(middlewares=[observe_requests, render_errors, authenticate])
+    # Outermost first: the record and metrics see every answer, errors included; the
+    # target is made canonical before anything reads it; key checks and budgets (a no-op
+    # with keys off) run inside them.
+    app = web.Application(
+        middlewares=[observe_requests, render_errors, canonical_target, authenticate]
+    )
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app[LIFECYCLE] = Lifecycle()

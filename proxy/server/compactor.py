@@ -26,12 +26,11 @@ from proxy.core.identity import conversation_of, tenant_of
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies, policy_for
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TokenCounter, default_counter
-from proxy.core.usage import Usage
 from proxy.core.wire_format import WireFormat
 from proxy.server.calibration import Calibration
 from proxy.server.executor import StoreExecutor, drive
 from proxy.server.record import detached
-from proxy.server.summariser import SummariserSettings, post_summary
+from proxy.server.summariser import FREE_SUMMARIES, SummariserSettings, SummaryBudget, post_summary
 from proxy.server.upstream import Upstream
 from proxy.store import Store
 
@@ -84,10 +83,6 @@ def renew_every(store: Store | None) -> int:
     if store is None:
         return 0
     return max(1, min(RENEW_EVERY, store.default_ttl // 4))
-
-
-def _ignore_usage(usage: Usage) -> None:
-    return None
 
 
 class Compactor:
@@ -160,10 +155,11 @@ class Compactor:
         upstream_headers: Sequence[tuple[str, str]],
         tenant: str | None = None,
         policy_override: Mapping[str, int] | None = None,
-        charge_later: Callable[[Usage], None] = _ignore_usage,
+        spend: SummaryBudget = FREE_SUMMARIES,
     ) -> Prepared:
         """`tenant` and `policy_override` come from a proxy key when keys are required
-        (else the tenant is the hash of the forwarded credential)."""
+        (else the tenant is the hash of the forwarded credential); `spend` reserves the
+        summaries made for the caller in its budgets."""
         model = str(body.get("model", ""))
         messages = wire.messages(body)
         if not messages:
@@ -205,7 +201,7 @@ class Compactor:
             ),
             background=self.spawn,
             count=self.counter.count_text,
-            charge_later=charge_later,
+            spend=spend,
             on_background_call=self.on_background_summary,
         )
         # Planning a huge history takes seconds of pure work: off the event loop.

@@ -37,7 +37,7 @@ from proxy.core.budget import Amounts
 from proxy.server.metrics import METRICS, Metrics
 from proxy.server.state import SETTINGS, STORE
 from proxy.store import Store, StoreUnavailable
-from proxy.store.accounts import Accounts, Held, Scope
+from proxy.store.accounts import Accounts, Scope
 
 log = logging.getLogger(__name__)
 
@@ -266,10 +266,10 @@ class Fleet:
 
     async def charge(self, accounts: Accounts, scope: Scope, amounts: Amounts) -> None:
         """Add `amounts` to the scope's current counters, whatever its limits say (usage
-        that happened without a reservation)."""
-        held = await self.call(lambda: accounts.reserve(scope, Amounts(), time.time()))
-        if isinstance(held, Held) and held.counters:
-            await self.call(lambda: accounts.add(held.counters, amounts))
+        that happened without a reservation): one script, never refused."""
+        if amounts == Amounts():
+            return
+        await self.call(lambda: accounts.charge(scope, amounts, time.time()))
 
     # -- settlements ---------------------------------------------------------------------
 

@@ -23,13 +23,14 @@ import orjson
 from aiohttp import web
 
 from proxy.core.budget import BadRequestField, batch_reservation
-from proxy.core.errors import Forbidden, InvalidRequest
+from proxy.core.errors import Forbidden, InvalidRequest, NotFound
 from proxy.core.proxy_keys import BATCH, FREE, UNMETERED, passthrough_rule
 from proxy.core.usage import LineKind, Usage
 from proxy.server import budgets
 from proxy.server.bodies import (
     BodyClock,
     BodyTooLarge,
+    check_duplicates,
     check_model,
     decoded,
     invalid_field,
@@ -49,12 +50,16 @@ from proxy.server.state import COMPACTOR, SETTINGS, UPSTREAM
 from proxy.wire import ANTHROPIC, CHAT
 
 COUNT_OFF_LOOP_BYTES = 256 * 1024
+API_PREFIX = "/v1/"
 NO_OUTPUT = frozenset({"/v1/embeddings"})
 
 
 async def handle_passthrough(request: web.Request) -> web.StreamResponse:
     if request.raw_path[:1] != "/":
         raise not_a_path(request.raw_path)
+    if not request.path.startswith(API_PREFIX):
+        # Only the APIs' own paths go upstream: anything else is not the proxy's to pass.
+        raise NotFound(f"compaction-proxy does not serve {request.path[:200]}.")
     # The key's provider, else the path (and for paths both APIs have, the client's
     # headers), picks the upstream.
     target = caller_of(request).provider or upstream_for(request.path, request.headers)
@@ -112,6 +117,7 @@ async def _reserved(request: web.Request, meter: str) -> bytes:
     if not isinstance(payload, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     check_model(payload)
+    check_duplicates(text, payload)
     counter = request.app[COMPACTOR].counter
     if meter == BATCH:
 

@@ -40,6 +40,7 @@ from proxy.core.wire_format import WireFormat
 from proxy.server import budgets
 from proxy.server.bodies import (
     BodyTooLarge,
+    check_duplicates,
     check_model,
     decoded,
     is_encoded,
@@ -160,6 +161,8 @@ async def _read_payload(request: web.Request, route: ConversationRoute) -> Incom
     if not isinstance(parsed, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     check_model(parsed)
+    if caller_of(request).key_id is not None:  # a proxy key's: the operator pays
+        check_duplicates(text, parsed)
     return Incoming(body, parsed, encoded)
 
 
@@ -204,7 +207,7 @@ async def _prepare(
                 upstream_headers=upstream_headers,
                 tenant=caller.tenant,
                 policy_override=override,
-                charge_later=budgets.late_charge(request),
+                spend=budgets.summary_budget(request),
             )
         except PolicyError as e:
             # A key's or team's window/trigger/target that does not fit this model's
@@ -249,6 +252,8 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
         record.model = str(payload.get("model", ""))[:128]
         if route.compacts and budgets.applies(request):
             output = output_tokens(payload)  # checked before any work is done for it
+            # The gate: nothing that costs the upstream money before the budget says yes.
+            await budgets.admit(request, output, body)
     adjusted, rewritten = None, False
     if route.before is not None and payload is not None:
         adjusted = await route.before(request, body, payload)
