@@ -78,6 +78,13 @@ class UpstreamSettings:
     pool_limit_per_host: int = 0
     # Seconds an idle pooled connection is kept open.
     keepalive_timeout: float = 30.0
+    # The longest event (its lines; one `data:` line in these APIs) of an upstream event
+    # stream the proxy holds, and the largest whole answer it reads to parse (a summary,
+    # a read_result round, an error it turns into an event): past either the answer is
+    # refused (502, or an error event inside a stream). Memory per request stays within
+    # a small multiple of them, whatever the upstream sends.
+    max_line_bytes: int = 16 * 1024 * 1024
+    max_answer_bytes: int = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +295,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "upstream.pool_limit": _positive,
     "upstream.pool_limit_per_host": _non_negative,
     "upstream.keepalive_timeout": _non_negative,
+    "upstream.max_line_bytes": _positive,
+    "upstream.max_answer_bytes": _positive,
     "store.redis_url": _redis_url,
     "store.key_prefix": _key_prefix,
     "store.op_timeout": _positive,

@@ -290,7 +290,7 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
     record.answered(response.headers.get(route.wire.request_id_header, ""))
 
     if adjusted is not None and adjusted.on_refusal is not None and response.status in (400, 422):
-        return await _refusal(response, adjusted.on_refusal)
+        return await _refusal(response, adjusted.on_refusal, upstream)
     if prepared.intercepts:
         rounds = ReadRounds(request, prepared, route.wire, upstream, headers)
         out = await rounds.answer(response)
@@ -307,10 +307,15 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
     return out
 
 
-async def _refusal(response: aiohttp.ClientResponse, take_over: Refused) -> web.StreamResponse:
+async def _refusal(
+    response: aiohttp.ClientResponse, take_over: Refused, upstream: Upstream
+) -> web.StreamResponse:
     """An upstream refusal the API's own step may answer instead; else relayed as it came."""
     try:
-        raw = await response.read()
+        raw = await upstream.read(response)
+    except (aiohttp.ClientError, TimeoutError) as e:
+        response.close()
+        raise upstream_failure(e, upstream.shown_url, upstream.timeout_for(False)) from None
     finally:
         response.release()
     answer = await take_over(raw)

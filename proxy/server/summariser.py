@@ -224,7 +224,7 @@ async def post_summary(
     async with asyncio.timeout(seconds):
         response = await upstream.send("POST", path, sent, orjson.dumps(need.body), stream=False)
         try:
-            raw = await response.read()
+            raw = await upstream.read(response)  # within upstream.max_answer_bytes
         finally:
             response.release()
     if response.status != 200:
