@@ -117,6 +117,11 @@ class AuthSettings:
     # credential, comma-separated, besides the providers' defaults (ANTHROPIC_API_KEY,
     # OPENAI_API_KEY). Never the admin key's, nor the proxy's own settings.
     upstream_envs: str = ""
+    # Seconds into a Redis outage a key this replica knew valid keeps working, with
+    # budgets.on_store_down = "open" (README, "Fleet"): a key revoked before the outage
+    # still stops within cache_seconds (revocations reach the replicas as they are made).
+    # 0: a key that cannot be checked again is refused after cache_seconds.
+    outage_trust_seconds: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +311,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "auth.cache_seconds": _non_negative,
     "auth.admin_key_env": _env_name,
     "auth.upstream_envs": _optional_env_names,
+    "auth.outage_trust_seconds": _non_negative,
     "budgets.on_store_down": _one_of("open", "closed"),
     "budgets.timeout": _positive,
     "budgets.outage_allowance": _non_negative,

@@ -45,6 +45,7 @@ from proxy.server.routes import (
 from proxy.server.routing import OPENAI_UPSTREAM, openai_upstream_lifetime
 from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM, StoreState
 from proxy.server.target import canonical_target
+from proxy.server.tasks import stop_tasks
 from proxy.server.upstream import Upstream
 from proxy.store import EmbeddedRedis, StateDirBusy, Store, StoreUnavailable
 from proxy.store.probe import addressing_problem
@@ -376,3 +377,7 @@ async def serve(settings: Settings) -> None:
             log.warning("drain timeout: closing the requests still open")
     finally:
         await running.stop()
+        # What is still running (a handler the server gave up waiting for) is stopped
+        # within a deadline, so the process exits rather than wait for it at loop close.
+        current = asyncio.current_task()
+        await stop_tasks([t for t in asyncio.all_tasks() if t is not current], what="task")

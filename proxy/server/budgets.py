@@ -179,7 +179,7 @@ class Ticket:
         fleet = self._fleet
         key_id = self.caller.key_id or ""
         if self.request.app[SETTINGS].budgets.on_store_down == "open":
-            if fleet.admit_uncounted(key_id, want):
+            if fleet.admit_uncounted(key_id, want, new=not self.uncounted):
                 self.uncounted = True
                 self.reserved = self.reserved.plus(want)
                 return None

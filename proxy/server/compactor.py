@@ -31,6 +31,7 @@ from proxy.server.calibration import Calibration
 from proxy.server.executor import StoreExecutor, drive
 from proxy.server.record import detached
 from proxy.server.summariser import FREE_SUMMARIES, SummariserSettings, SummaryBudget, post_summary
+from proxy.server.tasks import stop_tasks
 from proxy.server.upstream import Upstream
 from proxy.store import Store
 
@@ -118,9 +119,8 @@ class Compactor:
             await asyncio.gather(*self._background, return_exceptions=True)
 
     async def close(self) -> None:
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        """Stop the background work (summaries made ahead), within a deadline."""
+        await stop_tasks(list(self._background), what="summary made ahead")
         await self.calibration.close()
 
     def policy(self, model: str, override: Mapping[str, int] | None = None) -> Policy:

@@ -265,7 +265,14 @@ class Accounts:
         if not await self.store.run(lambda: client.exists(record_key)):
             return False
         await self.store.run(lambda: client.hset(record_key, "revoked", "1"))
+        # Told at once to every replica listening (proxy/server/fleet.py), so one that
+        # loses Redis just after still knows; the record is what every other check reads.
+        channel = self.revocations_channel()
+        await self.store.run(lambda: client.publish(channel, key_id))
         return True
+
+    def revocations_channel(self) -> str:
+        return f"{self.prefix}g:keys:revoked"
 
     # -- limits and policy ---------------------------------------------------------------
 
