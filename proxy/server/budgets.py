@@ -102,20 +102,14 @@ class Ticket:
 
     async def hold_apart(self, estimated_input: int, max_tokens: int) -> Apart | None:
         """Reserve work done for the caller that outlives the request (a summary made
-        ahead) on its own: None when a budget refuses it, else what settles it."""
+        ahead) on its own, apart from the request's reservation (which may be topped up
+        meanwhile): None when a budget refuses it, else what settles it."""
         caller = self.caller
         if not caller.scopes and not caller.limits_unknown:
             return Apart(self, [], uncounted=False)
         want = reservation(estimated_input, max_tokens, one_hour_cache=False)
-        before_held, before_reserved, before_uncounted = self.held, self.reserved, self.uncounted
-        self.held, self.uncounted = [], False
-        try:
-            refusal = await self._hold(want, give_back_all=True, counts_rejection=False)
-            apart = Apart(self, self.held, uncounted=self.uncounted)
-        finally:
-            self.held, self.reserved = before_held, before_reserved
-            self.uncounted = before_uncounted
-        return None if refusal is not None else apart
+        refusal, held, uncounted = await self._attempt(want, counts_rejection=False)
+        return None if refusal is not None else Apart(self, held, uncounted=uncounted)
 
     async def top_up(self, estimated_input: int, max_tokens: int) -> bool:
         """Hold one more upstream call of this request (a read_result round: its whole
@@ -128,13 +122,32 @@ class Ticket:
         return await self._hold(want, give_back_all=False) is None
 
     async def _hold(
-        self, want: Amounts, *, give_back_all: bool, counts_rejection: bool = True
+        self, want: Amounts, *, give_back_all: bool
     ) -> BudgetRefused | CannotCheck | None:
+        refusal, held, uncounted = await self._attempt(want)
+        if refusal is None and not uncounted:
+            self.held.extend(held)
+            self.reserved = self.reserved.plus(want)
+            return None
+        if give_back_all and self.held:
+            earlier, self.held = self.held, []
+            self._settle(earlier, Amounts())  # in the background: the answer does not wait
+        if refusal is None:  # admitted uncounted: Redis is away
+            self.uncounted = True
+            self.reserved = self.reserved.plus(want)
+        return refusal
+
+    async def _attempt(
+        self, want: Amounts, *, counts_rejection: bool = True
+    ) -> tuple[BudgetRefused | CannotCheck | None, list[Held], bool]:
+        """Reserve `want` in every budget of the caller, changing nothing of the ticket:
+        (the refusal or None, what is held, whether it was admitted uncounted)."""
         caller = self.caller
         fleet = self._fleet
         accounts = fleet.accounts()
         if accounts is None or caller.limits_unknown:
-            return self._store_down(want)
+            refusal = self._store_down(want)
+            return refusal, [], refusal is None
         now = time.time()
         # The key's and the team's scripts run at once (one slot each): a refusal by
         # either gives back what the other took, so neither is ever over-admitted.
@@ -145,19 +158,16 @@ class Ticket:
         held = [o for o in outcomes if isinstance(o, Held)]
         refused = next((o for o in outcomes if isinstance(o, Refused)), None)
         failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
-        if refused is not None or failed is not None:
-            if give_back_all:
-                held, self.held = [*self.held, *held], []
-            if held:  # in the background: the answer (429 or 503) does not wait for it
-                self._settle(held, Amounts())
-            if refused is not None:
-                return self._over_budget(refused, want, counts_rejection)
-            if not isinstance(failed, StoreUnavailable):
-                raise failed  # type: ignore[misc]
-            return self._store_down(want)
-        self.held.extend(held)
-        self.reserved = self.reserved.plus(want)
-        return None
+        if refused is None and failed is None:
+            return None, held, False
+        if held:  # in the background: the answer (429 or 503) does not wait for it
+            self._settle(held, Amounts())
+        if refused is not None:
+            return self._over_budget(refused, want, counts_rejection), [], False
+        if not isinstance(failed, StoreUnavailable):
+            raise failed  # type: ignore[misc]
+        refusal = self._store_down(want)
+        return refusal, [], refusal is None
 
     def _over_budget(self, refused: Refused, want: Amounts, counts: bool = True) -> BudgetRefused:
         if counts:
@@ -180,8 +190,6 @@ class Ticket:
         key_id = self.caller.key_id or ""
         if self.request.app[SETTINGS].budgets.on_store_down == "open":
             if fleet.admit_uncounted(key_id, want, new=not self.uncounted):
-                self.uncounted = True
-                self.reserved = self.reserved.plus(want)
                 return None
             count_rejection(self.request.app, "outage_allowance")
             return CannotCheck(
