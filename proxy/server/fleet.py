@@ -99,6 +99,7 @@ class Fleet:
         self._watch_ended: float | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._closing = False
+        self._revocations: dict[str, float] = {}  # key id -> when its revocation was heard
 
     @property
     def cache_seconds(self) -> float:
@@ -213,6 +214,9 @@ class Fleet:
     async def key_record(self, accounts: Accounts, key_id: str) -> dict[str, str] | None:
         """The key's record, at most `cache_seconds` old (raises StoreUnavailable when it
         cannot be checked again: a revocation must never go unseen for longer)."""
+        entry = self._keys.get(key_id)
+        if entry is not None and self._revocations.get(key_id, -1.0) >= entry.fetched:
+            del self._keys[key_id]  # revoked since that fetch began: never use it again
         try:
             found: dict[str, str] | None = await self._cached(
                 self._keys, key_id, lambda: accounts.get_key(key_id), stale_ok=False
@@ -283,8 +287,14 @@ class Fleet:
             await asyncio.sleep(WATCH_RETRY)
 
     def _revoked(self, data: object) -> None:
+        """A revocation heard: the cached record goes, and so does one whose fetch was
+        under way (key_record compares the times)."""
         key_id = data.decode() if isinstance(data, bytes) else str(data)
         self._keys.pop(key_id, None)
+        self._revocations.pop(key_id, None)
+        self._revocations[key_id] = time.monotonic()
+        while len(self._revocations) > CACHE_LIMIT:
+            del self._revocations[next(iter(self._revocations))]
 
     async def conf(self, accounts: Accounts, scope: Scope) -> dict[str, str]:
         found: dict[str, str] = await self._cached(
