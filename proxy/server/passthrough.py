@@ -117,7 +117,10 @@ async def _reserved(request: web.Request, meter: str) -> bytes:
     if not isinstance(payload, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     check_model(payload)
-    check_duplicates(text, payload)
+    if len(text) > COUNT_OFF_LOOP_BYTES:
+        await asyncio.to_thread(check_duplicates, text, payload)
+    else:
+        check_duplicates(text, payload)
     counter = request.app[COMPACTOR].counter
     if meter == BATCH:
 

@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 
 
 Refused = Callable[[bytes], Awaitable[web.StreamResponse | None]]
+DUPLICATES_OFF_LOOP_BYTES = 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -162,7 +163,10 @@ async def _read_payload(request: web.Request, route: ConversationRoute) -> Incom
         raise InvalidRequest("The request body must be a JSON object.")
     check_model(parsed)
     if caller_of(request).key_id is not None:  # a proxy key's: the operator pays
-        check_duplicates(text, parsed)
+        if len(text) > DUPLICATES_OFF_LOOP_BYTES:  # a pass over megabytes: off the loop
+            await asyncio.to_thread(check_duplicates, text, parsed)
+        else:
+            check_duplicates(text, parsed)
     return Incoming(body, parsed, encoded)
 
 
