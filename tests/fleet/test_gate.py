@@ -50,6 +50,7 @@ from tests.plugins.standin import RunningStandIn
 from tests.server.rawhttp import RawResponse, send
 
 ADMIN_ENV, ADMIN_SECRET = "CP_GATE_ADMIN_KEY", "admin-secret-for-the-gate-tests"
+OPENAI_ENV = "CP_GATE_OPENAI_KEY"
 VERSION = ("anthropic-version", "2023-06-01")
 
 
@@ -78,8 +79,8 @@ def gate(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[G
             upstream.url,
             redis_url,
             prefix,
-            '[budgets]\non_store_down = "closed"\n',
-            env={ADMIN_ENV: ADMIN_SECRET},
+            f'[upstream]\nopenai_url = "{upstream.url}"\n[budgets]\non_store_down = "closed"\n',
+            env={ADMIN_ENV: ADMIN_SECRET, OPENAI_ENV: "sk-oai-gate"},
             auth=auth,
         )
         fleet = Fleet([replica], None, redis_url, prefix)  # type: ignore[arg-type]
@@ -348,8 +349,20 @@ def test_a_field_the_proxy_reads_twice_is_refused(gate: Gate) -> None:
         assert "more than once" in orjson.loads(answer.body)["error"]["message"]
     chat = b'{"model": "gpt-4o-mini", "max_completion_tokens": 9000, "max_completion_tokens": 5,'
     chat += b' "messages": [{"role": "user", "content": "hi"}]}'
-    answer = asyncio.run(send(gate.url, "POST", "/v1/chat/completions", [("x-api-key", key)], chat))
-    assert answer.status in (400, 403), answer.body[:200]  # an Anthropic key: 403 first
+
+    async def openai_key(accounts: Accounts) -> str:
+        text, record = await accounts.create_key(
+            team="duplicates", upstream_env=OPENAI_ENV, upstream_scheme="bearer", provider="openai"
+        )
+        await accounts.set_conf(Scope("key", record["id"]), {"day:output": 10**6})
+        return text
+
+    oai: str = asyncio.run(with_accounts(gate.fleet, openai_key))
+    sent = [("authorization", f"Bearer {oai}"), ("content-type", "application/json")]
+    answer = asyncio.run(send(gate.url, "POST", "/v1/chat/completions", sent, chat))
+    assert answer.status == 400, answer.body[:200]
+    assert _error(answer) == ("openai", "invalid_request_error")
+    assert orjson.loads(answer.body)["error"]["param"] == "max_completion_tokens"
     assert gate.seen()[before:] == []
     nested = {
         **REQUEST,
