@@ -1,6 +1,7 @@
-"""Every other path and method: forwarded unchanged, streamed both ways, to the upstream
-proxy/server/routing.py picks (Anthropic, or OpenAI-format; a key's own provider when
-keys are required).
+"""Every other path under /v1/ and method: forwarded unchanged, streamed both ways, to the
+upstream proxy/server/routing.py picks (Anthropic, or OpenAI-format; a key's own provider
+when keys are required). Any other path is 404: only the APIs' own paths go upstream (the
+target was made canonical first: proxy/server/target.py).
 
 A caller with budgets pays for pass-through calls too (proxy/core/proxy_keys.py says how
 each path is metered): a model call (/v1/complete, /v1/completions, /v1/embeddings,
