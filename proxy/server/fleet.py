@@ -40,6 +40,7 @@ from proxy.server.state import SETTINGS, STORE
 from proxy.server.tasks import is_cancelling, stop_tasks
 from proxy.store import Store, StoreUnavailable
 from proxy.store.accounts import Accounts, Scope
+from proxy.store.redis import node_url
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +124,8 @@ class Fleet:
         if metrics is not None:
             self.store.on_error = metrics.store_errors.inc
         self._accounts = Accounts(self.store)
-        if not self.store.is_cluster and settings.auth.keys == "required":
-            self._watcher = asyncio.get_running_loop().create_task(self._watch(url))
+        if settings.auth.keys == "required":
+            self._watcher = asyncio.get_running_loop().create_task(self._watch(node_url(url)))
 
     def accounts(self) -> Accounts | None:
         return self._accounts
@@ -250,7 +251,8 @@ class Fleet:
     async def _watch(self, url: str) -> None:
         """Listen for revocations (Accounts.revoke_key publishes them): a revoked key's
         record leaves this replica's cache the moment it is revoked. A PING every second
-        keeps the session honest: one without an answer in WATCH_SILENCE ends it."""
+        keeps the session honest: one without an answer in WATCH_SILENCE ends it. On a
+        Redis Cluster it listens on the start-up node: a PUBLISH reaches every node."""
         assert self._accounts is not None
         channel = self._accounts.revocations_channel()
         while not self._closing and not is_cancelling():

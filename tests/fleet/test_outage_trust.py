@@ -14,9 +14,11 @@ import asyncio
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import redis
 
 from proxy.store import EmbeddedRedis
@@ -24,6 +26,7 @@ from proxy.store.accounts import Accounts
 from proxy.testing.standin import StandInOptions
 from tests.fleet.test_fleet import Fleet, new_key, start_replicas, with_accounts
 from tests.fleet.test_outages import kill
+from tests.plugins.redis import delete_keys
 from tests.plugins.standin import RunningStandIn
 
 
@@ -105,3 +108,42 @@ def test_without_the_watch_a_key_is_not_trusted_past_cache_seconds(
         assert _answer(replica.url, key) == 503
     finally:
         replica.stop()
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+def shared_redis(request: pytest.FixtureRequest) -> str:
+    name = "redis_cluster_url" if request.param == "cluster" else "redis_url"
+    return str(request.getfixturevalue(name))
+
+
+def test_a_revocation_reaches_every_replica_as_it_is_made(
+    tmp_path: Path,
+    shared_redis: str,
+    make_standin_thread: Callable[[StandInOptions], RunningStandIn],
+) -> None:
+    """The revocation watch, on a standalone Redis and on a Cluster (it listens on the
+    start-up node; a PUBLISH reaches every node): with key records cached for 30 s, a
+    revoked key is refused by both replicas at once, not 30 s later."""
+    standin = make_standin_thread(StandInOptions(max_recorded=None))
+    prefix = f"cpwatch:{uuid.uuid4().hex[:8]}:"
+    fleet = Fleet([], standin, shared_redis, prefix)
+    key, key_id = new_key(fleet, "watched")
+    auth = '[auth]\nkeys = "required"\ncache_seconds = 30\n'
+    replicas = start_replicas(tmp_path, 2, standin.url, shared_redis, prefix, auth=auth)
+    try:
+        assert [_answer(r.url, key) for r in replicas] == [200, 200]  # cached for 30 s
+        time.sleep(1.0)  # both watches listening
+
+        async def revoke(accounts: Accounts) -> bool:
+            return await accounts.revoke_key(key_id)
+
+        assert asyncio.run(with_accounts(fleet, revoke))
+        deadline = time.monotonic() + 3.0
+        while [_answer(r.url, key) for r in replicas] != [401, 401]:
+            assert time.monotonic() < deadline, "the revocation did not reach the replicas"
+            time.sleep(0.1)
+    finally:
+        for replica in replicas:
+            replica.stop()
+        if "cluster=1" not in shared_redis:
+            delete_keys(shared_redis, prefix)
