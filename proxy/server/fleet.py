@@ -8,10 +8,14 @@ fails or outlasts that timeout makes Redis count as unreachable.
 
 Each replica keeps a short-lived copy (`auth.cache_seconds`) of the key records and the
 limits it has seen, so a request costs no Redis call for them; a revoked key or a changed
-limit takes effect on every replica within that time. A key record is never used older
-than that, outage or not: a key a replica cannot check again is refused (503), so a key
-revoked just before Redis went away stops within `cache_seconds` too. Limits may be used
-older while Redis is away (they fail the reservation anyway).
+limit takes effect on every replica within that time. Revocations are also published as
+they are made and every replica listens (`_watch`), dropping the key's copy at once. A
+key record older than `cache_seconds` is used only while Redis is unreachable, with
+`on_store_down = "open"`, up to `auth.outage_trust_seconds` into the outage, and only if
+the watch listened from that record's fetch until the outage began (so no revocation
+made before the outage was missed); otherwise a key that cannot be checked again is
+refused (503). Limits may be used older while Redis is away (they fail the reservation
+anyway).
 
 While Redis is unreachable `budgets.on_store_down` decides what happens to budgets:
 "closed" refuses; "open" admits without a reservation, at most `budgets.outage_allowance`
