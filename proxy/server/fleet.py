@@ -217,8 +217,9 @@ class Fleet:
         return value
 
     async def key_record(self, accounts: Accounts, key_id: str) -> dict[str, str] | None:
-        """The key's record, at most `cache_seconds` old (raises StoreUnavailable when it
-        cannot be checked again: a revocation must never go unseen for longer)."""
+        """The key's record, at most `cache_seconds` old, or older only as `_trusted`
+        allows during an outage (else raises StoreUnavailable: a revocation must never
+        go unseen for longer)."""
         entry = self._keys.get(key_id)
         if entry is not None and self._revocations.get(key_id, -1.0) >= entry.fetched:
             del self._keys[key_id]  # revoked since that fetch began: never use it again
