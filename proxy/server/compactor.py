@@ -28,12 +28,12 @@ from proxy.core.model_facts import UNKNOWN_SOURCE, wants_1m
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies, policy_for
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TokenCounter, default_counter
-from proxy.core.usage import Usage
 from proxy.core.wire_format import WireFormat
 from proxy.server.calibration import Calibration
 from proxy.server.executor import StoreExecutor, drive
 from proxy.server.record import detached
-from proxy.server.summariser import SummariserSettings, post_summary
+from proxy.server.summariser import FREE_SUMMARIES, SummariserSettings, SummaryBudget, post_summary
+from proxy.server.tasks import stop_tasks
 from proxy.server.upstream import Upstream
 from proxy.store import Store
 
@@ -93,10 +93,6 @@ def betas_of(headers: Mapping[str, str]) -> str:
     return ",".join(v for k, v in headers.items() if k.lower() == "anthropic-beta")
 
 
-def _ignore_usage(usage: Usage) -> None:
-    return None
-
-
 SUMMARY_AHEAD = "compaction.summary_ahead"  # the span of background work's trace
 
 
@@ -141,9 +137,8 @@ class Compactor:
             await asyncio.gather(*self._background, return_exceptions=True)
 
     async def close(self) -> None:
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        """Stop the background work (summaries made ahead), within a deadline."""
+        await stop_tasks(list(self._background), what="summary made ahead")
         await self.calibration.close()
 
     def policy(
@@ -192,10 +187,11 @@ class Compactor:
         upstream_headers: Sequence[tuple[str, str]],
         tenant: str | None = None,
         policy_override: Mapping[str, int] | None = None,
-        charge_later: Callable[[Usage], None] = _ignore_usage,
+        spend: SummaryBudget = FREE_SUMMARIES,
     ) -> Prepared:
         """`tenant` and `policy_override` come from a proxy key when keys are required
-        (else the tenant is the hash of the forwarded credential)."""
+        (else the tenant is the hash of the forwarded credential); `spend` reserves the
+        summaries made for the caller in its budgets."""
         model = str(body.get("model", ""))
         messages = wire.messages(body)
         if not messages:
@@ -237,7 +233,7 @@ class Compactor:
             ),
             background=self.spawn,
             count=self.counter.count_text,
-            charge_later=charge_later,
+            spend=spend,
             on_background_call=self.on_background_summary,
         )
         # Planning a huge history takes seconds of pure work: off the event loop.

@@ -26,9 +26,9 @@ from proxy.core.commands import (
     Started,
     SummaryReply,
 )
-from proxy.core.usage import Usage
 from proxy.server.summariser import (
     SummariserSettings,
+    SummaryBudget,
     SummaryCall,
     obtain_summary,
     prepare_summary,
@@ -55,7 +55,7 @@ class StoreExecutor:
         summarise: SummaryCall,
         background: Callable[[Coroutine[Any, Any, None]], None],
         count: Callable[[str], int],
-        charge_later: Callable[[Usage], None],
+        spend: SummaryBudget,
         on_background_call: Callable[[bool], None],
     ) -> None:
         self.store = store
@@ -64,7 +64,7 @@ class StoreExecutor:
         self.summarise = summarise
         self.background = background
         self.count = count
-        self.charge_later = charge_later
+        self.spend = spend
         self.on_background_call = on_background_call
         self._held: list[tuple[str, str]] = []  # summary locks to release after saving
 
@@ -116,7 +116,7 @@ class StoreExecutor:
                     settings=self.summariser,
                     call=self.summarise,
                     count=self.count,
-                    charge=self.charge_later,
+                    spend=self.spend,
                     on_call=self.on_background_call,
                 )
             )
@@ -132,6 +132,7 @@ class StoreExecutor:
             conversation=self.conversation,
             settings=self.summariser,
             call=self.summarise,
+            spend=self.spend,
         )
         if obtained.lock is not None:
             self._held.append(obtained.lock)
