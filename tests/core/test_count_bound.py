@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 from proxy.core.counting import count_request, count_unless_quiet, history_bound
 from proxy.core.policy import Policy
-from proxy.core.tokens import TokenCounter
+from proxy.core.tokens import TOOLS_PREAMBLE, TokenCounter
 from proxy.wire import ANTHROPIC
 from proxy.wire.anthropic import request_messages
-from tests.core.test_byte_bound import anthropic_bodies
+from tests.core.test_byte_bound import TEXT, anthropic_bodies
 
 AGENT = Path(__file__).parents[1] / "fixtures" / "agent-requests"
 
@@ -98,3 +98,25 @@ def test_media_makes_no_bound() -> None:
     policy = Policy(window=200_000, trigger=100_000, target=80_000)
     counted = count_unless_quiet(ANTHROPIC, TokenCounter(), body, messages, policy, 1.0)
     assert counted is not None and counted.history > len(orjson.dumps(messages))
+
+
+TOOL_NAMES = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {"name": TOOL_NAMES, "description": TEXT, "input_schema": st.just({"type": "object"})}
+        ),
+        max_size=12,
+    ),
+    TOOL_NAMES,
+)
+def test_the_injected_tool_costs_what_adding_it_adds(tools: list[Any], name: str) -> None:
+    """The driver counts read_result's definition alone (no re-hashing the client's
+    tools): the same number as counting the list with it and without it."""
+    injected = ANTHROPIC.read_result_tool(name)
+    counter = TokenCounter()
+    added = counter.count_tools([*tools, injected]) - counter.count_tools(tools)
+    assert added == counter.count_tools([injected]) - (TOOLS_PREAMBLE if tools else 0)
