@@ -5,13 +5,15 @@ claude-code-turn7.json: its system prompt, 31 KB of tool definitions, first user
 and request options) is replayed as many conversations, each with its own fresh tool
 results (3-9 KB of code, logs and JSON from bench/codec.py's corpus, as fleet_load.py's
 agents get), by 4 workers at once, through `compaction-proxy serve` at the documented
-settings (config/proxy.toml; the claude-* policy with --offload-trigger 4,000 instead
-of 20,000, so results are offloaded as they age; its own Redis, started here) and, with
-the same bodies, through the floor of any Python relay (overhead.py's bare aiohttp byte
-relay), both to the same stand-in upstream, in one run. Two workloads:
+settings (config/proxy.toml; for the session's model, the claude-* policy with
+--offload-trigger 4,000 instead of 20,000, so results are offloaded as they age; its own
+Redis, started here) and, with the same bodies, through the floor of any Python relay
+(overhead.py's bare aiohttp byte relay), both to the same stand-in upstream, in one run.
+Two workloads:
 
 - small: the first turns of new conversations (the first request and one tool round),
-  under every threshold of the policy: nothing is rewritten;
+  as claude-sonnet-4-5 (the claude-* policy as documented), under every threshold of
+  the policy: nothing is rewritten;
 - crossing: conversations grown past the offload trigger (turns 0-3 sent first and not
   measured), then turns 4-23: with incremental offload each one is a crossing (it
   offloads the result that has just left the keep window).
@@ -21,9 +23,12 @@ per request, and the same for the relay; the ratio proxy / relay. Also the Redis
 commands per request (INFO commandstats) for the first and the second half of the
 crossing turns: they should not grow with the conversation. Each repeat uses fresh
 conversations and fresh results (nothing counted before); --profile DIR runs py-spy on
-the serve process during the measured requests of each workload.
+the serve process during the measured requests of each workload; --before DIR runs a
+second serve from another version's source tree (e.g. `git archive` of the base commit
+unpacked in DIR), with its own Redis, on the same requests in the same run.
 
     .venv/bin/python bench/crossing_cpu.py [--conversations 32] [--repeat 3] [--profile DIR]
+        [--before DIR] [--offload-trigger 4000]
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +66,7 @@ CONCURRENCY = 4
 SMALL_TURNS = 2  # the first request and one tool round: under every threshold
 WARM_TURNS = 4  # sent before the crossing workload is measured (past the offload trigger)
 TURNS = 24
+SMALL_MODEL = "claude-sonnet-4-5"  # the documented claude-* policy: offload from 20,000
 
 
 class Session:
@@ -80,7 +87,7 @@ class Session:
         seed = int.from_bytes(conversation.encode()[-6:], "big") * 131 + turn
         return f"$ make step-{turn}  # {conversation}\n" + self.outputs.piece(seed)
 
-    def body(self, conversation: str, turn: int) -> bytes:
+    def body(self, conversation: str, turn: int, model: str = "") -> bytes:
         """The request at `turn`: the first message, then `turn` tool rounds."""
         messages: list[dict[str, Any]] = [self.first]
         for t in range(turn):
@@ -105,7 +112,9 @@ class Session:
                     ],
                 }
             )
-        return orjson.dumps({**self.base, "messages": messages})
+        return orjson.dumps(
+            {**self.base, "model": model or self.base["model"], "messages": messages}
+        )
 
     def request_headers(self, conversation: str) -> dict[str, str]:
         return {**self.headers, "X-Claude-Code-Session-Id": conversation}
@@ -169,39 +178,33 @@ def profiled(pid: int, out: Path | None) -> Any:
 
 async def measured(
     session: aiohttp.ClientSession,
-    urls: dict[str, str],
-    pids: dict[str, int],
-    plans: dict[str, list[tuple[str, list[bytes]]]],
+    targets: dict[str, Target],
+    plan: list[tuple[str, list[bytes]]],
     cc: Session,
-    store: Servers | None = None,
     profile: Path | None = None,
 ) -> dict[str, Any]:
-    """Replay each plan through proxy and relay; CPU µs per request of each."""
+    """Replay the plan through each target in turn; CPU µs per request of each, the
+    proxies' answers' strategies and Redis commands per request."""
     out: dict[str, Any] = {}
-    requests = sum(len(bodies) for _, bodies in plans["proxy"])
-    for who in ("proxy", "relay"):
-        commands = store.commands() if store and who == "proxy" else {}
-        cpu = cpu_seconds(pids[who])
-        with profiled(pids[who], profile if who == "proxy" else None):
-            strategies = await replay(session, urls[who], plans[who], cc)
-        out[who] = 1e6 * (cpu_seconds(pids[who]) - cpu) / requests
-        if who == "proxy":
-            out["strategies"] = dict(strategies)
-            if store:
-                after = store.commands()
-                calls = sum(after.values()) - sum(commands.values())
-                out["commands"] = calls / requests
+    requests = sum(len(bodies) for _, bodies in plan)
+    for who, target in targets.items():
+        commands = target.store.commands() if target.store else {}
+        cpu = cpu_seconds(target.pid)
+        with profiled(target.pid, profile if who == "proxy" else None):
+            strategies = await replay(session, target.url, plan, cc)
+        out[who] = 1e6 * (cpu_seconds(target.pid) - cpu) / requests
+        if target.store:
+            out[f"{who}_strategies"] = dict(strategies)
+            calls = sum(target.store.commands().values()) - sum(commands.values())
+            out[f"{who}_commands"] = calls / requests
     out["requests"] = requests
-    out["ratio"] = out["proxy"] / out["relay"]
     return out
 
 
 async def one_repeat(
     session: aiohttp.ClientSession,
-    urls: dict[str, str],
-    pids: dict[str, int],
+    targets: dict[str, Target],
     cc: Session,
-    store: Servers,
     args: argparse.Namespace,
     repeat: int,
 ) -> dict[str, Any]:
@@ -213,52 +216,52 @@ async def one_repeat(
 
     # Small: other new conversations, four times as many (enough CPU to measure).
     small = [
-        (f"{tag}s{i:03d}", [cc.body(f"{tag}s{i:03d}", t) for t in range(SMALL_TURNS)])
+        (f"{tag}s{i:03d}", [cc.body(f"{tag}s{i:03d}", t, SMALL_MODEL) for t in range(SMALL_TURNS)])
         for i in range(4 * args.conversations)
     ]
     profile_dir: Path | None = args.profile
     result: dict[str, Any] = {}
     result["small"] = await measured(
-        session,
-        urls,
-        pids,
-        {"proxy": small, "relay": small},
-        cc,
-        store,
-        profile_dir / f"small-{repeat}.txt" if profile_dir else None,
+        session, targets, small, cc, profile_dir / f"small-{repeat}.txt" if profile_dir else None
     )
     # Grow the same conversations past the offload trigger, unmeasured.
     warm = plan(range(WARM_TURNS))
-    await replay(session, urls["proxy"], warm, cc)
+    for target in targets.values():
+        if target.store:
+            await replay(session, target.url, warm, cc)
     half = (WARM_TURNS + TURNS) // 2
     early = plan(range(WARM_TURNS, half))
     late = plan(range(half, TURNS))
-    crossing = [(n, a + b) for (n, a), (_, b) in zip(early, late, strict=True)]
-    result["crossing"] = await measured(
+    first = await measured(
         session,
-        urls,
-        pids,
-        {"proxy": early, "relay": early},
+        targets,
+        early,
         cc,
-        store,
         profile_dir / f"crossing-{repeat}.txt" if profile_dir else None,
     )
-    second = await measured(session, urls, pids, {"proxy": late, "relay": late}, cc, store)
-    first = result["crossing"]
+    second = await measured(session, targets, late, cc)
     both = first["requests"] + second["requests"]
     merged: dict[str, Any] = {"requests": both}
-    for who in ("proxy", "relay"):
+    for who, target in targets.items():
         merged[who] = (first[who] * first["requests"] + second[who] * second["requests"]) / both
-    merged["ratio"] = merged["proxy"] / merged["relay"]
-    merged["strategies"] = dict(Counter(first["strategies"]) + Counter(second["strategies"]))
-    merged["commands_early"] = first["commands"]
-    merged["commands_late"] = second["commands"]
+        if target.store:
+            key = f"{who}_strategies"
+            merged[key] = dict(Counter(first[key]) + Counter(second[key]))
+            merged[f"{who}_commands_early"] = first[f"{who}_commands"]
+            merged[f"{who}_commands_late"] = second[f"{who}_commands"]
+    crossing = early + late
     merged["bytes"] = sum(len(b) for _, bodies in crossing for b in bodies) / both
     result["crossing"] = merged
-    result["small"]["bytes"] = sum(len(b) for _, bodies in small for b in bodies) / len(
-        [b for _, bodies in small for b in bodies]
-    )
+    small_bodies = [b for _, bodies in small for b in bodies]
+    result["small"]["bytes"] = sum(len(b) for b in small_bodies) / len(small_bodies)
     return result
+
+
+@dataclass
+class Target:
+    url: str
+    pid: int
+    store: Servers | None  # a proxy's Redis
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -270,23 +273,20 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     # The documented settings; the session's model gets the claude-* defaults with an
     # offload trigger low enough (--offload-trigger) that its 3-9 KB results are offloaded
     # as they age from the first turns on, as at fleet_load.py's 10% of a 32k window.
+    # The small workload's model (SMALL_MODEL) keeps the claude-* defaults as documented.
     config.write_text(
         (ROOT / "config" / "proxy.toml").read_text()
-        + f'\n[[policy]]\nmatch = "claude-*"\nwindow = 200000\ntrigger = 100000\n'
+        + f'\n[[policy]]\nmatch = "{cc.base["model"]}"\nwindow = 200000\ntrigger = 100000\n'
         f"target = 80000\noffload_trigger = {args.offload_trigger}\n"
     )
-    redis_server = EmbeddedRedis(work / "redis")
-    redis_url = redis_server.start_sync()
-    store = Servers(redis_url, cluster=False)
-    ports = {name: free_port() for name in ("standin", "proxy", "relay")}
+    proxies = {"proxy": ROOT}
+    if args.before:
+        proxies["before"] = args.before.resolve()
+    ports = {name: free_port() for name in ("standin", "relay", *proxies)}
     local = "http://127.0.0.1:{}".format
     standin_cmd = [
         PYTHON, "-m", "proxy", "--log-level", "WARNING", "stand-in",
         "--port", str(ports["standin"]), "--window", "100000000",
-    ]  # fmt: skip
-    proxy_cmd = [
-        PYTHON, "-m", "proxy", "--log-level", "WARNING", "serve", "--port", str(ports["proxy"]),
-        "--upstream", local(ports["standin"]), "--config", str(config), "--redis-url", redis_url,
     ]  # fmt: skip
     relay_cmd = [
         PYTHON, str(ROOT / "bench" / "overhead.py"), "--serve-floor", str(ports["relay"]),
@@ -295,30 +295,38 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     results = []
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=300)
-    try:
+    with contextlib.ExitStack() as stack:
+        targets: dict[str, Target] = {}
+        children: dict[str, Any] = {}
+        for who, source in proxies.items():
+            redis_server = EmbeddedRedis(work / f"redis-{who}")
+            redis_url = redis_server.start_sync()
+            stack.callback(redis_server.stop_sync)
+            store = Servers(redis_url, cluster=False)
+            stack.callback(store.close)
+            command = [
+                PYTHON, "-P", "-m", "proxy", "--log-level", "WARNING", "serve",
+                "--port", str(ports[who]), "--upstream", local(ports["standin"]),
+                "--config", str(config), "--redis-url", redis_url,
+            ]  # fmt: skip
+            own = {**env, "PYTHONPATH": str(source)}
+            children[who] = stack.enter_context(process(command, own, work / f"{who}.log"))
+            targets[who] = Target(local(ports[who]) + "/v1/messages?beta=true", 0, store)
+        children["standin"] = stack.enter_context(process(standin_cmd, env))
+        children["relay"] = stack.enter_context(process(relay_cmd, env))
+        targets["relay"] = Target(local(ports["relay"]) + "/v1/messages?beta=true", 0, None)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            with (
-                process(standin_cmd, env) as standin,
-                process(proxy_cmd, env, work / "proxy.log") as proxy,
-                process(relay_cmd, env) as relay,
-            ):
-                await wait_ready(session, local(ports["standin"]) + "/v1/models", standin)
-                await wait_ready(session, local(ports["proxy"]) + "/healthz", proxy)
-                await wait_ready(session, local(ports["relay"]) + "/v1/models", relay)
-                urls = {
-                    "proxy": local(ports["proxy"]) + "/v1/messages?beta=true",
-                    "relay": local(ports["relay"]) + "/v1/messages?beta=true",
-                }
-                pids = {"proxy": proxy.pid, "relay": relay.pid}
-                # Warm both processes' code paths and pools (not measured).
-                await one_repeat(session, urls, pids, cc, store, _warm(args), -1)
-                for repeat in range(args.repeat):
-                    result = await one_repeat(session, urls, pids, cc, store, args, repeat)
-                    print(orjson.dumps(result).decode(), flush=True)
-                    results.append(result)
-    finally:
-        store.close()
-        redis_server.stop_sync()
+            for who, child in children.items():
+                probe = "/healthz" if who in proxies else "/v1/models"
+                await wait_ready(session, local(ports[who]) + probe, child)
+                if who in targets:
+                    targets[who].pid = child.pid
+            # Warm every process's code paths and pools (not measured).
+            await one_repeat(session, targets, cc, _warm(args), -1)
+            for repeat in range(args.repeat):
+                result = await one_repeat(session, targets, cc, args, repeat)
+                print(orjson.dumps(result).decode(), flush=True)
+                results.append(result)
     return results
 
 
@@ -327,29 +335,43 @@ def _warm(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    before = bool(args.before)
+    command = f"--conversations {args.conversations} --repeat {args.repeat}"
+    if before:
+        command += " --before DIR"
     lines = [
-        f"`.venv/bin/python bench/crossing_cpu.py --conversations {args.conversations} "
-        f"--repeat {args.repeat}`, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, "
+        f"`.venv/bin/python bench/crossing_cpu.py {command}`, "
+        f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}.",
         "",
-        "| repeat | workload | requests | mean body | proxy CPU µs/req | relay CPU µs/req "
-        "| proxy / relay | strategies | Redis commands/req (first / second half) |",
-        "|---:|---|---:|---:|---:|---:|---:|---|---:|",
+        "| repeat | workload | requests | mean body | relay CPU µs/req "
+        + ("| before: proxy µs/req | before / relay " if before else "")
+        + "| proxy CPU µs/req | proxy / relay | strategies | Redis commands/req |",
+        "|---:|---|---:|---:|---:|" + ("---:|---:|" if before else "") + "---:|---:|---|---:|",
     ]
     for i, r in enumerate(results):
         for name in ("crossing", "small"):
             w = r[name]
-            strategies = ", ".join(f"{k or 'none'} {v}" for k, v in sorted(w["strategies"].items()))
+            strategies = ", ".join(
+                f"{k or 'none'} {v}" for k, v in sorted(w["proxy_strategies"].items())
+            )
             commands = (
-                f"{w['commands_early']:.2f} / {w['commands_late']:.2f}"
+                f"{w['proxy_commands_early']:.2f} / {w['proxy_commands_late']:.2f}"
                 if name == "crossing"
-                else f"{w['commands']:.2f}"
+                else f"{w['proxy_commands']:.2f}"
             )
-            lines.append(
-                f"| {i + 1} | {name} | {w['requests']} | {w['bytes'] / 1000:.0f} KB "
-                f"| {w['proxy']:.0f} | {w['relay']:.0f} | **{w['ratio']:.2f}x** "
-                f"| {strategies} | {commands} |"
-            )
+            cells = [
+                str(i + 1), name, str(w["requests"]), f"{w['bytes'] / 1000:.0f} KB",
+                f"{w['relay']:.0f}",
+            ]  # fmt: skip
+            if before:
+                cells += [f"{w['before']:.0f}", f"{w['before'] / w['relay']:.2f}x"]
+            cells += [
+                f"{w['proxy']:.0f}", f"**{w['proxy'] / w['relay']:.2f}x**", strategies, commands,
+            ]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Redis commands per request of the crossing workload: turns 4-13 / turns 14-23.")
     return "\n".join(lines)
 
 
@@ -358,6 +380,9 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--offload-trigger", type=int, default=4000)
+    parser.add_argument(
+        "--before", type=Path, help="a source tree of another version: its serve measured too"
+    )
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="uvloop")
     parser.add_argument("--profile", type=Path, help="py-spy raw profiles into this folder")
     args = parser.parse_args()
