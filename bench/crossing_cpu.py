@@ -23,7 +23,7 @@ per request, and the same for the relay; the ratio proxy / relay. Also the Redis
 commands per request (INFO commandstats) for the first and the second half of the
 crossing turns: they should not grow with the conversation. Each repeat uses fresh
 conversations and fresh results (nothing counted before); --profile DIR runs py-spy on
-the serve process during the measured requests of each workload; --before DIR runs a
+each serve process and the relay during the measured requests of each workload; --before DIR runs a
 second serve from another version's source tree (e.g. `git archive` of the base commit
 unpacked in DIR), with its own Redis, on the same requests in the same run.
 
@@ -190,13 +190,17 @@ async def measured(
     for who, target in targets.items():
         commands = target.store.commands() if target.store else {}
         cpu = cpu_seconds(target.pid)
-        with profiled(target.pid, profile if who == "proxy" else None):
+        where = profile.with_name(f"{who}-{profile.name}") if profile else None
+        with profiled(target.pid, where):
             strategies = await replay(session, target.url, plan, cc)
         out[who] = 1e6 * (cpu_seconds(target.pid) - cpu) / requests
         if target.store:
             out[f"{who}_strategies"] = dict(strategies)
-            calls = sum(target.store.commands().values()) - sum(commands.values())
-            out[f"{who}_commands"] = calls / requests
+            after = target.store.commands()
+            calls = {k: v - commands.get(k, 0) for k, v in after.items()}
+            out[f"{who}_commands"] = sum(calls.values()) / requests
+            top = sorted(calls.items(), key=lambda kv: -kv[1])[:6]
+            out[f"{who}_top"] = {k: round(v / requests, 2) for k, v in top if v}
     out["requests"] = requests
     return out
 
@@ -249,6 +253,7 @@ async def one_repeat(
             merged[key] = dict(Counter(first[key]) + Counter(second[key]))
             merged[f"{who}_commands_early"] = first[f"{who}_commands"]
             merged[f"{who}_commands_late"] = second[f"{who}_commands"]
+            merged[f"{who}_top"] = second[f"{who}_top"]
     crossing = early + late
     merged["bytes"] = sum(len(b) for _, bodies in crossing for b in bodies) / both
     result["crossing"] = merged
