@@ -263,6 +263,7 @@ async def one_repeat(
             merged[key] = dict(Counter(first[key]) + Counter(second[key]))
             merged[f"{who}_commands_early"] = first[f"{who}_commands"]
             merged[f"{who}_commands_late"] = second[f"{who}_commands"]
+            merged[f"{who}_top_early"] = first[f"{who}_top"]
             merged[f"{who}_top"] = second[f"{who}_top"]
     crossing = early + late
     merged["bytes"] = sum(len(b) for _, bodies in crossing for b in bodies) / both
