@@ -8,8 +8,8 @@ agents get), by 4 workers at once, through `compaction-proxy serve` at the docum
 settings (config/proxy.toml; for the session's model, the claude-* policy with
 --offload-trigger 4,000 instead of 20,000, so results are offloaded as they age; its own
 Redis, started here) and, with the same bodies, through the floor of any Python relay
-(overhead.py's bare aiohttp byte relay), both to the same stand-in upstream, in one run.
-Two workloads:
+(overhead.py's bare aiohttp byte relay), each to a stand-in upstream of its own, in one
+run. Two workloads:
 
 - small: the first turns of new conversations (the first request and one tool round),
   as claude-sonnet-4-5 (the claude-* policy as documented), under every threshold of
@@ -298,15 +298,16 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     proxies = {"proxy": ROOT}
     if args.before:
         proxies["before"] = args.before.resolve()
-    ports = {name: free_port() for name in ("standin", "relay", *proxies)}
+    names = ("relay", *proxies)
+    ports = {name: free_port() for name in names}
+    # Each target its own stand-in: the stand-in memoises what it answered by the body's
+    # digest, so a target sending a body another target sent first would be answered
+    # faster (and in fewer chunks) and pay less CPU for it.
+    upstreams = {name: free_port() for name in names}
     local = "http://127.0.0.1:{}".format
-    standin_cmd = [
-        PYTHON, "-m", "proxy", "--log-level", "WARNING", "stand-in",
-        "--port", str(ports["standin"]), "--window", "100000000",
-    ]  # fmt: skip
     relay_cmd = [
         PYTHON, str(ROOT / "bench" / "overhead.py"), "--serve-floor", str(ports["relay"]),
-        local(ports["standin"]), args.loop,
+        local(upstreams["relay"]), args.loop,
     ]  # fmt: skip
     results = []
     connector = aiohttp.TCPConnector(limit=0)
@@ -322,13 +323,19 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             stack.callback(store.close)
             command = [
                 PYTHON, "-P", "-m", "proxy", "--log-level", "WARNING", "serve",
-                "--port", str(ports[who]), "--upstream", local(ports["standin"]),
+                "--port", str(ports[who]), "--upstream", local(upstreams[who]),
                 "--config", str(config), "--redis-url", redis_url,
             ]  # fmt: skip
             own = {**env, "PYTHONPATH": str(source)}
             children[who] = stack.enter_context(process(command, own, work / f"{who}.log"))
             targets[who] = Target(local(ports[who]) + "/v1/messages?beta=true", 0, store)
-        children["standin"] = stack.enter_context(process(standin_cmd, env))
+        for port in upstreams.values():
+            standin_cmd = [
+                PYTHON, "-m", "proxy", "--log-level", "WARNING", "stand-in",
+                "--port", str(port), "--window", "100000000",
+            ]  # fmt: skip
+            child = stack.enter_context(process(standin_cmd, env))
+            await wait_ready_once(local(port) + "/v1/models", child)
         children["relay"] = stack.enter_context(process(relay_cmd, env))
         targets["relay"] = Target(local(ports["relay"]) + "/v1/messages?beta=true", 0, None)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -344,6 +351,11 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 print(orjson.dumps(result).decode(), flush=True)
                 results.append(result)
     return results
+
+
+async def wait_ready_once(url: str, child: Any) -> None:
+    async with aiohttp.ClientSession() as session:
+        await wait_ready(session, url, child)
 
 
 def _warm(args: argparse.Namespace) -> argparse.Namespace:
