@@ -28,6 +28,10 @@ from proxy.core.wire_format import WireFormat
 
 # Estimated tokens a body can hold beyond one per byte (the tools preamble and such).
 BYTE_BOUND_SLACK = 1024
+# The formats whose counters charge a message at most its JSON's bytes (Messages, Chat:
+# tests/core/test_count_bound.py); Responses items (sealed compaction items, encrypted
+# reasoning) are not bounded this way.
+BOUNDED_FORMATS = ("anthropic", "chat")
 
 
 def cannot_cross(body: bytes, policy: Policy, factor: float) -> bool:
@@ -100,8 +104,7 @@ def count_unless_quiet(
     one byte, and the per-message and per-block overheads are smaller than the JSON
     around them: tests/core/test_count_bound.py). A new message with a `source` (an
     image or document, charged per pixel or page) makes no bound: the request is
-    counted. Anthropic Messages only: the other formats' counters charge what their
-    JSON does not show (Chat's image URLs, say)."""
+    counted. Messages and Chat only (BOUNDED_FORMATS)."""
     return _count(wire, base, body, messages, policy, factor)
 
 
@@ -129,7 +132,7 @@ def _count(
         keys.append(key)
         found.append(base.cached(key))
     fixed = wire.fixed_tokens(counter, body)
-    if policy is not None and wire.name == "anthropic":
+    if policy is not None and wire.name in BOUNDED_FORMATS:
         bound = history_bound(messages, found)
         if bound is not None and Counted(fixed, [bound], []).fits(policy, factor):
             return None

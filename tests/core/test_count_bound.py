@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from proxy.core.counting import count_request, count_unless_quiet, history_bound
 from proxy.core.policy import Policy
 from proxy.core.tokens import TOOLS_PREAMBLE, TokenCounter
-from proxy.wire import ANTHROPIC
+from proxy.wire import ANTHROPIC, CHAT
 from proxy.wire.anthropic import request_messages
-from tests.core.test_byte_bound import TEXT, anthropic_bodies
+from tests.core.test_byte_bound import TEXT, anthropic_bodies, chat_bodies
 
 AGENT = Path(__file__).parents[1] / "fixtures" / "agent-requests"
 
@@ -63,6 +63,31 @@ def test_the_bound_decides_as_exact_counts_do(
         assert exact.fits(policy, factor), "waved through a history over a threshold"
     else:
         assert bounded == exact  # counted: exactly what count_request counts
+
+
+@settings(max_examples=100, deadline=None)
+@given(chat_bodies())
+def test_no_chat_message_counts_more_than_its_json_bytes(body: dict[str, Any]) -> None:
+    counter = CHAT.counter(TokenCounter())
+    for message in CHAT.messages(body):
+        assert counter.count_message(message) <= len(orjson.dumps(message))
+
+
+@settings(max_examples=100, deadline=None)
+@given(chat_bodies(), st.data(), st.floats(0.5, 2.0), st.integers(0, 40))
+def test_the_bound_decides_as_exact_counts_do_for_chat(
+    body: dict[str, Any], data: st.DataObject, factor: float, seen: int
+) -> None:
+    messages = CHAT.messages(body)
+    policy = data.draw(policy_near(len(orjson.dumps(messages))))
+    counter = TokenCounter()
+    count_request(CHAT, counter, {**body, "messages": messages[:seen]}, messages[:seen])
+    exact = count_request(CHAT, TokenCounter(), body, messages)
+    bounded = count_unless_quiet(CHAT, counter, body, messages, policy, factor)
+    if bounded is None:
+        assert exact.fits(policy, factor), "waved through a history over a threshold"
+    else:
+        assert bounded == exact
 
 
 def test_a_new_small_message_is_not_encoded() -> None:
