@@ -23,7 +23,7 @@ import orjson
 
 from proxy.core.checkpoint import fingerprint
 from proxy.core.policy import Policy
-from proxy.core.tokens import TokenCounter
+from proxy.core.tokens import MESSAGE_OVERHEAD, TokenCounter
 from proxy.core.wire_format import WireFormat
 
 # Estimated tokens a body can hold beyond one per byte (the tools preamble and such).
@@ -100,9 +100,9 @@ def count_unless_quiet(
     any text not counted before, proves `Counted.fits` (nothing to plan).
 
     The bound: a message whose count is cached costs that count; a new one its JSON's
-    length in bytes, which no estimate exceeds (every token of text stands for at least
-    one byte, and the per-message and per-block overheads are smaller than the JSON
-    around them: tests/core/test_count_bound.py). A new message with a `source` (an
+    length in bytes plus MESSAGE_OVERHEAD, which no estimate exceeds (every token of
+    text stands for at least one byte, and the per-block overheads are no larger than
+    the JSON around them: tests/core/test_count_bound.py). A new message with a `source` (an
     image or document, charged per pixel or page) makes no bound: the request is
     counted. Messages and Chat only (BOUNDED_FORMATS)."""
     return _count(wire, base, body, messages, policy, factor)
@@ -147,7 +147,8 @@ def history_bound(
     messages: Sequence[Mapping[str, Any]], cached: Sequence[int | None]
 ) -> int | None:
     """An upper bound of the history's estimate: cached counts as they are, each other
-    message its JSON's bytes; None when a new message holds a `source`."""
+    message its JSON's bytes plus the per-message overhead; None when a new message
+    holds a `source`."""
     bound = 0
     for message, count in zip(messages, cached, strict=True):
         if count is not None:
@@ -156,5 +157,5 @@ def history_bound(
         raw = orjson.dumps(message)
         if b'"source"' in raw:
             return None
-        bound += len(raw)
+        bound += len(raw) + MESSAGE_OVERHEAD  # `{}` is 2 bytes and costs the overhead
     return bound

@@ -115,6 +115,20 @@ def test_over_a_threshold_the_request_is_counted_exactly() -> None:
     assert count_unless_quiet(ANTHROPIC, TokenCounter(), body, messages, policy, 1.0) == exact
 
 
+def test_degenerate_messages_stay_within_the_bound() -> None:
+    """An empty message is 2 bytes of JSON and costs the per-message overhead (4): the
+    bound adds the overhead, so thousands of them cannot slip under a threshold."""
+    messages: list[dict[str, Any]] = [{} for _ in range(5_000)]
+    body = {"model": "m", "max_tokens": 1, "messages": messages}
+    exact = count_request(ANTHROPIC, TokenCounter(), body, messages)
+    assert exact.history > len(orjson.dumps(messages))
+    bound = history_bound(messages, [None] * len(messages))
+    assert bound is not None and bound >= exact.history
+    policy = Policy(window=200_000, trigger=100_000, target=80_000, offload_trigger=15_000)
+    assert not exact.fits(policy, 1.0)
+    assert count_unless_quiet(ANTHROPIC, TokenCounter(), body, messages, policy, 1.0) == exact
+
+
 def test_media_makes_no_bound() -> None:
     image = {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}
     messages = [{"role": "user", "content": [image]}]
