@@ -1,8 +1,9 @@
 """Compaction for one request: count it, run the driver, say what was done.
 
 The order of work keeps the common case cheap: when the body's size alone proves the
-history under the trigger, nothing is counted; when the count (cached per message) is
-under it, no checkpoint can apply (one is only made when the history crossed), so the
+history under the trigger, nothing is counted (nor when the cached counts of the
+messages seen before and the bytes of the new ones prove it); when the count (cached per
+message) is under it, no checkpoint can apply (one is only made when the history crossed), so the
 original bytes go out without a Redis call. Only above the trigger does the driver
 (proxy/core/driver.py) ask for the conversation's state, a summary, and the writes of a
 crossing, which the executor (proxy/server/executor.py) carries out.
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy import tracing
-from proxy.core.counting import Counted, cannot_cross, count_request
+from proxy.core.counting import Counted, cannot_cross, count_request, count_unless_quiet
 from proxy.core.driver import CompactionRequest, Decision, compaction
 from proxy.core.errors import ContextTooLong, ProxyError
 from proxy.core.identity import conversation_of, tenant_of
@@ -174,6 +175,16 @@ class Compactor:
             return await asyncio.to_thread(count_request, wire, self.counter, body, messages)
         return count_request(wire, self.counter, body, messages)
 
+    async def count_unless_quiet(
+        self, wire: WireFormat, body: Mapping[str, Any], size: int, policy: Policy, factor: float
+    ) -> Counted | None:
+        """`count`, or None when a bound proves the history quiet (counting.py)."""
+        messages = wire.messages(body)
+        args = (wire, self.counter, body, messages, policy, factor)
+        if size > COUNT_OFF_LOOP_BYTES:
+            return await asyncio.to_thread(count_unless_quiet, *args)
+        return count_unless_quiet(*args)
+
     async def prepare(
         self,
         body_bytes: bytes,
@@ -205,7 +216,12 @@ class Compactor:
         sample = self.calibration.wants_sample(calibrated, calibrated_for)
         if not sample and cannot_cross(body_bytes, policy, factor):
             return Prepared(body_bytes, body, model, policy=policy)  # not even counted
-        counted = await self.count(wire, body, len(body_bytes))
+        if sample:  # calibration wants this request's counts
+            counted: Counted | None = await self.count(wire, body, len(body_bytes))
+        else:
+            counted = await self.count_unless_quiet(wire, body, len(body_bytes), policy, factor)
+        if counted is None:  # its new messages' bytes alone prove it under every threshold
+            return Prepared(body_bytes, body, model, policy=policy)  # as if not counted
         counter = wire.counter(self.counter)
         request = CompactionRequest(
             wire,

@@ -343,19 +343,24 @@ class ReadRounds:
                     await out.write(self.wire.stream_error(garbage(too_long)))
                     response.close()
                     return MergeState.FAILED
+                # What one upstream chunk's events give goes out in one write (a write
+                # per event costs a chunk frame and a send each).
+                batch: list[bytes] = []
                 for event in events:
                     self.record.meter.answered_by(event.raw)
                     try:
-                        pieces = merger.feed(event)
+                        batch.extend(merger.feed(event))
                     except Exception as e:
                         # Too late for a 502: end the stream with the API's error event.
                         log.warning("unreadable upstream event (%s); ending the stream", e)
-                        await out.write(self.wire.stream_error(garbage(e)))
+                        batch.append(self.wire.stream_error(garbage(e)))
+                        await out.write(b"".join(batch))
                         return MergeState.FAILED
-                    for piece in pieces:
-                        await out.write(piece)
                     if merger.state is MergeState.FAILED:
+                        await out.write(b"".join(batch))
                         return MergeState.FAILED
+                if batch:
+                    await out.write(b"".join(batch))
         finally:
             response.release()
         return merger.state
