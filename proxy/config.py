@@ -78,6 +78,13 @@ class UpstreamSettings:
     pool_limit_per_host: int = 0
     # Seconds an idle pooled connection is kept open.
     keepalive_timeout: float = 30.0
+    # The longest event (its lines; one `data:` line in these APIs) of an upstream event
+    # stream the proxy holds, and the largest whole answer it reads to parse (a summary,
+    # a read_result round, an error it turns into an event): past either the answer is
+    # refused (502, or an error event inside a stream). Memory per request stays within
+    # a small multiple of them, whatever the upstream sends.
+    max_line_bytes: int = 16 * 1024 * 1024
+    max_answer_bytes: int = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +116,15 @@ class AuthSettings:
     # Name of the environment variable holding the admin key (the admin API and the
     # dashboard); empty: no admin API. The key itself is never in a file or in Redis.
     admin_key_env: str = ""
+    # Environment variables a key made through the admin API may name as its upstream
+    # credential, comma-separated, besides the providers' defaults (ANTHROPIC_API_KEY,
+    # OPENAI_API_KEY). Never the admin key's, nor the proxy's own settings.
+    upstream_envs: str = ""
+    # Seconds into a Redis outage a key this replica knew valid keeps working, with
+    # budgets.on_store_down = "open" (README, "Fleet"): a key revoked before the outage
+    # still stops within cache_seconds (revocations reach the replicas as they are made).
+    # 0: a key that cannot be checked again is refused after cache_seconds.
+    outage_trust_seconds: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +277,17 @@ def _env_name(value: str) -> str | None:
     return "must be empty or an environment variable name (A-Z, 0-9, _)"
 
 
+def _env_names(value: str) -> str | None:
+    for name in value.split(","):
+        if not re.fullmatch(r"[A-Z_][A-Z0-9_]{0,127}", name.strip()):
+            return "must be environment variable names (A-Z, 0-9, _), comma-separated"
+    return None
+
+
+def _optional_env_names(value: str) -> str | None:
+    return None if not value.strip() else _env_names(value)
+
+
 def _not_empty(value: str) -> str | None:
     return None if value.strip() else "must not be empty"
 
@@ -283,6 +310,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "upstream.pool_limit": _positive,
     "upstream.pool_limit_per_host": _non_negative,
     "upstream.keepalive_timeout": _non_negative,
+    "upstream.max_line_bytes": _positive,
+    "upstream.max_answer_bytes": _positive,
     "store.redis_url": _redis_url,
     "store.key_prefix": _key_prefix,
     "store.op_timeout": _positive,
@@ -292,6 +321,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "auth.keys": _one_of("off", "required"),
     "auth.cache_seconds": _non_negative,
     "auth.admin_key_env": _env_name,
+    "auth.upstream_envs": _optional_env_names,
+    "auth.outage_trust_seconds": _non_negative,
     "budgets.on_store_down": _one_of("open", "closed"),
     "budgets.timeout": _positive,
     "budgets.outage_allowance": _non_negative,

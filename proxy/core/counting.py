@@ -7,6 +7,10 @@ history whose messages were seen before costs a hash per message and nothing mor
 
 `cannot_cross` answers from the body's size alone when even that is enough to know the
 history is under the trigger and the window, so most small requests are not counted.
+`count_unless_quiet` applies the same bound message by message: a message counted before
+costs its cached count, a new one at most its JSON's bytes, so a request whose new
+messages cannot take the history past any threshold is forwarded without encoding them
+(counting fresh text with tiktoken was a fifth of a small request's CPU).
 """
 
 from __future__ import annotations
@@ -15,13 +19,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from proxy.core.checkpoint import fingerprint
 from proxy.core.policy import Policy
-from proxy.core.tokens import TokenCounter
-from proxy.core.wire_format import MessageCounter, WireFormat
+from proxy.core.tokens import MESSAGE_OVERHEAD, TokenCounter
+from proxy.core.wire_format import WireFormat
 
 # Estimated tokens a body can hold beyond one per byte (the tools preamble and such).
 BYTE_BOUND_SLACK = 1024
+# The formats whose counters charge a message at most its JSON's bytes (Messages, Chat:
+# tests/core/test_count_bound.py); Responses items (sealed compaction items, encrypted
+# reasoning) are not bounded this way.
+BOUNDED_FORMATS = ("anthropic", "chat")
 
 
 def cannot_cross(body: bytes, policy: Policy, factor: float) -> bool:
@@ -73,9 +83,43 @@ def count_request(
     body: Mapping[str, Any],
     messages: Sequence[Mapping[str, Any]],
 ) -> Counted:
+    counted = _count(wire, base, body, messages, None, 1.0)
+    assert counted is not None  # without a policy there is no bound to stop at
+    return counted
+
+
+def count_unless_quiet(
+    wire: WireFormat,
+    base: TokenCounter,
+    body: Mapping[str, Any],
+    messages: Sequence[Mapping[str, Any]],
+    policy: Policy,
+    factor: float,
+) -> Counted | None:
+    """The request's counts, or None when an upper bound of them, made without encoding
+    any text not counted before, proves `Counted.fits` (nothing to plan).
+
+    The bound: a message whose count is cached costs that count; a new one its JSON's
+    length in bytes plus MESSAGE_OVERHEAD, which no estimate exceeds (every token of
+    text stands for at least one byte, and the per-block overheads are no larger than
+    the JSON around them: tests/core/test_count_bound.py). A new message with a `source` (an
+    image or document, charged per pixel or page) makes no bound: the request is
+    counted. Messages and Chat only (BOUNDED_FORMATS)."""
+    return _count(wire, base, body, messages, policy, factor)
+
+
+def _count(
+    wire: WireFormat,
+    base: TokenCounter,
+    body: Mapping[str, Any],
+    messages: Sequence[Mapping[str, Any]],
+    policy: Policy | None,
+    factor: float,
+) -> Counted | None:
     counter = wire.counter(base)
     domain = wire.name.encode() + b":"
-    counts: list[int] = []
+    keys: list[bytes] = []
+    found: list[int | None] = []
     digests: list[bytes] = []
     forms = bytearray()
     breakpoints = 0
@@ -84,10 +128,34 @@ def count_request(
         digests.append(print_.match)
         forms.append(print_.count_key[-1])
         breakpoints += print_.breakpoints
-        counts.append(base.remembered(domain + print_.count_key, _counting(counter, message)))
+        key = domain + print_.count_key
+        keys.append(key)
+        found.append(base.cached(key))
     fixed = wire.fixed_tokens(counter, body)
+    if policy is not None and wire.name in BOUNDED_FORMATS:
+        bound = history_bound(messages, found)
+        if bound is not None and Counted(fixed, [bound], []).fits(policy, factor):
+            return None
+    counts = [
+        base.remember(key, counter.count_message(message)) if count is None else count
+        for key, count, message in zip(keys, found, messages, strict=True)
+    ]
     return Counted(fixed, counts, digests, breakpoints, bytes(forms))
 
 
-def _counting(counter: MessageCounter, message: Mapping[str, Any]) -> Any:
-    return lambda: counter.count_message(message)
+def history_bound(
+    messages: Sequence[Mapping[str, Any]], cached: Sequence[int | None]
+) -> int | None:
+    """An upper bound of the history's estimate: cached counts as they are, each other
+    message its JSON's bytes plus the per-message overhead; None when a new message
+    holds a `source`."""
+    bound = 0
+    for message, count in zip(messages, cached, strict=True):
+        if count is not None:
+            bound += count
+            continue
+        raw = orjson.dumps(message)
+        if b'"source"' in raw:
+            return None
+        bound += len(raw) + MESSAGE_OVERHEAD  # `{}` is 2 bytes and costs the overhead
+    return bound

@@ -72,6 +72,7 @@ from proxy.core.planner import (
 )
 from proxy.core.policy import Policy
 from proxy.core.segments import StubbedMemo
+from proxy.core.tokens import TOOLS_PREAMBLE
 from proxy.core.wire_format import MessageCounter, WireFormat
 
 Message = Mapping[str, Any]
@@ -277,7 +278,8 @@ def _plan_input(
     tool_tokens = 0
     if tool:
         injected = wire.read_result_tool(tool)
-        tool_tokens = counter.count_tools([*tool_list, injected]) - counter.count_tools(tool_list)
+        # What adding it adds (tool counts are additive: no re-hashing the client's tools).
+        tool_tokens = counter.count_tools([injected]) - (TOOLS_PREAMBLE if tool_list else 0)
     return PlanInput(
         messages=request.messages,
         counts=request.counted.counts,

@@ -17,7 +17,8 @@ HTTP status and the Anthropic error type naming it; proxy/wire/* render it (Mess
     │   ├── ExpectationFailed 417
     │   ├── UpgradeRequired   426: a WebSocket asked for where only HTTP is served
     │   ├── NotAuthenticated  401 authentication_error
-    │   └── Forbidden         403 permission_error
+    │   ├── Forbidden         403 permission_error
+    │   └── NotFound          404 not_found_error (a path the proxy does not serve)
     ├── BudgetRefused         429 rate_limit_error, with retry-after
     ├── StoreUnavailable      503 api_error: the proxy's store cannot check what it must
     └── UpstreamError         the road behind the proxy (5xx, the SDKs retry them)
@@ -101,6 +102,11 @@ class NotAuthenticated(ClientError):
 class Forbidden(ClientError):
     status = 403
     type = "permission_error"
+
+
+class NotFound(ClientError):
+    status = 404
+    type = "not_found_error"
 
 
 class BudgetRefused(ProxyError):

@@ -36,6 +36,33 @@ PROVIDER_DEFAULTS = {
     "anthropic": ("ANTHROPIC_API_KEY", "x-api-key"),
     "openai": ("OPENAI_API_KEY", "bearer"),
 }
+# Variables a key's upstream credential may never be read from, whatever the settings:
+# the proxy's own settings (a Redis URL with its password, ...).
+_NEVER_UPSTREAM_PREFIXES = ("COMPACTION_PROXY_",)
+_NEVER_UPSTREAM = frozenset({"REDIS_URL"})
+
+
+def upstream_env_problem(name: str, admin_key_env: str, allowed: str | None) -> str | None:
+    """Why a key may not name `name` as its upstream credential's variable, else None:
+    never the admin key's (`admin_key_env`) nor one of the proxy's own settings; with
+    `allowed` (the admin API's `auth.upstream_envs`, comma-separated), only those and
+    the providers' defaults."""
+    if (
+        name == admin_key_env
+        or name in _NEVER_UPSTREAM
+        or name.startswith(_NEVER_UPSTREAM_PREFIXES)
+    ):
+        return f"{name} holds a secret of the proxy's own, never an upstream credential"
+    if allowed is None:
+        return None
+    names = {n.strip() for n in allowed.split(",") if n.strip()}
+    names |= {env for env, _ in PROVIDER_DEFAULTS.values()}
+    if name not in names:
+        shown = ", ".join(sorted(names))
+        return f"upstream_env {name} is not one this proxy allows (auth.upstream_envs): {shown}"
+    return None
+
+
 # Families of paths a key reaches only with their scope; `all`: every path.
 SCOPES = (
     "models",

@@ -84,6 +84,11 @@ class SSEDecoder:
         return []
 
     @property
+    def buffered(self) -> int:
+        """Bytes held of the event being read (what a cap on one event bounds)."""
+        return len(self._buffer)
+
+    @property
     def pending(self) -> bool:
         """Whether part of an event has arrived without its end."""
         return bool(self._buffer or self._fields)

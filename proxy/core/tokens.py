@@ -221,6 +221,13 @@ class TokenCounter:
                 break
         return count
 
+    def cached(self, key: bytes) -> int | None:
+        """The count cached under a key the caller made, if any (see `remembered`)."""
+        return self._cached(key)
+
+    def remember(self, key: bytes, count: int) -> int:
+        return self._remember(key, count)
+
     def remembered(self, key: bytes, compute: Callable[[], int]) -> int:
         """A count cached under a key the caller made (e.g. a whole message's digest)."""
         count = self._cached(key)

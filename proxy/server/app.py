@@ -47,6 +47,8 @@ from proxy.server.routes import (
 )
 from proxy.server.routing import OPENAI_UPSTREAM, openai_upstream_lifetime
 from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM, StoreState
+from proxy.server.target import canonical_target
+from proxy.server.tasks import stop_tasks
 from proxy.server.traces import trace_requests, tracing_lifetime
 from proxy.server.upstream import Upstream
 from proxy.store import EmbeddedRedis, StateDirBusy, Store, StoreUnavailable
@@ -187,10 +189,11 @@ def create_app(settings: Settings) -> web.Application:
         traced = tracing.from_environment(os.environ, version=_version())
     except tracing.TracingUnavailable as e:
         raise StartupError(str(e)) from None
-    # Outermost first: the record and metrics see every answer, errors included; key
-    # checks and budgets (a no-op with keys off) run inside them; the request's span
-    # (with tracing on) is opened inside the record, so it reads what the record says.
-    inner = [render_errors, authenticate]
+    # Outermost first: the record and metrics see every answer, errors included; the
+    # target is made canonical before anything reads it; key checks and budgets (a no-op
+    # with keys off) run inside them; the request's span (with tracing on) is opened
+    # inside the record, so it reads what the record says.
+    inner = [render_errors, canonical_target, authenticate]
     if traced is not None:
         inner.insert(0, trace_requests)
     app = web.Application(middlewares=[observe_requests, *inner])
@@ -408,3 +411,7 @@ async def serve(settings: Settings) -> None:
             log.warning("drain timeout: closing the requests still open")
     finally:
         await running.stop()
+        # What is still running (a handler the server gave up waiting for) is stopped
+        # within a deadline, so the process exits rather than wait for it at loop close.
+        current = asyncio.current_task()
+        await stop_tasks([t for t in asyncio.all_tasks() if t is not current], what="task")

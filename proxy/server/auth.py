@@ -30,7 +30,7 @@ from proxy.core.identity import credential
 from proxy.server.budgets import TICKET, admission
 from proxy.server.caller import CALLER, Caller, count_rejection
 from proxy.server.fleet import FLEET
-from proxy.server.passthrough import handle_passthrough
+from proxy.server.passthrough import API_PREFIX, handle_passthrough
 from proxy.server.record import detached
 from proxy.server.routing import OPENAI_UPSTREAM, provider_of_path
 from proxy.server.state import SETTINGS
@@ -91,6 +91,8 @@ def check_reach(request: web.Request, record: dict[str, str], provider: str) -> 
         )
     if request.match_info.handler is not handle_passthrough:
         return  # a route the proxy handles (and meters) itself
+    if not path.startswith(API_PREFIX):
+        return  # not an API path: the pass-through answers 404, nothing goes upstream
     rule = proxy_keys.passthrough_rule(request.method, path)
     if not proxy_keys.may_reach(rule, proxy_keys.scopes_of(record)):
         raise _forbid(
@@ -136,7 +138,11 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         raise _reject(request, "invalid x-api-key", "key")
     provider = proxy_keys.provider_of(record)
     check_reach(request, record, provider)
-    secret = os.environ.get(record.get("upstream_env", ""), "").strip()
+    env = record.get("upstream_env", "")
+    if proxy_keys.upstream_env_problem(env, app[SETTINGS].auth.admin_key_env, None):
+        # A record naming the admin key's variable (or a setting's) is never served.
+        raise _reject(request, "this key's upstream credential variable is not allowed", "key")
+    secret = os.environ.get(env, "").strip()
     if not secret:
         raise _reject(
             request,

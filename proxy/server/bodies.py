@@ -18,6 +18,7 @@ from aiohttp import web
 
 from proxy.core import content_encoding
 from proxy.core.budget import BadRequestField, output_reservation
+from proxy.core.duplicate_keys import duplicate_field
 from proxy.core.errors import InvalidRequest, RequestTimeout, RequestTooLarge
 from proxy.core.model_names import model_problem
 from proxy.server.state import SETTINGS
@@ -123,6 +124,17 @@ def check_model(payload: dict[str, object]) -> None:
         problem = model_problem(payload["model"])
         if problem is not None:
             raise invalid_field("model", problem)
+
+
+def check_duplicates(raw: bytes, payload: dict[str, object]) -> None:
+    """400 for a body where a field the proxy reads appears twice in one object: the
+    proxy would read the last, an upstream may obey the first (proxy/core/duplicate_keys.py)."""
+    name = duplicate_field(raw, payload)
+    if name is not None:
+        raise invalid_field(
+            name,
+            f"The request body has the key {name!r} more than once in one object; send it once.",
+        )
 
 
 def output_tokens(payload: dict[str, object]) -> int:

@@ -29,7 +29,6 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable
 from types import TracebackType
 
 from aiohttp import web
@@ -42,6 +41,7 @@ from proxy.server.caller import Caller, count_rejection
 from proxy.server.fleet import FLEET, Fleet
 from proxy.server.record import detached
 from proxy.server.state import SETTINGS
+from proxy.server.summariser import FREE_SUMMARIES, SummaryBudget
 from proxy.store import StoreUnavailable
 from proxy.store.accounts import Held, Refused
 
@@ -60,6 +60,7 @@ class Ticket:
         self.one_hour_cache = False
         self.uncounted = False  # admitted (in part) without a reservation: Redis was away
         self.charge_reserved = False  # charge the reservation whole (a batch)
+        self.gate = Amounts()  # held by the gate, part of the request's reservation
 
     @property
     def _fleet(self) -> Fleet:
@@ -76,9 +77,39 @@ class Ticket:
             return
         want = reservation(estimated_input, max_tokens, one_hour_cache=one_hour_cache)
         self.one_hour_cache = one_hour_cache
+        # What the gate already holds for this request is part of it: only the rest.
+        want, self.gate = _at_least_zero(want.minus(self.gate)), Amounts()
+        if want == Amounts():
+            return
         refusal = await self._hold(want, give_back_all=True)
         if refusal is not None:
             raise refusal
+
+    async def admit(self, max_tokens: int, *, one_hour_cache: bool = False) -> None:
+        """The gate, before any work for the request that costs the upstream money
+        (compaction's summaries, the forward, read rounds): hold what the request is
+        sure to cost (its output cap and one input token), or raise the refusal. A key
+        already at a limit is refused here, before anything is spent for it."""
+        caller = self.caller
+        if not caller.scopes and not caller.limits_unknown:
+            return
+        want = reservation(1, max_tokens, one_hour_cache=one_hour_cache)
+        self.one_hour_cache = one_hour_cache
+        refusal = await self._hold(want, give_back_all=True)
+        if refusal is not None:
+            raise refusal
+        self.gate = want
+
+    async def hold_apart(self, estimated_input: int, max_tokens: int) -> Apart | None:
+        """Reserve work done for the caller that outlives the request (a summary made
+        ahead) on its own, apart from the request's reservation (which may be topped up
+        meanwhile): None when a budget refuses it, else what settles it."""
+        caller = self.caller
+        if not caller.scopes and not caller.limits_unknown:
+            return Apart(self, [], uncounted=False)
+        want = reservation(estimated_input, max_tokens, one_hour_cache=False)
+        refusal, held, uncounted = await self._attempt(want, counts_rejection=False)
+        return None if refusal is not None else Apart(self, held, uncounted=uncounted)
 
     async def top_up(self, estimated_input: int, max_tokens: int) -> bool:
         """Hold one more upstream call of this request (a read_result round: its whole
@@ -93,11 +124,30 @@ class Ticket:
     async def _hold(
         self, want: Amounts, *, give_back_all: bool
     ) -> BudgetRefused | CannotCheck | None:
+        refusal, held, uncounted = await self._attempt(want)
+        if refusal is None and not uncounted:
+            self.held.extend(held)
+            self.reserved = self.reserved.plus(want)
+            return None
+        if give_back_all and self.held:
+            earlier, self.held = self.held, []
+            self._settle(earlier, Amounts())  # in the background: the answer does not wait
+        if refusal is None:  # admitted uncounted: Redis is away
+            self.uncounted = True
+            self.reserved = self.reserved.plus(want)
+        return refusal
+
+    async def _attempt(
+        self, want: Amounts, *, counts_rejection: bool = True
+    ) -> tuple[BudgetRefused | CannotCheck | None, list[Held], bool]:
+        """Reserve `want` in every budget of the caller, changing nothing of the ticket:
+        (the refusal or None, what is held, whether it was admitted uncounted)."""
         caller = self.caller
         fleet = self._fleet
         accounts = fleet.accounts()
         if accounts is None or caller.limits_unknown:
-            return self._store_down(want)
+            refusal = self._store_down(want)
+            return refusal, [], refusal is None
         now = time.time()
         # The key's and the team's scripts run at once (one slot each): a refusal by
         # either gives back what the other took, so neither is ever over-admitted.
@@ -108,22 +158,20 @@ class Ticket:
         held = [o for o in outcomes if isinstance(o, Held)]
         refused = next((o for o in outcomes if isinstance(o, Refused)), None)
         failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
-        if refused is not None or failed is not None:
-            if give_back_all:
-                held, self.held = [*self.held, *held], []
-            if held:  # in the background: the answer (429 or 503) does not wait for it
-                self._settle(held, Amounts())
-            if refused is not None:
-                return self._over_budget(refused, want)
-            if not isinstance(failed, StoreUnavailable):
-                raise failed  # type: ignore[misc]
-            return self._store_down(want)
-        self.held.extend(held)
-        self.reserved = self.reserved.plus(want)
-        return None
+        if refused is None and failed is None:
+            return None, held, False
+        if held:  # in the background: the answer (429 or 503) does not wait for it
+            self._settle(held, Amounts())
+        if refused is not None:
+            return self._over_budget(refused, want, counts_rejection), [], False
+        if not isinstance(failed, StoreUnavailable):
+            raise failed  # type: ignore[misc]
+        refusal = self._store_down(want)
+        return refusal, [], refusal is None
 
-    def _over_budget(self, refused: Refused, want: Amounts) -> BudgetRefused:
-        count_rejection(self.request.app, "tokens")
+    def _over_budget(self, refused: Refused, want: Amounts, counts: bool = True) -> BudgetRefused:
+        if counts:
+            count_rejection(self.request.app, "tokens")
         wanted = dict(zip(("input", "output", "weighted"), want.as_tuple(), strict=True))
         message = over_limit_message(
             refused.scope.label,
@@ -141,9 +189,7 @@ class Ticket:
         fleet = self._fleet
         key_id = self.caller.key_id or ""
         if self.request.app[SETTINGS].budgets.on_store_down == "open":
-            if fleet.admit_uncounted(key_id, want):
-                self.uncounted = True
-                self.reserved = self.reserved.plus(want)
+            if fleet.admit_uncounted(key_id, want, new=not self.uncounted):
                 return None
             count_rejection(self.request.app, "outage_allowance")
             return CannotCheck(
@@ -206,24 +252,62 @@ class Ticket:
                 return
 
 
+def _at_least_zero(amounts: Amounts) -> Amounts:
+    return Amounts(max(0, amounts.input), max(0, amounts.output), max(0, amounts.weighted))
+
+
+class Apart:
+    """A reservation of its own for work done for the caller after its request ends (a
+    summary made ahead): `settle` it once, with the usage the work reported (None: it
+    made no call, a refund)."""
+
+    def __init__(self, ticket: Ticket | None, held: list[Held], *, uncounted: bool) -> None:
+        self.ticket = ticket
+        self.held = held
+        self.uncounted = uncounted
+        self.done = False
+
+    def settle(self, usage: Usage | None) -> None:
+        ticket = self.ticket
+        if self.done or ticket is None:
+            return
+        self.done = True
+        used = usage.cost() if usage is not None else Amounts()
+        if self.held:
+            ticket._settle(self.held, used)
+        elif self.uncounted:
+            ticket._fleet.owe(ticket.caller.charged, used)
+        elif used != Amounts() and ticket.caller.scopes:
+            ticket._fleet.spawn(ticket._charge_only(used))
+
+
 TICKET = web.RequestKey("compaction_proxy_ticket", Ticket)
 
 
-def late_charge(request: web.Request) -> Callable[[Usage], None]:
-    """How to charge the caller for upstream work done for it after its request ended (a
-    summary made ahead in the background): a no-op for callers without budgets."""
+class KeySummaryBudget:
+    """What the summaries made for a request may spend, reserved before each call to the
+    summariser and charged to the caller (proxy/server/summariser.py asks it): at a
+    crossing, a top-up of the request's own reservation (settled with it, the
+    summariser's usage on the request's meter); made ahead, a reservation of its own,
+    settled when the call returns. A refusal means no summary (the crossing packs)."""
+
+    def __init__(self, request: web.Request, ticket: Ticket) -> None:
+        self.request = request
+        self.ticket = ticket
+
+    async def at_crossing(self, estimated_input: int, max_tokens: int) -> bool:
+        return await top_up(self.request, estimated_input, max_tokens)
+
+    async def ahead(self, estimated_input: int, max_tokens: int) -> Apart | None:
+        return await self.ticket.hold_apart(estimated_input, max_tokens)
+
+
+def summary_budget(request: web.Request) -> SummaryBudget:
+    """The summary budget of a request: free for callers without budgets."""
     ticket: Ticket | None = request.get(TICKET)
-    if ticket is None or not ticket.caller.scopes:
-        return _nothing
-
-    def charge(usage: Usage) -> None:
-        ticket._fleet.spawn(ticket._charge_only(usage.cost()))
-
-    return charge
-
-
-def _nothing(usage: Usage) -> None:
-    return None
+    if ticket is None or not applies(request):
+        return FREE_SUMMARIES
+    return KeySummaryBudget(request, ticket)
 
 
 _ONE_HOUR = re.compile(rb'"ttl"\s*:\s*"1h"')
@@ -237,6 +321,18 @@ def applies(request: web.Request) -> bool:
     """Whether the request's caller has budgets to reserve against."""
     ticket: Ticket | None = request.get(TICKET)
     return ticket is not None and bool(ticket.caller.scopes or ticket.caller.limits_unknown)
+
+
+async def admit(request: web.Request, output_tokens: int, sent: bytes) -> None:
+    """The gate of a metered route, before any work for the request that costs the
+    upstream money (compaction's summaries among them): raises the refusal when the
+    caller's budgets cannot take even what the request is sure to cost; the later
+    `reserve` of the same request holds only what this did not. Free for callers
+    without budgets."""
+    ticket: Ticket | None = request.get(TICKET)
+    if ticket is None or not applies(request):
+        return
+    await ticket.admit(output_tokens, one_hour_cache=_ONE_HOUR.search(sent) is not None)
 
 
 async def reserve(

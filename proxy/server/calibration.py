@@ -30,6 +30,7 @@ from typing import Any
 
 from proxy.core.calibration import sample_ratio
 from proxy.core.model_names import model_digest
+from proxy.server.tasks import stop_tasks
 from proxy.store import Store, StoreUnavailable
 
 CALIBRATION = "calibration"
@@ -137,6 +138,4 @@ class Calibration:
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_tasks(list(self._tasks), what="calibration write")

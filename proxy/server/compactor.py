@@ -1,8 +1,9 @@
 """Compaction for one request: count it, run the driver, say what was done.
 
 The order of work keeps the common case cheap: when the body's size alone proves the
-history under the trigger, nothing is counted; when the count (cached per message) is
-under it, no checkpoint can apply (one is only made when the history crossed), so the
+history under the trigger, nothing is counted (nor when the cached counts of the
+messages seen before and the bytes of the new ones prove it); when the count (cached per
+message) is under it, no checkpoint can apply (one is only made when the history crossed), so the
 original bytes go out without a Redis call. Only above the trigger does the driver
 (proxy/core/driver.py) ask for the conversation's state, a summary, and the writes of a
 crossing, which the executor (proxy/server/executor.py) carries out.
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy import tracing
-from proxy.core.counting import Counted, cannot_cross, count_request
+from proxy.core.counting import Counted, cannot_cross, count_request, count_unless_quiet
 from proxy.core.driver import CompactionRequest, Decision, compaction
 from proxy.core.errors import ContextTooLong, ProxyError
 from proxy.core.identity import conversation_of, tenant_of
@@ -29,12 +30,12 @@ from proxy.core.model_facts import UNKNOWN_SOURCE, wants_1m
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies, policy_for
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TokenCounter, default_counter
-from proxy.core.usage import Usage
 from proxy.core.wire_format import WireFormat
 from proxy.server.calibration import Calibration
 from proxy.server.executor import StoreExecutor, drive
 from proxy.server.record import detached
-from proxy.server.summariser import SummariserSettings, post_summary
+from proxy.server.summariser import FREE_SUMMARIES, SummariserSettings, SummaryBudget, post_summary
+from proxy.server.tasks import stop_tasks
 from proxy.server.upstream import Upstream
 from proxy.store import Store
 
@@ -94,10 +95,6 @@ def betas_of(headers: Mapping[str, str]) -> str:
     return ",".join(v for k, v in headers.items() if k.lower() == "anthropic-beta")
 
 
-def _ignore_usage(usage: Usage) -> None:
-    return None
-
-
 def _ignore_number(value: float) -> None:
     return None
 
@@ -151,9 +148,8 @@ class Compactor:
             await asyncio.gather(*self._background, return_exceptions=True)
 
     async def close(self) -> None:
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        """Stop the background work (summaries made ahead), within a deadline."""
+        await stop_tasks(list(self._background), what="summary made ahead")
         await self.calibration.close()
 
     def policy(
@@ -189,6 +185,16 @@ class Compactor:
             return await asyncio.to_thread(count_request, wire, self.counter, body, messages)
         return count_request(wire, self.counter, body, messages)
 
+    async def count_unless_quiet(
+        self, wire: WireFormat, body: Mapping[str, Any], size: int, policy: Policy, factor: float
+    ) -> Counted | None:
+        """`count`, or None when a bound proves the history quiet (counting.py)."""
+        messages = wire.messages(body)
+        args = (wire, self.counter, body, messages, policy, factor)
+        if size > COUNT_OFF_LOOP_BYTES:
+            return await asyncio.to_thread(count_unless_quiet, *args)
+        return count_unless_quiet(*args)
+
     async def prepare(
         self,
         body_bytes: bytes,
@@ -202,10 +208,11 @@ class Compactor:
         upstream_headers: Sequence[tuple[str, str]],
         tenant: str | None = None,
         policy_override: Mapping[str, int] | None = None,
-        charge_later: Callable[[Usage], None] = _ignore_usage,
+        spend: SummaryBudget = FREE_SUMMARIES,
     ) -> Prepared:
         """`tenant` and `policy_override` come from a proxy key when keys are required
-        (else the tenant is the hash of the forwarded credential)."""
+        (else the tenant is the hash of the forwarded credential); `spend` reserves the
+        summaries made for the caller in its budgets."""
         model = str(body.get("model", ""))
         messages = wire.messages(body)
         if not messages:
@@ -219,7 +226,12 @@ class Compactor:
         sample = self.calibration.wants_sample(calibrated, calibrated_for)
         if not sample and cannot_cross(body_bytes, policy, factor):
             return Prepared(body_bytes, body, model, policy=policy)  # not even counted
-        counted = await self.count(wire, body, len(body_bytes))
+        if sample:  # calibration wants this request's counts
+            counted: Counted | None = await self.count(wire, body, len(body_bytes))
+        else:
+            counted = await self.count_unless_quiet(wire, body, len(body_bytes), policy, factor)
+        if counted is None:  # its new messages' bytes alone prove it under every threshold
+            return Prepared(body_bytes, body, model, policy=policy)  # as if not counted
         counter = wire.counter(self.counter)
         request = CompactionRequest(
             wire,
@@ -248,7 +260,7 @@ class Compactor:
             ),
             background=self.spawn,
             count=self.counter.count_text,
-            charge_later=charge_later,
+            spend=spend,
             on_background_call=self.on_background_summary,
             on_lines=self.on_lines,
             on_evicted=self.on_evicted,

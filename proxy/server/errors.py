@@ -20,11 +20,13 @@ from proxy.core.errors import (
     InvalidRequest,
     ProxyError,
     UpstreamError,
+    UpstreamGarbage,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
 from proxy.core.wire_format import WireFormat
 from proxy.server.routing import upstream_for
+from proxy.server.upstream import AnswerTooLarge
 from proxy.wire import ANTHROPIC, CHAT, RESPONSES
 
 
@@ -73,6 +75,8 @@ def not_a_path(target: str) -> InvalidRequest:
 def upstream_failure(exc: BaseException, upstream: str, read_timeout: float) -> UpstreamError:
     """What the client is told when the upstream gave no usable response (nothing sent
     to the client yet): 504 when it stayed silent past the read timeout, 502 otherwise."""
+    if isinstance(exc, AnswerTooLarge):
+        return UpstreamGarbage(f"compaction-proxy will not read the upstream's answer: {exc}")
     if isinstance(exc, aiohttp.SocketTimeoutError):
         return _timeout(upstream, read_timeout)
     if isinstance(exc, aiohttp.ConnectionTimeoutError):

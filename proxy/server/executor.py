@@ -28,9 +28,9 @@ from proxy.core.commands import (
     SummaryReply,
     TouchLine,
 )
-from proxy.core.usage import Usage
 from proxy.server.summariser import (
     SummariserSettings,
+    SummaryBudget,
     SummaryCall,
     obtain_summary,
     prepare_summary,
@@ -61,7 +61,7 @@ class StoreExecutor:
         summarise: SummaryCall,
         background: Callable[[Coroutine[Any, Any, None]], None],
         count: Callable[[str], int],
-        charge_later: Callable[[Usage], None],
+        spend: SummaryBudget,
         on_background_call: Callable[[bool], None],
         on_lines: Callable[[float], None] = _ignore_count,
         on_evicted: Callable[[float], None] = _ignore_count,
@@ -74,7 +74,7 @@ class StoreExecutor:
         self.summarise = summarise
         self.background = background
         self.count = count
-        self.charge_later = charge_later
+        self.spend = spend
         self.on_background_call = on_background_call
         self._held: list[tuple[str, str]] = []  # summary locks to release after saving
 
@@ -150,7 +150,7 @@ class StoreExecutor:
                     settings=self.summariser,
                     call=self.summarise,
                     count=self.count,
-                    charge=self.charge_later,
+                    spend=self.spend,
                     on_call=self.on_background_call,
                 )
             )
@@ -166,6 +166,7 @@ class StoreExecutor:
             conversation=self.conversation,
             settings=self.summariser,
             call=self.summarise,
+            spend=self.spend,
         )
         if obtained.lock is not None:
             self._held.append(obtained.lock)

@@ -8,10 +8,14 @@ fails or outlasts that timeout makes Redis count as unreachable.
 
 Each replica keeps a short-lived copy (`auth.cache_seconds`) of the key records and the
 limits it has seen, so a request costs no Redis call for them; a revoked key or a changed
-limit takes effect on every replica within that time. A key record is never used older
-than that, outage or not: a key a replica cannot check again is refused (503), so a key
-revoked just before Redis went away stops within `cache_seconds` too. Limits may be used
-older while Redis is away (they fail the reservation anyway).
+limit takes effect on every replica within that time. Revocations are also published as
+they are made and every replica listens (`_watch`), dropping the key's copy at once. A
+key record older than `cache_seconds` is used only while Redis is unreachable, with
+`on_store_down = "open"`, up to `auth.outage_trust_seconds` into the outage, and only if
+the watch listened from that record's fetch until the outage began (so no revocation
+made before the outage was missed); otherwise a key that cannot be checked again is
+refused (503). Limits may be used older while Redis is away (they fail the reservation
+anyway).
 
 While Redis is unreachable `budgets.on_store_down` decides what happens to budgets:
 "closed" refuses; "open" admits without a reservation, at most `budgets.outage_allowance`
@@ -28,16 +32,19 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from aiohttp import web
-from redis.exceptions import ResponseError
+from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError
 
 from proxy.core.budget import Amounts
 from proxy.server.metrics import METRICS, Metrics
 from proxy.server.state import SETTINGS, STORE
+from proxy.server.tasks import is_cancelling, stop_tasks
 from proxy.store import Store, StoreUnavailable
-from proxy.store.accounts import Accounts, Held, Scope
+from proxy.store.accounts import Accounts, Scope
+from proxy.store.redis import node_url
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +63,19 @@ OWED_LONGEST_PAUSE = 30.0
 # a burst faster than many new ones (each costs a connect and a handshake, which under
 # load took longer than the timeout when a burst of 120 opened 40 at once).
 FLEET_CONNECTIONS = 8
+# The revocation watch: a session that hears nothing (not even its PINGs' answers) this
+# long has ended; a new one is tried this often. Its end counts as the outage's start
+# when it comes at most WATCH_SLACK before the first failed call.
+WATCH_SILENCE = 3.0
+WATCH_RETRY = 1.0
+WATCH_SLACK = 5.0
 
 
 @dataclass(slots=True)
 class _Entry:
     value: Any
     fetched: float
+    watched: float | None = None  # the revocation watch's session when fetched
 
 
 class Fleet:
@@ -83,6 +97,14 @@ class Fleet:
         self._owed: dict[Scope, Amounts] = {}  # usage admitted uncounted, to charge later
         self._paying: asyncio.Task[None] | None = None
         self._answered = asyncio.Event()  # set when a call succeeds: owed charges go out
+        self._outage_began = float("inf")
+        # The revocation watch (`_watch`): when its current (or last) session began
+        # listening, and when that session ended (None: still listening).
+        self._watch_began: float | None = None
+        self._watch_ended: float | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._closing = False
+        self._revocations: dict[str, float] = {}  # key id -> when its revocation was heard
 
     @property
     def cache_seconds(self) -> float:
@@ -106,6 +128,8 @@ class Fleet:
         if metrics is not None:
             self.store.on_error = metrics.store_errors.inc
         self._accounts = Accounts(self.store)
+        if settings.auth.keys == "required":
+            self._watcher = asyncio.get_running_loop().create_task(self._watch(node_url(url)))
 
     def accounts(self) -> Accounts | None:
         return self._accounts
@@ -118,6 +142,7 @@ class Fleet:
         if self.outage:
             return
         self.outage = True
+        self._outage_began = now
         # A Redis coming back answers some calls while pooled connections still fail: a
         # failure soon after a recovery continues the same outage, logged once.
         self._silent = now - self._recovered_at < FLAP_WINDOW
@@ -186,18 +211,97 @@ class Fleet:
                 return entry.value
             raise
         cache.pop(name, None)
-        cache[name] = _Entry(value, now)
+        cache[name] = _Entry(value, now, self._watch_began if self._watch_ended is None else None)
         while len(cache) > CACHE_LIMIT:
             del cache[next(iter(cache))]
         return value
 
     async def key_record(self, accounts: Accounts, key_id: str) -> dict[str, str] | None:
-        """The key's record, at most `cache_seconds` old (raises StoreUnavailable when it
-        cannot be checked again: a revocation must never go unseen for longer)."""
-        found: dict[str, str] | None = await self._cached(
-            self._keys, key_id, lambda: accounts.get_key(key_id), stale_ok=False
-        )
+        """The key's record, at most `cache_seconds` old, or older only as `_trusted`
+        allows during an outage (else raises StoreUnavailable: a revocation must never
+        go unseen for longer)."""
+        entry = self._keys.get(key_id)
+        if entry is not None and self._revocations.get(key_id, -1.0) >= entry.fetched:
+            del self._keys[key_id]  # revoked since that fetch began: never use it again
+        try:
+            found: dict[str, str] | None = await self._cached(
+                self._keys, key_id, lambda: accounts.get_key(key_id), stale_ok=False
+            )
+        except StoreUnavailable:
+            entry = self._keys.get(key_id)
+            if entry is None or not self._trusted(entry):
+                raise
+            return cast("dict[str, str] | None", entry.value)
         return found
+
+    def _trusted(self, entry: _Entry) -> bool:
+        """Whether a key record older than cache_seconds may still be used, Redis being
+        unreachable: with on_store_down "open", up to auth.outage_trust_seconds into the
+        outage, and only when every revocation made before the outage would have
+        reached this replica: the revocation watch listened from the record's fetch
+        until the outage began."""
+        settings = self.app[SETTINGS]
+        horizon = settings.auth.outage_trust_seconds
+        if settings.budgets.on_store_down != "open" or horizon <= 0 or not self.outage:
+            return False
+        if entry.watched is None or entry.watched != self._watch_began:
+            return False  # fetched while not listening, or the watch restarted since
+        began, ended = self._outage_began, self._watch_ended
+        if ended is not None:
+            if ended < began - WATCH_SLACK:
+                return False  # the watch was deaf before the outage: a revocation may be lost
+            began = min(began, ended)  # the watch saw Redis go first
+        return time.monotonic() - began <= horizon
+
+    async def _watch(self, url: str) -> None:
+        """Listen for revocations (Accounts.revoke_key publishes them): a revoked key's
+        record leaves this replica's cache the moment it is revoked. A PING every second
+        keeps the session honest: one without an answer in WATCH_SILENCE ends it. On a
+        Redis Cluster it listens on the start-up node: a PUBLISH reaches every node."""
+        assert self._accounts is not None
+        channel = self._accounts.revocations_channel()
+        while not self._closing and not is_cancelling():
+            client = Redis.from_url(url, socket_connect_timeout=2.0)
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            try:
+                async with asyncio.timeout(2.0):
+                    await pubsub.subscribe(channel)
+                self._watch_began, self._watch_ended = time.monotonic(), None
+                heard = next_ping = time.monotonic()
+                while True:
+                    message = await pubsub.get_message(timeout=0.25)
+                    now = time.monotonic()
+                    if message is not None:
+                        heard = now
+                        if message.get("type") == "message":
+                            self._revoked(message.get("data"))
+                    if now >= next_ping:
+                        async with asyncio.timeout(2.0):
+                            await pubsub.ping()
+                        next_ping = now + 1.0
+                    if now - heard > WATCH_SILENCE:
+                        raise TimeoutError("the revocation watch heard nothing")
+            except (RedisError, OSError, TimeoutError):
+                if is_cancelling():  # a cancellation the client turned into a timeout
+                    raise asyncio.CancelledError() from None
+            finally:
+                if self._watch_began is not None and self._watch_ended is None:
+                    self._watch_ended = time.monotonic()
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+            await asyncio.sleep(WATCH_RETRY)
+
+    def _revoked(self, data: object) -> None:
+        """A revocation heard: the cached record goes, and so does one whose fetch was
+        under way (key_record compares the times)."""
+        key_id = data.decode() if isinstance(data, bytes) else str(data)
+        self._keys.pop(key_id, None)
+        self._revocations.pop(key_id, None)
+        self._revocations[key_id] = time.monotonic()
+        while len(self._revocations) > CACHE_LIMIT:
+            del self._revocations[next(iter(self._revocations))]
 
     async def conf(self, accounts: Accounts, scope: Scope) -> dict[str, str]:
         found: dict[str, str] = await self._cached(
@@ -207,9 +311,10 @@ class Fleet:
 
     # -- failing open --------------------------------------------------------------------
 
-    def admit_uncounted(self, key_id: str, want: Amounts) -> bool:
+    def admit_uncounted(self, key_id: str, want: Amounts, *, new: bool = True) -> bool:
         """Whether this replica may admit `want` for the key without a reservation
-        (Redis unreachable, `on_store_down = "open"`): within the outage allowance."""
+        (Redis unreachable, `on_store_down = "open"`): within the outage allowance.
+        `new`: a request not admitted uncounted before (counted in the metric)."""
         allowance = self.app[SETTINGS].budgets.outage_allowance
         used = self._uncounted.get(key_id, 0) + want.input + want.output
         if used > allowance:
@@ -219,7 +324,7 @@ class Fleet:
         while len(self._uncounted) > CACHE_LIMIT:  # bounded: the oldest key's is forgotten
             del self._uncounted[next(iter(self._uncounted))]
         metrics = self._metrics
-        if metrics is not None:
+        if metrics is not None and new:
             metrics.budget_uncounted.inc()
         return True
 
@@ -266,10 +371,10 @@ class Fleet:
 
     async def charge(self, accounts: Accounts, scope: Scope, amounts: Amounts) -> None:
         """Add `amounts` to the scope's current counters, whatever its limits say (usage
-        that happened without a reservation)."""
-        held = await self.call(lambda: accounts.reserve(scope, Amounts(), time.time()))
-        if isinstance(held, Held) and held.counters:
-            await self.call(lambda: accounts.add(held.counters, amounts))
+        that happened without a reservation): one script, never refused."""
+        if amounts == Amounts():
+            return
+        await self.call(lambda: accounts.charge(scope, amounts, time.time()))
 
     # -- settlements ---------------------------------------------------------------------
 
@@ -317,15 +422,19 @@ class Fleet:
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
+        """Within a bounded time: settlements get 5 s to land, owed charges one last try
+        of 2 s, then whatever is left is stopped (stop_tasks)."""
+        self._closing = True
+        if self._watcher is not None:
+            await stop_tasks([self._watcher], what="revocation watch")
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5)
+            await stop_tasks(list(self._tasks), what="settlement")
         if self._paying is not None and not self._paying.done():
             if self._owed:  # one last try, then what is still owed is lost
                 self._answered.set()
                 await asyncio.wait([self._paying], timeout=2)
-            self._paying.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._paying
+            await stop_tasks([self._paying], what="owed charge")
         if self.store is not None:
             await self.store.close()
 

@@ -26,21 +26,33 @@ def _named_in_connection(headers: MultiMapping[str]) -> frozenset[str]:
     return frozenset(name.strip().lower() for value in values for name in value.split(","))
 
 
+# The proxy's own request headers (`x-compaction-proxy-purpose: summary` on its summariser
+# calls): set by the proxy only, so a client's never reach the upstream, whose logs can
+# then tell the proxy's calls from a client's.
+OWN_PREFIX = "x-compaction-proxy-"
+
+
 def _keep(
-    pairs: Iterable[tuple[str, str]], drop: frozenset[str], extra: frozenset[str]
+    pairs: Iterable[tuple[str, str]],
+    drop: frozenset[str],
+    extra: frozenset[str],
+    prefixes: tuple[str, ...] = ("proxy-",),
 ) -> list[tuple[str, str]]:
     if extra:
         drop = drop | extra
     return [
         (name, value)
         for name, value in pairs
-        if (lower := name.lower()) not in drop and not lower.startswith("proxy-")
+        if (lower := name.lower()) not in drop and not lower.startswith(prefixes)
     ]
 
 
 def upstream_request_headers(headers: MultiMapping[str]) -> list[tuple[str, str]]:
-    """The client's end-to-end headers, to send upstream as they came."""
-    return _keep(headers.items(), _REQUEST_DROP, _named_in_connection(headers))
+    """The client's end-to-end headers, to send upstream as they came (less the proxy's
+    own, which only the proxy sets)."""
+    return _keep(
+        headers.items(), _REQUEST_DROP, _named_in_connection(headers), ("proxy-", OWN_PREFIX)
+    )
 
 
 def client_response_headers(headers: MultiMapping[str]) -> CIMultiDict[str]:

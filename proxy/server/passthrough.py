@@ -1,6 +1,7 @@
-"""Every other path and method: forwarded unchanged, streamed both ways, to the upstream
-proxy/server/routing.py picks (Anthropic, or OpenAI-format; a key's own provider when
-keys are required).
+"""Every other path under /v1/ and method: forwarded unchanged, streamed both ways, to the
+upstream proxy/server/routing.py picks (Anthropic, or OpenAI-format; a key's own provider
+when keys are required). Any other path is 404: only the APIs' own paths go upstream (the
+target was made canonical first: proxy/server/target.py).
 
 A caller with budgets pays for pass-through calls too (proxy/core/proxy_keys.py says how
 each path is metered): a model call (/v1/complete, /v1/completions, /v1/embeddings,
@@ -23,13 +24,14 @@ import orjson
 from aiohttp import web
 
 from proxy.core.budget import BadRequestField, batch_reservation
-from proxy.core.errors import Forbidden, InvalidRequest
+from proxy.core.errors import Forbidden, InvalidRequest, NotFound
 from proxy.core.proxy_keys import BATCH, FREE, UNMETERED, passthrough_rule
 from proxy.core.usage import LineKind, Usage
 from proxy.server import budgets
 from proxy.server.bodies import (
     BodyClock,
     BodyTooLarge,
+    check_duplicates,
     check_model,
     decoded,
     invalid_field,
@@ -49,12 +51,16 @@ from proxy.server.state import COMPACTOR, SETTINGS, UPSTREAM
 from proxy.wire import ANTHROPIC, CHAT
 
 COUNT_OFF_LOOP_BYTES = 256 * 1024
+API_PREFIX = "/v1/"
 NO_OUTPUT = frozenset({"/v1/embeddings"})
 
 
 async def handle_passthrough(request: web.Request) -> web.StreamResponse:
     if request.raw_path[:1] != "/":
         raise not_a_path(request.raw_path)
+    if not request.path.startswith(API_PREFIX):
+        # Only the APIs' own paths go upstream: anything else is not the proxy's to pass.
+        raise NotFound(f"compaction-proxy does not serve {request.path[:200]}.")
     # The key's provider, else the path (and for paths both APIs have, the client's
     # headers), picks the upstream.
     target = caller_of(request).provider or upstream_for(request.path, request.headers)
@@ -112,6 +118,10 @@ async def _reserved(request: web.Request, meter: str) -> bytes:
     if not isinstance(payload, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     check_model(payload)
+    if len(text) > COUNT_OFF_LOOP_BYTES:
+        await asyncio.to_thread(check_duplicates, text, payload)
+    else:
+        check_duplicates(text, payload)
     counter = request.app[COMPACTOR].counter
     if meter == BATCH:
 

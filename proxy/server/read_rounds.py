@@ -40,7 +40,7 @@ from proxy.server.headers import client_response_headers
 from proxy.server.record import detached
 from proxy.server.relay import cut_client, relay
 from proxy.server.state import COMPACTOR, STORE
-from proxy.server.upstream import Upstream
+from proxy.server.upstream import AnswerTooLarge, Upstream, read_bounded
 from proxy.store import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -237,7 +237,10 @@ class ReadRounds:
         note = None
         while True:
             try:
-                raw = await response.read()
+                raw = await self.upstream.read(response)
+            except AnswerTooLarge as e:
+                response.close()
+                raise garbage(e) from None
             finally:
                 response.release()
             message, round_ = self._read_answer(raw)
@@ -305,7 +308,11 @@ class ReadRounds:
                 if response.status != 200:
                     # Too late for a status: end the stream with the upstream's error.
                     self.record.read_outcome = "upstream_error"
-                    await out.write(await _error_event(response, self.wire))
+                    await out.write(
+                        await _error_event(
+                            response, self.wire, self.upstream.settings.max_answer_bytes
+                        )
+                    )
                     await out.write_eof()
                     return out
             for chunk in merger.finish(note):
@@ -325,36 +332,52 @@ class ReadRounds:
         self, response: aiohttp.ClientResponse, merger: RoundMerger, out: web.StreamResponse
     ) -> MergeState:
         decoder = SSEDecoder()
+        cap = self.upstream.settings.max_line_bytes
         try:
             async for chunk in response.content.iter_any():
-                for event in decoder.feed(chunk):
+                events = decoder.feed(chunk)
+                if decoder.buffered > cap:
+                    # One event longer than the cap: nothing of it was sent; end cleanly.
+                    too_long = AnswerTooLarge("an event", cap, "upstream.max_line_bytes")
+                    log.warning("upstream event over %d bytes; ending the stream", cap)
+                    await out.write(self.wire.stream_error(garbage(too_long)))
+                    response.close()
+                    return MergeState.FAILED
+                # What one upstream chunk's events give goes out in one write (a write
+                # per event costs a chunk frame and a send each).
+                batch: list[bytes] = []
+                for event in events:
                     self.record.meter.answered_by(event.raw)
                     try:
-                        pieces = merger.feed(event)
+                        batch.extend(merger.feed(event))
                     except Exception as e:
                         # Too late for a 502: end the stream with the API's error event.
                         log.warning("unreadable upstream event (%s); ending the stream", e)
-                        await out.write(self.wire.stream_error(garbage(e)))
+                        batch.append(self.wire.stream_error(garbage(e)))
+                        await out.write(b"".join(batch))
                         return MergeState.FAILED
-                    for piece in pieces:
-                        await out.write(piece)
                     if merger.state is MergeState.FAILED:
+                        await out.write(b"".join(batch))
                         return MergeState.FAILED
+                if batch:
+                    await out.write(b"".join(batch))
         finally:
             response.release()
         return merger.state
 
 
 def garbage(error: Exception) -> UpstreamGarbage:
+    if isinstance(error, AnswerTooLarge):
+        return UpstreamGarbage(f"compaction-proxy will not read the upstream's answer: {error}")
     return UpstreamGarbage(
         f"compaction-proxy could not read the upstream's answer ({type(error).__name__})"
     )
 
 
-async def _error_event(response: aiohttp.ClientResponse, wire: WireFormat) -> bytes:
+async def _error_event(response: aiohttp.ClientResponse, wire: WireFormat, limit: int) -> bytes:
     """The upstream's error answer as an in-stream error of the wire's format."""
     try:
-        payload: Any = orjson.loads(await response.read())
+        payload: Any = orjson.loads(await read_bounded(response, limit))
     except (orjson.JSONDecodeError, aiohttp.ClientError):
         payload = None
     finally:

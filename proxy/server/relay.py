@@ -6,10 +6,12 @@ re-framed or decompressed.
 
 When the upstream stream breaks (connection lost, early EOF inside the body) the client
 connection is closed the same way, without the final chunk, so the client sees the same
-broken stream it would have seen without the proxy. When the upstream goes silent longer
-than `upstream.stream_idle_timeout`, the proxy ends the stream itself: at an event
-boundary with an `event: error` (type `api_error`) and the normal end of the body, so SDKs
-raise a clear error; inside a half-sent event by closing the connection.
+broken stream it would have seen without the proxy. An event stream is written on event
+boundaries (`EventHold`: the bytes after the last complete event wait for its end, at
+most `upstream.max_line_bytes` of them), so when the upstream goes silent longer than
+`upstream.stream_idle_timeout`, or sends an event over that cap, the proxy ends the
+stream itself with an `event: error` (type `api_error`) and the normal end of the body,
+and SDKs raise a clear error.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.core.errors import UpstreamError
+from proxy.core.errors import UpstreamError, UpstreamGarbage
 from proxy.core.wire_format import WireFormat
 from proxy.server.errors import render, upstream_failure, wire_for
 from proxy.server.headers import client_response_headers
 from proxy.server.record import detached
+from proxy.server.state import SETTINGS
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +102,6 @@ def _meter_body(body: bytes, encoded: bool) -> None:
         meter.body(answer)
 
 
-def _at_event_boundary(last: bytes, before: bytes) -> bool:
-    if not last:
-        return True
-    tail = last if len(last) >= 4 else before[-4:] + last
-    return tail.endswith(_EVENT_ENDINGS)
-
-
 async def _relay_stream(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
@@ -118,18 +114,29 @@ async def _relay_stream(
     if not events and upstream.content_length is not None:
         out.content_length = upstream.content_length
     await out.prepare(request)
-    last = before = b""
     meter = detached().meter if events and upstream.status == 200 else None
+    held = EventHold(_max_line(request)) if events else None
     try:
         async for chunk in upstream.content.iter_any():
+            if held is not None:
+                chunk = held.whole_events(chunk)
+                if held.over:
+                    upstream.close()
+                    log.warning("upstream event over %d bytes; ending the stream", held.cap)
+                    await out.write(wire.stream_error(_too_long(held.cap)))
+                    await out.write_eof()
+                    return out
+                if not chunk:
+                    continue
             await out.write(chunk)
-            before, last = last, chunk
             if meter is not None:
                 meter.chunk(chunk)
+        if held is not None and held.rest:
+            await out.write(held.rest)  # an unterminated last event, as the upstream sent it
     except TimeoutError:
         upstream.close()
         log.warning("upstream stream idle too long; ending the client stream")
-        if events and _at_event_boundary(last, before):
+        if events:  # written on event boundaries: the stream can end cleanly
             message = "compaction-proxy: the upstream stream went silent; ended by the proxy"
             await out.write(wire.stream_error(UpstreamError(message)))
             await out.write_eof()
@@ -149,6 +156,68 @@ async def _relay_stream(
         return out
     await out.write_eof()
     return out
+
+
+class EventHold:
+    """Writes an event stream on event boundaries: what follows the last complete event
+    of the bytes so far is held (one event: bounded by `cap`) until its end arrives, so
+    the client never gets half an event the proxy must then end the stream inside, and
+    no event longer than the cap is held. Chunks that end on a boundary (nearly all)
+    pass as they are."""
+
+    __slots__ = ("_held", "cap", "over")
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._held = bytearray()
+        self.over = False
+
+    @property
+    def rest(self) -> bytes:
+        return bytes(self._held)
+
+    def whole_events(self, chunk: bytes) -> bytes:
+        held = self._held
+        if held:
+            start = max(0, len(held) - 3)  # an ending split across the chunks
+            held += chunk
+            end = _last_event_end(held, start)
+            if end == 0:
+                self.over = len(held) > self.cap
+                return b""
+            out = bytes(held[:end])
+            del held[:end]
+        elif chunk.endswith(_EVENT_ENDINGS):
+            return chunk  # the common case: the chunk ends an event
+        else:
+            end = _last_event_end(chunk, 0)
+            if end == len(chunk):
+                return chunk
+            out = chunk[:end]
+            held += chunk[end:]
+        self.over = len(held) > self.cap
+        return out
+
+
+def _last_event_end(data: bytes | bytearray, start: int) -> int:
+    """Where the last complete event in `data` ends (0: none), searching from `start`."""
+    end = 0
+    for ending in _EVENT_ENDINGS:
+        at = data.rfind(ending, start)
+        if at >= 0:
+            end = max(end, at + len(ending))
+    return end
+
+
+def _max_line(request: web.Request) -> int:
+    return request.app[SETTINGS].upstream.max_line_bytes
+
+
+def _too_long(cap: int) -> UpstreamError:
+    return UpstreamGarbage(
+        f"compaction-proxy: an upstream event was over {cap} bytes"
+        " (upstream.max_line_bytes); the stream was ended"
+    )
 
 
 def cut_client(request: web.Request) -> None:

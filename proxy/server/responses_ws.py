@@ -38,7 +38,7 @@ from proxy.core.errors import StoreUnavailable as CannotCheck
 from proxy.core.usage import Usage
 from proxy.server import budgets
 from proxy.server import record as records
-from proxy.server.bodies import output_tokens
+from proxy.server.bodies import check_duplicates, output_tokens
 from proxy.server.budgets import STORE_DOWN_RETRY_AFTER, TICKET, Ticket
 from proxy.server.caller import CALLER, caller_of, count_rejection
 from proxy.server.compactor import Prepared
@@ -212,7 +212,14 @@ class Relay(SocketPair):
         record.model = str(payload.get("model", ""))[:128]
         client_input = input_list(payload)
         body = orjson.dumps(payload)
-        output = output_tokens(payload) if budgets.applies(request) else 0
+        if caller_of(request).key_id is not None:  # as over HTTP: one reading of a field
+            check_duplicates(raw.encode(), frame)
+        output = 0
+        if budgets.applies(request):
+            output = output_tokens(payload)
+            # The gate, as over HTTP: nothing that costs the upstream money (a summary
+            # made for this frame) before the budget says yes.
+            await budgets.admit(request, output, body)
         adjusted = await before(request, body, payload)
         if adjusted.answer is not None:  # the proxy answered it (a compaction_trigger)
             end = await self._send_answer(adjusted.answer)

@@ -40,6 +40,7 @@ from proxy.core.wire_format import WireFormat
 from proxy.server import budgets
 from proxy.server.bodies import (
     BodyTooLarge,
+    check_duplicates,
     check_model,
     decoded,
     is_encoded,
@@ -63,6 +64,7 @@ log = logging.getLogger(__name__)
 
 
 Refused = Callable[[bytes], Awaitable[web.StreamResponse | None]]
+DUPLICATES_OFF_LOOP_BYTES = 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -160,6 +162,11 @@ async def _read_payload(request: web.Request, route: ConversationRoute) -> Incom
     if not isinstance(parsed, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     check_model(parsed)
+    if caller_of(request).key_id is not None:  # a proxy key's: the operator pays
+        if len(text) > DUPLICATES_OFF_LOOP_BYTES:  # a pass over megabytes: off the loop
+            await asyncio.to_thread(check_duplicates, text, parsed)
+        else:
+            check_duplicates(text, parsed)
     return Incoming(body, parsed, encoded)
 
 
@@ -204,7 +211,7 @@ async def _prepare(
                 upstream_headers=upstream_headers,
                 tenant=caller.tenant,
                 policy_override=override,
-                charge_later=budgets.late_charge(request),
+                spend=budgets.summary_budget(request),
             )
         except PolicyError as e:
             # A key's or team's window/trigger/target that does not fit this model's
@@ -249,6 +256,8 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
         record.model = str(payload.get("model", ""))[:128]
         if route.compacts and budgets.applies(request):
             output = output_tokens(payload)  # checked before any work is done for it
+            # The gate: nothing that costs the upstream money before the budget says yes.
+            await budgets.admit(request, output, body)
     adjusted, rewritten = None, False
     if route.before is not None and payload is not None:
         adjusted = await route.before(request, body, payload)
@@ -285,7 +294,7 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
     record.answered(response.headers.get(route.wire.request_id_header, ""))
 
     if adjusted is not None and adjusted.on_refusal is not None and response.status in (400, 422):
-        return await _refusal(response, adjusted.on_refusal)
+        return await _refusal(response, adjusted.on_refusal, upstream)
     if prepared.intercepts:
         rounds = ReadRounds(request, prepared, route.wire, upstream, headers)
         out = await rounds.answer(response)
@@ -302,10 +311,15 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
     return out
 
 
-async def _refusal(response: aiohttp.ClientResponse, take_over: Refused) -> web.StreamResponse:
+async def _refusal(
+    response: aiohttp.ClientResponse, take_over: Refused, upstream: Upstream
+) -> web.StreamResponse:
     """An upstream refusal the API's own step may answer instead; else relayed as it came."""
     try:
-        raw = await response.read()
+        raw = await upstream.read(response)
+    except (aiohttp.ClientError, TimeoutError) as e:
+        response.close()
+        raise upstream_failure(e, upstream.shown_url, upstream.timeout_for(False)) from None
     finally:
         response.release()
     answer = await take_over(raw)

@@ -15,7 +15,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -36,6 +36,37 @@ SUMMARY = "summary"  # the store kind summaries are kept under
 
 
 SummaryCall = Callable[[GetSummary], Awaitable[tuple[str, Usage | None]]]
+
+
+class Settles(Protocol):
+    def settle(self, usage: Usage | None) -> None: ...
+
+
+class SummaryBudget(Protocol):
+    """What summaries made for a caller may spend (proxy/server/budgets.py has the one
+    with budgets): `at_crossing` holds a summary made for the request in its own
+    reservation (False: refused); `ahead` holds one made in the background on its own
+    (None: refused), settled when its call returns."""
+
+    async def at_crossing(self, estimated_input: int, max_tokens: int) -> bool: ...
+
+    async def ahead(self, estimated_input: int, max_tokens: int) -> Settles | None: ...
+
+
+class _Free:
+    """No budgets: every summary may be made, nothing to settle."""
+
+    async def at_crossing(self, estimated_input: int, max_tokens: int) -> bool:
+        return True
+
+    async def ahead(self, estimated_input: int, max_tokens: int) -> Settles | None:
+        return self
+
+    def settle(self, usage: Usage | None) -> None:
+        return None
+
+
+FREE_SUMMARIES: SummaryBudget = _Free()
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +90,7 @@ async def obtain_summary(
     conversation: str,
     settings: SummariserSettings,
     call: SummaryCall,
+    spend: SummaryBudget = FREE_SUMMARIES,
 ) -> Obtained:
     key = need.key
     try:
@@ -82,6 +114,9 @@ async def obtain_summary(
     record = detached()
     held = (lock, token)
     try:
+        if not await spend.at_crossing(summary_input(need), need.slot):
+            await release(store, tenant, conversation, held)
+            return Obtained(SummaryReply(None, failure="the caller's budget has no room"))
         record.summariser_calls += 1
         text, usage = await call(need)
         if usage is not None:  # the caller's budget pays for it
@@ -154,6 +189,12 @@ async def _wait_for_ahead(
     return None, None
 
 
+def summary_input(need: GetSummary) -> int:
+    """What a summariser call is reserved for as input before it is made: its body's
+    bytes over 3 (errs high for text and code; settled to what the upstream reports)."""
+    return len(orjson.dumps(need.body)) // 3 + 1
+
+
 class SummariserFailed(Exception):
     """The summariser gave no usable answer (an error status, or no text)."""
 
@@ -212,7 +253,7 @@ async def _ask(
         model=str(body.get("model", "")),
     )
     try:
-        raw = await response.read()
+        raw = await upstream.read(response)  # within upstream.max_answer_bytes
     finally:
         response.release()
     if response.status != 200:
@@ -281,14 +322,15 @@ async def prepare_summary(
     settings: SummariserSettings,
     call: SummaryCall,
     count: Callable[[str], int],
-    charge: Callable[[Usage], None],
+    spend: SummaryBudget,
     on_call: Callable[[bool], None],
 ) -> None:
     """Make the next fold's summary in the background, once for the fleet (the same lock
     as a summary made at a crossing), and keep its note in the slot (what it folds and
     what its call saw: proxy/core/lines.py): first as being made (so no replica starts it
-    again), then with its text. Its usage is charged to the caller; a failure is logged
-    and leaves the note (the crossing then makes the summary itself)."""
+    again), then with its text. The call is reserved in the caller's budgets before it is
+    made and settled to its usage; a budget that refuses it, like a failure, leaves a
+    failed note (the crossing then makes the summary itself, or packs)."""
     key = command.ask.key
     note = command.note  # None: the summary is stored, no crossing is told of it
 
@@ -308,7 +350,13 @@ async def prepare_summary(
         held = (lock, token)
     except StoreUnavailable:
         return
+    apart: Settles | None = None
     try:
+        apart = await spend.ahead(summary_input(command.ask), command.ask.slot)
+        if apart is None:
+            if note is not None:
+                await keep(note_record(note, failed=True), command.evict_notes)
+            return
         if note is not None:
             await keep(note_record(note), command.evict_notes)
         try:
@@ -319,8 +367,7 @@ async def prepare_summary(
             text, usage = "", None
         else:
             on_call(True)
-        if usage is not None:
-            charge(usage)
+        apart.settle(usage)
         if not text.strip():
             tracing.note({"compaction.summary": "failed"})
             # Said, so the crossing asks for it itself rather than wait for it.
@@ -337,4 +384,6 @@ async def prepare_summary(
     except StoreUnavailable as e:
         log.info("summary made ahead not stored: %s", e)
     finally:
+        if apart is not None:
+            apart.settle(None)  # no call made (cancelled, the store away): a refund
         await release(store, tenant, conversation, held)

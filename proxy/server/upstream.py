@@ -66,6 +66,30 @@ class TracedResponse(aiohttp.ClientResponse):
         super().close()
 
 
+class AnswerTooLarge(aiohttp.ClientPayloadError):
+    """An upstream answer (or one event of it) over the cap the proxy reads it within."""
+
+    def __init__(self, what: str, limit: int, setting: str) -> None:
+        super().__init__(f"{what} over {limit} bytes ({setting})")
+        self.limit = limit
+
+
+async def read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """A whole answer, never more than `limit` bytes of it held (raises AnswerTooLarge
+    as soon as it is known to be longer: its Content-Length, or what has arrived)."""
+    length = response.content_length
+    if length is not None and length > limit:
+        raise AnswerTooLarge("the answer", limit, "upstream.max_answer_bytes")
+    if length is not None:
+        return await response.read()  # the parser stops at Content-Length
+    body = bytearray()
+    async for chunk in response.content.iter_any():
+        body += chunk
+        if len(body) > limit:
+            raise AnswerTooLarge("the answer", limit, "upstream.max_answer_bytes")
+    return bytes(body)
+
+
 class Upstream:
     """Where requests go (from the configuration only) and the session that sends them."""
 
@@ -209,6 +233,10 @@ class Upstream:
             span.set_attribute("http.response.status_code", response.status)
             span.end()
         return response
+
+    async def read(self, response: aiohttp.ClientResponse) -> bytes:
+        """A whole answer the proxy must parse, within upstream.max_answer_bytes."""
+        return await read_bounded(response, self.settings.max_answer_bytes)
 
     def timeout_for(self, stream: bool) -> float:
         s = self.settings

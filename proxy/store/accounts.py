@@ -78,6 +78,37 @@ for _, p in ipairs(touched) do reply[#reply + 1] = p end
 return reply
 """
 
+# A charge: the reservation script's keys and arguments, without its check. Usage that
+# already happened (a summary made for the caller, what was admitted while Redis was
+# away) is added to the current bucket of every limited period, whatever the limits say:
+# a charge is never refused, and a counter may end above its limit. Returns the periods
+# touched.
+_CHARGE = """
+local metrics = {'input', 'output', 'weighted'}
+local periods = {'minute', 'day', 'month'}
+local conf = redis.call('HGETALL', KEYS[1])
+local limited = {}
+for i = 1, #conf, 2 do
+  for p = 1, 3 do
+    if string.sub(conf[i], 1, #periods[p] + 1) == periods[p] .. ':' then limited[p] = true end
+  end
+end
+local touched = {}
+for p = 1, 3 do
+  if limited[p] then
+    if redis.call('HGET', KEYS[p + 1], 'bucket') ~= ARGV[3 + p] then
+      redis.call('DEL', KEYS[p + 1])
+      redis.call('HSET', KEYS[p + 1], 'bucket', ARGV[3 + p])
+    end
+    for m = 1, 3 do
+      if tonumber(ARGV[m]) ~= 0 then redis.call('HINCRBY', KEYS[p + 1], metrics[m], ARGV[m]) end
+    end
+    touched[#touched + 1] = p
+  end
+end
+return touched
+"""
+
 # KEYS: counters a reservation touched; ARGV[1..3]: what to add (negative: give back),
 # ARGV[3 + i]: the bucket KEYS[i] was reserved in. A counter that has moved on to a later
 # bucket since (a stream longer than its period) is left alone.
@@ -154,6 +185,7 @@ class Accounts:
         self.prefix = store.prefix
         self._reserve = store.register_script(_RESERVE)
         self._settle = store.register_script(_SETTLE)
+        self._charge = store.register_script(_CHARGE)
 
     # -- key names ---------------------------------------------------------------------
 
@@ -233,7 +265,14 @@ class Accounts:
         if not await self.store.run(lambda: client.exists(record_key)):
             return False
         await self.store.run(lambda: client.hset(record_key, "revoked", "1"))
+        # Told at once to every replica listening (proxy/server/fleet.py), so one that
+        # loses Redis just after still knows; the record is what every other check reads.
+        channel = self.revocations_channel()
+        await self.store.run(lambda: client.publish(channel, key_id))
         return True
+
+    def revocations_channel(self) -> str:
+        return f"{self.prefix}g:keys:revoked"
 
     # -- limits and policy ---------------------------------------------------------------
 
@@ -268,6 +307,19 @@ class Accounts:
             return Held(scope, held, want)
         _, p, m, used, limit = reply
         return Refused(scope, PERIODS[p - 1], METRICS[m - 1], used, limit, buckets[p - 1].ends_in)
+
+    async def charge(self, scope: Scope, amounts: Amounts, now: float) -> tuple[str, ...]:
+        """Add usage that already happened to the scope's current counters of every
+        limited period: never refused (a counter may end above its limit). Returns the
+        counters charged ("<counter key>:<bucket>")."""
+        check_amounts(amounts)
+        buckets = [bucket(p, now) for p in PERIODS]
+        counters = [self._counter(scope, p) for p in PERIODS]
+        keys = [self._key(scope, "conf"), *counters]
+        args = [*amounts.as_tuple(), *(b.name for b in buckets)]
+        reply = await self.store.run(lambda: self._charge(keys=keys, args=args))
+        touched = [int(x) for x in cast("list[Any]", reply)]
+        return tuple(f"{counters[p - 1]}:{buckets[p - 1].name}" for p in touched)
 
     async def settle(self, held: Held, actual: Amounts) -> None:
         """Replace what `held` reserved by what was actually used (0: a refund)."""

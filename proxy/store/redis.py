@@ -105,6 +105,12 @@ def _split_cluster_flag(url: str) -> tuple[str, bool]:
     return urlunsplit(parts._replace(query=rest)), enabled
 
 
+def node_url(url: str) -> str:
+    """The URL of the one node a store URL names (a Cluster's start-up node: its
+    `cluster=` option removed), for a connection of its own (a subscription)."""
+    return _split_cluster_flag(url)[0]
+
+
 def _positive(label: str, value: int) -> int:
     # Redis rejects "EX 60.0"; catch a float here, not as a StoreUnavailable on every write.
     if isinstance(value, bool) or not isinstance(value, int):

@@ -146,6 +146,7 @@ async def make_admin_proxy(admin_key: str, make_compacting_proxy: MakeProxy) -> 
                 "auth.admin_key_env": ADMIN_KEY_ENV,
                 "auth.keys": "required",
                 "auth.cache_seconds": 0.0,
+                "auth.upstream_envs": UPSTREAM_KEY_ENV,
                 "upstream.openai_url": upstream_url,
                 **settings,
             },

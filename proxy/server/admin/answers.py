@@ -12,14 +12,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.core.errors import ClientError, ProxyError
+from proxy.core.errors import ClientError, NotFound, ProxyError
 from proxy.server.errors import render
 from proxy.wire import ANTHROPIC
 
-
-class NotFound(ClientError):
-    status = 404
-    type = "not_found_error"
+__all__ = ["MethodNotAllowed", "NotFound", "answer", "error"]
 
 
 class MethodNotAllowed(ClientError):

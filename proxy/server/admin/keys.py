@@ -23,6 +23,7 @@ from aiohttp import web
 
 from proxy.core import management as shapes
 from proxy.core.errors import InvalidRequest, StoreUnavailable
+from proxy.core.proxy_keys import upstream_env_problem
 from proxy.server.admin.answers import NotFound, answer
 from proxy.server.state import COMPACTOR, SETTINGS, STORE
 from proxy.store import management as manage
@@ -62,6 +63,10 @@ async def run(request: web.Request, work: Work) -> web.Response:
 
 async def _create_key(request: web.Request, accounts: Accounts) -> web.Response:
     wanted = shapes.parse_key_request(await _json(request))
+    auth = request.app[SETTINGS].auth
+    problem = upstream_env_problem(wanted.upstream_env, auth.admin_key_env, auth.upstream_envs)
+    if problem is not None:
+        raise ValueError(problem)
     return answer(await manage.create_key(accounts, wanted), status=201)
 
 

@@ -31,6 +31,7 @@ from proxy.core.usage import Usage
 from proxy.server.admin.answers import answer
 from proxy.server.record import RequestRecord
 from proxy.server.state import SETTINGS, STORE
+from proxy.server.tasks import STOP_DEADLINE, is_cancelling, stop_tasks
 from proxy.store import StoreUnavailable
 from proxy.store.stats import MINUTE, MINUTE_TTL, RECENT_KEPT, StatsStore
 
@@ -107,6 +108,7 @@ class StatsCollector:
         self.models: set[str] = set()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def _model(self, record: RequestRecord, status: int) -> str:
         """Requests are counted per model once the upstream accepted the model (a 2xx):
@@ -163,15 +165,17 @@ class StatsCollector:
         self._task = asyncio.get_running_loop().create_task(self._flush_often())
 
     async def _stop(self, app: web.Application) -> None:
+        self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_tasks([self._task], what="admin stats flush")
         with contextlib.suppress(Exception):
-            await self.flush()
+            async with asyncio.timeout(STOP_DEADLINE):
+                await self.flush()
 
     async def _flush_often(self) -> None:
-        while True:
+        # Ends when told to, even when a cancellation arrived inside a store call and
+        # came out of it as a StoreUnavailable the flush keeps for the next tick.
+        while not self._stopping and not is_cancelling():
             await asyncio.sleep(FLUSH_SECONDS)
             try:
                 await self.flush()
