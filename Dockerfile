@@ -1,5 +1,5 @@
 # compaction-proxy: `serve`, configured by environment (COMPACTION_PROXY_* and REDIS_URL;
-# see README.md). Without REDIS_URL it starts its embedded redis-server, whose data is
+# see docs/running.md). Without REDIS_URL it starts its embedded redis-server, whose data is
 # kept in the volume below.
 FROM python:3.11-slim-bookworm
 

@@ -3,7 +3,7 @@
 Issue 12's target: with a summariser that takes 3 s, no agent turn of a gradually growing
 session waits for it (added latency on crossing turns under 100 ms): the next fold's
 summary is made ahead, in the background, from the prepare point on, and the crossing
-folds with it (README, "How compaction works").
+folds with it (docs/compaction.md).
 
 Three processes on loopback:
 

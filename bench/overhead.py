@@ -17,7 +17,7 @@ request (the recorded Claude Code turn) and a 1 MB one, streamed and not, in one
 Usage: .venv/bin/python bench/overhead.py [--seconds 4] [--rounds 10] [--loop asyncio|uvloop]
 [--write] (--write replaces the "overhead.py" section of bench/RESULTS.md).
 
-`--tracing` measures instead what OpenTelemetry traces cost (README, "Traces"): against
+`--tracing` measures instead what OpenTelemetry traces cost (docs/operating.md, "Traces"): against
 the canned upstream, the same proxy with tracing off and with it on (OTEL_TRACES_EXPORTER
 =otlp, every request sampled, exporting over OTLP/HTTP to a sink process that reads and
 discards), latency and throughput interleaved in one run as above; --write replaces the
@@ -736,7 +736,7 @@ def main() -> None:
     parser.add_argument("--serve-floor", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--serve-otlp", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument(
-        "--tracing", action="store_true", help="tracing off against on (README, Traces)"
+        "--tracing", action="store_true", help="tracing off against on (docs/operating.md, Traces)"
     )
     args = parser.parse_args()
     if args.serve_otlp:

@@ -121,7 +121,7 @@ class AuthSettings:
     # OPENAI_API_KEY). Never the admin key's, nor the proxy's own settings.
     upstream_envs: str = ""
     # Seconds into a Redis outage a key this replica knew valid keeps working, with
-    # budgets.on_store_down = "open" (README, "Fleet"): a key revoked before the outage
+    # budgets.on_store_down = "open" (docs/fleet.md): a key revoked before the outage
     # still stops within cache_seconds (revocations reach the replicas as they are made).
     # 0: a key that cannot be checked again is refused after cache_seconds.
     outage_trust_seconds: float = 300.0

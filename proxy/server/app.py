@@ -148,7 +148,7 @@ async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _check_eviction_policy(store: Store) -> None:
-    """Say at start-up if Redis may evict what must never go (README, "Sizing")."""
+    """Say at start-up if Redis may evict what must never go (docs/operating.md, "Sizing Redis")."""
     try:
         memory = await store.memory()
     except StoreUnavailable:

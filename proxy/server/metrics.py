@@ -360,7 +360,7 @@ async def handle_metrics(request: web.Request) -> web.Response:
     registry = request.app[METRICS].registry
     if "application/openmetrics-text" in request.headers.get("Accept", ""):
         # What Prometheus asks for first: the same metrics, with the latency histograms'
-        # exemplars (trace ids of traced requests: README, "Traces").
+        # exemplars (trace ids of traced requests: docs/operating.md, "Traces").
         body = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
         return web.Response(body=body, headers={"Content-Type": openmetrics.CONTENT_TYPE_LATEST})
     body = generate_latest(registry)

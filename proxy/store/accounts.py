@@ -22,7 +22,7 @@ atomic on a single Redis and on a Cluster alike. A request of a key in a team ru
 the key's slot, then on the team's; if the team refuses, the key's reservation is taken
 back. Between those two steps the key holds a reservation it may not keep, which can make
 a concurrent request of the same key be refused: the split errs towards refusing, never
-towards admitting more (see README, "The bound on over-admission").
+towards admitting more (see docs/fleet.md, "Over-admission").
 """
 
 from __future__ import annotations

@@ -186,7 +186,8 @@ class EmbeddedRedis:
             "daemonize": "no",
             # At a memory limit (options["maxmemory"]) evict only keys with a TTL, least
             # recently used first: blobs, checkpoints, summaries. Proxy keys, limits and
-            # budget counters have none, so they are never evicted (README, "Sizing").
+            # budget counters have none, so they are never evicted (docs/operating.md,
+            # "Sizing Redis").
             "maxmemory-policy": "volatile-lru",
             **self.options,
         }

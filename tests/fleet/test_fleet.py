@@ -6,7 +6,7 @@ same suite runs against a standalone Redis and a local three-master Cluster:
 
 - concurrent requests at the edge of a budget: what the upstream reports for the admitted
   requests never passes the limit (the bound is 0 here, as the estimate equals the
-  stand-in's count; see README "The bound on over-admission");
+  stand-in's count; see docs/fleet.md, "Over-admission");
 - a result offloaded through replica A is read (read_result) through replica B;
 - a summary needed by three replicas at once is made once for the fleet.
 

@@ -150,7 +150,8 @@ def test_every_variable_the_docs_and_deployments_name_is_known() -> None:
     from proxy.config import misspelled_variables
 
     named: set[str] = set()
-    for path in [REPO / "README.md", REPO / "Dockerfile", REPO / "docker-compose.yml",
+    for path in [REPO / "README.md", *(REPO / "docs").glob("*.md"), REPO / "Dockerfile",
+                 REPO / "docker-compose.yml",
                  *(REPO / "deploy").rglob("*.yaml"), *(REPO / "config").iterdir()]:  # fmt: skip
         named.update(re.findall(r"COMPACTION_PROXY_[A-Z0-9_]+", path.read_text()))
     named -= {"COMPACTION_PROXY_SECTION_KEY"}  # the README's pattern, not a variable
