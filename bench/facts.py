@@ -4,7 +4,7 @@ The chat shape of bench/make_trace.py (160 turns of seeded reasoning full of ide
 300-character results: only folds help) with 30 facts planted in its first 15 turns, two a
 turn, each a sentence put in the middle of that turn's reasoning: ports, file paths,
 function and class names, settings, error codes, decisions with their reason. Each fact
-has one string to check: the value an agent needs later (`9187`, `deploy/helm/values-eu.yaml`,
+has one string to check: the value an agent needs later (`port 9187`, `deploy/helm/values-eu.yaml`,
 `1.62.1`).
 
 The session runs live (real anthropic SDK, real proxy with its embedded Redis, the
@@ -57,9 +57,9 @@ class Fact:
 
 
 FACTS = (
-    Fact("The metrics exporter listens on port 9187, not the default.", "9187"),
-    Fact("Staging Redis was moved to port 6391 last week.", "6391"),
-    Fact("The admin API serves TLS on port 18443 only.", "18443"),
+    Fact("The metrics exporter listens on port 9187, not the default.", "port 9187"),
+    Fact("Staging Redis was moved to port 6391 last week.", "port 6391"),
+    Fact("The admin API serves TLS on port 18443 only.", "port 18443"),
     Fact(
         "Retention lives in config/ledger/retention.yaml and nowhere else.",
         "config/ledger/retention.yaml",
@@ -102,7 +102,7 @@ FACTS = (
     ),
     Fact("Alerts go to the PagerDuty service PLEDGR7.", "PLEDGR7"),
     Fact("The schema migration is migrate_0047_refund_index.", "migrate_0047_refund_index"),
-    Fact("Decision: no retries on HTTP 409 because they double-post payouts.", "409"),
+    Fact("Decision: no retries on HTTP 409 because they double-post payouts.", "HTTP 409"),
     Fact("The rate limit upstream is 120 req/s per tenant.", "120 req/s"),
     Fact("The on-call engineer for the ledger is dana.okafor.", "dana.okafor"),
     Fact("The replica lag alarm fires at 2500 ms.", "2500 ms"),
