@@ -38,8 +38,8 @@ _UNITS = (
 _IDENTIFIER = re.compile(
     rf"""
       (?P<url>\b[a-z][a-z0-9+.-]*://[^\s<>"'`)\]}},]+)
-    | (?P<number>\b(?i:port|pid|uid|gid|http|status|exit\ code|pr|issue|ticket|tenant|line)
-        \s\#?\d{{2,}}\b)
+    | (?P<number>\b(?:[Pp]ort|PORT|pid|PID|uid|gid|HTTP|[Ss]tatus|exit\ code|PR|[Ii]ssue|ticket
+        |tenant|[Ll]ine)\s\#?\d{{2,}}\b)
     | (?P<path>(?:\.{{0,2}}/)?(?:[\w.@+-]+/)+[\w.@+-]+(?::\d+)?)
     | (?P<unit>\b\d+(?:\.\d+)?\s?(?:{_UNITS})(?![\w/]))
     | (?P<version>\bv?\d+\.\d+\.\d+(?:[-+.][\w.]+)?\b)
@@ -49,7 +49,7 @@ _IDENTIFIER = re.compile(
     | (?P<call>\b[A-Za-z_][\w.]*(?=\())
     | (?P<code>\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b|\b[A-Z]{{1,6}}-?\d{{2,}}\b
         |\b[A-Z]{{3,}}\d[A-Z0-9]*\b)
-    | (?P<host>\b(?=[\w-]*\d)[a-z][a-z0-9]*(?:-[a-z0-9]+)+\b)
+    | (?P<host>\b[a-z][a-z0-9]*-(?=[a-z0-9-]*\d)[a-z0-9]+(?:-[a-z0-9]+)*\b)
     | (?P<snake>\b[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9_]+\b)
     | (?P<camel>\b[a-z]+[A-Z][A-Za-z0-9]*\b|\b[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+\b)
     | (?P<hex>\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{{8,}}\b)
