@@ -6,10 +6,13 @@ identifiers of the folded turns that the summary does not contain and appends th
 telling of them, within a small token budget, as one compact line. Deterministic, so
 every replica appends the same line.
 
-What counts as an identifier (`identifiers`): file paths and file names, URLs, function
-and class names (snake_case, camelCase, CamelCase, `name(`), error codes and constants
-(`E1234`, `ERR_CONN_RESET`), ids (hex runs, uuids, `#1234`), versions (`1.2.3`), and
-numbers with units (`512 MiB`, `35 ms`). Bare numbers and plain words are not.
+What counts as an identifier (`identifiers`): file paths and file names, URLs of any
+scheme (`s3://bucket/key`), function and class names (snake_case, camelCase, CamelCase,
+`name(`), dotted names (`ledger.strict_mode`, `os.path.join`), error codes and constants
+(`E1234`, `ERR_CONN_RESET`, `PLEDGR7`), host-like names with a digit (`ledger-pg-eu-3`,
+`us-east-1`), ids (hex runs, uuids, `#1234`), versions (`1.2.3`), numbers with units
+(`512 MiB`, `35 ms`) and numbers a keyword names (`port 6391`, `HTTP 409`, `pid 4242`,
+`line 120`). Bare numbers and plain words are not.
 
 Which go first when not all fit (`rank`): identifiers of a rare *shape* before those a
 template printed many times (a log's thousand `module_3_17.py:248` lines share one shape
@@ -34,14 +37,19 @@ _UNITS = (
 )
 _IDENTIFIER = re.compile(
     rf"""
-      (?P<url>https?://[^\s<>"'`)\]}},]+)
+      (?P<url>\b[a-z][a-z0-9+.-]*://[^\s<>"'`)\]}},]+)
+    | (?P<number>\b(?:[Pp]ort|PORT|pid|PID|uid|gid|HTTP|[Ss]tatus|exit\ code|PR|[Ii]ssue|ticket
+        |tenant|[Ll]ine)\s\#?\d{{2,}}\b)
     | (?P<path>(?:\.{{0,2}}/)?(?:[\w.@+-]+/)+[\w.@+-]+(?::\d+)?)
     | (?P<unit>\b\d+(?:\.\d+)?\s?(?:{_UNITS})(?![\w/]))
     | (?P<version>\bv?\d+\.\d+\.\d+(?:[-+.][\w.]+)?\b)
     | (?P<uuid>\b[0-9a-fA-F]{{8}}(?:-[0-9a-fA-F]{{4}}){{3}}-[0-9a-fA-F]{{12}}\b)
+    | (?P<dotted>\b[A-Za-z_]\w+(?:\.[A-Za-z_]\w+){{2,}}\b|\b[A-Za-z_]\w+\.[A-Za-z]\w*_\w+\b)
     | (?P<file>\b[\w-]+\.(?:[A-Za-z][A-Za-z0-9]{{0,7}})\b(?::\d+)?)
     | (?P<call>\b[A-Za-z_][\w.]*(?=\())
-    | (?P<code>\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b|\b[A-Z]{{1,6}}-?\d{{2,}}\b)
+    | (?P<code>\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b|\b[A-Z]{{1,6}}-?\d{{2,}}\b
+        |\b[A-Z]{{3,}}\d[A-Z0-9]*\b)
+    | (?P<host>\b[a-z][a-z0-9]*-(?=[a-z0-9-]*\d)[a-z0-9]+(?:-[a-z0-9]+)*\b)
     | (?P<snake>\b[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9_]+\b)
     | (?P<camel>\b[a-z]+[A-Z][A-Za-z0-9]*\b|\b[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+\b)
     | (?P<hex>\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{{8,}}\b)

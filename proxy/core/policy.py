@@ -43,14 +43,14 @@ class Policy:
     trigger: int = 0  # history size that starts a fold; 0 = DEFAULT_TRIGGER, capped by the window
     target: int = 0  # history size after a fold; 0 = DEFAULT_TARGET, capped by the window
     offload_trigger: int = 0  # history size from which results are offloaded; 0 = DEFAULT_OFFLOAD
-    keep_last: int = 6  # newest groups that stay verbatim when folding
+    keep_last: int = 4  # newest groups that stay verbatim when folding (bench/RESULTS.md)
     note_cost: int = 48  # tokens reserved for a "history was dropped" note
     offload_threshold: int = 500  # tool results above this many tokens may be offloaded
     keep_results: int = 1  # the newest tool results are never offloaded
     stub_head_chars: int = 200  # how much of an offloaded result stays in the stub
     read_length: int = 8_000  # default slice length read_result suggests
     summariser_model: str = ""  # empty = the request's own model
-    summary_max_tokens: int = 8_000  # cap on the summary, below the slot
+    summary_max_tokens: int = 4_000  # cap on the summary, below the slot (bench/facts.py)
     max_read_rounds: int = 4  # read_result round trips per client request
     # Where `window` came from (this policy, the model table, a default): for messages.
     window_source: str = field(default="", compare=False)

@@ -42,13 +42,27 @@ COUNT = TokenCounter().count_text
         "1.14.2",
         "512 MiB",
         "35 ms",
+        "s3://acme-ledger-exports/nightly/",
+        "postgres://ledger@db:5432/ledger",
+        "ledger.strict_mode",
+        "os.path.join",
+        "PLEDGR7",
+        "SHA256",
+        "ledger-pg-eu-3",
+        "us-east-1",
+        "port 6391",
+        "HTTP 409",
+        "pid 4242",
     ],
 )
 def test_each_kind_of_identifier_is_found_verbatim(found: str) -> None:
     assert found in identifiers(f"Before that: {found}, and then something else.")
 
 
-@pytest.mark.parametrize("word", ["the", "Error", "INFO", "42", "2026", "hello world"])
+@pytest.mark.parametrize(
+    "word",
+    ["the", "Error", "INFO", "42", "2026", "hello world", "follow-up", "up-to-date"],
+)
 def test_plain_words_and_bare_numbers_are_not_identifiers(word: str) -> None:
     assert identifiers(f"so {word} then") == []
 
@@ -105,3 +119,11 @@ def test_the_line_keeps_to_its_budget_and_adds_only_what_was_missing(
         assert all(name in names and name not in summary for name in map(str.strip, listed))
     # Checking again adds nothing: every identifier the line names is now present.
     assert keep_facts(kept, [n for n in names if n in kept], budget, COUNT) == kept
+
+
+def test_file_names_with_a_line_and_plain_dotted_files_stay_as_they_were() -> None:
+    assert identifiers("see token_store.py:42 and README.md, then config.yaml") == [
+        "token_store.py:42",
+        "README.md",
+        "config.yaml",
+    ]

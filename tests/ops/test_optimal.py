@@ -223,6 +223,15 @@ def test_shape_of_refuses_a_trace_that_is_not_append_only() -> None:
 
 
 def test_rules_follow_the_policy() -> None:
-    rules = rules_for(Policy(window=1000, trigger=700, target=300, keep_last=3, keep_results=0))
+    rules = rules_for(
+        Policy(
+            window=1000,
+            trigger=700,
+            target=300,
+            keep_last=3,
+            keep_results=0,
+            summary_max_tokens=8_000,
+        )
+    )
     assert (rules.window, rules.keep_last, rules.keep_results) == (1000, 3, 1)
     assert rules.summary_tokens == 8_000 - 1_500  # the slot at the cap, facts apart

@@ -1,0 +1,59 @@
+"""Planted facts survive the chat-heavy session's folds with the default policy.
+
+bench/facts.py's session, shortened to 100 turns (two folds, where the full 160 turns make
+three; the loss happens at the first): the chat shape's seeded reasoning, 30 facts planted
+in its first 15 turns (ports, paths, names, settings, decisions with their reason), live
+through a proxy with the built-in policy (window 200,000, trigger 100,000) to the
+stand-in, whose summariser writes notes capped at summary_max_tokens. What the summary
+leaves out, the proxy appends from the identifiers it ranks (proxy/core/facts.py): a fact
+of a shape it did not recognise (`port 6391`, `HTTP 409`, `s3://...`, `ledger.strict_mode`,
+`PLEDGR7`, `ledger-pg-eu-3`) was lost (22/30 before).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bench.facts import FACTS, kept, last_agent_request, planted, session
+from bench.make_trace import SHAPES, reasoning
+from bench.replay import PURPOSE, WINDOW, serve_standin
+from proxy.server.app import start
+from proxy.testing.standin import RECORDED
+from tests.server.conftest import proxy_settings
+
+TURNS = 100
+
+
+async def test_the_chat_heavy_session_keeps_29_of_its_30_planted_facts(
+    redis_url: str, redis_key_prefix: str
+) -> None:
+    url, app, runner = await serve_standin(WINDOW)
+    proxy = await start(proxy_settings(url, redis_url, **{"store.key_prefix": redis_key_prefix}))
+    try:
+        turns = await session(proxy.url, argparse.Namespace(turns=TURNS, seed=12))
+    finally:
+        await proxy.stop()
+    recorded = list(app[RECORDED])
+    await runner.cleanup()
+
+    assert len(turns) == TURNS
+    assert all(r.status == 200 for r in recorded)
+    summaries = [r for r in recorded if r.headers.get(PURPOSE) == "summary"]
+    assert len(summaries) >= 2, "the session must fold more than once"
+    last = last_agent_request(recorded)
+    early = "\n".join(str(m.get("content")) for m in last["messages"][:3])
+    assert "Turn 0:" not in early, "the planted turns must have been folded"
+    held = kept(last)
+    assert len(held) >= 29, f"lost {[f.check for f in FACTS if f not in held]}"
+
+
+def test_the_thirty_facts_are_distinct_and_planted_only_in_the_first_turns() -> None:
+    low, high = SHAPES["chat"][2]
+    text = planted(12, low, high)
+    plain = reasoning(12, low, high)
+    checks = [f.check for f in FACTS]
+    assert len(FACTS) == 30 and len(set(checks)) == 30
+    early = " ".join(text(t) for t in range(15))
+    assert all(f.sentence in early and f.check in early for f in FACTS)
+    later = " ".join(text(t) for t in range(15, 160)) + " ".join(plain(t) for t in range(15))
+    assert not [c for c in checks if c in later], "a check string the prose says anyway"
