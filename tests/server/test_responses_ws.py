@@ -5,6 +5,7 @@ a `response.create` with previous_response_id and only its new items."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,11 +28,12 @@ from proxy.testing.responses_validate import input_items
 from proxy.testing.standin import RecordedRequest, StandInOptions
 from tests.plugins.responses import MakeResponsesStandIn
 from tests.plugins.standin import RunningStandIn
-from tests.server.conftest import SMALL_WINDOW, MakeProxy, proxy_settings
+from tests.server.conftest import SMALL_WINDOW, SMALL_WINDOW_POLICY, MakeProxy, proxy_settings
 from tests.server.test_keys_and_budgets import ENV, UPSTREAM_SECRET, new_key, settled
 from tests.server.test_metrics import scrape, value
 
 PATH = "/v1/responses"
+PURPOSE = "x-compaction-proxy-purpose"
 BETA = {"OpenAI-Beta": "responses_websockets=2026-02-06"}
 AUTH = {"Authorization": "Bearer sk-responses-ws"}
 EXEC = {"name": "exec_command", "input": {"cmd": "make"}}
@@ -367,6 +369,55 @@ async def test_keys_and_budgets_are_checked_and_settled_per_frame(
         # Each frame settled to its own reported usage.
         used = sum(e[-1]["response"]["usage"]["output_tokens"] for e in (first, last))
         assert await settled(accounts, scope, lambda u: u["output"] == used)
+    finally:
+        await proxy.stop()
+
+
+async def test_a_frame_over_its_budget_is_refused_before_any_summary_is_made(
+    make_responses_standin: MakeResponsesStandIn,
+    monkeypatch: pytest.MonkeyPatch,
+    redis_url: str,
+    store: Any,
+    session: Any,
+) -> None:
+    """The gate on the socket: a frame whose history would be folded, from a key that
+    cannot afford its output cap, gets its 429 before the summariser is asked."""
+    standin = await standin_with(make_responses_standin)
+    monkeypatch.setenv(ENV, UPSTREAM_SECRET)
+    base = proxy_settings(
+        "http://127.0.0.1:9",
+        redis_url,
+        **{
+            "upstream.openai_url": standin.url,
+            "auth.keys": "required",
+            "auth.cache_seconds": 0.0,
+            "store.key_prefix": store.prefix,
+        },
+    )
+    proxy = await start(dataclasses.replace(base, policies=(SMALL_WINDOW_POLICY,)))
+    # A history over the fold's trigger (12,000 tokens) in one frame.
+    history = [
+        message("user" if i % 2 == 0 else "assistant", tool_output(i, 1_500)) for i in range(40)
+    ]
+
+    def summaries() -> list[RecordedRequest]:
+        return [r for r in standin.recorded if r.headers.get(PURPOSE) == "summary"]
+
+    try:
+        accounts = Accounts(store)
+        for limit, cap, expect in ((1_500, 2_000, 429), (100_000, 1_000, 200)):
+            text, _ = await new_key(accounts, provider="openai", **{"day:output": limit})
+            headers = {"Authorization": f"Bearer {text}", **BETA, **stand_in(text="Done.")}
+            before = len(summaries())
+            async with session.ws_connect(proxy.url + PATH, headers=headers) as ws:
+                await ws.send_str(create(history, max_output_tokens=cap))
+                end = (await until_done(ws))[-1]
+            if expect == 429:
+                assert end["type"] == "error" and end["status"] == 429, end
+                assert len(summaries()) == before  # nothing spent for a refused frame
+            else:  # the same frame within its budget is folded: a summary was asked for
+                assert end["type"] == "response.completed", end
+                assert len(summaries()) > before
     finally:
         await proxy.stop()
 
