@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -25,23 +23,9 @@ from proxy.store import EmbeddedRedis
 from proxy.store.accounts import Accounts
 from proxy.testing.standin import StandInOptions
 from tests.fleet.test_fleet import Fleet, new_key, start_replicas, with_accounts
-from tests.fleet.test_outages import kill
+from tests.fleet.test_outages import answer_status, kill
 from tests.plugins.redis import delete_keys
 from tests.plugins.standin import RunningStandIn
-
-
-def _answer(url: str, key: str) -> int:
-    request = urllib.request.Request(
-        url + "/v1/messages",
-        data=b'{"model": "claude-haiku-4-5", "max_tokens": 5, "messages": '
-        b'[{"role": "user", "content": "hi"}]}',
-        headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as e:
-        return e.code
 
 
 def test_a_known_key_keeps_working_into_an_outage_and_a_revoked_one_stops(
@@ -59,10 +43,10 @@ def test_a_known_key_keeps_working_into_an_outage_and_a_revoked_one_stops(
     (replica,) = start_replicas(tmp_path, 1, standin.url, server.url, "cptrust:", extra, auth=auth)
     redis.Redis.from_url(server.url).config_set("appendfsync", "always")
     try:
-        assert _answer(replica.url, kept) == 200
+        assert answer_status(replica.url, kept) == 200
         time.sleep(1.2)  # past cache_seconds: checked again below, the watch listening
-        assert _answer(replica.url, kept) == 200  # both known to the replica
-        assert _answer(replica.url, revoked) == 200
+        assert answer_status(replica.url, kept) == 200  # both known to the replica
+        assert answer_status(replica.url, revoked) == 200
 
         async def revoke(accounts: Accounts) -> bool:
             return await accounts.revoke_key(revoked_id)
@@ -71,16 +55,16 @@ def test_a_known_key_keeps_working_into_an_outage_and_a_revoked_one_stops(
         kill(server)  # at once: no request of the replica saw the revocation in Redis
         outage = time.monotonic()
         time.sleep(1.5)  # past auth.cache_seconds
-        assert _answer(replica.url, revoked) == 503  # revoked before the outage: stopped
-        assert _answer(replica.url, kept) == 200  # known: trusted into the outage
+        assert answer_status(replica.url, revoked) == 503  # revoked before the outage: stopped
+        assert answer_status(replica.url, kept) == 200  # known: trusted into the outage
         time.sleep(max(0.0, outage + 5.0 - time.monotonic()))  # past the horizon
-        assert _answer(replica.url, kept) == 503
+        assert answer_status(replica.url, kept) == 503
         server.start_sync()
         deadline = time.monotonic() + 20
-        while _answer(replica.url, kept) != 200:  # checked again once Redis answers
+        while answer_status(replica.url, kept) != 200:  # checked again once Redis answers
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        assert _answer(replica.url, revoked) == 401
+        assert answer_status(replica.url, revoked) == 401
     finally:
         replica.stop()
 
@@ -102,10 +86,10 @@ def test_without_the_watch_a_key_is_not_trusted_past_cache_seconds(
         tmp_path, 1, standin.url, server.url, "cpnotrust:", extra, auth=auth
     )
     try:
-        assert _answer(replica.url, key) == 200
+        assert answer_status(replica.url, key) == 200
         kill(server)
         time.sleep(1.5)
-        assert _answer(replica.url, key) == 503
+        assert answer_status(replica.url, key) == 503
     finally:
         replica.stop()
 
@@ -131,7 +115,7 @@ def test_a_revocation_reaches_every_replica_as_it_is_made(
     auth = '[auth]\nkeys = "required"\ncache_seconds = 30\n'
     replicas = start_replicas(tmp_path, 2, standin.url, shared_redis, prefix, auth=auth)
     try:
-        assert [_answer(r.url, key) for r in replicas] == [200, 200]  # cached for 30 s
+        assert [answer_status(r.url, key) for r in replicas] == [200, 200]  # cached for 30 s
         time.sleep(1.0)  # both watches listening
 
         async def revoke(accounts: Accounts) -> bool:
@@ -139,7 +123,7 @@ def test_a_revocation_reaches_every_replica_as_it_is_made(
 
         assert asyncio.run(with_accounts(fleet, revoke))
         deadline = time.monotonic() + 3.0
-        while [_answer(r.url, key) for r in replicas] != [401, 401]:
+        while [answer_status(r.url, key) for r in replicas] != [401, 401]:
             assert time.monotonic() < deadline, "the revocation did not reach the replicas"
             time.sleep(0.1)
     finally:

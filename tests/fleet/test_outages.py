@@ -159,7 +159,7 @@ def test_failing_open_admits_at_most_the_allowance_and_charges_it_later(
     assert log.count("fleet store unreachable") == 1  # one outage, logged once
 
 
-def _answer(url: str, key: str) -> int:
+def answer_status(url: str, key: str) -> int:
     request = urllib.request.Request(
         url + "/v1/messages",
         data=b'{"model": "claude-haiku-4-5", "max_tokens": 5, "messages": '
@@ -193,7 +193,7 @@ def test_a_revoked_key_stops_within_cache_seconds_during_an_outage(
     # machine may postpone writing the revocation to the log and lose it.
     redis.Redis.from_url(server.url).config_set("appendfsync", "always")
     try:
-        assert _answer(replica.url, key) == 200  # cached on the replica
+        assert answer_status(replica.url, key) == 200  # cached on the replica
 
         async def revoke(accounts: Accounts) -> bool:
             return await accounts.revoke_key(key_id)
@@ -201,8 +201,8 @@ def test_a_revoked_key_stops_within_cache_seconds_during_an_outage(
         assert asyncio.run(with_accounts(fleet, revoke))
         kill(server)  # before the replica could see the revocation
         time.sleep(1.5)  # past auth.cache_seconds
-        assert _answer(replica.url, key) == 503  # cannot be checked: not served
+        assert answer_status(replica.url, key) == 503  # cannot be checked: not served
         server.start_sync()
-        assert _answer(replica.url, key) == 401
+        assert answer_status(replica.url, key) == 401
     finally:
         replica.stop()
