@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,3 +19,15 @@ FIXTURES = Path(__file__).parent / "fixtures"
 @pytest.fixture
 def fixtures_dir() -> Path:
     return FIXTURES
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> Iterator[None]:
+    """A test that runs the CLI in-process (`cli.main(["serve", ...])`) replaces the root
+    logger's handlers with one on that test's captured stderr; put them back afterwards,
+    so a proxy thread still finishing a request does not log to a closed capture file."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
