@@ -225,12 +225,10 @@ class Relay(SocketPair):
             end = await self._send_answer(adjusted.answer)
             self.client_kept = kept_after(client_input, end) if end else None
             return adjusted.answer.status
-        incoming = Incoming(adjusted.body, adjusted.payload)
+        incoming = Incoming(adjusted.body, adjusted.payload, read_result=adjusted.read_result)
         prepared = await _prepare(request, RESPONSES_ROUTE, incoming, self.headers)
         if prepared.refusal is not None:
             raise prepared.refusal
-        if not adjusted.read_result:
-            prepared.tool = None
         await _reserve(request, RESPONSES_ROUTE, prepared, output)
         sent = dict(prepared.sent) if prepared.sent is not None else adjusted.payload
         up_frame, reused = upstream_frame(self.upstream_kept, sent)

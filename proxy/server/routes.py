@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -74,7 +74,9 @@ class Adjusted:
     body: bytes  # what goes on to compaction and upstream
     payload: dict[str, Any]  # ... parsed
     answer: web.StreamResponse | None = None  # answered by the proxy: nothing is forwarded
-    read_result: bool = True  # False: the proxy answers no read_result for this request
+    # False: the proxy answers no read_result for this request, and the planner is told so
+    # before it writes any stub (the one place this is decided).
+    read_result: bool = True
     # Given the body of an upstream 400 or 422, an answer to give instead (None: relay it).
     on_refusal: Refused | None = None
 
@@ -132,6 +134,9 @@ class Incoming:
     body: bytes  # as sent: what goes upstream unless compaction rewrites it
     payload: dict[str, Any] | None  # parsed (decoded first when encoded); None: uninspected
     encoded: bool = False  # sent with a Content-Encoding: inspected only, never rewritten
+    # False: no read_result for this request (`Adjusted.read_result`): the one decision,
+    # made before the planner, which then writes no stub naming it.
+    read_result: bool = True
 
 
 async def _read_payload(request: web.Request, route: ConversationRoute) -> Incoming:
@@ -212,6 +217,7 @@ async def _prepare(
                 tenant=caller.tenant,
                 policy_override=override,
                 spend=budgets.summary_budget(request),
+                read_result=incoming.read_result,
             )
         except PolicyError as e:
             # A key's or team's window/trigger/target that does not fit this model's
@@ -266,13 +272,13 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
         rewritten = adjusted.body is not body
         if rewritten:  # the step wrote new bytes: plain JSON, whatever the client's were
             incoming = Incoming(adjusted.body, adjusted.payload)
+        if not adjusted.read_result:
+            incoming = replace(incoming, read_result=False)
         body, payload = incoming.body, incoming.payload
     headers = upstream_request_headers(request.headers)  # for the summariser and upstream
     prepared = await _prepare(request, route, incoming, headers)
     if prepared.refusal is not None:
         raise prepared.refusal
-    if adjusted is not None and not adjusted.read_result:
-        prepared.tool = None
     await _reserve(request, route, prepared, output)
 
     app = request.app
