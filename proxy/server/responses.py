@@ -17,7 +17,8 @@ route's own step first (`before`):
   conversation.
 
 GET (a WebSocket, Codex's first choice, or a plain one): proxy/server/responses_ws.py,
-which drives each `response.create` frame through `before` and the shared request path.
+which drives each `response.create` frame through `before` and the shared request path
+(proxy/server/pipeline.py).
 """
 
 from __future__ import annotations
@@ -46,16 +47,15 @@ from proxy.server.caller import caller_of
 from proxy.server.compactor import calibrated_as
 from proxy.server.errors import new_request_id
 from proxy.server.headers import upstream_request_headers
-from proxy.server.record import detached
-from proxy.server.routes import (
+from proxy.server.pipeline import (
     Adjusted,
     ConversationRoute,
     Incoming,
-    _prepare,
-    expect_for,
-    handle_conversation,
+    prepare,
     tenant_of_request,
 )
+from proxy.server.record import detached
+from proxy.server.routes import expect_for, handle_conversation
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.seal_key import SealKey
 from proxy.server.state import COMPACTOR, SETTINGS, STORE
@@ -258,7 +258,7 @@ async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web
     history = {**payload, "input": input_items(payload)[:-1]}
     incoming = Incoming(orjson.dumps(history), history)
     forwarded = upstream_request_headers(request.headers)
-    prepared = await _prepare(request, RESPONSES_ROUTE, incoming, forwarded)
+    prepared = await prepare(request, RESPONSES_ROUTE, incoming, forwarded)
     sent = dict(prepared.sent) if prepared.sent and prepared.refusal is None else history
     model = str(payload.get("model", ""))
     need, estimate = _summary_need(request, sent, model, store)
