@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +37,7 @@ from proxy.core.commands import GetSummary, SummaryReply
 from proxy.core.counting import count_request
 from proxy.core.errors import StoreUnavailable, UpstreamError
 from proxy.core.identity import conversation_of
-from proxy.core.planner import IN_PLACE_OVERHEAD, SUMMARISER_MARGIN
+from proxy.core.planner import whole_summary
 from proxy.core.seal import open_sealed, seal
 from proxy.core.summary import INSTRUCTION, in_place_prompt
 from proxy.server import budgets
@@ -215,9 +214,7 @@ def _summary_need(
     request: web.Request, sent: dict[str, Any], model: str, store: Store
 ) -> tuple[GetSummary, int]:
     """The summariser's request for the whole history as sent, and its input estimate: in
-    place (the conversation's own request, its prefix read from the prompt cache) when
-    the summariser is the conversation's model and it fits, else a transcript of its own
-    cut to the window."""
+    place or a transcript cut to the window, as the planner says (`whole_summary`)."""
     compactor = request.app[COMPACTOR]
     policy = compactor.policy(model, caller_of(request).policy)
     counter = compactor.counter
@@ -226,25 +223,24 @@ def _summary_need(
     slot = policy.summary_max_tokens
     tenant = tenant_of_request(request)
     calibrated = calibrated_as(RESPONSES, model)
-    factor = max(1.0, compactor.calibration.factor(calibrated, store, tenant))  # as the planner's
-    window = math.floor(policy.window * (1 - SUMMARISER_MARGIN) / factor)
-    if policy.summariser_model in ("", model):
-        used = count_request(RESPONSES, counter, sent, units).total + IN_PLACE_OVERHEAD
-        items = flatten(units)
-        prompt = in_place_prompt(1, len(items), heads_of(units), "")
+    factor = compactor.calibration.factor(calibrated, store, tenant)  # as the planner's
+    whole = whole_summary(
+        policy, factor, model, lambda: count_request(RESPONSES, counter, sent, units).total
+    )
+    if whole.in_place:
+        prompt = in_place_prompt(1, len(flatten(units)), heads_of(units), "")
         body = RESPONSES.summary_request(sent, model=model, slot=slot, prompt=prompt, history=units)
-        if body is not None and used + slot <= window:
-            return GetSummary(key, body, slot, model), used
+        if body is not None:
+            return GetSummary(key, body, slot, model), whole.in_place
     instruction = counter.count_text(INSTRUCTION)
     transcript = RESPONSES.render_transcript(units)
-    transcript = fitted(transcript, counter.count_text(transcript), window - slot - instruction)
-    summariser = policy.summariser_model or model
+    transcript = fitted(transcript, counter.count_text(transcript), whole.room - slot - instruction)
     body = RESPONSES.summary_request(
-        sent, model=summariser, slot=slot, prompt=transcript, history=None
+        sent, model=whole.model, slot=slot, prompt=transcript, history=None
     )
     assert body is not None
     estimate = instruction + counter.count_text(transcript)
-    return GetSummary(key, body, slot, summariser), estimate
+    return GetSummary(key, body, slot, whole.model), estimate
 
 
 async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web.Response:
