@@ -45,6 +45,7 @@ from proxy.server.bodies import is_encoded
 from proxy.server.caller import caller_of
 from proxy.server.compactor import calibrated_as
 from proxy.server.errors import new_request_id
+from proxy.server.executor import StoreExecutor
 from proxy.server.headers import upstream_request_headers
 from proxy.server.pipeline import (
     Adjusted,
@@ -58,7 +59,7 @@ from proxy.server.routes import expect_for, handle_conversation
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.seal_key import SealKey
 from proxy.server.state import COMPACTOR, SETTINGS, STORE
-from proxy.server.summariser import SUMMARY, obtain_summary, post_summary, release
+from proxy.server.summariser import FREE_SUMMARIES, SUMMARY, post_summary
 from proxy.store import Store
 from proxy.wire.responses import RESPONSES, asks_for_summary
 from proxy.wire.responses_compaction import (
@@ -189,24 +190,27 @@ async def _summary(
         wire=RESPONSES,
         seconds=compactor.summariser.timeout,
     )
-    obtained = await obtain_summary(
-        need,
-        store=store,
-        tenant=tenant,
-        conversation=conversation,
-        settings=compactor.summariser,
-        call=call,
+    # The executor's own way with a summary: obtained (its lock held), kept, then the
+    # lock released (a crossing keeps it in its writes; a served one, alone).
+    executor = StoreExecutor(
+        store,
+        lambda: (tenant, conversation),
+        summariser=compactor.summariser,
+        summarise=call,
+        background=compactor.spawn,
+        count=compactor.counter.count_text,
+        spend=FREE_SUMMARIES,
+        on_background_call=compactor.on_background_summary,
     )
-    reply = obtained.reply
-    if obtained.lock is None:
-        return reply
     try:
-        if reply.text is not None:
+        reply = await executor(need)
+        assert isinstance(reply, SummaryReply)
+        if reply.text is not None and not reply.reused:  # made now: stored before named
             await store.put_json(tenant, conversation, SUMMARY, need.key, reply.text)
     except StoreUnavailable as e:
         raise StoreUnavailable("compaction-proxy could not keep the summary; try again") from e
     finally:
-        await release(store, tenant, conversation, obtained.lock)
+        await executor.close()
     return reply
 
 
