@@ -8,7 +8,8 @@ route's own step first (`before`):
   sees it and the planner counts what the model will read;
 - a request that asks for a summary (Codex's `compaction_trigger`, or a request with
   `tools: []` like Codex's handoff-summary request) is compacted like any other but gets
-  no read_result: nothing of its answer is held back;
+  no read_result: nothing of its answer is held back, and the planner, told so first,
+  writes no stub naming it (`Adjusted.read_result`, proxy/server/pipeline.py);
 - Codex's `compaction_trigger` is forwarded, or answered by the proxy itself, as
   `[responses] codex_compaction` says: `pass-through`, `serve`, or `auto` (forward it;
   once the upstream refuses one, as a server that is not OpenAI does, serve them). The
