@@ -95,6 +95,9 @@ class CompactionRequest:
     renew_every: int = 0
     # Checkpoints kept per conversation (its lines: proxy/core/lines.py), at least 1.
     max_lines: int = DEFAULT_MAX_LINES
+    # False: the shell answers no read_result for this request (its answer is a summary:
+    # nothing of it may be held back), so the planner writes no stub naming it.
+    read_result: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +275,7 @@ def _plan_input(
     prepared: PreparedSummary | None,
 ) -> PlanInput:
     wire, body, counter = request.wire, request.body, request.counter
-    tool = wire.tool_name(body)
+    tool = wire.tool_name(body) if request.read_result else None
     tools = body.get("tools")
     tool_list = tools if isinstance(tools, list) else []
     tool_tokens = 0

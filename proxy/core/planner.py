@@ -20,7 +20,7 @@ word, see REASONS) so the client and the operator can tell why.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -481,6 +481,37 @@ FACTS_MIN, FACTS_MAX = 200, 1_500
 SUMMARISER_MARGIN = 0.05  # of the summariser's window kept free: counts are estimates
 
 
+def summariser_room(policy: Policy, factor: float) -> int:
+    """The summariser's window in estimated tokens: SUMMARISER_MARGIN of it kept free,
+    and never grown by a factor below 1 (plain text counts about as estimated)."""
+    return math.floor(policy.window * (1 - SUMMARISER_MARGIN) / max(1.0, factor))
+
+
+@dataclass(frozen=True, slots=True)
+class WholeSummary:
+    """How a summary of a whole history as sent is asked (a compaction the proxy serves):
+    in place, the conversation's own request with the proxy's ask last (its prefix read
+    from the prompt cache), or a transcript of its own cut to the summariser's window."""
+
+    model: str  # the summariser
+    room: int  # its window, estimated tokens (summariser_room)
+    in_place: int  # what the in-place call reads, estimated; 0: a transcript instead
+
+
+def whole_summary(
+    policy: Policy, factor: float, model: str, history_tokens: Callable[[], int]
+) -> WholeSummary:
+    """In place when the summariser is the conversation's model and the history
+    (`history_tokens`, counted only then), the prompt's words and the summary's slot fit
+    its window; else a transcript, by the policy's summariser."""
+    room = summariser_room(policy, factor)
+    if policy.summariser_model in ("", model):
+        used = history_tokens() + IN_PLACE_OVERHEAD
+        if used + policy.summary_max_tokens <= room:
+            return WholeSummary(model, room, used)
+    return WholeSummary(policy.summariser_model or model, room, 0)
+
+
 def summary_key(
     segments: Sequence[Segment], members: Sequence[int], digests: Sequence[bytes]
 ) -> str:
@@ -605,7 +636,7 @@ def _transcript(work: Working, members: Sequence[int], inp: PlanInput, slot: int
     # Plain text counts about as estimated: a factor below 1 (learnt on requests whose
     # sealed content the estimate overcounts) must not let the transcript grow.
     factor = max(1.0, inp.factor)
-    window = math.floor(inp.policy.window * (1 - SUMMARISER_MARGIN) / factor)
+    window = summariser_room(inp.policy, factor)
     budget = window - math.ceil(slot / factor) - inp.counter.count_text(INSTRUCTION)
     return _fitted(pieces, tokens, max(budget, len(pieces) * 64))
 

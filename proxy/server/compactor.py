@@ -209,10 +209,12 @@ class Compactor:
         tenant: str | None = None,
         policy_override: Mapping[str, int] | None = None,
         spend: SummaryBudget = FREE_SUMMARIES,
+        read_result: bool = True,
     ) -> Prepared:
         """`tenant` and `policy_override` come from a proxy key when keys are required
         (else the tenant is the hash of the forwarded credential); `spend` reserves the
-        summaries made for the caller in its budgets."""
+        summaries made for the caller in its budgets; `read_result` False: the request
+        may not be offered read_result (the planner then writes no stub naming it)."""
         model = str(body.get("model", ""))
         messages = wire.messages(body)
         if not messages:
@@ -245,6 +247,7 @@ class Compactor:
             now=int(time.time()),
             renew_every=renew_every(store),
             max_lines=self.max_lines,
+            read_result=read_result,
         )
         executor = StoreExecutor(
             store,

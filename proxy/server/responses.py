@@ -8,7 +8,8 @@ route's own step first (`before`):
   sees it and the planner counts what the model will read;
 - a request that asks for a summary (Codex's `compaction_trigger`, or a request with
   `tools: []` like Codex's handoff-summary request) is compacted like any other but gets
-  no read_result: nothing of its answer is held back;
+  no read_result: nothing of its answer is held back, and the planner, told so first,
+  writes no stub naming it (`Adjusted.read_result`, proxy/server/pipeline.py);
 - Codex's `compaction_trigger` is forwarded, or answered by the proxy itself, as
   `[responses] codex_compaction` says: `pass-through`, `serve`, or `auto` (forward it;
   once the upstream refuses one, as a server that is not OpenAI does, serve them). The
@@ -17,14 +18,14 @@ route's own step first (`before`):
   conversation.
 
 GET (a WebSocket, Codex's first choice, or a plain one): proxy/server/responses_ws.py,
-which drives each `response.create` frame through `before` and the shared request path.
+which drives each `response.create` frame through `before` and the shared request path
+(proxy/server/pipeline.py).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,7 @@ from proxy.core.commands import GetSummary, SummaryReply
 from proxy.core.counting import count_request
 from proxy.core.errors import StoreUnavailable, UpstreamError
 from proxy.core.identity import conversation_of
-from proxy.core.planner import IN_PLACE_OVERHEAD, SUMMARISER_MARGIN
+from proxy.core.planner import whole_summary
 from proxy.core.seal import open_sealed, seal
 from proxy.core.summary import INSTRUCTION, in_place_prompt
 from proxy.server import budgets
@@ -45,21 +46,21 @@ from proxy.server.bodies import is_encoded
 from proxy.server.caller import caller_of
 from proxy.server.compactor import calibrated_as
 from proxy.server.errors import new_request_id
+from proxy.server.executor import StoreExecutor
 from proxy.server.headers import upstream_request_headers
-from proxy.server.record import detached
-from proxy.server.routes import (
+from proxy.server.pipeline import (
     Adjusted,
     ConversationRoute,
     Incoming,
-    _prepare,
-    expect_for,
-    handle_conversation,
+    prepare,
     tenant_of_request,
 )
+from proxy.server.record import detached
+from proxy.server.routes import expect_for, handle_conversation
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.seal_key import SealKey
 from proxy.server.state import COMPACTOR, SETTINGS, STORE
-from proxy.server.summariser import SUMMARY, obtain_summary, post_summary, release
+from proxy.server.summariser import FREE_SUMMARIES, SUMMARY, post_summary
 from proxy.store import Store
 from proxy.wire.responses import RESPONSES, asks_for_summary
 from proxy.wire.responses_compaction import (
@@ -190,24 +191,27 @@ async def _summary(
         wire=RESPONSES,
         seconds=compactor.summariser.timeout,
     )
-    obtained = await obtain_summary(
-        need,
-        store=store,
-        tenant=tenant,
-        conversation=conversation,
-        settings=compactor.summariser,
-        call=call,
+    # The executor's own way with a summary: obtained (its lock held), kept, then the
+    # lock released (a crossing keeps it in its writes; a served one, alone).
+    executor = StoreExecutor(
+        store,
+        lambda: (tenant, conversation),
+        summariser=compactor.summariser,
+        summarise=call,
+        background=compactor.spawn,
+        count=compactor.counter.count_text,
+        spend=FREE_SUMMARIES,
+        on_background_call=compactor.on_background_summary,
     )
-    reply = obtained.reply
-    if obtained.lock is None:
-        return reply
     try:
-        if reply.text is not None:
+        reply = await executor(need)
+        assert isinstance(reply, SummaryReply)
+        if reply.text is not None and not reply.reused:  # made now: stored before named
             await store.put_json(tenant, conversation, SUMMARY, need.key, reply.text)
     except StoreUnavailable as e:
         raise StoreUnavailable("compaction-proxy could not keep the summary; try again") from e
     finally:
-        await release(store, tenant, conversation, obtained.lock)
+        await executor.close()
     return reply
 
 
@@ -215,9 +219,7 @@ def _summary_need(
     request: web.Request, sent: dict[str, Any], model: str, store: Store
 ) -> tuple[GetSummary, int]:
     """The summariser's request for the whole history as sent, and its input estimate: in
-    place (the conversation's own request, its prefix read from the prompt cache) when
-    the summariser is the conversation's model and it fits, else a transcript of its own
-    cut to the window."""
+    place or a transcript cut to the window, as the planner says (`whole_summary`)."""
     compactor = request.app[COMPACTOR]
     policy = compactor.policy(model, caller_of(request).policy)
     counter = compactor.counter
@@ -226,25 +228,24 @@ def _summary_need(
     slot = policy.summary_max_tokens
     tenant = tenant_of_request(request)
     calibrated = calibrated_as(RESPONSES, model)
-    factor = max(1.0, compactor.calibration.factor(calibrated, store, tenant))  # as the planner's
-    window = math.floor(policy.window * (1 - SUMMARISER_MARGIN) / factor)
-    if policy.summariser_model in ("", model):
-        used = count_request(RESPONSES, counter, sent, units).total + IN_PLACE_OVERHEAD
-        items = flatten(units)
-        prompt = in_place_prompt(1, len(items), heads_of(units), "")
+    factor = compactor.calibration.factor(calibrated, store, tenant)  # as the planner's
+    whole = whole_summary(
+        policy, factor, model, lambda: count_request(RESPONSES, counter, sent, units).total
+    )
+    if whole.in_place:
+        prompt = in_place_prompt(1, len(flatten(units)), heads_of(units), "")
         body = RESPONSES.summary_request(sent, model=model, slot=slot, prompt=prompt, history=units)
-        if body is not None and used + slot <= window:
-            return GetSummary(key, body, slot, model), used
+        if body is not None:
+            return GetSummary(key, body, slot, model), whole.in_place
     instruction = counter.count_text(INSTRUCTION)
     transcript = RESPONSES.render_transcript(units)
-    transcript = fitted(transcript, counter.count_text(transcript), window - slot - instruction)
-    summariser = policy.summariser_model or model
+    transcript = fitted(transcript, counter.count_text(transcript), whole.room - slot - instruction)
     body = RESPONSES.summary_request(
-        sent, model=summariser, slot=slot, prompt=transcript, history=None
+        sent, model=whole.model, slot=slot, prompt=transcript, history=None
     )
     assert body is not None
     estimate = instruction + counter.count_text(transcript)
-    return GetSummary(key, body, slot, summariser), estimate
+    return GetSummary(key, body, slot, whole.model), estimate
 
 
 async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web.Response:
@@ -258,7 +259,7 @@ async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web
     history = {**payload, "input": input_items(payload)[:-1]}
     incoming = Incoming(orjson.dumps(history), history)
     forwarded = upstream_request_headers(request.headers)
-    prepared = await _prepare(request, RESPONSES_ROUTE, incoming, forwarded)
+    prepared = await prepare(request, RESPONSES_ROUTE, incoming, forwarded)
     sent = dict(prepared.sent) if prepared.sent and prepared.refusal is None else history
     model = str(payload.get("model", ""))
     need, estimate = _summary_need(request, sent, model, store)

@@ -5,8 +5,9 @@ and refusals (426 when the upstream has no WebSocket), frames in order, close co
 heartbeat, frame size and idle timeouts); `[responses] websocket = "refuse"` answers 426
 without asking the upstream.
 
-Each `response.create` goes through the driver of an HTTP Responses request
-(proxy/server/responses.py `before`, routes.py `_prepare` and `_reserve`): resolved to the
+Each `response.create` goes through the pipeline of an HTTP Responses request
+(proxy/server/pipeline.py `admit`, `prepare`, `reserve` and `calibrate`, with
+proxy/server/responses.py `before` as its own step): resolved to the
 whole request first against what this socket saw (proxy/wire/responses_ws.py), counted,
 offloaded, folded, refused when nothing fits, Codex's compaction_trigger served or passed
 through, the caller's budgets reserved and settled per frame (its own Ticket), usage
@@ -36,9 +37,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from proxy.core.errors import NotAuthenticated, ProxyError, UpgradeRequired
 from proxy.core.errors import StoreUnavailable as CannotCheck
 from proxy.core.usage import Usage
-from proxy.server import budgets
 from proxy.server import record as records
-from proxy.server.bodies import check_duplicates, output_tokens
+from proxy.server.bodies import check_duplicates
 from proxy.server.budgets import STORE_DOWN_RETRY_AFTER, TICKET, Ticket
 from proxy.server.caller import CALLER, caller_of, count_rejection
 from proxy.server.compactor import Prepared
@@ -47,10 +47,10 @@ from proxy.server.fleet import FLEET
 from proxy.server.logs import REQUEST_LOG
 from proxy.server.metrics import METRICS, REQUEST_ENDED
 from proxy.server.passthrough import handle_passthrough
+from proxy.server.pipeline import Incoming, admit, calibrate, prepare, reserve
 from proxy.server.read_rounds import ReadRounds
 from proxy.server.record import RequestRecord
 from proxy.server.responses import RESPONSES_ROUTE, before
-from proxy.server.routes import Incoming, _calibrate, _prepare, _reserve
 from proxy.server.state import SETTINGS
 from proxy.server.traces import request_span
 from proxy.server.ws_pair import HANDSHAKE, Gone, SocketPair, send_message
@@ -214,24 +214,19 @@ class Relay(SocketPair):
         body = orjson.dumps(payload)
         if caller_of(request).key_id is not None:  # as over HTTP: one reading of a field
             check_duplicates(raw.encode(), frame)
-        output = 0
-        if budgets.applies(request):
-            output = output_tokens(payload)
-            # The gate, as over HTTP: nothing that costs the upstream money (a summary
-            # made for this frame) before the budget says yes.
-            await budgets.admit(request, output, body)
+        # The gate, as over HTTP: nothing that costs the upstream money (a summary made
+        # for this frame) before the budget says yes.
+        output = await admit(request, RESPONSES_ROUTE, payload, body)
         adjusted = await before(request, body, payload)
         if adjusted.answer is not None:  # the proxy answered it (a compaction_trigger)
             end = await self._send_answer(adjusted.answer)
             self.client_kept = kept_after(client_input, end) if end else None
             return adjusted.answer.status
-        incoming = Incoming(adjusted.body, adjusted.payload)
-        prepared = await _prepare(request, RESPONSES_ROUTE, incoming, self.headers)
+        incoming = Incoming(adjusted.body, adjusted.payload, read_result=adjusted.read_result)
+        prepared = await prepare(request, RESPONSES_ROUTE, incoming, self.headers)
         if prepared.refusal is not None:
             raise prepared.refusal
-        if not adjusted.read_result:
-            prepared.tool = None
-        await _reserve(request, RESPONSES_ROUTE, prepared, output)
+        await reserve(request, RESPONSES_ROUTE, prepared, output)
         sent = dict(prepared.sent) if prepared.sent is not None else adjusted.payload
         up_frame, reused = upstream_frame(self.upstream_kept, sent)
         record.sending()
@@ -249,7 +244,7 @@ class Relay(SocketPair):
         else:
             end = await self._relay(record, adjusted.on_refusal, sent)
         self.client_kept = kept_after(client_input, end) if end is not None else None
-        _calibrate(request, RESPONSES, prepared)
+        calibrate(request, RESPONSES, prepared)
         return _status_of(end)
 
     async def _relay(

@@ -1,9 +1,11 @@
 """The routes that carry a conversation: POST /v1/messages, /v1/messages/count_tokens,
-/v1/chat/completions and /v1/responses, one request path for all of them.
+/v1/chat/completions and /v1/responses, one request path for all of them, made of the
+steps of proxy/server/pipeline.py (which the Responses WebSocket runs per frame too):
 
-    read the body ─► parse ─► the API's own step ─► prepare (compaction)
+    read ─► admit (the gate) ─► the API's own step ─► prepare (compaction)
         ─► reserve (budgets) ─► forward
         ─► relay the answer as bytes, or answer read_result rounds (read_rounds.py)
+        ─► calibrate
 
 The API's own step (`ConversationRoute.before`, optional) sees the parsed request first:
 it may answer it itself, change what is compacted and forwarded, keep read_result out of
@@ -22,76 +24,37 @@ request untouched (invariant 7); refusals the API itself would give are raised a
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import web
 
-from proxy.core.calibration import calibrates
-from proxy.core.errors import ExpectationFailed, InvalidRequest, UnsupportedEncoding
-from proxy.core.identity import tenant_of
-from proxy.core.policy import PolicyError
-from proxy.core.wire_format import WireFormat
-from proxy.server import budgets
-from proxy.server.bodies import (
-    BodyTooLarge,
-    check_duplicates,
-    check_model,
-    decoded,
-    is_encoded,
-    output_tokens,
-    read_body,
-    too_large,
-)
-from proxy.server.caller import caller_of
-from proxy.server.compactor import Prepared, calibrated_as
-from proxy.server.errors import not_a_path, render, upstream_failure
+from proxy.core.errors import ExpectationFailed
+from proxy.server.bodies import too_large
+from proxy.server.errors import render, upstream_failure
 from proxy.server.headers import client_response_headers, upstream_request_headers
+from proxy.server.pipeline import (
+    ConversationRoute,
+    Incoming,
+    Refused,
+    admit,
+    calibrate,
+    prepare,
+    read,
+    reserve,
+)
 from proxy.server.read_rounds import ReadRounds
 from proxy.server.record import detached
 from proxy.server.relay import relay
 from proxy.server.routing import OPENAI_UPSTREAM
-from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM
+from proxy.server.state import SETTINGS, UPSTREAM
 from proxy.server.upstream import Upstream
 from proxy.wire import ANTHROPIC, CHAT
 
 log = logging.getLogger(__name__)
-
-
-Refused = Callable[[bytes], Awaitable[web.StreamResponse | None]]
-DUPLICATES_OFF_LOOP_BYTES = 1024 * 1024
-
-
-@dataclass(slots=True)
-class Adjusted:
-    """What an API's own step made of a parsed request."""
-
-    body: bytes  # what goes on to compaction and upstream
-    payload: dict[str, Any]  # ... parsed
-    answer: web.StreamResponse | None = None  # answered by the proxy: nothing is forwarded
-    read_result: bool = True  # False: the proxy answers no read_result for this request
-    # Given the body of an upstream 400 or 422, an answer to give instead (None: relay it).
-    on_refusal: Refused | None = None
-
-
-Before = Callable[[web.Request, bytes, dict[str, Any]], Awaitable[Adjusted]]
-
-
-@dataclass(frozen=True, slots=True)
-class ConversationRoute:
-    """What differs between the routes that carry a conversation."""
-
-    upstream: web.AppKey[Upstream]
-    wire: WireFormat
-    compacts: bool = True  # count_tokens only counts: nothing to rewrite or meter
-    bad_json: str = "The request body is not valid JSON"
-    before: Before | None = None  # the API's own step on the parsed request
-
 
 MESSAGES = ConversationRoute(UPSTREAM, ANTHROPIC)
 COUNT_TOKENS = ConversationRoute(UPSTREAM, ANTHROPIC, compacts=False)
@@ -127,137 +90,16 @@ def _wants_stream(payload: dict[str, Any] | None, body: bytes) -> bool:
     return b'"stream"' in body  # unparsed: err towards the stream (idle) timeout
 
 
-@dataclass(frozen=True, slots=True)
-class Incoming:
-    body: bytes  # as sent: what goes upstream unless compaction rewrites it
-    payload: dict[str, Any] | None  # parsed (decoded first when encoded); None: uninspected
-    encoded: bool = False  # sent with a Content-Encoding: inspected only, never rewritten
-
-
-async def _read_payload(request: web.Request, route: ConversationRoute) -> Incoming:
-    if request.raw_path[:1] != "/":
-        raise not_a_path(request.raw_path)
-    limit = request.app[SETTINGS].server.max_body_bytes
-    try:
-        body = await read_body(request, limit)
-    except BodyTooLarge:
-        raise too_large(limit) from None
-    except asyncio.IncompleteReadError:
-        raise InvalidRequest("The request body ended before its Content-Length.") from None
-    # A body sent with a Content-Encoding is decoded to be read (bounded), and forwarded
-    # as sent; one that cannot be decoded goes through uninspected, unless a budget
-    # must read it.
-    encoded = is_encoded(request)
-    text = await decoded(request, body)
-    if text is None:
-        if budgets.applies(request):
-            raise unreadable_encoding(request)
-        return Incoming(body, None, encoded)
-    try:
-        parsed = orjson.loads(text)
-    except orjson.JSONDecodeError as e:
-        if encoded and not budgets.applies(request):
-            return Incoming(body, None, encoded)
-        raise InvalidRequest(f"{route.bad_json}: {e}") from None
-    if not isinstance(parsed, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    check_model(parsed)
-    if caller_of(request).key_id is not None:  # a proxy key's: the operator pays
-        if len(text) > DUPLICATES_OFF_LOOP_BYTES:  # a pass over megabytes: off the loop
-            await asyncio.to_thread(check_duplicates, text, parsed)
-        else:
-            check_duplicates(text, parsed)
-    return Incoming(body, parsed, encoded)
-
-
-def unreadable_encoding(request: web.Request) -> UnsupportedEncoding:
-    coding = ", ".join(request.headers.getall("Content-Encoding", []))
-    return UnsupportedEncoding(
-        f"compaction-proxy cannot read a body sent with Content-Encoding: {coding}, and"
-        " this key's budgets must: send it uncompressed, or gzip or deflate."
-    )
-
-
-def tenant_of_request(request: web.Request) -> str:
-    """The tenant calibration and budgets are kept for: the key's, or the credential's."""
-    return caller_of(request).tenant or tenant_of(request.headers)
-
-
-async def _prepare(
-    request: web.Request,
-    route: ConversationRoute,
-    incoming: Incoming,
-    upstream_headers: Sequence[tuple[str, str]],
-) -> Prepared:
-    """What goes upstream. Never raises for the proxy's own parts: on any failure of
-    compaction the request goes out untouched (degrade, never fail)."""
-    body, payload = incoming.body, incoming.payload
-    untouched = Prepared(body, payload, str((payload or {}).get("model", "")))
-    if payload is None or not route.compacts or incoming.encoded:
-        return untouched
-    app = request.app
-    caller = caller_of(request)
-    override = caller.policy
-    for attempt in (1, 2):
-        try:
-            return await app[COMPACTOR].prepare(
-                body,
-                payload,
-                request.headers,
-                wire=route.wire,
-                store=app[STORE].store,
-                upstream=app[route.upstream],
-                path=request.raw_path,
-                upstream_headers=upstream_headers,
-                tenant=caller.tenant,
-                policy_override=override,
-                spend=budgets.summary_budget(request),
-            )
-        except PolicyError as e:
-            # A key's or team's window/trigger/target that does not fit this model's
-            # policy (`budgets set` checks it; the config may have changed since): the
-            # model's own policy applies rather than none.
-            if override is None or attempt == 2:
-                log.exception("compaction failed; forwarding the request untouched")
-                return untouched
-            log.warning("the key's policy override does not fit this model (%s); ignored", e)
-            override = None
-        except Exception:
-            log.exception("compaction failed; forwarding the request untouched")
-            return untouched
-    return untouched
-
-
-async def _reserve(
-    request: web.Request, route: ConversationRoute, prepared: Prepared, output: int
-) -> None:
-    if not route.compacts or not budgets.applies(request):
-        return
-    compactor = request.app[COMPACTOR]
-    sent = prepared.sent
-    assert sent is not None  # a body budgets cannot read was refused when read
-    estimate = prepared.estimate
-    if estimate == 0:  # not counted: the body's size proved it small; count it now
-        estimate = (await compactor.count(route.wire, sent, len(prepared.body))).total
-    model = calibrated_as(route.wire, str(sent.get("model", "")))
-    factor = compactor.calibration.factor(model, None, tenant_of_request(request))
-    calibrated = int(estimate * max(1.0, factor) + 0.999)
-    await budgets.reserve(request, calibrated, output, prepared.body)
-
-
 async def handle_conversation(request: web.Request, route: ConversationRoute) -> web.StreamResponse:
     record = detached()
     if route.compacts:
         record.reads_answers_as(route.wire)
-    incoming = await _read_payload(request, route)
+    incoming = await read(request, route)
     body, payload = incoming.body, incoming.payload
     output = 0
     if payload is not None:
         record.model = str(payload.get("model", ""))[:128]
-        if route.compacts and budgets.applies(request):
-            output = output_tokens(payload)  # checked before any work is done for it
-            # The gate: nothing that costs the upstream money before the budget says yes.
-            await budgets.admit(request, output, body)
+        output = await admit(request, route, payload, body)
     adjusted, rewritten = None, False
     if route.before is not None and payload is not None:
         adjusted = await route.before(request, body, payload)
@@ -266,14 +108,14 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
         rewritten = adjusted.body is not body
         if rewritten:  # the step wrote new bytes: plain JSON, whatever the client's were
             incoming = Incoming(adjusted.body, adjusted.payload)
+        if not adjusted.read_result:
+            incoming = replace(incoming, read_result=False)
         body, payload = incoming.body, incoming.payload
     headers = upstream_request_headers(request.headers)  # for the summariser and upstream
-    prepared = await _prepare(request, route, incoming, headers)
+    prepared = await prepare(request, route, incoming, headers)
     if prepared.refusal is not None:
         raise prepared.refusal
-    if adjusted is not None and not adjusted.read_result:
-        prepared.tool = None
-    await _reserve(request, route, prepared, output)
+    await reserve(request, route, prepared, output)
 
     app = request.app
     upstream = app[route.upstream]
@@ -307,7 +149,7 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
             read_timeout=upstream.timeout_for(stream),
             wire=route.wire,
         )
-    _calibrate(request, route.wire, prepared)
+    calibrate(request, route.wire, prepared)
     return out
 
 
@@ -327,27 +169,6 @@ async def _refusal(
         return answer
     headers = client_response_headers(response.headers)
     return web.Response(status=response.status, reason=response.reason, headers=headers, body=raw)
-
-
-def _calibrate(request: web.Request, wire: WireFormat, prepared: Prepared) -> None:
-    """Feed the tenant's calibration with what the upstream reported for the first round
-    against the estimate of what was sent (not from requests with media blocks, whose
-    estimate is a flat guess)."""
-    if not prepared.sample or prepared.estimate <= 0 or not prepared.model:
-        return
-    first = detached().meter.first_round
-    if first is None or first.total_input <= 0:
-        return
-    if prepared.sent is None or not calibrates(prepared.sent):
-        return
-    app = request.app
-    app[COMPACTOR].calibration.record(
-        calibrated_as(wire, prepared.model),
-        prepared.estimate,
-        first.total_input,
-        app[STORE].store,
-        tenant_of_request(request),
-    )
 
 
 async def handle_messages(request: web.Request) -> web.StreamResponse:

@@ -234,7 +234,7 @@ class ResponsesAPI:
 
     def with_history(self, body: Mapping[str, Any], messages: list[JSON], tool: str | None) -> JSON:
         fields: JSON = {"input": flatten(messages)}
-        if tool and not asks_for_summary(body):
+        if tool:  # (None for a request asking for a summary: routes.py Incoming)
             tools = body.get("tools")
             listed = tools if isinstance(tools, list) else []
             fields["tools"] = [*listed, read_result_tool(tool)]

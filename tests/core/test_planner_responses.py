@@ -182,10 +182,14 @@ def test_unknown_items_and_fields_pass_through_unchanged() -> None:
 def test_a_request_that_asks_for_a_summary_gets_no_read_result() -> None:
     out = planned(conversation(12), policy=policy(target=6_000))
     assert isinstance(out, Rewrite) and out.tool == "read_result"
-    trigger = {"tools": TOOLS, "input": [*conversation(1), {"type": "compaction_trigger"}]}
-    assert "tools" not in RESPONSES.with_history(trigger, out.messages, out.tool)
+    assert "read_result" in orjson.dumps(out.messages).decode()
+    # Asking for a summary (routes.py Adjusted.read_result False), the planner is given
+    # no tool: it writes no stub naming one, and no tool is added.
+    alone = planned(conversation(12), policy=policy(target=6_000), tool=None)
+    assert isinstance(alone, Rewrite) and alone.tool is None
+    assert "read_result" not in orjson.dumps(alone.messages).decode()
     handoff = {"tools": [], "input": conversation(1)}
-    assert "tools" not in RESPONSES.with_history(handoff, out.messages, out.tool)
+    assert "tools" not in RESPONSES.with_history(handoff, alone.messages, alone.tool)
 
 
 def test_read_result_takes_a_name_no_tool_of_any_type_has() -> None:

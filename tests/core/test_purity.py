@@ -107,3 +107,32 @@ def test_no_import_cycles() -> None:
 
     for node in sorted(graph):
         visit(node, [])
+
+
+def _private_imports(source: str, module: str, of: str = "proxy.server") -> list[str]:
+    """Each `from <a module under of> import _name` in `module`'s source, but its own."""
+    return [
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom)
+        and node.module
+        and node.module.startswith(of)
+        and node.module != module
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+
+
+def test_no_module_imports_another_server_modules_private_names() -> None:
+    """The shell's modules meet through public names (the conversation pipeline:
+    proxy/server/pipeline.py), never through another module's underscore names."""
+    found = {_name(p): _private_imports(p.read_text(), _name(p)) for p in ALL}
+    assert not {m: names for m, names in found.items() if names}
+
+
+def test_the_private_import_check_finds_one() -> None:
+    source = (
+        "from proxy.server.routes import Incoming, _prepare\nfrom proxy.server.x import __all__\n"
+    )
+    assert _private_imports(source, "proxy.server.responses_ws") == ["proxy.server.routes._prepare"]
+    assert _private_imports(source, "proxy.server.routes") == []  # its own names

@@ -345,12 +345,38 @@ async def test_auto_passes_a_trigger_through_to_an_upstream_that_knows_it(
     request = body([*turn_items(8), TRIGGER], stream=True)  # over the trigger: compacted
     status, headers, raw = await post(proxy, request)
     assert status == 200 and "x-compaction-codex-compaction" not in headers
-    assert headers["x-compaction-strategy"].startswith("offload")
+    assert headers["x-compaction-strategy"] != ""
     [sent] = [orjson.loads(r.body) for r in posts(standin)]
     assert sent["input"][-1] == TRIGGER
     assert sent["tools"] == TOOLS, "no read_result for a compaction request"
+    assert b"read_result" not in posts(standin)[0].body, "nor a stub naming it"
     [item] = events(raw)[-1]["response"]["output"]
     assert item["type"] == "compaction" and item["encrypted_content"].startswith("sti1.")
+
+
+@pytest.mark.parametrize("ask", ["trigger", "no_tools"])
+async def test_a_request_for_a_summary_is_compacted_without_a_stub_naming_read_result(
+    make_responses_standin: MakeResponsesStandIn, make_compacting_proxy: MakeProxy, ask: str
+) -> None:
+    """A request whose answer is a summary (Codex's compaction_trigger passed through, or
+    `tools: []`) is not offered read_result: the planner knows it before it writes any
+    stub, so no stub names a tool the model does not have, even in a conversation whose
+    earlier turn was offloaded (its history is folded or packed instead)."""
+    standin = await standin_with(make_responses_standin, plays_openai=True)
+    proxy = await proxy_for(make_compacting_proxy, standin.url)
+    # An ordinary turn over the trigger: offloaded, its stubs naming read_result.
+    status, headers, _ = await post(proxy, body(turn_items(8)))
+    assert status == 200 and headers["x-compaction-strategy"].startswith("offload")
+    assert b"read_result" in posts(standin)[-1].body
+    items = [*turn_items(8), TRIGGER] if ask == "trigger" else turn_items(8)
+    request = body(items, tools=[]) if ask == "no_tools" else body(items)
+    status, headers, raw = await post(proxy, request)
+    assert status == 200, raw
+    assert headers["x-compaction-strategy"] != ""  # over the trigger: compacted
+    sent = posts(standin)[-1]
+    assert b"read_result" not in sent.body
+    assert orjson.loads(sent.body)["tools"] == request["tools"]
+    assert b"read_result" not in raw
 
 
 async def test_a_sealed_item_opens_on_every_replica_of_the_fleet(
