@@ -12,7 +12,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, TypeVar, assert_never
 
 from proxy.core.checkpoint import Line, decode_checkpoint, encode_checkpoint
 from proxy.core.commands import (
@@ -96,15 +96,19 @@ class StoreExecutor:
         return "identity" in self.__dict__
 
     async def __call__(self, command: Command) -> Reply:
-        if isinstance(command, LoadConversation):
-            return await self._load(command)
-        if isinstance(command, GetSummary):
-            return await self._summary(command)
-        if isinstance(command, PrepareSummary):
-            return self._prepare(command)
-        if isinstance(command, TouchLine):
-            return self._touch_line(command)
-        return await self._save(command)
+        match command:
+            case LoadConversation():
+                return await self._load(command)
+            case GetSummary():
+                return await self._summary(command)
+            case PrepareSummary():
+                return self._prepare(command)
+            case TouchLine():
+                return self._touch_line(command)
+            case SaveCrossing():
+                return await self._save(command)
+            case _:
+                assert_never(command)
 
     async def _load(self, command: LoadConversation) -> Loaded:
         if self.store is None:
