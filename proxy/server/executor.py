@@ -35,9 +35,8 @@ from proxy.server.summariser import (
     obtain_summary,
     prepare_summary,
     prepared_of,
-    release,
 )
-from proxy.store import Store, StoreUnavailable
+from proxy.store import Store, StoreUnavailable, SummaryLock
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ class StoreExecutor:
         self.count = count
         self.spend = spend
         self.on_background_call = on_background_call
-        self._held: list[tuple[str, str]] = []  # summary locks to release after saving
+        self._held: list[SummaryLock] = []  # summary locks to release after saving
 
     @cached_property
     def identity(self) -> tuple[str, str]:
@@ -208,9 +207,8 @@ class StoreExecutor:
     async def close(self) -> None:
         """Release what the commands still hold (a summary's lock when nothing saved it)."""
         held, self._held = self._held, []
-        if self.store is not None:
-            for lock in held:
-                await release(self.store, self.tenant, self.conversation, lock)
+        for lock in held:
+            await lock.release()
 
 
 async def drive(

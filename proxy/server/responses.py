@@ -59,7 +59,7 @@ from proxy.server.routes import (
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.seal_key import SealKey
 from proxy.server.state import COMPACTOR, SETTINGS, STORE
-from proxy.server.summariser import SUMMARY, obtain_summary, post_summary, release
+from proxy.server.summariser import SUMMARY, obtain_summary, post_summary
 from proxy.store import Store
 from proxy.wire.responses import RESPONSES, asks_for_summary
 from proxy.wire.responses_compaction import (
@@ -201,13 +201,12 @@ async def _summary(
     reply = obtained.reply
     if obtained.lock is None:
         return reply
-    try:
-        if reply.text is not None:
-            await store.put_json(tenant, conversation, SUMMARY, need.key, reply.text)
-    except StoreUnavailable as e:
-        raise StoreUnavailable("compaction-proxy could not keep the summary; try again") from e
-    finally:
-        await release(store, tenant, conversation, obtained.lock)
+    async with obtained.lock:  # released once the summary is stored
+        try:
+            if reply.text is not None:
+                await store.put_json(tenant, conversation, SUMMARY, need.key, reply.text)
+        except StoreUnavailable as e:
+            raise StoreUnavailable("compaction-proxy could not keep the summary; try again") from e
     return reply
 
 
