@@ -166,7 +166,8 @@ class MemoryExecutor:
                 stored = self.summaries.get(command.key)
                 if stored is not None:
                     return SummaryReply(stored, reused=True)
-                return SummaryReply(placeholder_summary(command.slot, command.key))
+                made = placeholder_summary(command.slot, command.key)
+                return SummaryReply(command.finished(made, self.counter.count_text))
             case PrepareSummary():
                 # Made at once here: the next request finds it ready, as it would in a
                 # session whose turns are further apart than the summariser takes.

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Generator
+from dataclasses import replace
 from functools import cached_property
 from typing import Any, TypeVar, assert_never
 
@@ -32,6 +33,7 @@ from proxy.server.summariser import (
     SummariserSettings,
     SummaryBudget,
     SummaryCall,
+    finished,
     obtain_summary,
     prepare_summary,
     prepared_of,
@@ -173,7 +175,10 @@ class StoreExecutor:
         )
         if obtained.lock is not None:
             self._held.append(obtained.lock)
-        return obtained.reply
+        reply = obtained.reply
+        if reply.text is not None and not reply.reused:  # made for this request
+            reply = replace(reply, text=await finished(command, reply.text, self.count))
+        return reply
 
     async def _save(self, command: SaveCrossing) -> Saved:
         """Every write of the crossing in one pipelined call (proxy/store/crossing.py)."""

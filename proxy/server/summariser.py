@@ -22,7 +22,6 @@ import orjson
 
 from proxy import tracing
 from proxy.core.commands import GetSummary, PreparedSummary, PrepareSummary, SummaryReply
-from proxy.core.facts import keep_facts
 from proxy.core.usage import Usage
 from proxy.core.wire_format import WireFormat
 from proxy.server.record import detached
@@ -171,6 +170,16 @@ async def _wait_for_ahead(lock: SummaryLock, settings: SummariserSettings) -> st
                 return stored
             return None
     return None
+
+
+async def finished(need: GetSummary, text: str, count: Callable[[str], int]) -> str:
+    """A summary the summariser made, finished as stored (`GetSummary.finished`: the
+    identifiers it left out appended). Ranking the folded turns' identifiers is pure work
+    of tens of ms: off the loop."""
+    if need.facts_budget <= 0 or not need.facts.sources:
+        return text
+    ranked = await asyncio.to_thread(need.facts.ranked)
+    return need.finished(text, count, ranked)
 
 
 def summary_input(need: GetSummary) -> int:
@@ -369,9 +378,7 @@ async def _make_ahead(
             if note is not None:
                 await keep(note_record(note, failed=True))
             return
-        # Ranking the folded turns' identifiers is pure work of tens of ms: off the loop.
-        ranked = await asyncio.to_thread(command.facts.ranked)
-        text = keep_facts(text, ranked, command.facts_budget, count)
+        text = await finished(command.ask, text, count)
         await store.put_json(tenant, conversation, SUMMARY, key, text)
         if note is not None:
             await keep(note_record(note, text=text))
