@@ -46,7 +46,7 @@ from proxy.server.caller import caller_of
 from proxy.server.compactor import calibrated_as
 from proxy.server.errors import new_request_id
 from proxy.server.headers import upstream_request_headers
-from proxy.server.record import detached
+from proxy.server.record import current_or_throwaway
 from proxy.server.routes import (
     Adjusted,
     ConversationRoute,
@@ -264,7 +264,7 @@ async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web
     await budgets.reserve(request, estimate, need.slot, b"")
     tenant = tenant_of_request(request)
     conversation = conversation_of(request.headers, RESPONSES.identity_view(payload), tenant)
-    record = detached()
+    record = current_or_throwaway()
     made = len(record.meter.extra)
     reply = await _summary(request, need, store, tenant, conversation)
     if reply.text is None:

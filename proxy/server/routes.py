@@ -53,7 +53,7 @@ from proxy.server.compactor import Prepared, calibrated_as
 from proxy.server.errors import not_a_path, render, upstream_failure
 from proxy.server.headers import client_response_headers, upstream_request_headers
 from proxy.server.read_rounds import ReadRounds
-from proxy.server.record import detached
+from proxy.server.record import current_or_throwaway
 from proxy.server.relay import relay
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM
@@ -246,7 +246,7 @@ async def _reserve(
 
 
 async def handle_conversation(request: web.Request, route: ConversationRoute) -> web.StreamResponse:
-    record = detached()
+    record = current_or_throwaway()
     if route.compacts:
         record.reads_answers_as(route.wire)
     incoming = await _read_payload(request, route)
@@ -335,7 +335,7 @@ def _calibrate(request: web.Request, wire: WireFormat, prepared: Prepared) -> No
     estimate is a flat guess)."""
     if not prepared.sample or prepared.estimate <= 0 or not prepared.model:
         return
-    first = detached().meter.first_round
+    first = current_or_throwaway().meter.first_round
     if first is None or first.total_input <= 0:
         return
     if prepared.sent is None or not calibrates(prepared.sent):

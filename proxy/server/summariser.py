@@ -24,7 +24,7 @@ from proxy import tracing
 from proxy.core.commands import GetSummary, PreparedSummary, PrepareSummary, SummaryReply
 from proxy.core.usage import Usage
 from proxy.core.wire_format import WireFormat
-from proxy.server.record import detached
+from proxy.server.record import current_or_throwaway
 from proxy.server.upstream import Upstream
 from proxy.store import Store, StoreUnavailable, SummaryLock
 
@@ -108,7 +108,7 @@ async def obtain_summary(
         return Obtained(SummaryReply(None, failure=f"store unavailable: {e}"))
     if not lock.held:
         return Obtained(await _wait_for_other(store, tenant, conversation, key, settings))
-    record = detached()
+    record = current_or_throwaway()
     try:
         if not await spend.at_crossing(summary_input(need), need.slot):
             await lock.release()
