@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from proxy.config import ConfigError, load_settings
 from proxy.console import fail, warn
-from proxy.ops.commands import add_commands as add_ops_commands
+from proxy.ops.cli_commands import add_commands as add_ops_commands
 
 STANDIN_DEFAULT_PORT = 8081
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -9,12 +9,12 @@ a request produces.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.core.checkpoint import Checkpoint, Line, chain_hash
-from proxy.core.facts import Facts
+from proxy.core.facts import Facts, keep_facts
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +73,10 @@ class GetSummary:
     is its output cap in tokens. `ahead`: it is the summary being made ahead, in the
     background: wait for that call (however long it takes), never give up on it early.
     `fallback`: the transcript request to send when the in-place `body` is answered with a
-    tool call instead of notes (the tools it carries for the cache's sake tempt the model)."""
+    tool call instead of notes (the tools it carries for the cache's sake tempt the model).
+    `facts`: the folded turns' identifiers the made summary must keep, within
+    `facts_budget` tokens: `finished` is the one place they are applied, by every
+    executor, to the text its summariser made (a stored summary has them already)."""
 
     key: str
     body: dict[str, Any]
@@ -81,6 +84,19 @@ class GetSummary:
     model: str
     ahead: bool = False
     fallback: dict[str, Any] | None = None
+    facts: Facts = field(default_factory=Facts)
+    facts_budget: int = 0
+
+    def finished(
+        self, text: str, count: Callable[[str], int], ranked: Sequence[str] | None = None
+    ) -> str:
+        """The summariser's text as stored and folded: with the identifiers of `facts`
+        it left out appended (proxy/core/facts.py). `ranked`: the facts ranked already
+        (the server ranks them off its event loop)."""
+        if self.facts_budget <= 0 or not self.facts.sources:
+            return text
+        order = self.facts.ranked() if ranked is None else ranked
+        return keep_facts(text, order, self.facts_budget, count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,16 +137,22 @@ class TouchLine:
 @dataclass(frozen=True, slots=True)
 class PrepareSummary:
     """Make, in the background, the summary the next fold will want (so no agent turn
-    waits for it): store it under `ask.key`, checked for `facts` within `facts_budget`,
+    waits for it): store it under `ask.key`, finished with its facts (`ask.finished`),
     and keep `note` for it (what it folds and what its call saw), evicting the notes of
     `evict_notes`. Fire and forget: the reply is `Started`."""
 
     slot: str
     ask: GetSummary
-    facts: Facts
-    facts_budget: int
     note: PreparedSummary | None = None
     evict_notes: tuple[str, ...] = ()
+
+    @property
+    def facts(self) -> Facts:
+        return self.ask.facts
+
+    @property
+    def facts_budget(self) -> int:
+        return self.ask.facts_budget
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,6 @@ from proxy.core.commands import (
     TouchLine,
 )
 from proxy.core.counting import Counted
-from proxy.core.facts import keep_facts
 from proxy.core.lines import (
     DEFAULT_MAX_LINES,
     best_line,
@@ -145,10 +144,7 @@ def compaction(request: CompactionRequest) -> Driver:
         failure = got.failure
         text = got.text
         if text is not None and text.strip():
-            if not got.reused:
-                count = request.counter.count_text
-                ranked = outcome.facts.ranked()
-                text = keep_facts(text, ranked, outcome.facts_budget, count)
+            if not got.reused:  # finished with its facts by the executor (GetSummary)
                 made = (outcome.key, text)
             known = (outcome.key, text)
         had = "waited" if got.waited else "reused" if got.reused else "made"
@@ -197,8 +193,6 @@ def compaction(request: CompactionRequest) -> Driver:
         started = yield PrepareSummary(
             slot,
             _summary_request(request, ahead),
-            ahead.facts,
-            ahead.facts_budget,
             note,
             evicted_notes(notes, request.max_lines, note.seen),
         )
@@ -263,9 +257,9 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
         body = request.wire.summary_request(
             sent, model=model, slot=fold.slot, prompt=place.prompt, history=history
         )
-    if body is None:
-        return GetSummary(fold.key, transcript, fold.slot, model, ahead=fold.ahead)
-    return GetSummary(fold.key, body, fold.slot, model, ahead=fold.ahead, fallback=transcript)
+    facts, budget = fold.facts, fold.facts_budget  # applied by GetSummary.finished
+    ask = GetSummary(fold.key, transcript, fold.slot, model, fold.ahead, None, facts, budget)
+    return ask if body is None else replace(ask, body=body, fallback=transcript)
 
 
 def _plan_input(

@@ -107,9 +107,10 @@ def _head(text: str, limit: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Stub:
-    """Where a stub goes: message index, block index, its ref and head length."""
+    """One stub in a message: the tool result it replaces (`block`, its index among the
+    message's results as the dialect's `tool_results` numbers them), its ref, and how
+    much of the result's head stays. A checkpoint's `Stubbed` segment keeps them."""
 
-    message: int
     block: int
     ref: str
     head_chars: int

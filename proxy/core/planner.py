@@ -43,14 +43,13 @@ from proxy.core.history import (
     pack_messages,
     pinned_tokens,
 )
-from proxy.core.offload import ref_for, refs_in, result_text
+from proxy.core.offload import Stub, ref_for, refs_in, result_text
 from proxy.core.pack import pack_context
 from proxy.core.policy import Policy, prepare_at
 from proxy.core.segments import (
     REBUILDABLE_FORMS,
     Note,
     Segment,
-    StubAt,
     Stubbed,
     StubbedMemo,
     Summary,
@@ -700,16 +699,16 @@ def _offload(work: Working, inp: PlanInput) -> tuple[Working, list[tuple[str, st
     for n, seg in enumerate(work.segments):
         if not isinstance(seg, (Verbatim, Stubbed)):
             continue
-        done = {s.slot for s in seg.stubs} if isinstance(seg, Stubbed) else set()
-        for slot, block in inp.dialect.tool_results(work.messages[n]):
-            if slot not in done:
-                candidates.append((n, slot, block))
+        done = {s.block for s in seg.stubs} if isinstance(seg, Stubbed) else set()
+        for at, block in inp.dialect.tool_results(work.messages[n]):
+            if at not in done:
+                candidates.append((n, at, block))
     # The newest results stay, and so does every result given in the same message as one.
     newest = candidates[len(candidates) - policy.keep_results :] if policy.keep_results else []
     protected = {n for n, _, _ in newest}
-    stubs: dict[int, list[StubAt]] = {}
+    stubs: dict[int, list[Stub]] = {}
     blobs: list[tuple[str, str]] = []
-    for n, slot, block in candidates:
+    for n, at, block in candidates:
         if n in protected:
             continue
         text = result_text(block)
@@ -718,7 +717,7 @@ def _offload(work: Working, inp: PlanInput) -> tuple[Working, list[tuple[str, st
         if inp.counter.count_block(dict(block)) <= policy.offload_threshold:
             continue
         ref = ref_for(text)
-        stubs.setdefault(n, []).append(StubAt(slot, ref, policy.stub_head_chars))
+        stubs.setdefault(n, []).append(Stub(at, ref, policy.stub_head_chars))
         blobs.append((ref, text))
     if not stubs:
         return work, []
@@ -729,7 +728,7 @@ def _offload(work: Working, inp: PlanInput) -> tuple[Working, list[tuple[str, st
             continue
         assert isinstance(seg, (Verbatim, Stubbed))
         earlier = list(seg.stubs) if isinstance(seg, Stubbed) else []
-        merged = tuple(sorted(earlier + stubs[n], key=lambda s: s.slot))
+        merged = tuple(sorted(earlier + stubs[n], key=lambda s: s.block))
         segments.append(Stubbed(seg.index, merged))
     return working(segments, inp), blobs
 

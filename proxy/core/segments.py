@@ -27,15 +27,6 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
-class StubAt:
-    """One stub in a message: the result's slot, its ref, how much of its head stays."""
-
-    slot: int
-    ref: str
-    head_chars: int
-
-
-@dataclass(frozen=True, slots=True)
 class Verbatim:
     index: int
 
@@ -43,7 +34,7 @@ class Verbatim:
 @dataclass(frozen=True, slots=True)
 class Stubbed:
     index: int
-    stubs: tuple[StubAt, ...]  # by slot, ascending
+    stubs: tuple[Stub, ...]  # by block, ascending
 
     @property
     def refs(self) -> tuple[str, ...]:
@@ -114,9 +105,8 @@ def material(
     if isinstance(seg, Verbatim):
         return dict(messages[seg.index])
     if isinstance(seg, Stubbed):
-        stubs = [Stub(seg.index, s.slot, s.ref, s.head_chars) for s in seg.stubs]
         name = tool or "read_result"
-        return dialect.stubbed_message(messages[seg.index], stubs, name, read_length)
+        return dialect.stubbed_message(messages[seg.index], seg.stubs, name, read_length)
     if isinstance(seg, Summary):
         return dialect.summary_message(seg.text, seg.folded)
     return dialect.note_message(seg.text)
@@ -133,7 +123,7 @@ StubbedMemo = dict[bytes, tuple[dict[str, Any], int]]
 def stubbed_key(
     digest: bytes, form: int, seg: Stubbed, tool: str | None, read_length: int, dialect: Dialect
 ) -> bytes:
-    stubs = ";".join(f"{s.slot},{s.ref},{s.head_chars}" for s in seg.stubs)
+    stubs = ";".join(f"{s.block},{s.ref},{s.head_chars}" for s in seg.stubs)
     made = f"{form}|{type(dialect).__name__}|{tool or 'read_result'}|{read_length}|{stubs}"
     return digest + made.encode()
 
@@ -150,7 +140,7 @@ def encode_segments(segments: Sequence[Segment]) -> list[list[Any]]:
         if isinstance(seg, Verbatim):
             out.append(["m", seg.index])
         elif isinstance(seg, Stubbed):
-            out.append(["s", seg.index, [[s.slot, s.ref, s.head_chars] for s in seg.stubs]])
+            out.append(["s", seg.index, [[s.block, s.ref, s.head_chars] for s in seg.stubs]])
         elif isinstance(seg, Summary):
             out.append(["summary", seg.text, seg.folded, list(seg.refs)])
         else:
@@ -197,7 +187,7 @@ def _index(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _stub(raw: object) -> StubAt:
+def _stub(raw: object) -> Stub:
     if (
         isinstance(raw, list)
         and len(raw) == 3
@@ -205,5 +195,5 @@ def _stub(raw: object) -> StubAt:
         and isinstance(raw[1], str)
         and _index(raw[2])
     ):
-        return StubAt(raw[0], raw[1], raw[2])
+        return Stub(raw[0], raw[1], raw[2])
     raise SegmentError(f"bad stub {raw!r}")

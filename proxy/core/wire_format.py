@@ -5,10 +5,10 @@ Completions). The planner, the driver, the read_result rounds and the usage mete
 written against these protocols and never against a concrete format, so the core imports
 nothing outside proxy/core.
 
-A tool result is addressed by (message index, slot): for Anthropic the slot is the
+A tool result is addressed by (message index, block): for Anthropic the block is the
 tool_result block's index in the user message's content; for Chat, where each `tool`
-message holds one result, it is 0. A checkpoint's stub records that slot, so it must mean
-the same thing on every request of a conversation.
+message holds one result, it is 0. A checkpoint's stub records that block, so it must
+mean the same thing on every request of a conversation.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class Dialect(Protocol):
         ...
 
     def tool_results(self, message: Message) -> list[tuple[int, Mapping[str, Any]]]:
-        """The tool results the message gives, as (slot, result). A result is a mapping
+        """The tool results the message gives, as (block, result). A result is a mapping
         whose `content` is a string or a list of parts (what offload.result_text reads),
         counted with the counter's count_block."""
         ...
@@ -105,7 +105,7 @@ class Dialect(Protocol):
     def stubbed_message(
         self, message: Message, stubs: Sequence[Stub], tool: str, read_length: int
     ) -> JSON:
-        """A copy of the message with the results at the stubs' slots replaced by stubs."""
+        """A copy of the message with the results at the stubs' blocks replaced by stubs."""
         ...
 
     def summary_message(self, text: str, folded: int) -> JSON: ...

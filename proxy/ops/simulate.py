@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, assert_never
 
 from proxy.core.checkpoint import Checkpoint, Line, checkpoint_slot
 from proxy.core.commands import (
@@ -156,34 +156,41 @@ class MemoryExecutor:
         return other
 
     def __call__(self, command: Command) -> Reply:
-        if isinstance(command, LoadConversation):
-            slot = command.slot
-            lines = tuple(self.lines.get(slot, {}).values())
-            return Loaded(lines=lines, notes=tuple(self.notes.get(slot, {}).values()))
-        if isinstance(command, GetSummary):
-            self.asked = command
-            stored = self.summaries.get(command.key)
-            if stored is not None:
-                return SummaryReply(stored, reused=True)
-            return SummaryReply(placeholder_summary(command.slot, command.key))
-        if isinstance(command, PrepareSummary):
-            # Made at once here: the next request finds it ready, as it would in a
-            # session whose turns are further apart than the summariser takes.
-            ask = command.ask
-            self.ahead = ask
-            text = self.summaries.setdefault(ask.key, placeholder_summary(ask.slot, ask.key))
-            notes = self.notes.setdefault(command.slot, {})
-            for seen in command.evict_notes:
-                notes.pop(seen, None)
-            if command.note is not None:
-                notes[command.note.seen] = replace(command.note, text=text)
-            return Started()
-        if isinstance(command, TouchLine):
-            line = self.lines.get(command.slot, {}).get(command.line)
-            if line is not None:
-                self.lines[command.slot][command.line] = replace(line, used=command.used)
-            return Started()
-        assert isinstance(command, SaveCrossing)
+        match command:
+            case LoadConversation():
+                slot = command.slot
+                lines = tuple(self.lines.get(slot, {}).values())
+                return Loaded(lines=lines, notes=tuple(self.notes.get(slot, {}).values()))
+            case GetSummary():
+                self.asked = command
+                stored = self.summaries.get(command.key)
+                if stored is not None:
+                    return SummaryReply(stored, reused=True)
+                made = placeholder_summary(command.slot, command.key)
+                return SummaryReply(command.finished(made, self.counter.count_text))
+            case PrepareSummary():
+                # Made at once here: the next request finds it ready, as it would in a
+                # session whose turns are further apart than the summariser takes.
+                ask = command.ask
+                self.ahead = ask
+                text = self.summaries.setdefault(ask.key, placeholder_summary(ask.slot, ask.key))
+                notes = self.notes.setdefault(command.slot, {})
+                for seen in command.evict_notes:
+                    notes.pop(seen, None)
+                if command.note is not None:
+                    notes[command.note.seen] = replace(command.note, text=text)
+                return Started()
+            case TouchLine():
+                line = self.lines.get(command.slot, {}).get(command.line)
+                if line is not None:
+                    self.lines[command.slot][command.line] = replace(line, used=command.used)
+                return Started()
+            case SaveCrossing():
+                return self._save(command)
+            case _:
+                assert_never(command)
+
+    def _save(self, command: SaveCrossing) -> Saved:
         kept = self.lines.setdefault(command.slot, {})
         for name in command.evict:
             self.evicted += kept.pop(name, None) is not None

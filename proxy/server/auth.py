@@ -31,7 +31,7 @@ from proxy.server.budgets import TICKET, admission
 from proxy.server.caller import CALLER, Caller, count_rejection
 from proxy.server.fleet import FLEET
 from proxy.server.passthrough import API_PREFIX, handle_passthrough
-from proxy.server.record import detached
+from proxy.server.record import current_or_throwaway
 from proxy.server.routing import OPENAI_UPSTREAM, provider_of_path
 from proxy.server.state import SETTINGS
 from proxy.store import StoreUnavailable
@@ -151,7 +151,7 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
             "key",
         )
     team = record.get("team") or None
-    noted = detached()  # for the admin stats
+    noted = current_or_throwaway()  # for the admin stats
     noted.key_id, noted.team = key_id, team or ""
     key_scope = Scope("key", key_id)
     team_scope = Scope("team", team) if team else None

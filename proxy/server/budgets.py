@@ -39,7 +39,7 @@ from proxy.core.errors import StoreUnavailable as CannotCheck
 from proxy.core.usage import Usage, UsageMeter
 from proxy.server.caller import Caller, count_rejection
 from proxy.server.fleet import FLEET, Fleet
-from proxy.server.record import detached
+from proxy.server.record import current_or_throwaway
 from proxy.server.state import SETTINGS
 from proxy.server.summariser import FREE_SUMMARIES, SummaryBudget
 from proxy.store import StoreUnavailable
@@ -54,7 +54,7 @@ class Ticket:
     def __init__(self, request: web.Request, caller: Caller) -> None:
         self.request = request
         self.caller = caller
-        self.meter: UsageMeter = detached().meter  # the request's one meter
+        self.meter: UsageMeter = current_or_throwaway().meter  # the request's one meter
         self.held: list[Held] = []
         self.reserved = Amounts()  # summed over the reservation and its top-ups
         self.one_hour_cache = False

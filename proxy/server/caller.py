@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from proxy.server.metrics import count_budget_rejection
-from proxy.server.record import detached
+from proxy.server.record import current_or_throwaway
 from proxy.store.accounts import Scope
 
 
@@ -42,6 +42,6 @@ def caller_of(request: web.Request) -> Caller:
 
 def count_rejection(app: web.Application, reason: str) -> None:
     """Count a request refused by a key or budget check (`reason`: a fixed word)."""
-    detached().rejected = reason
+    current_or_throwaway().rejected = reason
     with contextlib.suppress(KeyError):  # an app built without metrics
         count_budget_rejection(app, reason)

@@ -33,7 +33,7 @@ from proxy.core.tokens import TokenCounter, default_counter
 from proxy.core.wire_format import WireFormat
 from proxy.server.calibration import Calibration
 from proxy.server.executor import StoreExecutor, drive
-from proxy.server.record import detached
+from proxy.server.record import current_or_throwaway
 from proxy.server.summariser import FREE_SUMMARIES, SummariserSettings, SummaryBudget, post_summary
 from proxy.server.tasks import stop_tasks
 from proxy.server.upstream import Upstream
@@ -279,11 +279,11 @@ class Compactor:
         )
         if executor.identified:
             prepared.tenant, prepared.conversation = executor.identity
-            detached().conversation = prepared.conversation  # for the admin stats
+            current_or_throwaway().conversation = prepared.conversation  # for the admin stats
         return self._finish(prepared, decision, policy)
 
     def _finish(self, prepared: Prepared, decision: Decision, policy: Policy) -> Prepared:
-        record = detached()
+        record = current_or_throwaway()
         if decision.summary_failure:
             log.info("no summary (%s); packing instead", decision.summary_failure)
         if decision.action == "refuse":

@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Generator
+from dataclasses import replace
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, TypeVar, assert_never
 
 from proxy.core.checkpoint import Line, decode_checkpoint, encode_checkpoint
 from proxy.core.commands import (
@@ -32,12 +33,12 @@ from proxy.server.summariser import (
     SummariserSettings,
     SummaryBudget,
     SummaryCall,
+    finished,
     obtain_summary,
     prepare_summary,
     prepared_of,
-    release,
 )
-from proxy.store import Store, StoreUnavailable
+from proxy.store import Store, StoreUnavailable, SummaryLock
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class StoreExecutor:
         self.count = count
         self.spend = spend
         self.on_background_call = on_background_call
-        self._held: list[tuple[str, str]] = []  # summary locks to release after saving
+        self._held: list[SummaryLock] = []  # summary locks to release after saving
 
     @cached_property
     def identity(self) -> tuple[str, str]:
@@ -96,15 +97,19 @@ class StoreExecutor:
         return "identity" in self.__dict__
 
     async def __call__(self, command: Command) -> Reply:
-        if isinstance(command, LoadConversation):
-            return await self._load(command)
-        if isinstance(command, GetSummary):
-            return await self._summary(command)
-        if isinstance(command, PrepareSummary):
-            return self._prepare(command)
-        if isinstance(command, TouchLine):
-            return self._touch_line(command)
-        return await self._save(command)
+        match command:
+            case LoadConversation():
+                return await self._load(command)
+            case GetSummary():
+                return await self._summary(command)
+            case PrepareSummary():
+                return self._prepare(command)
+            case TouchLine():
+                return self._touch_line(command)
+            case SaveCrossing():
+                return await self._save(command)
+            case _:
+                assert_never(command)
 
     async def _load(self, command: LoadConversation) -> Loaded:
         if self.store is None:
@@ -170,7 +175,10 @@ class StoreExecutor:
         )
         if obtained.lock is not None:
             self._held.append(obtained.lock)
-        return obtained.reply
+        reply = obtained.reply
+        if reply.text is not None and not reply.reused:  # made for this request
+            reply = replace(reply, text=await finished(command, reply.text, self.count))
+        return reply
 
     async def _save(self, command: SaveCrossing) -> Saved:
         """Every write of the crossing in one pipelined call (proxy/store/crossing.py)."""
@@ -204,9 +212,8 @@ class StoreExecutor:
     async def close(self) -> None:
         """Release what the commands still hold (a summary's lock when nothing saved it)."""
         held, self._held = self._held, []
-        if self.store is not None:
-            for lock in held:
-                await release(self.store, self.tenant, self.conversation, lock)
+        for lock in held:
+            await lock.release()
 
 
 async def drive(

@@ -44,7 +44,7 @@ from proxy.server.bodies import (
 from proxy.server.caller import caller_of, count_rejection
 from proxy.server.errors import not_a_path, upstream_failure
 from proxy.server.headers import upstream_request_headers
-from proxy.server.record import detached
+from proxy.server.record import current_or_throwaway
 from proxy.server.relay import relay
 from proxy.server.routing import OPENAI_UPSTREAM, upstream_for
 from proxy.server.state import COMPACTOR, SETTINGS, UPSTREAM
@@ -142,7 +142,7 @@ async def _reserved(request: web.Request, meter: str) -> bytes:
     except BadRequestField as e:
         raise invalid_field(e.param, str(e)) from None
     await budgets.reserve(request, estimate, output, text, charge_reserved=meter == BATCH)
-    detached().reads_answers_as(ANY_USAGE)
+    current_or_throwaway().reads_answers_as(ANY_USAGE)
     return body
 
 

@@ -50,7 +50,7 @@ from proxy.server.bodies import (
 from proxy.server.caller import caller_of
 from proxy.server.compactor import Prepared, calibrated_as
 from proxy.server.errors import not_a_path
-from proxy.server.record import detached
+from proxy.server.record import current_or_throwaway
 from proxy.server.state import COMPACTOR, SETTINGS, STORE
 from proxy.server.upstream import Upstream
 
@@ -237,7 +237,7 @@ def calibrate(request: web.Request, wire: WireFormat, prepared: Prepared) -> Non
     with media blocks, whose estimate is a flat guess)."""
     if not prepared.sample or prepared.estimate <= 0 or not prepared.model:
         return
-    first = detached().meter.first_round
+    first = current_or_throwaway().meter.first_round
     if first is None or first.total_input <= 0:
         return
     if prepared.sent is None or not calibrates(prepared.sent):

@@ -37,7 +37,7 @@ from proxy.core.wire_format import JSON, MergeState, ReadCall, Round, RoundMerge
 from proxy.server import budgets
 from proxy.server.compactor import Prepared, calibrated_as
 from proxy.server.headers import client_response_headers
-from proxy.server.record import detached
+from proxy.server.record import current_or_throwaway
 from proxy.server.relay import cut_client, relay
 from proxy.server.state import COMPACTOR, STORE
 from proxy.server.upstream import AnswerTooLarge, Upstream, read_bounded
@@ -140,7 +140,7 @@ class ReadRounds:
         self.messages: list[JSON] = list(self.wire.messages(self.sent))
         self.rounds_used = 0
         self.max_rounds = prepared.policy.max_read_rounds
-        self.record = detached()
+        self.record = current_or_throwaway()
 
     async def answer(self, response: aiohttp.ClientResponse) -> web.StreamResponse:
         if response.headers.get("Content-Type", "").startswith("text/event-stream"):

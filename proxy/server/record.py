@@ -83,7 +83,7 @@ def current() -> RequestRecord | None:
     return _current.get()
 
 
-def detached() -> RequestRecord:
+def current_or_throwaway() -> RequestRecord:
     """The current record, or a throwaway one outside a request (benchmarks, tools)."""
     record = _current.get()
     return record if record is not None else RequestRecord("", "", "")

@@ -28,7 +28,7 @@ from proxy.core.errors import UpstreamError, UpstreamGarbage
 from proxy.core.wire_format import WireFormat
 from proxy.server.errors import render, upstream_failure, wire_for
 from proxy.server.headers import client_response_headers
-from proxy.server.record import detached
+from proxy.server.record import current_or_throwaway
 from proxy.server.state import SETTINGS
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ async def relay(
     wire = wire or wire_for(request.path, request.headers)
     if 200 <= upstream.status < 300:
         # An answer went through: with no usage found in it, it costs its reservation.
-        detached().meter.seen_answer = True
+        current_or_throwaway().meter.seen_answer = True
     headers = client_response_headers(upstream.headers)
     for name, value in extra_headers:
         headers.add(name, value)
@@ -90,7 +90,7 @@ async def relay(
 
 
 def _meter_body(body: bytes, encoded: bool) -> None:
-    meter = detached().meter
+    meter = current_or_throwaway().meter
     meter.seen_answer = True
     if encoded or meter.scan is None:
         return
@@ -114,7 +114,7 @@ async def _relay_stream(
     if not events and upstream.content_length is not None:
         out.content_length = upstream.content_length
     await out.prepare(request)
-    meter = detached().meter if events and upstream.status == 200 else None
+    meter = current_or_throwaway().meter if events and upstream.status == 200 else None
     held = EventHold(_max_line(request)) if events else None
     try:
         async for chunk in upstream.content.iter_any():

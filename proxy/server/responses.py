@@ -55,7 +55,7 @@ from proxy.server.pipeline import (
     prepare,
     tenant_of_request,
 )
-from proxy.server.record import detached
+from proxy.server.record import current_or_throwaway
 from proxy.server.routes import expect_for, handle_conversation
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.seal_key import SealKey
@@ -266,7 +266,7 @@ async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web
     await budgets.reserve(request, estimate, need.slot, b"")
     tenant = tenant_of_request(request)
     conversation = conversation_of(request.headers, RESPONSES.identity_view(payload), tenant)
-    record = detached()
+    record = current_or_throwaway()
     made = len(record.meter.extra)
     reply = await _summary(request, need, store, tenant, conversation)
     if reply.text is None:

@@ -47,7 +47,7 @@ from proxy.server.pipeline import (
     reserve,
 )
 from proxy.server.read_rounds import ReadRounds
-from proxy.server.record import detached
+from proxy.server.record import current_or_throwaway
 from proxy.server.relay import relay
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.state import SETTINGS, UPSTREAM
@@ -91,7 +91,7 @@ def _wants_stream(payload: dict[str, Any] | None, body: bytes) -> bool:
 
 
 async def handle_conversation(request: web.Request, route: ConversationRoute) -> web.StreamResponse:
-    record = detached()
+    record = current_or_throwaway()
     if route.compacts:
         record.reads_answers_as(route.wire)
     incoming = await read(request, route)

@@ -2,8 +2,9 @@
 
 A summary is stored under the hash of the turns it folds, per conversation, so every
 later request (on any replica) whose history starts with them reuses it byte for byte.
-Making one costs an upstream call, so a Redis lock lets one replica make it while the
-others wait briefly for it and, if it does not come in time, pack instead. The maker
+Making one costs an upstream call, so a lock (proxy/store/summary_lock.py) lets one
+replica make it while the others wait briefly for it and, if it does not come in time,
+pack instead. The maker
 keeps the lock until the crossing's writes have stored the summary (the executor
 releases it), so no second replica pays for the same summary in between.
 """
@@ -11,7 +12,6 @@ releases it), so no second replica pays for the same summary in between.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -22,12 +22,11 @@ import orjson
 
 from proxy import tracing
 from proxy.core.commands import GetSummary, PreparedSummary, PrepareSummary, SummaryReply
-from proxy.core.facts import keep_facts
 from proxy.core.usage import Usage
 from proxy.core.wire_format import WireFormat
-from proxy.server.record import detached
+from proxy.server.record import current_or_throwaway
 from proxy.server.upstream import Upstream
-from proxy.store import Store, StoreUnavailable
+from proxy.store import Store, StoreUnavailable, SummaryLock
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +71,7 @@ FREE_SUMMARIES: SummaryBudget = _Free()
 @dataclass(frozen=True, slots=True)
 class Obtained:
     reply: SummaryReply
-    lock: tuple[str, str] | None = None  # (lock name, token) still held: release after saving
+    lock: SummaryLock | None = None  # still held: release it once the summary is stored
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,29 +92,26 @@ async def obtain_summary(
     spend: SummaryBudget = FREE_SUMMARIES,
 ) -> Obtained:
     key = need.key
+    # Held through the call and until the crossing's writes (then released).
+    lock = SummaryLock(store, tenant, conversation, key, settings.timeout)
     try:
         stored = await store.get_json(tenant, conversation, SUMMARY, key)
         if isinstance(stored, str) and stored.strip():
             return Obtained(SummaryReply(stored, reused=True))
-        lock = f"summary:{key}"
-        # Held through the call and until the crossing's writes (then released).
-        ttl_ms = int((settings.timeout + 30) * 1000)
-        token = await store.acquire_lock(tenant, conversation, lock, ttl_ms)
-        if token is None and need.ahead:
-            found, token = await _wait_for_ahead(store, tenant, conversation, key, ttl_ms, settings)
+        if not await lock.acquire() and need.ahead:
+            found = await _wait_for_ahead(lock, settings)
             if found is not None:
                 return Obtained(SummaryReply(found, reused=True, waited=True))
-            if token is None:
+            if not lock.held:
                 return Obtained(SummaryReply(None, failure="the summary made ahead never came"))
     except StoreUnavailable as e:
         return Obtained(SummaryReply(None, failure=f"store unavailable: {e}"))
-    if token is None:
+    if not lock.held:
         return Obtained(await _wait_for_other(store, tenant, conversation, key, settings))
-    record = detached()
-    held = (lock, token)
+    record = current_or_throwaway()
     try:
         if not await spend.at_crossing(summary_input(need), need.slot):
-            await release(store, tenant, conversation, held)
+            await lock.release()
             return Obtained(SummaryReply(None, failure="the caller's budget has no room"))
         record.summariser_calls += 1
         text, usage = await call(need)
@@ -123,22 +119,17 @@ async def obtain_summary(
             record.meter.summariser(usage)
         if not text.strip():
             record.summariser_failures += 1
-            await release(store, tenant, conversation, held)
+            await lock.release()
             return Obtained(SummaryReply(None, failure="the summariser answered with no text"))
-        return Obtained(SummaryReply(text), held)
+        return Obtained(SummaryReply(text), lock)
     except (SummariserFailed, aiohttp.ClientError, TimeoutError) as e:
         record.summariser_failures += 1
         log.warning("summariser call failed: %s (%s)", type(e).__name__, e)
-        await release(store, tenant, conversation, held)
+        await lock.release()
         return Obtained(SummaryReply(None, failure=f"summariser failed: {type(e).__name__}"))
     except BaseException:
-        await release(store, tenant, conversation, held)
+        await lock.release()
         raise
-
-
-async def release(store: Store, tenant: str, conversation: str, held: tuple[str, str]) -> None:
-    with contextlib.suppress(StoreUnavailable):  # else it expires by itself
-        await store.release_lock(tenant, conversation, held[0], held[1])
 
 
 async def _wait_for_other(
@@ -157,36 +148,38 @@ async def _wait_for_other(
     return SummaryReply(None, failure="another replica is still summarising")
 
 
-async def _wait_for_ahead(
-    store: Store,
-    tenant: str,
-    conversation: str,
-    key: str,
-    ttl_ms: int,
-    settings: SummariserSettings,
-) -> tuple[str | None, str | None]:
-    """Wait for the summary being made ahead (its maker holds the key's lock): (its
-    text, None) once stored; (None, the lock's token) when its maker let go without
-    storing it (its summariser call failed): the caller makes it; (None, None) when
-    neither happened within the longest a summariser call may take (plus `wait`): its
-    maker went away with the lock, and the crossing packs. Raises StoreUnavailable."""
+async def _wait_for_ahead(lock: SummaryLock, settings: SummariserSettings) -> str | None:
+    """Wait for the summary being made ahead (its maker holds `lock`): its text once
+    stored; None with `lock` held when its maker let go without storing it (its
+    summariser call failed): the caller makes it; None with `lock` not held when neither
+    happened within the longest a summariser call may take (plus `wait`): its maker went
+    away with the lock, and the crossing packs. Raises StoreUnavailable."""
+    store, tenant, conversation, key = lock.store, lock.tenant, lock.conversation, lock.key
     loop = asyncio.get_running_loop()
     deadline = loop.time() + settings.timeout + settings.wait
-    lock = f"summary:{key}"
     while loop.time() < deadline:
         await asyncio.sleep(settings.poll)
         stored = await store.get_json(tenant, conversation, SUMMARY, key)
         if isinstance(stored, str) and stored.strip():
-            return stored, None
-        token = await store.acquire_lock(tenant, conversation, lock, ttl_ms)
-        if token is not None:
+            return stored
+        if await lock.acquire():
             # Its maker is done: stored since the last look, or not at all.
             stored = await store.get_json(tenant, conversation, SUMMARY, key)
             if isinstance(stored, str) and stored.strip():
-                await release(store, tenant, conversation, (lock, token))
-                return stored, None
-            return None, token
-    return None, None
+                await lock.release()
+                return stored
+            return None
+    return None
+
+
+async def finished(need: GetSummary, text: str, count: Callable[[str], int]) -> str:
+    """A summary the summariser made, finished as stored (`GetSummary.finished`: the
+    identifiers it left out appended). Ranking the folded turns' identifiers is pure work
+    of tens of ms: off the loop."""
+    if need.facts_budget <= 0 or not need.facts.sources:
+        return text
+    ranked = await asyncio.to_thread(need.facts.ranked)
+    return need.finished(text, count, ranked)
 
 
 def summary_input(need: GetSummary) -> int:
@@ -332,24 +325,35 @@ async def prepare_summary(
     made and settled to its usage; a budget that refuses it, like a failure, leaves a
     failed note (the crossing then makes the summary itself, or packs)."""
     key = command.ask.key
+    tracing.note({"compaction.tenant": tenant, "compaction.conversation": conversation})
+    lock = SummaryLock(store, tenant, conversation, key, settings.timeout)
+    try:
+        if not await lock.acquire():
+            tracing.note({"compaction.summary": "busy"})
+            return  # another replica is making it
+    except StoreUnavailable:
+        return
+    async with lock:
+        await _make_ahead(command, lock, count=count, spend=spend, call=call, on_call=on_call)
+
+
+async def _make_ahead(
+    command: PrepareSummary,
+    lock: SummaryLock,
+    *,
+    call: SummaryCall,
+    count: Callable[[str], int],
+    spend: SummaryBudget,
+    on_call: Callable[[bool], None],
+) -> None:
+    """The summary made ahead, its lock held (the caller releases it)."""
+    store, tenant, conversation, key = lock.store, lock.tenant, lock.conversation, lock.key
     note = command.note  # None: the summary is stored, no crossing is told of it
 
     async def keep(record: dict[str, object], evict: Sequence[str] = ()) -> None:
         if note is not None:
             await store.put_note(tenant, conversation, command.slot, note.seen, record, evict)
 
-    lock = f"summary:{key}"
-    tracing.note({"compaction.tenant": tenant, "compaction.conversation": conversation})
-    try:
-        token = await store.acquire_lock(
-            tenant, conversation, lock, int((settings.timeout + 30) * 1000)
-        )
-        if token is None:
-            tracing.note({"compaction.summary": "busy"})
-            return  # another replica is making it
-        held = (lock, token)
-    except StoreUnavailable:
-        return
     apart: Settles | None = None
     try:
         apart = await spend.ahead(summary_input(command.ask), command.ask.slot)
@@ -374,9 +378,7 @@ async def prepare_summary(
             if note is not None:
                 await keep(note_record(note, failed=True))
             return
-        # Ranking the folded turns' identifiers is pure work of tens of ms: off the loop.
-        ranked = await asyncio.to_thread(command.facts.ranked)
-        text = keep_facts(text, ranked, command.facts_budget, count)
+        text = await finished(command.ask, text, count)
         await store.put_json(tenant, conversation, SUMMARY, key, text)
         if note is not None:
             await keep(note_record(note, text=text))
@@ -386,4 +388,3 @@ async def prepare_summary(
     finally:
         if apart is not None:
             apart.settle(None)  # no call made (cancelled, the store away): a refund
-        await release(store, tenant, conversation, held)

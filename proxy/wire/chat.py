@@ -10,7 +10,7 @@ How Chat messages map onto the neutral model:
   part of the Anthropic user message holding tool_results, so one that answers no call
   is malformed (dropped) rather than pinned like an unknown role;
 - `system` and `developer` messages are pinned (they are not ordinary roles);
-- a tool message holds one result (slot 0): a string or a list of text parts. A stub
+- a tool message holds one result (block 0): a string or a list of text parts. A stub
   replaces its content; summaries and drop notes are `user` messages with string content.
 """
 

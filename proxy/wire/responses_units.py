@@ -242,7 +242,7 @@ def tool_results(unit: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]
 def stubbed_unit(
     unit: Mapping[str, Any], stubs: Sequence[offload.Stub], tool: str, read_length: int
 ) -> Unit:
-    """A copy of the unit with the outputs at the stubs' slots replaced by stubs (every
+    """A copy of the unit with the outputs at the stubs' blocks replaced by stubs (every
     other field of the output item kept)."""
     items = list(unit_items(unit))
     for stub in stubs:

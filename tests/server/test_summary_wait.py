@@ -11,7 +11,7 @@ import pytest
 
 from proxy.core.commands import GetSummary
 from proxy.core.usage import Usage
-from proxy.server.summariser import SUMMARY, SummariserSettings, obtain_summary, release
+from proxy.server.summariser import SUMMARY, SummariserSettings, obtain_summary
 from proxy.store import Store
 
 TENANT, CONVERSATION, KEY = "t-wait", "c-wait", "k-wait"
@@ -44,7 +44,7 @@ async def test_it_takes_the_summary_its_maker_stores(store: Store) -> None:
     await asyncio.sleep(0.2)  # well past SETTINGS.wait: an ordinary waiter would give up
     assert not waiting.done()
     await store.put_json(TENANT, CONVERSATION, SUMMARY, KEY, "notes made ahead")
-    await release(store, TENANT, CONVERSATION, (LOCK, maker))
+    await store.release_lock(TENANT, CONVERSATION, LOCK, maker)
     obtained = await waiting
     assert obtained.reply.text == "notes made ahead" and obtained.reply.reused
     assert calls == [] and obtained.lock is None
@@ -66,9 +66,9 @@ async def test_it_makes_the_summary_when_its_maker_let_go_without_one(store: Sto
     )
     await asyncio.sleep(0.05)
     assert not waiting.done()
-    await release(store, TENANT, CONVERSATION, (LOCK, maker))  # its call failed
+    await store.release_lock(TENANT, CONVERSATION, LOCK, maker)  # its call failed
     obtained = await waiting
     assert obtained.reply.text == "made at the crossing" and not obtained.reply.reused
     assert calls == [ASK]
     assert obtained.lock is not None, "held until the crossing's writes store it"
-    await release(store, TENANT, CONVERSATION, obtained.lock)
+    await obtained.lock.release()

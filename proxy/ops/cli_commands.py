@@ -1,4 +1,6 @@
-"""The `audit`, `plan` and `replay` commands of `compaction-proxy`."""
+"""The `audit`, `plan` and `replay` subcommands of the `compaction-proxy` command line:
+their arguments, and what each prints. (The driver's commands, the effects compaction
+asks for, are another thing: proxy/core/commands.py.)"""
 
 from __future__ import annotations
 
