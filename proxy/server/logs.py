@@ -43,20 +43,7 @@ def request_fields(record: RequestRecord, status: int, ended: float) -> dict[str
         fields["upstream_ms"] = round((record.upstream_answered - record.upstream_sent) * 1000, 2)
     if record.upstream_request_id:
         fields["upstream_request_id"] = record.upstream_request_id
-    fields["strategy"] = record.strategy or "none"
-    if record.reason:
-        fields["reason"] = record.reason
-    if record.strategy and record.strategy != "refuse":
-        fields["tokens_before"] = record.tokens_before
-        fields["tokens_after"] = record.tokens_after
-    if record.offloaded:
-        fields["offloaded"] = record.offloaded
-    if record.summary:
-        fields["summary"] = record.summary
-    if record.read_rounds:
-        fields["read_rounds"] = record.read_rounds
-    if record.read_outcome:
-        fields["read_outcome"] = record.read_outcome
+    fields.update(record.compaction_fields())
     if record.meter.rounds:
         for key, value in record.meter.total().as_dict().items():
             if isinstance(value, int):

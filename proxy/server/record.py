@@ -58,6 +58,25 @@ class RequestRecord:
         before = (self.upstream_sent if self.upstream_sent is not None else ended) - self.started
         return before + self.interception_seconds
 
+    def compaction_fields(self) -> dict[str, str | int]:
+        """What compaction did, for the request's log line and its span (under
+        `compaction.`): the strategy always; the rest only when it happened."""
+        out: dict[str, str | int] = {"strategy": self.strategy or "none"}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.strategy and self.strategy != "refuse":
+            out["tokens_before"] = self.tokens_before
+            out["tokens_after"] = self.tokens_after
+        if self.offloaded:
+            out["offloaded"] = self.offloaded
+        if self.summary:
+            out["summary"] = self.summary
+        if self.read_rounds:
+            out["read_rounds"] = self.read_rounds
+        if self.read_outcome:
+            out["read_outcome"] = self.read_outcome
+        return out
+
     def sending(self) -> None:
         if self.upstream_sent is None:
             self.upstream_sent = time.perf_counter()

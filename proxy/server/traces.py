@@ -160,21 +160,9 @@ def describe(
     if record.upstream_request_id:
         out["gen_ai.response.id"] = record.upstream_request_id
     out["compaction.request_id"] = record.request_id
-    out["compaction.strategy"] = record.strategy or "none"
-    if record.reason:
-        out["compaction.reason"] = record.reason
-    if record.strategy and record.strategy != "refuse":
-        out["compaction.tokens_before"] = record.tokens_before
-        out["compaction.tokens_after"] = record.tokens_after
     # What did not happen is left out (fewer attributes to export on every request).
-    if record.offloaded:
-        out["compaction.offloaded"] = record.offloaded
-    if record.summary:
-        out["compaction.summary"] = record.summary
-    if record.read_rounds:
-        out["compaction.read_rounds"] = record.read_rounds
-    if record.read_outcome:
-        out["compaction.read_outcome"] = record.read_outcome
+    for name, value in record.compaction_fields().items():
+        out[f"compaction.{name}"] = value
     if record.summariser_calls:
         out["compaction.summariser_calls"] = record.summariser_calls
         out["compaction.summariser_failures"] = record.summariser_failures
