@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,39 +30,39 @@ def choose_tool_name(tools: object) -> str | None:
     return next((name for name in TOOL_NAMES if name not in taken), None)
 
 
-def read_result_tool(name: str) -> dict[str, Any]:
-    """The injected tool's definition: the same bytes every time, so caching holds."""
+READ_RESULT_DESCRIPTION = (
+    "Read part of a tool result that was offloaded to save context. The stub that"
+    " replaced the result names its ref and its length in characters. Returns the"
+    " characters from start, at most length of them."
+)
+
+
+def read_result_schema() -> dict[str, Any]:
+    """The injected tool's input as a JSON Schema; each format wraps it in its own tool
+    definition (proxy/wire/), the same bytes every time, so caching holds."""
     return {
-        "name": name,
-        "description": (
-            "Read part of a tool result that was offloaded to save context. The stub that"
-            " replaced the result names its ref and its length in characters. Returns the"
-            " characters from start, at most length of them."
-        ),
-        "input_schema": {
-            "type": "object",
-            "properties": {
-                "ref": {"type": "string", "description": "The ref named in the stub."},
-                "start": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "description": "Offset of the first character to read.",
-                },
-                "length": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "maximum": MAX_READ_CHARS,
-                    "description": "How many characters to read.",
-                },
+        "type": "object",
+        "properties": {
+            "ref": {"type": "string", "description": "The ref named in the stub."},
+            "start": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Offset of the first character to read.",
             },
-            "required": ["ref"],
+            "length": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": MAX_READ_CHARS,
+                "description": "How many characters to read.",
+            },
         },
+        "required": ["ref"],
     }
 
 
-def result_text(block: Mapping[str, Any]) -> str | None:
-    """The text of a tool_result block, or None if it holds anything but text."""
-    content = block.get("content")
+def content_text(content: object) -> str | None:
+    """The text of a tool result's content (a string, or a list of text parts), or None
+    if it holds anything but text."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list) or not content:
@@ -73,6 +73,11 @@ def result_text(block: Mapping[str, Any]) -> str | None:
             return None  # images, documents: not ours to cut
         parts.append(str(part.get("text", "")))
     return "\n".join(parts)
+
+
+def result_text(block: Mapping[str, Any]) -> str | None:
+    """The text of a mapping's `content` (a tool_result block, a ToolResult's fields)."""
+    return content_text(block.get("content"))
 
 
 def ref_for(text: str) -> str:
@@ -116,24 +121,20 @@ class Stub:
     head_chars: int
 
 
-def stubbed_message(
-    message: Mapping[str, Any], stubs: Sequence[Stub], tool: str, read_length: int
-) -> dict[str, Any]:
-    """A copy of a user message with the named tool_result blocks replaced by stubs.
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """One tool result a message gives, in no API's shape: where it is (`block`, as in
+    Stub), the call it answers, and its content, a string or a list of parts in the
+    shared block counter's terms (text parts `{"type": "text", "text": ...}`)."""
 
-    Every other field of each block (is_error, cache_control, unknown ones) is kept.
-    """
-    content = list(message["content"])
-    for stub in stubs:
-        block = dict(content[stub.block])
-        text = result_text(block)
-        if text is None:
-            continue
-        body = stub_text(text, stub.ref, tool, stub.head_chars, read_length)
-        original = block.get("content")
-        block["content"] = body if isinstance(original, str) else [{"type": "text", "text": body}]
-        content[stub.block] = block
-    return {**message, "content": content}
+    block: int
+    call_id: str | None
+    content: object
+
+    @property
+    def text(self) -> str | None:
+        """Its text, or None when it holds anything but text (then it is never stubbed)."""
+        return content_text(self.content)
 
 
 @dataclass(frozen=True, slots=True)
