@@ -4,13 +4,18 @@ The stub keeps the head of the text and says, in words the model can act on, how
 the whole is and how to call the injected `read_result` tool for more. Refs are named by
 a hash of the content, so the same result gives the same stub on every replica and
 every request (the upstream prompt cache depends on it).
+
+This module holds the words and the rules, in no API's shape: a result is a
+`ToolResult`, a stub is `Stub` plus `stub_text`, the tool is its description and
+`read_result_schema`. Each format (proxy/wire/) finds the results in its messages and
+builds the stubbed message and the tool definition in its own shape.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,15 +23,13 @@ TOOL_NAMES = ("read_result", "compaction_proxy_read_result")
 MAX_READ_CHARS = 32_000
 
 
-def choose_tool_name(tools: object) -> str | None:
-    """The name to inject under: the first of TOOL_NAMES the client does not use itself.
+def free_tool_name(taken: Collection[object]) -> str | None:
+    """The name to inject under: the first of TOOL_NAMES the client does not use itself
+    (`taken`: the names of the request's tools, as its format finds them).
 
     A client tool already called `read_result` is the client's; we never shadow it. When
     every name is taken, offloading is off for the request (None).
     """
-    taken = set()
-    if isinstance(tools, list):
-        taken = {t.get("name") for t in tools if isinstance(t, dict)}
     return next((name for name in TOOL_NAMES if name not in taken), None)
 
 

@@ -85,6 +85,12 @@ def read_result_tool(name: str) -> JSON:
     }
 
 
+def choose_tool_name(tools: object) -> str | None:
+    """The read_result name the request's tools leave free (None: offload is off)."""
+    listed = tools if isinstance(tools, list) else []
+    return offload.free_tool_name({t.get("name") for t in listed if isinstance(t, dict)})
+
+
 def stubbed_message(message: Message, stubs: Sequence[Stub], tool: str, read_length: int) -> JSON:
     """A copy of a user message with the named tool_result blocks replaced by stubs.
 
@@ -177,7 +183,7 @@ class MessagesRequest:
         )
 
     def tool_name(self, body: Mapping[str, Any]) -> str | None:
-        return offload.choose_tool_name(body.get("tools"))
+        return choose_tool_name(body.get("tools"))
 
     def identity_view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         return body  # identity reads Messages bodies

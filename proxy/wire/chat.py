@@ -83,7 +83,7 @@ def tool_names(tools: object) -> set[str]:
 
 def choose_tool_name(tools: object) -> str | None:
     """The first read_result name the client does not use itself (None: offload off)."""
-    return offload.choose_tool_name([{"name": n} for n in sorted(tool_names(tools))])
+    return offload.free_tool_name(tool_names(tools))
 
 
 def render_transcript(messages: Sequence[Message]) -> str:

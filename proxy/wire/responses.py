@@ -251,8 +251,7 @@ class ResponsesRequest:
     def tool_name(self, body: Mapping[str, Any]) -> str | None:
         if body.get("previous_response_id") or body.get("conversation"):
             return None  # the history lives upstream: the rounds could not continue it
-        names = tool_names(body)
-        return offload.choose_tool_name([{"name": n} for n in sorted(names)])
+        return offload.free_tool_name(tool_names(body))
 
     def max_output(self, body: Mapping[str, Any]) -> int | None:
         value = body.get("max_output_tokens")

@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 from proxy.core.offload import (
     MAX_READ_CHARS,
     ReadRequest,
-    choose_tool_name,
     parse_read_args,
     read_result_schema,
     read_slice,
@@ -17,6 +16,7 @@ from proxy.core.offload import (
     stub_text,
     unknown_ref,
 )
+from proxy.wire.anthropic import choose_tool_name
 
 
 def test_tool_name_respects_the_clients_own_tools() -> None:
