@@ -24,7 +24,7 @@ import orjson
 from proxy.core.checkpoint import fingerprint
 from proxy.core.policy import Policy
 from proxy.core.tokens import MESSAGE_OVERHEAD, TokenCounter
-from proxy.core.wire_format import WireFormat
+from proxy.core.wire_format import Request
 
 # Estimated tokens a body can hold beyond one per byte (the tools preamble and such).
 BYTE_BOUND_SLACK = 1024
@@ -78,7 +78,7 @@ class Counted:
 
 
 def count_request(
-    wire: WireFormat,
+    wire: Request,
     base: TokenCounter,
     body: Mapping[str, Any],
     messages: Sequence[Mapping[str, Any]],
@@ -89,7 +89,7 @@ def count_request(
 
 
 def count_unless_quiet(
-    wire: WireFormat,
+    wire: Request,
     base: TokenCounter,
     body: Mapping[str, Any],
     messages: Sequence[Mapping[str, Any]],
@@ -109,7 +109,7 @@ def count_unless_quiet(
 
 
 def _count(
-    wire: WireFormat,
+    wire: Request,
     base: TokenCounter,
     body: Mapping[str, Any],
     messages: Sequence[Mapping[str, Any]],

@@ -65,7 +65,9 @@ def group_history(shapes: Sequence[Shape]) -> list[Group]:
         if shape.made_here:
             groups.append(_group(GroupKind.SUMMARY, [i], shapes))
             i += 1
-        elif shape.role not in ORDINARY_ROLES:
+        elif shape.role not in ORDINARY_ROLES and not shape.answers:
+            # (a message answering calls is ordinary whatever the API calls its role:
+            # Chat's `tool` messages)
             groups.append(_group(GroupKind.PINNED, [i], shapes))
             i += 1
         elif shape.calls:

@@ -4,13 +4,18 @@ The stub keeps the head of the text and says, in words the model can act on, how
 the whole is and how to call the injected `read_result` tool for more. Refs are named by
 a hash of the content, so the same result gives the same stub on every replica and
 every request (the upstream prompt cache depends on it).
+
+This module holds the words and the rules, in no API's shape: a result is a
+`ToolResult`, a stub is `Stub` plus `stub_text`, the tool is its description and
+`read_result_schema`. Each format (proxy/wire/) finds the results in its messages and
+builds the stubbed message and the tool definition in its own shape.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,51 +23,49 @@ TOOL_NAMES = ("read_result", "compaction_proxy_read_result")
 MAX_READ_CHARS = 32_000
 
 
-def choose_tool_name(tools: object) -> str | None:
-    """The name to inject under: the first of TOOL_NAMES the client does not use itself.
+def free_tool_name(taken: Collection[object]) -> str | None:
+    """The name to inject under: the first of TOOL_NAMES the client does not use itself
+    (`taken`: the names of the request's tools, as its format finds them).
 
     A client tool already called `read_result` is the client's; we never shadow it. When
     every name is taken, offloading is off for the request (None).
     """
-    taken = set()
-    if isinstance(tools, list):
-        taken = {t.get("name") for t in tools if isinstance(t, dict)}
     return next((name for name in TOOL_NAMES if name not in taken), None)
 
 
-def read_result_tool(name: str) -> dict[str, Any]:
-    """The injected tool's definition: the same bytes every time, so caching holds."""
+READ_RESULT_DESCRIPTION = (
+    "Read part of a tool result that was offloaded to save context. The stub that"
+    " replaced the result names its ref and its length in characters. Returns the"
+    " characters from start, at most length of them."
+)
+
+
+def read_result_schema() -> dict[str, Any]:
+    """The injected tool's input as a JSON Schema; each format wraps it in its own tool
+    definition (proxy/wire/), the same bytes every time, so caching holds."""
     return {
-        "name": name,
-        "description": (
-            "Read part of a tool result that was offloaded to save context. The stub that"
-            " replaced the result names its ref and its length in characters. Returns the"
-            " characters from start, at most length of them."
-        ),
-        "input_schema": {
-            "type": "object",
-            "properties": {
-                "ref": {"type": "string", "description": "The ref named in the stub."},
-                "start": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "description": "Offset of the first character to read.",
-                },
-                "length": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "maximum": MAX_READ_CHARS,
-                    "description": "How many characters to read.",
-                },
+        "type": "object",
+        "properties": {
+            "ref": {"type": "string", "description": "The ref named in the stub."},
+            "start": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Offset of the first character to read.",
             },
-            "required": ["ref"],
+            "length": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": MAX_READ_CHARS,
+                "description": "How many characters to read.",
+            },
         },
+        "required": ["ref"],
     }
 
 
-def result_text(block: Mapping[str, Any]) -> str | None:
-    """The text of a tool_result block, or None if it holds anything but text."""
-    content = block.get("content")
+def content_text(content: object) -> str | None:
+    """The text of a tool result's content (a string, or a list of text parts), or None
+    if it holds anything but text."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list) or not content:
@@ -73,6 +76,11 @@ def result_text(block: Mapping[str, Any]) -> str | None:
             return None  # images, documents: not ours to cut
         parts.append(str(part.get("text", "")))
     return "\n".join(parts)
+
+
+def result_text(block: Mapping[str, Any]) -> str | None:
+    """The text of a mapping's `content` (a tool_result block, a ToolResult's fields)."""
+    return content_text(block.get("content"))
 
 
 def ref_for(text: str) -> str:
@@ -116,24 +124,20 @@ class Stub:
     head_chars: int
 
 
-def stubbed_message(
-    message: Mapping[str, Any], stubs: Sequence[Stub], tool: str, read_length: int
-) -> dict[str, Any]:
-    """A copy of a user message with the named tool_result blocks replaced by stubs.
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """One tool result a message gives, in no API's shape: where it is (`block`, as in
+    Stub), the call it answers, and its content, a string or a list of parts in the
+    shared block counter's terms (text parts `{"type": "text", "text": ...}`)."""
 
-    Every other field of each block (is_error, cache_control, unknown ones) is kept.
-    """
-    content = list(message["content"])
-    for stub in stubs:
-        block = dict(content[stub.block])
-        text = result_text(block)
-        if text is None:
-            continue
-        body = stub_text(text, stub.ref, tool, stub.head_chars, read_length)
-        original = block.get("content")
-        block["content"] = body if isinstance(original, str) else [{"type": "text", "text": body}]
-        content[stub.block] = block
-    return {**message, "content": content}
+    block: int
+    call_id: str | None
+    content: object
+
+    @property
+    def text(self) -> str | None:
+        """Its text, or None when it holds anything but text (then it is never stubbed)."""
+        return content_text(self.content)
 
 
 @dataclass(frozen=True, slots=True)

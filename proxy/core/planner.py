@@ -43,7 +43,7 @@ from proxy.core.history import (
     pack_messages,
     pinned_tokens,
 )
-from proxy.core.offload import Stub, ref_for, refs_in, result_text
+from proxy.core.offload import Stub, ToolResult, ref_for, refs_in
 from proxy.core.pack import pack_context
 from proxy.core.policy import Policy, prepare_at
 from proxy.core.segments import (
@@ -451,8 +451,8 @@ def recovered_blobs(inp: PlanInput, refs: Collection[str]) -> list[tuple[str, st
     wanted = set(refs)
     found: dict[str, str] = {}
     for message in inp.messages:
-        for _, block in inp.dialect.tool_results(message):
-            text = result_text(block)
+        for result in inp.dialect.tool_results(message):
+            text = result.text
             if text is not None and (ref := ref_for(text)) in wanted:
                 found[ref] = text
     return list(found.items())
@@ -695,29 +695,29 @@ def _facts_sources(work: Working, members: Sequence[int], inp: PlanInput) -> lis
 def _offload(work: Working, inp: PlanInput) -> tuple[Working, list[tuple[str, str]]]:
     """Stub every large text tool result but the newest few; already stubbed ones stay."""
     policy = inp.policy
-    candidates: list[tuple[int, int, Mapping[str, Any]]] = []  # (segment, slot, result)
+    candidates: list[tuple[int, ToolResult]] = []  # (segment, result)
     for n, seg in enumerate(work.segments):
         if not isinstance(seg, (Verbatim, Stubbed)):
             continue
         done = {s.block for s in seg.stubs} if isinstance(seg, Stubbed) else set()
-        for at, block in inp.dialect.tool_results(work.messages[n]):
-            if at not in done:
-                candidates.append((n, at, block))
+        for result in inp.dialect.tool_results(work.messages[n]):
+            if result.block not in done:
+                candidates.append((n, result))
     # The newest results stay, and so does every result given in the same message as one.
     newest = candidates[len(candidates) - policy.keep_results :] if policy.keep_results else []
-    protected = {n for n, _, _ in newest}
+    protected = {n for n, _ in newest}
     stubs: dict[int, list[Stub]] = {}
     blobs: list[tuple[str, str]] = []
-    for n, at, block in candidates:
+    for n, result in candidates:
         if n in protected:
             continue
-        text = result_text(block)
+        text = result.text
         if text is None or len(text) <= policy.stub_head_chars:
             continue
-        if inp.counter.count_block(dict(block)) <= policy.offload_threshold:
+        if inp.counter.count_result(result.content) <= policy.offload_threshold:
             continue
         ref = ref_for(text)
-        stubs.setdefault(n, []).append(Stub(at, ref, policy.stub_head_chars))
+        stubs.setdefault(n, []).append(Stub(result.block, ref, policy.stub_head_chars))
         blobs.append((ref, text))
     if not stubs:
         return work, []

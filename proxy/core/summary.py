@@ -1,11 +1,8 @@
-"""What the proxy writes into a history: summaries, drop notes, and the summariser's input."""
+"""What the proxy writes into a history, as text: summaries, drop notes, and the summariser's
+instructions. The messages that carry them, and a history rendered as a transcript, are
+each format's own (the Dialect of proxy/core/wire_format.py)."""
 
 from __future__ import annotations
-
-from collections.abc import Mapping, Sequence
-from typing import Any
-
-import orjson
 
 SUMMARY_HEADER = "[compaction-proxy: summary of {folded} earlier messages, folded to save context]"
 NOTE_TEXT = (
@@ -52,52 +49,11 @@ def in_place_prompt(first: int, last: int, heads: tuple[str, str], originals: st
     return prompt + ORIGINALS + originals if originals else prompt
 
 
-def summary_message(text: str, folded: int) -> dict[str, Any]:
-    header = SUMMARY_HEADER.format(folded=folded)
-    return {"role": "user", "content": [{"type": "text", "text": f"{header}\n{text}"}]}
+def summary_text(text: str, folded: int) -> str:
+    """A summary as the proxy writes it into a history: its header, then the notes (each
+    format puts it in a message of its own shape: proxy/wire/)."""
+    return f"{SUMMARY_HEADER.format(folded=folded)}\n{text}"
 
 
 def note_text(dropped: int) -> str:
     return NOTE_TEXT.format(dropped=dropped)
-
-
-def note_message(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": [{"type": "text", "text": text}]}
-
-
-def render_transcript(messages: Sequence[Mapping[str, Any]]) -> str:
-    """The folded messages as plain text for the summariser (thinking left out)."""
-    parts = []
-    for message in messages:
-        role = str(message.get("role", "?"))
-        content = message.get("content")
-        lines = [content] if isinstance(content, str) else _block_lines(content)
-        body = "\n".join(line for line in lines if line)
-        if body:
-            parts.append(f"## {role}\n{body}")
-    return "\n\n".join(parts)
-
-
-def _block_lines(content: object) -> list[str]:
-    if not isinstance(content, list):
-        return []
-    lines = []
-    for block in content:
-        if not isinstance(block, dict):
-            continue
-        kind = block.get("type")
-        if kind == "text":
-            lines.append(str(block.get("text", "")))
-        elif kind == "tool_use":
-            arguments = orjson.dumps(block.get("input", {})).decode()
-            lines.append(f"[tool call {block.get('name')} id={block.get('id')}] {arguments}")
-        elif kind == "tool_result":
-            error = " (error)" if block.get("is_error") else ""
-            inner = block.get("content")
-            text = inner if isinstance(inner, str) else "\n".join(_block_lines(inner))
-            lines.append(f"[tool result id={block.get('tool_use_id')}{error}]\n{text}")
-        elif kind in ("thinking", "redacted_thinking"):
-            continue  # the agent's private reasoning: not facts of the conversation
-        else:
-            lines.append(f"[{kind}]")
-    return lines

@@ -333,6 +333,10 @@ class TokenCounter:
     def _tool_result_block(self, block: dict[str, Any]) -> int:
         return TOOL_FRAMING + self.count_content(block.get("content"))
 
+    def count_result(self, content: object) -> int:
+        """A tool result of any format, counted as a tool_result block of that content."""
+        return BLOCK_OVERHEAD + self._tool_result_block({"content": content})
+
     def _search_result_block(self, block: dict[str, Any]) -> int:
         return (
             self.count_content(block.get("source"))

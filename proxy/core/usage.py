@@ -107,18 +107,6 @@ def count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def anthropic_usage(raw: Mapping[str, Any]) -> Usage:
-    detail = raw.get("cache_creation")
-    hour = count(detail.get("ephemeral_1h_input_tokens")) if isinstance(detail, Mapping) else 0
-    return Usage(
-        count(raw.get("input_tokens")),
-        count(raw.get("cache_creation_input_tokens")),
-        count(raw.get("cache_read_input_tokens")),
-        count(raw.get("output_tokens")),
-        hour,
-    )
-
-
 class LineKind(Enum):
     START = "start"  # a round begins; its input counts (the output comes later)
     END = "end"  # a round's final usage (cumulative: it replaces what START said)

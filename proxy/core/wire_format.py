@@ -1,9 +1,22 @@
 """What the core needs of a wire format (an API's request and answer shapes): protocols only.
 
-One `WireFormat` per API lives in proxy/wire/ (Anthropic Messages, OpenAI Chat
-Completions). The planner, the driver, the read_result rounds and the usage meter are
-written against these protocols and never against a concrete format, so the core imports
-nothing outside proxy/core.
+A format is a few small parts, one concern each, and every caller takes the one it needs:
+
+- `Request`: what a request is (its history in and out, its encoding, counting it, the
+  name read_result takes in it, what identifies its conversation, its output cap and
+  cache breakpoints);
+- `Dialect`: how the planner sees a history and rebuilds it (message shapes, tool
+  results, stubs, summary and note messages, a transcript, the read_result tool, a
+  breakpoint): every message the proxy writes is built by the format, none by the core;
+- `Summaries`: the summariser's request in the format, and its answer's text;
+- `Rounds`: read_result rounds (split an answer, merge several, continue a request, a
+  `RoundMerger` for streams);
+- `UsageReader` (with `UsageScan`): usage in answers; `ErrorShapes`: the API's errors.
+
+`WireFormat` is all of them: what a route picks (proxy/wire/ has one per API: Anthropic
+Messages, OpenAI Chat Completions, OpenAI Responses, each a class made of its parts).
+The core holds neutral types only (`Shape`, `Stub`, `ToolResult`, `Round`, `Usage`) and
+imports nothing outside proxy/core.
 
 A tool result is addressed by (message index, block): for Anthropic the block is the
 tool_result block's index in the user message's content; for Chat, where each `tool`
@@ -20,7 +33,7 @@ from typing import Any, Protocol
 
 from proxy.core.errors import ProxyError
 from proxy.core.history import Shape
-from proxy.core.offload import Stub
+from proxy.core.offload import Stub, ToolResult
 from proxy.core.sse import Event
 from proxy.core.tokens import TokenCounter
 from proxy.core.usage import Usage, UsageScan
@@ -37,6 +50,7 @@ class MessageCounter(Protocol):
     def count_content(self, content: object) -> int: ...
     def count_tools(self, tools: object) -> int: ...
     def count_text(self, text: str) -> int: ...
+    def count_result(self, content: object) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +100,50 @@ class RoundMerger(Protocol):
     def rounds(self) -> int: ...
 
 
+class Request(Protocol):
+    """What a request of the API is: its history in and out, counted and identified."""
+
+    name: str
+
+    def messages(self, body: Mapping[str, Any]) -> list[JSON]:
+        """The request's history (every message a JSON object), or [] when absent."""
+        ...
+
+    def encode(self, body: Mapping[str, Any], replace: Mapping[str, Any]) -> bytes:
+        """The body with some top-level fields replaced, key order kept, as JSON bytes."""
+        ...
+
+    def with_history(self, body: Mapping[str, Any], messages: list[JSON], tool: str | None) -> JSON:
+        """The top-level fields a rewrite replaces: the history, and the tools with
+        read_result appended when `tool` names it."""
+        ...
+
+    def counter(self, base: TokenCounter) -> MessageCounter: ...
+    def fixed_tokens(self, counter: MessageCounter, body: Mapping[str, Any]) -> int:
+        """System prompt and tools, estimated."""
+        ...
+
+    def tool_name(self, body: Mapping[str, Any]) -> str | None:
+        """The name read_result takes in this request; None: offload is off for it."""
+        ...
+
+    def identity_view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """What identifies the conversation, shaped like a Messages body."""
+        ...
+
+    def max_output(self, body: Mapping[str, Any]) -> int | None:
+        """The request's output cap (max_tokens and the like), if it names one."""
+        ...
+
+    def breakpoints(self, body: Mapping[str, Any]) -> int:
+        """Prompt-cache breakpoints outside the messages (system, tools); the messages' are
+        counted with them (Counted.breakpoints)."""
+        ...
+
+
 class Dialect(Protocol):
-    """The planner's view of a format: message shapes, tool results, what the proxy
-    writes into a history."""
+    """The planner's view of a format: message shapes, tool results, and every message the
+    proxy writes into a history, built in the format's own shape."""
 
     name: str
 
@@ -96,10 +151,8 @@ class Dialect(Protocol):
         """The message's role, the tool calls it makes and the calls it answers."""
         ...
 
-    def tool_results(self, message: Message) -> list[tuple[int, Mapping[str, Any]]]:
-        """The tool results the message gives, as (block, result). A result is a mapping
-        whose `content` is a string or a list of parts (what offload.result_text reads),
-        counted with the counter's count_block."""
+    def tool_results(self, message: Message) -> list[ToolResult]:
+        """The tool results the message gives, by block (what a Stub names)."""
         ...
 
     def stubbed_message(
@@ -126,49 +179,9 @@ class Dialect(Protocol):
         ...
 
 
-class WireFormat(Dialect, UsageScan, Protocol):
-    """Everything the proxy does that depends on one API's shapes."""
+class Summaries(Protocol):
+    """The summariser's call in the format."""
 
-    request_id_header: str  # where the API puts its request id in responses
-
-    # -- decoding and encoding requests ------------------------------------------------
-    def messages(self, body: Mapping[str, Any]) -> list[JSON]:
-        """The request's history (every message a JSON object), or [] when absent."""
-        ...
-
-    def encode(self, body: Mapping[str, Any], replace: Mapping[str, Any]) -> bytes:
-        """The body with some top-level fields replaced, key order kept, as JSON bytes."""
-        ...
-
-    def with_history(self, body: Mapping[str, Any], messages: list[JSON], tool: str | None) -> JSON:
-        """The top-level fields a rewrite replaces: the history, and the tools with
-        read_result appended when `tool` names it."""
-        ...
-
-    # -- counting and identity --------------------------------------------------------
-    def counter(self, base: TokenCounter) -> MessageCounter: ...
-    def fixed_tokens(self, counter: MessageCounter, body: Mapping[str, Any]) -> int:
-        """System prompt and tools, estimated."""
-        ...
-
-    def tool_name(self, body: Mapping[str, Any]) -> str | None:
-        """The name read_result takes in this request; None: offload is off for it."""
-        ...
-
-    def identity_view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
-        """What identifies the conversation, shaped like a Messages body."""
-        ...
-
-    def max_output(self, body: Mapping[str, Any]) -> int | None:
-        """The request's output cap (max_tokens and the like), if it names one."""
-        ...
-
-    def breakpoints(self, body: Mapping[str, Any]) -> int:
-        """Prompt-cache breakpoints outside the messages (system, tools); the messages' are
-        counted with them (Counted.breakpoints)."""
-        ...
-
-    # -- the summariser --------------------------------------------------------------
     def summary_request(
         self,
         body: Mapping[str, Any],
@@ -189,7 +202,10 @@ class WireFormat(Dialect, UsageScan, Protocol):
         """The text of a (non-stream) answer."""
         ...
 
-    # -- read_result rounds -----------------------------------------------------------
+
+class Rounds(Protocol):
+    """read_result rounds: several upstream answers as one client answer."""
+
     def split(self, answer: JSON, tool: str) -> Round: ...
     def merge(self, answers: Sequence[JSON], tool: str, note: str | None = None) -> JSON: ...
     def continue_messages(
@@ -197,10 +213,19 @@ class WireFormat(Dialect, UsageScan, Protocol):
     ) -> list[JSON]: ...
     def merger(self, tool: str) -> RoundMerger: ...
 
-    # -- usage (and UsageScan's line reading) and errors --------------------------------
+
+class UsageReader(UsageScan, Protocol):
+    """Usage in the format's answers: a usage object, and (UsageScan) a relayed answer's lines."""
+
     def usage(self, raw: Mapping[str, Any]) -> Usage:
         """An answer's usage object in the core's terms."""
         ...
+
+
+class ErrorShapes(Protocol):
+    """The API's errors, and where its answers carry their request id."""
+
+    request_id_header: str
 
     def error_body(self, error: ProxyError, request_id: str) -> bytes:
         """The proxy's own error as this API's error body."""
@@ -213,3 +238,8 @@ class WireFormat(Dialect, UsageScan, Protocol):
     def upstream_stream_error(self, payload: object, status: int) -> bytes:
         """An upstream error answer (its JSON body, or None) as an in-stream error."""
         ...
+
+
+class WireFormat(Request, Dialect, Summaries, Rounds, UsageReader, ErrorShapes, Protocol):
+    """A whole format, made of its parts: what a route picks for a request. Code that
+    needs one concern takes that part's protocol instead."""

@@ -35,7 +35,7 @@ from proxy.core.commands import (
 from proxy.core.counting import count_request
 from proxy.core.driver import CompactionRequest, compaction, run
 from proxy.core.lines import best_line
-from proxy.core.offload import ref_for, result_text
+from proxy.core.offload import ref_for
 from proxy.core.planner import Refuse, Rewrite
 from proxy.core.policy import Policy, policy_for
 from proxy.core.segments import Stubbed, StubbedMemo, Summary, Verbatim
@@ -116,11 +116,10 @@ def _result_owners(messages: Sequence[Mapping[str, Any]], dialect: Dialect) -> d
     names = _tool_names(messages)
     owners = {}
     for m in messages:
-        for _, block in dialect.tool_results(m):
-            text = result_text(block)
+        for result in dialect.tool_results(m):
+            text = result.text
             if text is not None:
-                call_id = block.get("tool_use_id", m.get("tool_call_id"))
-                owners[ref_for(text)] = names.get(str(call_id), "?")
+                owners[ref_for(text)] = names.get(str(result.call_id), "?")
     return owners
 
 

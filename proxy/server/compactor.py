@@ -30,7 +30,7 @@ from proxy.core.model_facts import UNKNOWN_SOURCE, wants_1m
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies, policy_for
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TokenCounter, default_counter
-from proxy.core.wire_format import WireFormat
+from proxy.core.wire_format import Request, WireFormat
 from proxy.server.calibration import Calibration
 from proxy.server.executor import StoreExecutor, drive
 from proxy.server.record import current_or_throwaway
@@ -69,7 +69,7 @@ class Prepared:
 POLICY_MEMO_SIZE = 4096
 
 
-def calibrated_as(wire: WireFormat, model: str) -> str:
+def calibrated_as(wire: Request, model: str) -> str:
     """The name a model's calibration factor is kept under: per format as well (the
     same model's Chat and Responses requests are counted with different errors)."""
     return f"{wire.name}:{model}"
@@ -177,7 +177,7 @@ class Compactor:
                 )
         return found
 
-    async def count(self, wire: WireFormat, body: Mapping[str, Any], size: int) -> Counted:
+    async def count(self, wire: Request, body: Mapping[str, Any], size: int) -> Counted:
         messages = wire.messages(body)
         if size > COUNT_OFF_LOOP_BYTES:
             # A cold count of a big history takes tens of ms: keep the loop free meanwhile
@@ -186,7 +186,7 @@ class Compactor:
         return count_request(wire, self.counter, body, messages)
 
     async def count_unless_quiet(
-        self, wire: WireFormat, body: Mapping[str, Any], size: int, policy: Policy, factor: float
+        self, wire: Request, body: Mapping[str, Any], size: int, policy: Policy, factor: float
     ) -> Counted | None:
         """`count`, or None when a bound proves the history quiet (counting.py)."""
         messages = wire.messages(body)
@@ -337,7 +337,7 @@ class Compactor:
 
 
 def _identity(
-    wire: WireFormat, body: Mapping[str, Any], headers: Mapping[str, str], tenant: str | None
+    wire: Request, body: Mapping[str, Any], headers: Mapping[str, str], tenant: str | None
 ) -> tuple[str, str]:
     tenant = tenant or tenant_of(headers)
     return tenant, conversation_of(headers, wire.identity_view(body), tenant)

@@ -24,7 +24,7 @@ from proxy.core.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from proxy.core.wire_format import WireFormat
+from proxy.core.wire_format import ErrorShapes, WireFormat
 from proxy.server.routing import upstream_for
 from proxy.server.upstream import AnswerTooLarge
 from proxy.wire import ANTHROPIC, CHAT, RESPONSES
@@ -41,7 +41,7 @@ def wire_for(path: str, headers: MultiMapping[str]) -> WireFormat:
     return CHAT if upstream_for(path, headers) == "openai" else ANTHROPIC
 
 
-def render(error: ProxyError, wire: WireFormat) -> web.Response:
+def render(error: ProxyError, wire: ErrorShapes) -> web.Response:
     request_id = new_request_id()
     headers = {wire.request_id_header: request_id, **error.headers()}
     response = web.Response(

@@ -25,7 +25,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy.core.errors import UpstreamError, UpstreamGarbage
-from proxy.core.wire_format import WireFormat
+from proxy.core.wire_format import ErrorShapes
 from proxy.server.errors import render, upstream_failure, wire_for
 from proxy.server.headers import client_response_headers
 from proxy.server.record import current_or_throwaway
@@ -49,7 +49,7 @@ async def relay(
     *,
     base_url: str = "upstream",
     read_timeout: float = 0.0,
-    wire: WireFormat | None = None,
+    wire: ErrorShapes | None = None,
 ) -> web.StreamResponse:
     """Answer `request` with `upstream`'s status, headers and body. Releases `upstream`
     when done, and closes its connection if the relay did not finish. A successful
@@ -106,7 +106,7 @@ async def _relay_stream(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
     headers: CIMultiDict[str],
-    wire: WireFormat,
+    wire: ErrorShapes,
     *,
     events: bool,
 ) -> web.StreamResponse:

@@ -1,9 +1,13 @@
-"""Anthropic Messages as a `WireFormat` (proxy/core/wire_format.py).
+"""Anthropic Messages as a `WireFormat` (proxy/core/wire_format.py), made of its parts:
+`MessagesRequest`, `MessagesDialect`, `MessagesSummaries`, `MessagesUsage`,
+`MessagesErrors` here, and `MessagesRounds` (read_result rounds) in
+proxy/wire/anthropic_rounds.py.
 
 Decoding never copies or normalises a message: the planners work on `Shape`s and
 indices, and encoding puts the original message objects (or the few rewritten ones) back
 in a copy of the original body, so unknown fields, roles and block types pass through
-unchanged (DESIGN invariant 5). read_result rounds: proxy/wire/anthropic_rounds.py.
+unchanged (DESIGN invariant 5). The messages the proxy writes (stubs, summaries, drop
+notes, the read_result tool) are built here, in the API's shape.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ import orjson
 from proxy.core import model_facts, offload, summary
 from proxy.core.errors import ProxyError
 from proxy.core.history import Shape
-from proxy.core.offload import Stub
+from proxy.core.offload import Stub, ToolResult
 from proxy.core.tokens import TokenCounter, loaded_tools
-from proxy.core.usage import LineKind, Usage, anthropic_usage
-from proxy.core.wire_format import JSON, MessageCounter, Round, RoundMerger
-from proxy.wire import anthropic_rounds
+from proxy.core.usage import LineKind, Usage
+from proxy.core.wire_format import JSON, MessageCounter
+from proxy.wire.anthropic_rounds import MessagesRounds, anthropic_usage
+from proxy.wire.common import encode_request, max_output, request_messages
 
 Message = Mapping[str, Any]
 
@@ -57,37 +62,6 @@ def history_shapes(
     return [message_shape(m, count_message(m)) for m in messages]
 
 
-def request_messages(body: Mapping[str, Any]) -> list[JSON]:
-    """The request's messages, or [] when the field is absent or not a list."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return []
-    return [m for m in messages if isinstance(m, dict)]
-
-
-def encode_request(body: Mapping[str, Any], **replace: Any) -> bytes:
-    """The body with some top-level fields replaced (key order kept), as JSON bytes.
-
-    A field replaced with None is removed. New fields go at the end, so the same inputs
-    always give the same bytes.
-    """
-    out = dict(body)
-    for key, value in replace.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = value
-    return orjson.dumps(out)
-
-
-def max_output(body: Mapping[str, Any]) -> int | None:
-    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
-        value = body.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
 def error_payload(error_type: str, message: str, request_id: str) -> JSON:
     return {
         "type": "error",
@@ -102,16 +76,89 @@ def stream_error_event(error_type: str, message: str) -> bytes:
     return b"event: error\ndata: " + data + b"\n\n"
 
 
-class AnthropicMessages:
-    """POST /v1/messages (and count_tokens): Anthropic's Messages API."""
+def read_result_tool(name: str) -> JSON:
+    """The injected tool as a Messages tool: the same bytes every time."""
+    return {
+        "name": name,
+        "description": offload.READ_RESULT_DESCRIPTION,
+        "input_schema": offload.read_result_schema(),
+    }
+
+
+def choose_tool_name(tools: object) -> str | None:
+    """The read_result name the request's tools leave free (None: offload is off)."""
+    listed = tools if isinstance(tools, list) else []
+    return offload.free_tool_name({t.get("name") for t in listed if isinstance(t, dict)})
+
+
+def stubbed_message(message: Message, stubs: Sequence[Stub], tool: str, read_length: int) -> JSON:
+    """A copy of a user message with the named tool_result blocks replaced by stubs.
+
+    Every other field of each block (is_error, cache_control, unknown ones) is kept.
+    """
+    content = list(message["content"])
+    for stub in stubs:
+        block = dict(content[stub.block])
+        text = offload.result_text(block)
+        if text is None:
+            continue
+        body = offload.stub_text(text, stub.ref, tool, stub.head_chars, read_length)
+        original = block.get("content")
+        block["content"] = body if isinstance(original, str) else [{"type": "text", "text": body}]
+        content[stub.block] = block
+    return {**message, "content": content}
+
+
+def render_transcript(messages: Sequence[Message]) -> str:
+    """The messages as plain text for the summariser (thinking left out)."""
+    parts = []
+    for message in messages:
+        role = str(message.get("role", "?"))
+        content = message.get("content")
+        lines = [content] if isinstance(content, str) else _block_lines(content)
+        body = "\n".join(line for line in lines if line)
+        if body:
+            parts.append(f"## {role}\n{body}")
+    return "\n\n".join(parts)
+
+
+def _block_lines(content: object) -> list[str]:
+    if not isinstance(content, list):
+        return []
+    lines = []
+    for block in content:
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            lines.append(str(block.get("text", "")))
+        elif kind == "tool_use":
+            arguments = orjson.dumps(block.get("input", {})).decode()
+            lines.append(f"[tool call {block.get('name')} id={block.get('id')}] {arguments}")
+        elif kind == "tool_result":
+            error = " (error)" if block.get("is_error") else ""
+            inner = block.get("content")
+            text = inner if isinstance(inner, str) else "\n".join(_block_lines(inner))
+            lines.append(f"[tool result id={block.get('tool_use_id')}{error}]\n{text}")
+        elif kind in ("thinking", "redacted_thinking"):
+            continue  # the agent's private reasoning: not facts of the conversation
+        else:
+            lines.append(f"[{kind}]")
+    return lines
+
+
+def text_message(text: str) -> JSON:
+    """A user message of one text block: how the proxy's summaries and notes are written."""
+    return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+
+class MessagesRequest:
+    """What a Messages request is (`Request`)."""
 
     name = "anthropic"
-    request_id_header = "request-id"
 
-    # -- decoding and encoding ---------------------------------------------------------
-
-    def messages(self, body: Mapping[str, Any]) -> list[JSON]:
-        return request_messages(body)
+    messages = staticmethod(request_messages)
+    max_output = staticmethod(max_output)
 
     def encode(self, body: Mapping[str, Any], replace: Mapping[str, Any]) -> bytes:
         return encode_request(body, **replace)
@@ -120,16 +167,12 @@ class AnthropicMessages:
         fields: JSON = {"messages": messages}
         if tool:
             tools = body.get("tools")
-            fields["tools"] = [
-                *(tools if isinstance(tools, list) else []),
-                self.read_result_tool(tool),
-            ]
+            listed = tools if isinstance(tools, list) else []
+            fields["tools"] = [*listed, read_result_tool(tool)]
         return fields
 
-    # -- counting and identity ---------------------------------------------------------
-
     def counter(self, base: TokenCounter) -> MessageCounter:
-        return base
+        return base  # the shared block counter reads Messages content as it is
 
     def fixed_tokens(self, counter: MessageCounter, body: Mapping[str, Any]) -> int:
         system = body.get("system")
@@ -140,46 +183,43 @@ class AnthropicMessages:
         )
 
     def tool_name(self, body: Mapping[str, Any]) -> str | None:
-        return offload.choose_tool_name(body.get("tools"))
+        return choose_tool_name(body.get("tools"))
 
     def identity_view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
-        return body
+        return body  # identity reads Messages bodies
 
-    def max_output(self, body: Mapping[str, Any]) -> int | None:
-        return max_output(body)
+    def breakpoints(self, body: Mapping[str, Any]) -> int:
+        # A key of the JSON: inside a string its quotes would be escaped.
+        outside = (body.get("system"), body.get("tools"))
+        return orjson.dumps(outside).count(b'"cache_control"')
 
-    # -- the planner's view (Dialect) --------------------------------------------------
 
-    def message_shape(self, message: Message, tokens: int) -> Shape:
-        return message_shape(message, tokens)
+class MessagesDialect:
+    """How the planner sees a Messages history and what it writes into one (`Dialect`)."""
 
-    def tool_results(self, message: Message) -> list[tuple[int, Mapping[str, Any]]]:
+    name = "anthropic"
+
+    message_shape = staticmethod(message_shape)
+    stubbed_message = staticmethod(stubbed_message)
+    render_transcript = staticmethod(render_transcript)
+    read_result_tool = staticmethod(read_result_tool)
+
+    def tool_results(self, message: Message) -> list[ToolResult]:
         """tool_result blocks of a user message, by block index."""
         content = message.get("content")
         if message.get("role") != "user" or not isinstance(content, list):
             return []
         return [
-            (b, block)
+            ToolResult(b, block.get("tool_use_id"), block.get("content"))
             for b, block in enumerate(content)
             if isinstance(block, dict) and block.get("type") == "tool_result"
         ]
 
-    def stubbed_message(
-        self, message: Message, stubs: Sequence[Stub], tool: str, read_length: int
-    ) -> JSON:
-        return offload.stubbed_message(message, stubs, tool, read_length)
-
     def summary_message(self, text: str, folded: int) -> JSON:
-        return summary.summary_message(text, folded)
+        return text_message(summary.summary_text(text, folded))
 
     def note_message(self, text: str) -> JSON:
-        return summary.note_message(text)
-
-    def render_transcript(self, messages: Sequence[Message]) -> str:
-        return summary.render_transcript(messages)
-
-    def read_result_tool(self, name: str) -> JSON:
-        return offload.read_result_tool(name)
+        return text_message(text)
 
     def with_breakpoint(self, message: Message) -> JSON | None:
         content = message.get("content")
@@ -190,12 +230,9 @@ class AnthropicMessages:
         last = {**content[-1], "cache_control": {"type": "ephemeral"}}
         return {**message, "content": [*content[:-1], last]}
 
-    def breakpoints(self, body: Mapping[str, Any]) -> int:
-        # A key of the JSON: inside a string its quotes would be escaped.
-        outside = (body.get("system"), body.get("tools"))
-        return orjson.dumps(outside).count(b'"cache_control"')
 
-    # -- the summariser ----------------------------------------------------------------
+class MessagesSummaries:
+    """The summariser's call on the Messages API (`Summaries`)."""
 
     def summary_request(
         self,
@@ -243,26 +280,11 @@ class AnthropicMessages:
             if isinstance(b, dict) and b.get("type") == "text"
         )
 
-    # -- read_result rounds ------------------------------------------------------------
 
-    def split(self, answer: JSON, tool: str) -> Round:
-        return anthropic_rounds.split_message(answer, tool)
+class MessagesUsage:
+    """Usage in Messages answers, whole or streamed (`UsageReader`)."""
 
-    def merge(self, answers: Sequence[JSON], tool: str, note: str | None = None) -> JSON:
-        return anthropic_rounds.merge_messages(answers, tool, note)
-
-    def continue_messages(
-        self, messages: Sequence[JSON], round_: Round, results: Sequence[tuple[str, str, bool]]
-    ) -> list[JSON]:
-        return anthropic_rounds.continue_messages(messages, round_, results)
-
-    def merger(self, tool: str) -> RoundMerger:
-        return anthropic_rounds.StreamMerger(tool)
-
-    # -- usage -------------------------------------------------------------------------
-
-    def usage(self, raw: Mapping[str, Any]) -> Usage:
-        return anthropic_usage(raw)
+    usage = staticmethod(anthropic_usage)
 
     def line_may_matter(self, head: bytes) -> bool:
         return head.startswith((_START, _DELTA))
@@ -285,7 +307,11 @@ class AnthropicMessages:
         usage = body.get("usage")
         return anthropic_usage(usage) if isinstance(usage, dict) else None
 
-    # -- errors ------------------------------------------------------------------------
+
+class MessagesErrors:
+    """The Messages API's errors (`ErrorShapes`)."""
+
+    request_id_header = "request-id"
 
     def error_body(self, error: ProxyError, request_id: str) -> bytes:
         return orjson.dumps(error_payload(error.type, error.message, request_id))
@@ -306,6 +332,17 @@ def _data(line: bytes) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+class AnthropicMessages(
+    MessagesRequest,
+    MessagesDialect,
+    MessagesSummaries,
+    MessagesRounds,
+    MessagesUsage,
+    MessagesErrors,
+):
+    """POST /v1/messages (and count_tokens): Anthropic's Messages API, made of its parts."""
 
 
 ANTHROPIC = AnthropicMessages()

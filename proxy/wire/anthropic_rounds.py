@@ -1,4 +1,4 @@
-"""read_result rounds on the Messages API, sans I/O (the RoundMerger of proxy/core/wire_format.py).
+"""read_result rounds on the Messages API, sans I/O (the `Rounds` of proxy/core/wire_format.py).
 
 When the model calls the injected `read_result` tool, the proxy answers it and asks
 again; the client sees one ordinary message. This module holds the pure parts:
@@ -15,6 +15,7 @@ would make them compact for nothing) and the output it received (every round's, 
 read_result calls it never saw). The request's meter keeps the true totals.
 - `split_message` / `merge_messages` do the same for non-streaming answers.
 - `continue_messages` appends a round's assistant turn and the read results to a request.
+- `MessagesRounds` is the format's Rounds part, and `anthropic_usage` reads a usage object.
 """
 
 from __future__ import annotations
@@ -25,8 +26,21 @@ from typing import Any
 import orjson
 
 from proxy.core.sse import Event, encode_event
-from proxy.core.usage import anthropic_usage, call_tokens
+from proxy.core.usage import Usage, call_tokens, count
 from proxy.core.wire_format import MergeState, ReadCall, Round
+
+
+def anthropic_usage(raw: Mapping[str, Any]) -> Usage:
+    """A Messages usage object in the core's terms."""
+    detail = raw.get("cache_creation")
+    hour = count(detail.get("ephemeral_1h_input_tokens")) if isinstance(detail, Mapping) else 0
+    return Usage(
+        count(raw.get("input_tokens")),
+        count(raw.get("cache_creation_input_tokens")),
+        count(raw.get("cache_read_input_tokens")),
+        count(raw.get("output_tokens")),
+        hour,
+    )
 
 
 def client_usage(rounds: Sequence[object], held_tokens: int) -> dict[str, Any]:
@@ -339,3 +353,14 @@ def continue_messages(
         for call_id, text, error in results
     ]
     return [*messages, round_.assistant, {"role": "user", "content": answers}]
+
+
+class MessagesRounds:
+    """The Messages format's `Rounds` (proxy/core/wire_format.py): this module's functions."""
+
+    split = staticmethod(split_message)
+    merge = staticmethod(merge_messages)
+    continue_messages = staticmethod(continue_messages)
+
+    def merger(self, tool: str) -> StreamMerger:
+        return StreamMerger(tool)

@@ -1,14 +1,15 @@
-"""OpenAI Chat Completions as a `WireFormat` (proxy/core/wire_format.py).
+"""OpenAI Chat Completions as a `WireFormat` (proxy/core/wire_format.py), made of its
+parts: `ChatRequest`, `ChatDialect`, `ChatSummaries`, `ChatUsage`, `ChatErrors` here, and
+`ChatRounds` (read_result rounds) in proxy/wire/chat_rounds.py.
 
-Like the Anthropic adapter, decoding never copies or normalises messages: the planner
+Like the Messages format, decoding never copies or normalises messages: the planner
 works on shapes and indices and puts the original message objects (or the few rewritten
 ones) back, so unknown fields and roles pass through (DESIGN invariant 5).
 
 How Chat messages map onto the neutral model:
 - an assistant message with `tool_calls` and the `tool` messages answering them are one
-  group. A tool message's shape says role "user": for the grouping rules it plays the
-  part of the Anthropic user message holding tool_results, so one that answers no call
-  is malformed (dropped) rather than pinned like an unknown role;
+  group. A tool message's shape keeps its role "tool" and names the call it answers, so
+  one that answers no call is malformed (dropped) rather than pinned like an unknown role;
 - `system` and `developer` messages are pinned (they are not ordinary roles);
 - a tool message holds one result (block 0): a string or a list of text parts. A stub
   replaces its content; summaries and drop notes are `user` messages with string content.
@@ -17,19 +18,25 @@ How Chat messages map onto the neutral model:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
 from proxy.core import offload, summary
 from proxy.core.errors import ProxyError
 from proxy.core.history import Shape
-from proxy.core.offload import Stub
+from proxy.core.offload import Stub, ToolResult
 from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
 from proxy.core.usage import LineKind, Usage
-from proxy.core.wire_format import JSON, MessageCounter, Round, RoundMerger
-from proxy.wire import chat_rounds
-from proxy.wire.anthropic import encode_request, max_output, request_messages
+from proxy.core.wire_format import JSON, MessageCounter
+from proxy.wire.chat_rounds import ChatRounds, chat_usage
+from proxy.wire.common import (
+    BlockCounter,
+    encode_request,
+    max_output,
+    openai_error,
+    request_messages,
+)
 
 Message = Mapping[str, Any]
 PINNED_ROLES = ("system", "developer")
@@ -44,29 +51,18 @@ def message_shape(message: Message, tokens: int) -> Shape:
         )
         return Shape(role, tokens, calls=ids)
     if role == "tool":
-        return Shape("user", tokens, answers=(str(message.get("tool_call_id")),))
+        return Shape(role, tokens, answers=(str(message.get("tool_call_id")),))
     return Shape(role, tokens)
-
-
-def content_text(content: object) -> str | None:
-    """The text of a content field: a string, or a list of text parts; else None."""
-    return offload.result_text({"content": content})
-
-
-def tool_result_block(message: Message) -> dict[str, Any]:
-    """A tool message seen as a tool_result block: what the offload rules read and count."""
-    return {"type": "tool_result", "content": message.get("content")}
 
 
 def read_result_tool(name: str) -> dict[str, Any]:
     """The injected tool as a Chat function tool: the same bytes every time."""
-    definition = offload.read_result_tool(name)
     return {
         "type": "function",
         "function": {
             "name": name,
-            "description": definition["description"],
-            "parameters": definition["input_schema"],
+            "description": offload.READ_RESULT_DESCRIPTION,
+            "parameters": offload.read_result_schema(),
         },
     }
 
@@ -87,7 +83,7 @@ def tool_names(tools: object) -> set[str]:
 
 def choose_tool_name(tools: object) -> str | None:
     """The first read_result name the client does not use itself (None: offload off)."""
-    return offload.choose_tool_name([{"name": n} for n in sorted(tool_names(tools))])
+    return offload.free_tool_name(tool_names(tools))
 
 
 def render_transcript(messages: Sequence[Message]) -> str:
@@ -146,14 +142,6 @@ def identity_view(body: Mapping[str, Any]) -> dict[str, Any]:
 # -- counting -----------------------------------------------------------------------------
 
 
-class BlockCounter(Protocol):
-    def count_text(self, text: str) -> int: ...
-    def count_json(self, value: object) -> int: ...
-    def count_block(self, block: object) -> int: ...
-    def count_content(self, content: object) -> int: ...
-    def count_tools(self, tools: object) -> int: ...
-
-
 class ChatCounter:
     """Token estimates for Chat messages, on top of the shared block counter (and its
     cache): a message costs its content, its tool calls' names and argument text, and a
@@ -193,6 +181,9 @@ class ChatCounter:
     def count_tools(self, tools: object) -> int:
         return self.base.count_tools(tools)
 
+    def count_result(self, content: object) -> int:
+        return self.base.count_result(content)
+
     def count_request(self, body: Mapping[str, Any]) -> int:
         return self.count_tools(body.get("tools")) + sum(
             self.count_message(m) for m in request_messages(body)
@@ -200,9 +191,6 @@ class ChatCounter:
 
 
 # -- errors -------------------------------------------------------------------------------
-
-# Anthropic's error types that OpenAI's API spells otherwise.
-_OPENAI_TYPES = {"api_error": "server_error", "overloaded_error": "server_error"}
 
 
 def error_body(
@@ -219,24 +207,17 @@ def stream_error_event(message: str, error_type: str, code: str | None = None) -
     return b"data: " + error_body(message, error_type, code=code) + b"\n\n"
 
 
-def chat_error(error: ProxyError) -> dict[str, Any]:
-    kind = _OPENAI_TYPES.get(error.type, error.type)
-    return {"message": error.message, "type": kind, "param": error.param, "code": error.code}
-
-
 _USAGE = b'"usage":{'
 
 
-class ChatCompletions:
-    """POST /v1/chat/completions: OpenAI's Chat Completions API."""
+class ChatRequest:
+    """What a Chat Completions request is (`Request`)."""
 
     name = "chat"
-    request_id_header = "x-request-id"
 
-    # -- decoding and encoding ---------------------------------------------------------
-
-    def messages(self, body: Mapping[str, Any]) -> list[JSON]:
-        return request_messages(body)
+    messages = staticmethod(request_messages)
+    max_output = staticmethod(max_output)
+    identity_view = staticmethod(identity_view)
 
     def encode(self, body: Mapping[str, Any], replace: Mapping[str, Any]) -> bytes:
         return encode_request(body, **replace)
@@ -248,8 +229,6 @@ class ChatCompletions:
             listed = tools if isinstance(tools, list) else []
             fields["tools"] = [*listed, read_result_tool(tool)]
         return fields
-
-    # -- counting and identity ---------------------------------------------------------
 
     def counter(self, base: TokenCounter) -> MessageCounter:
         return ChatCounter(base)
@@ -263,21 +242,23 @@ class ChatCompletions:
             return None  # several choices: the rounds follow one, so offload stays off
         return choose_tool_name(body.get("tools"))
 
-    def identity_view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
-        return identity_view(body)
+    def breakpoints(self, body: Mapping[str, Any]) -> int:
+        return 0  # OpenAI caches prompt prefixes without breakpoints
 
-    def max_output(self, body: Mapping[str, Any]) -> int | None:
-        return max_output(body)
 
-    # -- the planner's view (Dialect) --------------------------------------------------
+class ChatDialect:
+    """How the planner sees a Chat history and what it writes into one (`Dialect`)."""
 
-    def message_shape(self, message: Message, tokens: int) -> Shape:
-        return message_shape(message, tokens)
+    name = "chat"
 
-    def tool_results(self, message: Message) -> list[tuple[int, Mapping[str, Any]]]:
+    message_shape = staticmethod(message_shape)
+    render_transcript = staticmethod(render_transcript)
+    read_result_tool = staticmethod(read_result_tool)
+
+    def tool_results(self, message: Message) -> list[ToolResult]:
         if message.get("role") != "tool":
             return []
-        return [(0, tool_result_block(message))]
+        return [ToolResult(0, message.get("tool_call_id"), message.get("content"))]
 
     def stubbed_message(
         self, message: Message, stubs: Sequence[Stub], tool: str, read_length: int
@@ -287,7 +268,7 @@ class ChatCompletions:
             if stub.block != 0:
                 continue
             original = message.get("content")
-            text = content_text(original)
+            text = offload.content_text(original)
             if text is None:
                 continue
             body = offload.stub_text(text, stub.ref, tool, stub.head_chars, read_length)
@@ -295,25 +276,17 @@ class ChatCompletions:
         return out
 
     def summary_message(self, text: str, folded: int) -> JSON:
-        header = summary.SUMMARY_HEADER.format(folded=folded)
-        return {"role": "user", "content": f"{header}\n{text}"}
+        return {"role": "user", "content": summary.summary_text(text, folded)}
 
     def note_message(self, text: str) -> JSON:
         return {"role": "user", "content": text}
 
-    def render_transcript(self, messages: Sequence[Message]) -> str:
-        return render_transcript(messages)
-
-    def read_result_tool(self, name: str) -> JSON:
-        return read_result_tool(name)
-
     def with_breakpoint(self, message: Message) -> JSON | None:
         return None  # OpenAI caches prompt prefixes without breakpoints
 
-    def breakpoints(self, body: Mapping[str, Any]) -> int:
-        return 0
 
-    # -- the summariser ----------------------------------------------------------------
+class ChatSummaries:
+    """The summariser's call on Chat Completions (`Summaries`)."""
 
     def summary_request(
         self,
@@ -354,26 +327,11 @@ class ChatCompletions:
         text = message.get("content") if isinstance(message, dict) else None
         return text if isinstance(text, str) else ""
 
-    # -- read_result rounds ------------------------------------------------------------
 
-    def split(self, answer: JSON, tool: str) -> Round:
-        return chat_rounds.split_completion(answer, tool)
+class ChatUsage:
+    """Usage in Chat answers, whole or streamed (`UsageReader`)."""
 
-    def merge(self, answers: Sequence[JSON], tool: str, note: str | None = None) -> JSON:
-        return chat_rounds.merge_completions(answers, tool, note)
-
-    def continue_messages(
-        self, messages: Sequence[JSON], round_: Round, results: Sequence[tuple[str, str, bool]]
-    ) -> list[JSON]:
-        return chat_rounds.continue_messages(messages, round_, results)
-
-    def merger(self, tool: str) -> RoundMerger:
-        return chat_rounds.ChatStreamMerger(tool)
-
-    # -- usage -------------------------------------------------------------------------
-
-    def usage(self, raw: Mapping[str, Any]) -> Usage:
-        return chat_rounds.chat_usage(raw)
+    usage = staticmethod(chat_usage)
 
     def line_may_matter(self, head: bytes) -> bool:
         # The usage chunk has no fixed prefix; content chunks are short, so look at each.
@@ -389,19 +347,23 @@ class ChatCompletions:
         usage = data.get("usage") if isinstance(data, dict) else None
         if not isinstance(usage, dict):
             return None
-        return LineKind.END, chat_rounds.chat_usage(usage)
+        return LineKind.END, chat_usage(usage)
 
     def text_chars(self, line: bytes) -> int:
         return 0  # a Chat stream reports its usage only at its end, if asked to
 
     def body_usage(self, body: Mapping[str, Any]) -> Usage | None:
         usage = body.get("usage")
-        return chat_rounds.chat_usage(usage) if isinstance(usage, dict) else None
+        return chat_usage(usage) if isinstance(usage, dict) else None
 
-    # -- errors ------------------------------------------------------------------------
+
+class ChatErrors:
+    """Chat Completions' errors (`ErrorShapes`)."""
+
+    request_id_header = "x-request-id"
 
     def error_body(self, error: ProxyError, request_id: str) -> bytes:
-        return orjson.dumps({"error": chat_error(error)})
+        return orjson.dumps({"error": openai_error(error)})
 
     def stream_error(self, error: ProxyError) -> bytes:
         return b"data: " + self.error_body(error, "") + b"\n\n"
@@ -411,6 +373,10 @@ class ChatCompletions:
         if not isinstance(error, dict):
             return stream_error_event(f"upstream answered {status}", "api_error")
         return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+
+
+class ChatCompletions(ChatRequest, ChatDialect, ChatSummaries, ChatRounds, ChatUsage, ChatErrors):
+    """POST /v1/chat/completions: OpenAI's Chat Completions API, made of its parts."""
 
 
 CHAT = ChatCompletions()

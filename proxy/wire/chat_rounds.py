@@ -14,7 +14,8 @@ The usage the client is told is the one it can act on (`client_usage`): the prom
 LAST round (what the model saw last) and the completion tokens it received (every
 round's, less the read_result calls it never saw).
 - `split_completion` / `merge_completions` do the same for non-streaming answers.
-- `continue_messages` appends a round's assistant message and the read results.
+- `continue_messages` appends a round's assistant message and the read results;
+  `ChatRounds` is the format's Rounds part (proxy/core/wire_format.py).
 
 Only the first choice is followed: the proxy injects read_result only into requests
 asking for one choice (`n` absent or 1).
@@ -391,3 +392,14 @@ class ChatStreamMerger:
 
 def _empty_delta(delta: dict[str, Any]) -> bool:
     return not any(v not in (None, "", []) for v in delta.values())
+
+
+class ChatRounds:
+    """The Chat format's `Rounds` (proxy/core/wire_format.py): this module's functions."""
+
+    split = staticmethod(split_completion)
+    merge = staticmethod(merge_completions)
+    continue_messages = staticmethod(continue_messages)
+
+    def merger(self, tool: str) -> ChatStreamMerger:
+        return ChatStreamMerger(tool)

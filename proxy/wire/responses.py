@@ -1,4 +1,7 @@
-"""OpenAI's Responses API (`POST /v1/responses`) as a `WireFormat` (proxy/core/wire_format.py).
+"""OpenAI's Responses API (`POST /v1/responses`) as a `WireFormat` (proxy/core/wire_format.py),
+made of its parts: `ResponsesRequest`, `ResponsesDialect`, `ResponsesSummaries`,
+`ResponsesUsage`, `ResponsesErrors` here, and `ResponsesRounds` (read_result rounds) in
+proxy/wire/responses_rounds.py.
 
 The planner's messages are *units* of input items (proxy/wire/responses_units.py): a
 call, the reasoning before it and its output are kept or dropped together; the items a
@@ -29,15 +32,11 @@ import orjson
 
 from proxy.core import offload, summary
 from proxy.core.errors import ProxyError
-from proxy.core.history import Shape
-from proxy.core.offload import Stub
 from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
 from proxy.core.usage import LineKind, Usage
-from proxy.core.wire_format import JSON, MessageCounter, Round, RoundMerger
-from proxy.wire import responses_rounds
-from proxy.wire.anthropic import encode_request
-from proxy.wire.chat import BlockCounter, chat_error
-from proxy.wire.responses_rounds import responses_usage
+from proxy.core.wire_format import JSON, MessageCounter
+from proxy.wire.common import BlockCounter, encode_request, openai_error
+from proxy.wire.responses_rounds import ResponsesRounds, responses_usage
 from proxy.wire.responses_units import (
     ANSWER_TYPES,
     CALL_ANSWERS,
@@ -71,12 +70,11 @@ def asks_for_summary(body: Mapping[str, Any]) -> bool:
 
 def read_result_tool(name: str) -> dict[str, Any]:
     """The injected tool as a Responses function tool: the same bytes every time."""
-    definition = offload.read_result_tool(name)
     return {
         "type": "function",
         "name": name,
-        "description": definition["description"],
-        "parameters": definition["input_schema"],
+        "description": offload.READ_RESULT_DESCRIPTION,
+        "parameters": offload.read_result_schema(),
         "strict": False,
     }
 
@@ -123,6 +121,9 @@ class ResponsesCounter:
 
     def count_tools(self, tools: object) -> int:
         return self.base.count_tools(tools)
+
+    def count_result(self, content: object) -> int:
+        return self.base.count_result(content)
 
     def count_message(self, message: Mapping[str, Any]) -> int:
         return sum(self.count_item(item) for item in unit_items(message))
@@ -218,13 +219,12 @@ _END_TYPES = (b'"response.completed"', b'"response.incomplete"', b'"response.fai
 _TEXT_DELTA = b'"response.output_text.delta"'
 
 
-class ResponsesAPI:
-    """POST /v1/responses: OpenAI's Responses API."""
+class ResponsesRequest:
+    """What a Responses request is (`Request`): its history is units of input items."""
 
     name = "responses"
-    request_id_header = "x-request-id"
 
-    # -- decoding and encoding ---------------------------------------------------------
+    identity_view = staticmethod(identity_view)
 
     def messages(self, body: Mapping[str, Any]) -> list[JSON]:
         return units_of(input_items(body))
@@ -240,8 +240,6 @@ class ResponsesAPI:
             fields["tools"] = [*listed, read_result_tool(tool)]
         return fields
 
-    # -- counting and identity ---------------------------------------------------------
-
     def counter(self, base: TokenCounter) -> MessageCounter:
         return ResponsesCounter(base)
 
@@ -253,11 +251,7 @@ class ResponsesAPI:
     def tool_name(self, body: Mapping[str, Any]) -> str | None:
         if body.get("previous_response_id") or body.get("conversation"):
             return None  # the history lives upstream: the rounds could not continue it
-        names = tool_names(body)
-        return offload.choose_tool_name([{"name": n} for n in sorted(names)])
-
-    def identity_view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
-        return identity_view(body)
+        return offload.free_tool_name(tool_names(body))
 
     def max_output(self, body: Mapping[str, Any]) -> int | None:
         value = body.get("max_output_tokens")
@@ -265,38 +259,31 @@ class ResponsesAPI:
             return value
         return None
 
-    # -- the planner's view (Dialect) --------------------------------------------------
+    def breakpoints(self, body: Mapping[str, Any]) -> int:
+        return 0  # OpenAI caches prompt prefixes without breakpoints
 
-    def message_shape(self, message: Message, tokens: int) -> Shape:
-        return unit_shape(message, tokens)
 
-    def tool_results(self, message: Message) -> list[tuple[int, Mapping[str, Any]]]:
-        return tool_results(message)
+class ResponsesDialect:
+    """How the planner sees units of Responses items and what it writes (`Dialect`)."""
 
-    def stubbed_message(
-        self, message: Message, stubs: Sequence[Stub], tool: str, read_length: int
-    ) -> JSON:
-        return stubbed_unit(message, stubs, tool, read_length)
+    name = "responses"
+
+    message_shape = staticmethod(unit_shape)
+    tool_results = staticmethod(tool_results)
+    stubbed_message = staticmethod(stubbed_unit)
+    render_transcript = staticmethod(render_transcript)
+    read_result_tool = staticmethod(read_result_tool)
+    note_message = staticmethod(user_text_unit)
 
     def summary_message(self, text: str, folded: int) -> JSON:
-        return user_text_unit(f"{summary.SUMMARY_HEADER.format(folded=folded)}\n{text}")
-
-    def note_message(self, text: str) -> JSON:
-        return user_text_unit(text)
-
-    def render_transcript(self, messages: Sequence[Message]) -> str:
-        return render_transcript(messages)
-
-    def read_result_tool(self, name: str) -> JSON:
-        return read_result_tool(name)
+        return user_text_unit(summary.summary_text(text, folded))
 
     def with_breakpoint(self, message: Message) -> JSON | None:
         return None  # OpenAI caches prompt prefixes without breakpoints
 
-    def breakpoints(self, body: Mapping[str, Any]) -> int:
-        return 0
 
-    # -- the summariser ----------------------------------------------------------------
+class ResponsesSummaries:
+    """The summariser's call on the Responses API (`Summaries`)."""
 
     def summary_request(
         self,
@@ -332,26 +319,11 @@ class ResponsesAPI:
             if isinstance(item, dict) and item_type(item) == "message"
         )
 
-    # -- read_result rounds ------------------------------------------------------------
 
-    def split(self, answer: JSON, tool: str) -> Round:
-        return responses_rounds.split_response(answer, tool)
+class ResponsesUsage:
+    """Usage in Responses answers, whole or streamed (`UsageReader`)."""
 
-    def merge(self, answers: Sequence[JSON], tool: str, note: str | None = None) -> JSON:
-        return responses_rounds.merge_responses(answers, tool, note)
-
-    def continue_messages(
-        self, messages: Sequence[JSON], round_: Round, results: Sequence[tuple[str, str, bool]]
-    ) -> list[JSON]:
-        return responses_rounds.continue_units(messages, round_, results)
-
-    def merger(self, tool: str) -> RoundMerger:
-        return responses_rounds.ResponsesStreamMerger(tool)
-
-    # -- usage -------------------------------------------------------------------------
-
-    def usage(self, raw: Mapping[str, Any]) -> Usage:
-        return responses_usage(raw)
+    usage = staticmethod(responses_usage)
 
     def line_may_matter(self, head: bytes) -> bool:
         return head.startswith(b"data: {") and any(end in head for end in _END_TYPES)
@@ -381,19 +353,34 @@ class ResponsesAPI:
         usage = body.get("usage")
         return responses_usage(usage) if isinstance(usage, dict) else None
 
-    # -- errors ------------------------------------------------------------------------
+
+class ResponsesErrors:
+    """The Responses API's errors (`ErrorShapes`)."""
+
+    request_id_header = "x-request-id"
 
     def error_body(self, error: ProxyError, request_id: str) -> bytes:
-        return orjson.dumps({"error": chat_error(error)})
+        return orjson.dumps({"error": openai_error(error)})
 
     def stream_error(self, error: ProxyError) -> bytes:
-        return error_events(chat_error(error))
+        return error_events(openai_error(error))
 
     def upstream_stream_error(self, payload: object, status: int) -> bytes:
         error = payload.get("error") if isinstance(payload, dict) else None
         if not isinstance(error, dict):
             error = {"message": f"upstream answered {status}", "type": "server_error"}
         return error_events(error)
+
+
+class ResponsesAPI(
+    ResponsesRequest,
+    ResponsesDialect,
+    ResponsesSummaries,
+    ResponsesRounds,
+    ResponsesUsage,
+    ResponsesErrors,
+):
+    """POST /v1/responses: OpenAI's Responses API, made of its parts."""
 
 
 RESPONSES = ResponsesAPI()

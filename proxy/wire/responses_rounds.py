@@ -16,7 +16,8 @@ again; the client sees one response:
   very bytes that came in;
 - `split_response` / `merge_responses` do the same for whole (non-stream) answers;
 - `continue_units` appends a round's output items and the read results (as units of
-  proxy/wire/responses_units.py) for the next round.
+  proxy/wire/responses_units.py) for the next round; `ResponsesRounds` is the format's
+  Rounds part (proxy/core/wire_format.py).
 
 Usage the client is told: the input of the last round (what the model saw last) and the
 output it received (the output of the rounds that showed it something, less the
@@ -407,3 +408,14 @@ class ResponsesStreamMerger:
             out.append(encode_event(kind, orjson.dumps(data)))
         self._shown.append(item)
         return out
+
+
+class ResponsesRounds:
+    """The Responses format's `Rounds` (proxy/core/wire_format.py): this module's functions."""
+
+    split = staticmethod(split_response)
+    merge = staticmethod(merge_responses)
+    continue_messages = staticmethod(continue_units)
+
+    def merger(self, tool: str) -> ResponsesStreamMerger:
+        return ResponsesStreamMerger(tool)

@@ -221,19 +221,12 @@ def output_parts(output: object) -> object:
     return parts
 
 
-def tool_results(unit: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]:
-    """The stubbable outputs of an outputs unit, by item index, as tool_result blocks."""
+def tool_results(unit: Mapping[str, Any]) -> list[offload.ToolResult]:
+    """The stubbable outputs of an outputs unit, by item index."""
     if unit.get("unit") != "outputs":
         return []
     return [
-        (
-            n,
-            {
-                "type": "tool_result",
-                "tool_use_id": answer_key(item),
-                "content": output_parts(item.get("output")),
-            },
-        )
+        offload.ToolResult(n, answer_key(item), output_parts(item.get("output")))
         for n, item in enumerate(unit_items(unit))
         if item_type(item) in STUBBABLE
     ]
@@ -250,7 +243,7 @@ def stubbed_unit(
             continue
         item = items[stub.block]
         original = item.get("output")
-        text = offload.result_text({"content": output_parts(original)})
+        text = offload.content_text(output_parts(original))
         if text is None:
             continue
         body = offload.stub_text(text, stub.ref, tool, stub.head_chars, read_length)

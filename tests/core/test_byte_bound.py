@@ -20,7 +20,7 @@ from proxy.core.counting import BYTE_BOUND_SLACK, cannot_cross, count_request
 from proxy.core.policy import Policy
 from proxy.core.tokens import default_counter
 from proxy.wire import ANTHROPIC, CHAT
-from proxy.wire.anthropic import request_messages
+from proxy.wire.common import request_messages
 
 AGENT = Path(__file__).parents[1] / "fixtures" / "agent-requests"
 TEXT = st.text(

@@ -22,7 +22,7 @@ from proxy.core.counting import count_request, count_unless_quiet, history_bound
 from proxy.core.policy import Policy
 from proxy.core.tokens import TOOLS_PREAMBLE, TokenCounter
 from proxy.wire import ANTHROPIC, CHAT
-from proxy.wire.anthropic import request_messages
+from proxy.wire.common import request_messages
 from tests.core.test_byte_bound import TEXT, anthropic_bodies, chat_bodies
 
 AGENT = Path(__file__).parents[1] / "fixtures" / "agent-requests"

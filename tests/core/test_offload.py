@@ -8,15 +8,15 @@ from hypothesis import strategies as st
 from proxy.core.offload import (
     MAX_READ_CHARS,
     ReadRequest,
-    choose_tool_name,
     parse_read_args,
-    read_result_tool,
+    read_result_schema,
     read_slice,
     ref_for,
     result_text,
     stub_text,
     unknown_ref,
 )
+from proxy.wire.anthropic import choose_tool_name
 
 
 def test_tool_name_respects_the_clients_own_tools() -> None:
@@ -28,8 +28,8 @@ def test_tool_name_respects_the_clients_own_tools() -> None:
 
 
 def test_the_tool_definition_is_the_same_bytes_every_time() -> None:
-    assert read_result_tool("read_result") == read_result_tool("read_result")
-    schema = read_result_tool("x")["input_schema"]
+    assert read_result_schema() == read_result_schema()
+    schema = read_result_schema()
     assert (
         schema["required"] == ["ref"]
         and schema["properties"]["length"]["maximum"] == MAX_READ_CHARS

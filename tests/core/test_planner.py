@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.core.checkpoint import Checkpoint, message_digest
-from proxy.core.offload import read_result_tool
 from proxy.core.planner import FoldPlan, PlanInput, Refuse, Rewrite, Untouched, fold, plan
 from proxy.core.policy import Policy
 from proxy.core.tokens import TokenCounter
 from proxy.wire import ANTHROPIC
+from proxy.wire.anthropic import read_result_tool
 from tests.wire.test_anthropic_history import _pairing_errors
 
 COUNTER = TokenCounter()

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from proxy.core.history import GroupKind, Shape, group_history, pack_messages
 from proxy.core.pack import pack_context
-from proxy.wire.anthropic import encode_request, history_shapes, message_shape, request_messages
+from proxy.wire.anthropic import history_shapes, message_shape
+from proxy.wire.common import encode_request, request_messages
 
 AGENT = Path(__file__).parents[1] / "fixtures" / "agent-requests"
 

@@ -39,7 +39,7 @@ def test_shapes() -> None:
     assistant = {"role": "assistant", "content": None, "tool_calls": [call("a"), call("b")]}
     assert message_shape(assistant, 5) == Shape("assistant", 5, calls=("a", "b"))
     tool = {"role": "tool", "tool_call_id": "a", "content": "out"}
-    assert message_shape(tool, 3) == Shape("user", 3, answers=("a",))
+    assert message_shape(tool, 3) == Shape("tool", 3, answers=("a",))
     assert message_shape({"role": "developer", "content": "x"}, 1).role == "developer"
     assert message_shape({"role": "user", "content": [{"type": "text", "text": "x"}]}, 1) == Shape(
         "user", 1
@@ -84,7 +84,7 @@ def test_stubs_summaries_and_notes_are_valid_chat_messages() -> None:
     assert CHAT.summary_message("notes", 4)["role"] == "user"
     assert isinstance(CHAT.note_message("dropped")["content"], str)
     assert CHAT.tool_results({"role": "user", "content": "x"}) == []
-    assert CHAT.tool_results(tool)[0][0] == 0
+    assert CHAT.tool_results(tool)[0].block == 0
 
 
 def test_read_result_tool_and_names() -> None:

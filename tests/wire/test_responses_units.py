@@ -117,8 +117,8 @@ def test_a_stub_replaces_an_output_string_or_parts_and_keeps_its_fields() -> Non
         ],
     }
     results = RESPONSES.tool_results(unit)
-    assert [slot for slot, _ in results] == [0, 1]
-    assert results[1][1]["content"] == [{"type": "text", "text": text}]
+    assert [result.block for result in results] == [0, 1]
+    assert results[1].content == [{"type": "text", "text": text}]
     stubs = [Stub(0, "r_" + "a" * 16, 100), Stub(1, "r_" + "b" * 16, 100)]
     out = RESPONSES.stubbed_message(unit, stubs, "read_result", 4000)
     first, second = out["items"]

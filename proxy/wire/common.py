@@ -1,0 +1,70 @@
+"""What several wire formats share, so that no format imports another.
+
+Reading a request's message list, encoding a body with some fields replaced, its output
+cap, the block counter every format's counter stands on, and OpenAI's error object
+(Chat Completions and Responses spell errors alike).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import orjson
+
+from proxy.core.errors import ProxyError
+
+JSON = dict[str, Any]
+
+
+def request_messages(body: Mapping[str, Any]) -> list[JSON]:
+    """The request's messages, or [] when the field is absent or not a list."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return []
+    return [m for m in messages if isinstance(m, dict)]
+
+
+def encode_request(body: Mapping[str, Any], **replace: Any) -> bytes:
+    """The body with some top-level fields replaced (key order kept), as JSON bytes.
+
+    A field replaced with None is removed. New fields go at the end, so the same inputs
+    always give the same bytes.
+    """
+    out = dict(body)
+    for key, value in replace.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return orjson.dumps(out)
+
+
+def max_output(body: Mapping[str, Any]) -> int | None:
+    """The request's output cap, under any of the names the APIs give it."""
+    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+class BlockCounter(Protocol):
+    """The shared block counter (proxy/core/tokens.py) as a format's counter uses it."""
+
+    def count_text(self, text: str) -> int: ...
+    def count_json(self, value: object) -> int: ...
+    def count_block(self, block: object) -> int: ...
+    def count_content(self, content: object) -> int: ...
+    def count_tools(self, tools: object) -> int: ...
+    def count_result(self, content: object) -> int: ...
+
+
+# Anthropic's error types (the core's) that OpenAI's APIs spell otherwise.
+_OPENAI_TYPES = {"api_error": "server_error", "overloaded_error": "server_error"}
+
+
+def openai_error(error: ProxyError) -> dict[str, Any]:
+    """The proxy's error as OpenAI's error object (Chat Completions and Responses)."""
+    kind = _OPENAI_TYPES.get(error.type, error.type)
+    return {"message": error.message, "type": kind, "param": error.param, "code": error.code}
