@@ -42,6 +42,7 @@ from proxy.core.commands import (
 )
 from proxy.core.counting import count_request
 from proxy.core.offload import STOP_NOTES, ReadRequest, parse_read_args, read_slice, unknown_ref
+from proxy.core.policy import Policy
 from proxy.core.tokens import TokenCounter
 from proxy.core.wire_format import JSON, ReadCall, Round, WireFormat
 
@@ -61,9 +62,7 @@ class RoundsRequest:
     body: bytes  # ... as sent (round 1)
     refs: frozenset[str]  # the refs its history names: all it may read
     counter: TokenCounter
-    window: int
-    max_rounds: int
-    read_length: int  # a read's length when the model names none
+    policy: Policy  # its window, max_read_rounds, and read_length (a read naming none)
     factor: float = 1.0  # calibration (real / estimated), looked up once for the request
 
 
@@ -118,7 +117,7 @@ def read_rounds(request: RoundsRequest) -> Rounds:
         round_ = reply.round
         if not round_.wants_reads_only:
             return Ended("complete", used)
-        if used >= request.max_rounds:
+        if used >= request.policy.max_read_rounds:
             return _stopped("limit", used, request)
         fetched = yield from _fetch(request, round_.reads)
         fitted = _fitted(request, sent, messages, round_, fetched)
@@ -134,7 +133,7 @@ def read_rounds(request: RoundsRequest) -> Rounds:
 
 
 def _stopped(why: str, used: int, request: RoundsRequest) -> Ended:
-    return Ended(why, used, STOP_NOTES[why].format(rounds=request.max_rounds))
+    return Ended(why, used, STOP_NOTES[why].format(rounds=request.policy.max_read_rounds))
 
 
 def _fetch(
@@ -144,7 +143,7 @@ def _fetch(
     fetched: list[Fetched] = []
     asked: list[tuple[Fetched, str]] = []  # the calls the store is asked for, and their refs
     for call in reads:
-        read = parse_read_args(call.input, request.read_length)
+        read = parse_read_args(call.input, request.policy.read_length)
         if isinstance(read, str):
             fetched.append(Fetched(call.id, error=read))
         elif read.ref not in request.refs:
@@ -179,7 +178,7 @@ def _fitted(
     slices shortened until it fits the window; None when even the shortest would not."""
     wire = request.wire
     factor = max(1.0, request.factor)
-    limit = math.floor(request.window * (1 - WINDOW_MARGIN))
+    limit = math.floor(request.policy.window * (1 - WINDOW_MARGIN))
     lengths = [f.slice_length for f in fetched]
     for _ in range(FIT_ATTEMPTS):
         results = [f.result(n) for f, n in zip(fetched, lengths, strict=True)]

@@ -337,19 +337,11 @@ class Simulator:
         (proxy/core/rounds.py) against `model`."""
         if step.tool is None:
             raise ValueError("read_result was not offered in this step")
-        wire, policy = self.format, step.policy
+        wire, body = self.format, step.body
         request = RoundsRequest(
-            wire,
-            step.tool,
-            step.body,
-            wire.encode(step.body, {}),
-            step.refs,
-            self.counter,
-            window=policy.window,
-            max_rounds=policy.max_read_rounds,
-            read_length=policy.read_length,
-            factor=self.factor,
-        )
+            wire, step.tool, body, wire.encode(body, {}), step.refs, self.counter,
+            step.policy, self.factor,
+        )  # fmt: skip
         rounds = RoundsExecutor(self.memory.blobs, wire, step.tool, model)
         ended = run(read_rounds(request), rounds)
         answer = wire.merge(rounds.answers, step.tool, ended.note)

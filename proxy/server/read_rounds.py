@@ -73,19 +73,11 @@ class ReadRounds:
         self.upstream = upstream
         self.upstream_headers = upstream_headers
         self.record = current_or_throwaway()
-        policy = prepared.policy
+        counter = request.app[COMPACTOR].counter
         self.plan = RoundsRequest(
-            wire,
-            prepared.tool,
-            prepared.sent,
-            prepared.body,
-            prepared.refs,
-            request.app[COMPACTOR].counter,
-            window=policy.window,
-            max_rounds=policy.max_read_rounds,
-            read_length=policy.read_length,
-            factor=prepared.factor,
-        )
+            wire, self.tool, prepared.sent, prepared.body, prepared.refs, counter,
+            prepared.policy, prepared.factor,
+        )  # fmt: skip
 
     async def answer(self, response: aiohttp.ClientResponse) -> web.StreamResponse:
         if response.headers.get("Content-Type", "").startswith("text/event-stream"):

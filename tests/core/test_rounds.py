@@ -3,6 +3,7 @@ answer's rounds yield, in order, for each way they end; no I/O anywhere."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -19,6 +20,7 @@ from proxy.core.commands import (
     TopUp,
 )
 from proxy.core.driver import commands_of
+from proxy.core.policy import Policy
 from proxy.core.rounds import RoundsRequest, read_rounds
 from proxy.core.tokens import default_counter
 from proxy.wire import ANTHROPIC
@@ -29,22 +31,15 @@ TEXT = "line of the offloaded log\n" * 400
 
 
 def request(**changes: Any) -> RoundsRequest:
+    """A request whose history names REF; `changes` to its policy."""
     sent = {
         "model": "claude-test",
         "max_tokens": 500,
         "messages": [{"role": "user", "content": f'see read_result(ref="{REF}")'}],
     }
-    fields: dict[str, Any] = {
-        "window": 200_000,
-        "max_rounds": 2,
-        "read_length": 2_000,
-        "factor": 1.0,
-        **changes,
-    }
-    refs = frozenset(fields.pop("refs", {REF}))
-    return RoundsRequest(
-        ANTHROPIC, TOOL, sent, orjson.dumps(sent), refs, default_counter(), **fields
-    )
+    policy = replace(Policy(), **{"max_read_rounds": 2, "read_length": 2_000, **changes})
+    body = orjson.dumps(sent)
+    return RoundsRequest(ANTHROPIC, TOOL, sent, body, frozenset({REF}), default_counter(), policy)
 
 
 def reading(ref: str = REF, n: int = 0) -> Answered:
@@ -120,7 +115,7 @@ def test_a_ref_the_history_does_not_name_is_not_asked_of_the_store() -> None:
 
 def test_the_round_limit_ends_with_its_note() -> None:
     script = Script([reading(n=0), reading(n=1), reading(n=2)], {REF: TEXT})
-    commands, ended = commands_of(read_rounds(request(max_rounds=2)), script)
+    commands, ended = commands_of(read_rounds(request(max_read_rounds=2)), script)
     assert kinds(commands).count("SendRound") == 3
     assert (ended.outcome, ended.rounds) == ("limit", 2)
     assert ended.note is not None and "2 read rounds" in ended.note
