@@ -20,59 +20,20 @@ from proxy.core.policy import DEFAULT_POLICIES, parse_policies
 from proxy.core.tokens import default_counter
 from proxy.ops.simulate import Simulator
 from proxy.server.app import start
-from proxy.testing.agent import tool_output
 from proxy.testing.script import parse_script, plan_answer
 from proxy.testing.standin import StandInOptions
 from proxy.testing.standin_http import request_digest
 from tests.plugins.standin import RunningStandIn
+from tests.server import test_budget_read_rounds as budget_rounds
+from tests.server import test_read_rounds as fit_rounds
 from tests.server.conftest import proxy_settings
+from tests.server.test_budget_read_rounds import tool_history
 
 PURPOSE = "x-compaction-proxy-purpose"  # marks the summariser's calls
-ONE_READ = (
-    {
-        "match": "*",
-        "window": 30_000,
-        "trigger": 20_000,
-        "target": 8_000,
-        "keep_results": 1,
-        "offload_threshold": 500,
-        "stub_head_chars": 600,
-    },
-    '{"read_result": true, "text": "read it"}',
-)
-# Reads past the round limit, each slice too long for the window: shortened every round.
-READS_PAST_THE_LIMIT = (
-    {
-        "match": "*",
-        "window": 12_000,
-        "trigger": 8_000,
-        "target": 5_000,
-        "keep_last": 2,
-        "keep_results": 1,
-        "offload_threshold": 300,
-        "stub_head_chars": 200,
-        "max_read_rounds": 3,
-    },
-    '{"read_result": true, "keep_reading": true, "read_length": 32000}',
-)
-
-
-def history(turns: int) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the build."}]
-    for t in range(turns):
-        call = {"type": "tool_use", "id": f"toolu_s{t}", "name": "Bash", "input": {"n": t}}
-        result = {
-            "type": "tool_result",
-            "tool_use_id": call["id"],
-            "content": tool_output(t, 8_000),
-        }
-        messages += [
-            {"role": "assistant", "content": [call]},
-            {"role": "user", "content": [result]},
-        ]
-    messages.append({"role": "assistant", "content": "Those were the logs."})
-    messages.append({"role": "user", "content": "Which test fails? Read the logs again."})
-    return messages
+# (policy, the stand-in's script, the history): one read; and reads past the round limit,
+# each slice too long for the window, shortened every round.
+ONE_READ = (budget_rounds.POLICY, budget_rounds.READ_SCRIPT["x-stand-in"], tool_history(12))
+PAST_THE_LIMIT = (fit_rounds.POLICY, fit_rounds.READ_EVERYTHING, fit_rounds.anthropic_history())
 
 
 def scripted_model(header: str) -> Any:
@@ -97,12 +58,12 @@ def scripted_model(header: str) -> Any:
     return answer
 
 
-@pytest.mark.parametrize("case", [ONE_READ, READS_PAST_THE_LIMIT], ids=["one", "limit"])
+@pytest.mark.parametrize("case", [ONE_READ, PAST_THE_LIMIT], ids=["one", "limit"])
 async def test_the_simulator_sends_the_model_what_the_server_sends(
     standin: RunningStandIn, redis_url: str, redis_key_prefix: str, case: Any
 ) -> None:
-    policy, header = case
-    body = {"model": "claude-sim-1", "max_tokens": 1_000, "messages": history(8)}
+    policy, header, history = case
+    body = {"model": "claude-sim-1", "max_tokens": 1_000, "messages": history}
     settings = proxy_settings(standin.url, redis_url, **{"store.key_prefix": redis_key_prefix})
     proxy = await start(dataclasses.replace(settings, policies=(policy,)))
     headers = {"x-api-key": "sk-simulated", "anthropic-version": "2023-06-01", "x-stand-in": header}
