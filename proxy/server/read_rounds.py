@@ -107,6 +107,9 @@ class ReadRounds:
         return ended
 
     def _counted(self, send: Send) -> Send:
+        """`send` with what every transport records of a round: the read rounds sent,
+        and each answer's usage."""
+
         async def counted(command: SendRound) -> Answered | Failed:
             if not command.first:
                 self.record.read_rounds += 1
