@@ -12,7 +12,8 @@ whole request first against what this socket saw (proxy/wire/responses_ws.py), c
 offloaded, folded, refused when nothing fits, Codex's compaction_trigger served or passed
 through, the caller's budgets reserved and settled per frame (its own Ticket), usage
 metered from the events; upstream, only the new items go while the rewrite of the prefix
-is unchanged. A rewritten request's read_result rounds are answered on the socket and
+is unchanged. A rewritten request's read_result rounds are answered on the socket (the
+read rounds' generator, proxy/core/rounds.py, with the socket as its transport) and
 merged into the one response the client sees (the Responses stream merger). Refusals are
 error frames `{"type": "error", "status": N, "error": {...}}`, as the API sends them. Each
 frame is a request of its own for metrics and the request log (method WS).
