@@ -1,10 +1,10 @@
-"""The effects the compaction driver asks for, and the replies it expects.
+"""The effects the compaction driver and the read rounds ask for, and their replies.
 
-The driver (proxy/core/driver.py) is a generator: it yields one command at a time and is
-resumed with the reply. An executor carries the commands out: on Redis and the upstream
-in the server (proxy/server/executor.py), on dicts in the ops simulator
-(proxy/ops/simulate.py). Commands are plain data, so tests can assert the exact sequence
-a request produces.
+The driver (proxy/core/driver.py) and the read rounds (proxy/core/rounds.py) are
+generators: each yields one command at a time and is resumed with the reply. An executor
+carries the commands out: on Redis and the upstream in the server
+(proxy/server/executor.py), on dicts in the ops simulator (proxy/ops/simulate.py).
+Commands are plain data, so tests can assert the exact sequence a request produces.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from proxy.core.checkpoint import Checkpoint, Line, chain_hash
 from proxy.core.facts import Facts, keep_facts
+from proxy.core.wire_format import Round
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,3 +169,68 @@ class Saved:
 
 Command = LoadConversation | GetSummary | SaveCrossing | PrepareSummary | TouchLine
 Reply = Loaded | SummaryReply | Saved | Started
+
+
+# -- read rounds (proxy/core/rounds.py) ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SendRound:
+    """Send this round upstream and relay what the client may see of its answer (the
+    read_result calls held back); the reply is `Answered` with what the model asked, or
+    `Failed`. Round 1 is the rewritten request itself, already sent by the route: its
+    answer is the response in hand."""
+
+    body: bytes
+    number: int  # 1, 2, ...: round 1 is the request as the route sent it
+
+    @property
+    def first(self) -> bool:
+        return self.number == 1
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    round: Round
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The round's answer failed (an upstream error, a broken stream): the rounds end."""
+
+    outcome: str  # the record's read_outcome
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResults:
+    """Read these offloaded results from the store (refs the history sent names), one
+    read each, in order."""
+
+    refs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Results:
+    """What the store had for each ref of ReadResults: its text, or None when it is gone;
+    `unavailable[i]`: the store could not be read for the i-th."""
+
+    texts: tuple[str | None, ...]
+    unavailable: tuple[bool, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TopUp:
+    """Hold the next round in the caller's budgets: its estimated input (calibrated) and
+    its output cap. The reply is `ToppedUp`."""
+
+    tokens: int
+    output: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ToppedUp:
+    ok: bool  # False: a budget refused it; the round is not sent
+
+
+RoundCommand = SendRound | ReadResults | TopUp
+RoundReply = Answered | Failed | Results | ToppedUp

@@ -76,6 +76,8 @@ from proxy.core.wire_format import MessageCounter, WireFormat
 
 Message = Mapping[str, Any]
 T = TypeVar("T")
+C = TypeVar("C")  # a generator's commands (the driver's, or the read rounds')
+R = TypeVar("R")  # ... and their replies
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,9 +349,10 @@ def _marked(
     return [*messages[:at], marked, *messages[at + 1 :]]
 
 
-def run(driver: Generator[Command, Reply, T], execute: Callable[[Command], Reply]) -> T:
-    """Drive a generator to its end with a synchronous executor (tests, the simulator)."""
-    reply: Reply | None = None
+def run(driver: Generator[C, R, T], execute: Callable[[C], R]) -> T:
+    """Drive a generator to its end with a synchronous executor (tests, the simulator):
+    the driver, or the read rounds (proxy/core/rounds.py)."""
+    reply: R | None = None
     while True:
         try:
             command = driver.send(reply) if reply is not None else next(driver)
@@ -359,13 +362,11 @@ def run(driver: Generator[Command, Reply, T], execute: Callable[[Command], Reply
         reply = execute(command)
 
 
-def commands_of(
-    driver: Generator[Command, Reply, T], execute: Callable[[Command], Reply]
-) -> tuple[list[Command], T]:
+def commands_of(driver: Generator[C, R, T], execute: Callable[[C], R]) -> tuple[list[C], T]:
     """The commands a driver yields, in order, and its result (Playbook-style tests)."""
-    seen: list[Command] = []
+    seen: list[C] = []
 
-    def record(command: Command) -> Reply:
+    def record(command: C) -> R:
         seen.append(command)
         return execute(command)
 

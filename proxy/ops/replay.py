@@ -18,7 +18,8 @@ Without the proxy, a request larger than the model's window is refused by the AP
 is too long"): it is marked refused, billed nothing and caches nothing, and totals compare
 like with like (the proxy's cost over the turns that were possible without it).
 
-Not simulated: read_result rounds (the model's choice; each would add a call), and
+Not simulated: read_result rounds (the model's choice, which a trace of requests does not
+hold; each would add a call: `Simulator.read_rounds` replays them given a model), and
 calibration (the local count is taken as the real one).
 """
 

@@ -9,27 +9,42 @@ Simulator form one conversation, as the replica fleet would see it. Calibration 
 (factor 1.0 unless given, no sampling): the local count is taken as the real one, and
 every request is counted (the server's byte-size shortcut only skips counts that could
 not change the decision).
+
+`Simulator.read_rounds(step, model)` replays a step's read_result rounds with the same
+generator the server runs (proxy/core/rounds.py): `model` answers each round (a script,
+or answers recorded), the slices come from the blobs the steps offloaded, and no budget
+refuses a round; what the model received, round by round, is what the server would send.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, assert_never
 
+import orjson
+
 from proxy.core.checkpoint import Checkpoint, Line, checkpoint_slot
 from proxy.core.commands import (
+    Answered,
     Command,
     GetSummary,
     LoadConversation,
     Loaded,
     PreparedSummary,
     PrepareSummary,
+    ReadResults,
     Reply,
+    Results,
+    RoundCommand,
+    RoundReply,
     SaveCrossing,
     Saved,
+    SendRound,
     Started,
     SummaryReply,
+    ToppedUp,
+    TopUp,
     TouchLine,
 )
 from proxy.core.counting import count_request
@@ -38,6 +53,7 @@ from proxy.core.lines import best_line
 from proxy.core.offload import ref_for
 from proxy.core.planner import Refuse, Rewrite
 from proxy.core.policy import Policy, policy_for
+from proxy.core.rounds import RoundsRequest, read_rounds
 from proxy.core.segments import Stubbed, StubbedMemo, Summary, Verbatim
 from proxy.core.tokens import TokenCounter
 from proxy.core.wire_format import Dialect, WireFormat
@@ -80,6 +96,22 @@ class Step:
     made_ahead: Summarise | None = None  # a summary this request had made in the background
     pack_fallback: Rewrite | Refuse | None = None  # what a failed summariser would give
     refusal: str = ""
+    tool: str | None = None  # read_result was offered under this name
+    refs: frozenset[str] = frozenset()  # the refs the history sent names (all it may read)
+
+
+# A round as the model receives it (parsed) -> its whole answer, in the step's format.
+Model = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadReplay:
+    """A step's read_result rounds replayed against a model."""
+
+    sent: list[dict[str, Any]]  # what the model received, round by round (1: the step's body)
+    answer: dict[str, Any]  # the one message the client gets (the rounds' answers merged)
+    outcome: str  # how the rounds ended (the server's read_outcome)
+    rounds: int  # read rounds after the first (the server's x-compaction-read-rounds)
 
 
 def placeholder_summary(slot: int, key: str) -> str:
@@ -133,7 +165,7 @@ class MemoryExecutor:
         self.counter = counter
         self.lines: dict[str, dict[str, Line]] = {}  # slot -> line -> line, as stored
         self.summaries: dict[str, str] = {}  # key -> text, as the store would keep them
-        self.blobs: dict[str, int] = {}  # ref -> length in characters
+        self.blobs: dict[str, str] = {}  # ref -> the offloaded text
         self.notes: dict[str, dict[str, PreparedSummary]] = {}  # slot -> seen -> note
         self.asked: GetSummary | None = None  # the last request's summary, if any
         self.ahead: GetSummary | None = None  # ... and the one it had made ahead
@@ -199,8 +231,36 @@ class MemoryExecutor:
             checkpoint = command.checkpoint
             kept[checkpoint.prefix_hash] = Line(checkpoint, command.used)
         for ref, text in command.blobs:
-            self.blobs[ref] = len(text)
+            self.blobs[ref] = text
         return Saved(ok=True)
+
+
+class RoundsExecutor:
+    """The read rounds' commands on dicts: slices from the blobs the steps offloaded,
+    budgets that never refuse, every round answered by `model`."""
+
+    def __init__(self, blobs: Mapping[str, str], wire: WireFormat, tool: str, model: Model):
+        self.blobs = blobs
+        self.wire = wire
+        self.tool = tool
+        self.model = model
+        self.sent: list[dict[str, Any]] = []
+        self.answers: list[dict[str, Any]] = []
+
+    def __call__(self, command: RoundCommand) -> RoundReply:
+        match command:
+            case SendRound():
+                received = orjson.loads(command.body)
+                self.sent.append(received)
+                self.answers.append(self.model(received))
+                return Answered(self.wire.split(self.answers[-1], self.tool))
+            case ReadResults():
+                texts = tuple(self.blobs.get(ref) for ref in command.refs)
+                return Results(texts, (False,) * len(texts))
+            case TopUp():
+                return ToppedUp(True)
+            case _:
+                assert_never(command)
 
 
 def _applied(memory: MemoryExecutor, digests: Sequence[bytes]) -> Checkpoint | None:
@@ -271,6 +331,21 @@ class Simulator:
         step.made_ahead = ahead
         return step
 
+    def read_rounds(self, step: Step, model: Model) -> ReadReplay:
+        """The step's answer with its read_result rounds, as the server would run them
+        (proxy/core/rounds.py) against `model`."""
+        if step.tool is None:
+            raise ValueError("read_result was not offered in this step")
+        wire, body = self.format, step.body
+        request = RoundsRequest(
+            wire, step.tool, body, wire.encode(body, {}), step.refs, self.counter,
+            step.policy, self.factor,
+        )  # fmt: skip
+        rounds = RoundsExecutor(self.memory.blobs, wire, step.tool, model)
+        ended = run(read_rounds(request), rounds)
+        answer = wire.merge(rounds.answers, step.tool, ended.note)
+        return ReadReplay(rounds.sent, answer, ended.outcome, ended.rounds)
+
     def _summarise(self, asked: GetSummary | None, reused: bool) -> Summarise | None:
         if asked is None:
             return None
@@ -332,4 +407,6 @@ class Simulator:
             dropped=max(0, total - kept - folded),
             summary=summary,
             pack_fallback=fallback,
+            tool=rewrite.tool,
+            refs=frozenset(rewrite.refs),
         )

@@ -60,6 +60,9 @@ class Prepared:
     conversation: str = ""
     policy: Policy = field(default_factory=Policy)
     sample: bool = False  # feed calibration with the first round's usage
+    # Calibration (real / estimated), looked up once for the request and carried to its
+    # budget reservation and its read rounds; None: not looked up (nothing was counted).
+    factor: float | None = None
 
     @property
     def intercepts(self) -> bool:
@@ -73,6 +76,14 @@ def calibrated_as(wire: Request, model: str) -> str:
     """The name a model's calibration factor is kept under: per format as well (the
     same model's Chat and Responses requests are counted with different errors)."""
     return f"{wire.name}:{model}"
+
+
+def factor_of(calibration: Calibration, wire: WireFormat, prepared: Prepared, tenant: str) -> float:
+    """The request's calibration factor: the one its preparation looked up, else looked
+    up now (a request compaction never counted), so a request looks it up once."""
+    if prepared.factor is None:
+        prepared.factor = calibration.factor(calibrated_as(wire, prepared.model), None, tenant)
+    return prepared.factor
 
 
 def _ignore(ok: bool) -> None:
@@ -227,13 +238,13 @@ class Compactor:
         factor = self.calibration.factor(calibrated, store, calibrated_for)
         sample = self.calibration.wants_sample(calibrated, calibrated_for)
         if not sample and cannot_cross(body_bytes, policy, factor):
-            return Prepared(body_bytes, body, model, policy=policy)  # not even counted
+            return Prepared(body_bytes, body, model, policy=policy, factor=factor)  # not counted
         if sample:  # calibration wants this request's counts
             counted: Counted | None = await self.count(wire, body, len(body_bytes))
         else:
             counted = await self.count_unless_quiet(wire, body, len(body_bytes), policy, factor)
         if counted is None:  # its new messages' bytes alone prove it under every threshold
-            return Prepared(body_bytes, body, model, policy=policy)  # as if not counted
+            return Prepared(body_bytes, body, model, policy=policy, factor=factor)  # uncounted
         counter = wire.counter(self.counter)
         request = CompactionRequest(
             wire,
@@ -275,7 +286,7 @@ class Compactor:
         finally:
             await executor.close()
         prepared = Prepared(
-            body_bytes, body, model, decision.estimate, policy=policy, sample=sample
+            body_bytes, body, model, decision.estimate, policy=policy, sample=sample, factor=factor
         )
         if executor.identified:
             prepared.tenant, prepared.conversation = executor.identity

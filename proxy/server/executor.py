@@ -1,8 +1,12 @@
-"""Carry out the compaction driver's commands on Redis and the upstream.
+"""Carry out the commands of the compaction driver and of the read rounds.
 
-The driver (proxy/core/driver.py) decides; this executor only does what a command says
-and answers with the reply the driver expects. Every failure of the store becomes a
-reply saying so (never an exception): the driver then plans without the store.
+The driver (proxy/core/driver.py) and the read rounds (proxy/core/rounds.py) decide; the
+executors only do what a command says and answer with the reply the generator expects:
+`StoreExecutor` the driver's, on Redis and the summariser; `RoundExecutor` the rounds',
+reading results from the store, topping up budgets and sending rounds through the
+transport it is given (proxy/server/read_rounds.py). Every failure of the store becomes a
+reply saying so (never an exception): the driver then plans without the store, and a read
+tells the model the store is unavailable.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import replace
 from functools import cached_property
@@ -17,16 +22,25 @@ from typing import Any, TypeVar, assert_never
 
 from proxy.core.checkpoint import Line, decode_checkpoint, encode_checkpoint
 from proxy.core.commands import (
+    Answered,
     Command,
+    Failed,
     GetSummary,
     LoadConversation,
     Loaded,
     PrepareSummary,
+    ReadResults,
     Reply,
+    Results,
+    RoundCommand,
+    RoundReply,
     SaveCrossing,
     Saved,
+    SendRound,
     Started,
     SummaryReply,
+    ToppedUp,
+    TopUp,
     TouchLine,
 )
 from proxy.server.summariser import (
@@ -43,6 +57,8 @@ from proxy.store import Store, StoreUnavailable, SummaryLock
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+C = TypeVar("C")  # a generator's commands
+R = TypeVar("R")  # ... and their replies
 
 
 def _ignore_count(count: float) -> None:
@@ -216,9 +232,62 @@ class StoreExecutor:
             await lock.release()
 
 
+class RoundExecutor:
+    """The commands of one answer's read rounds. `send` is the transport's part: send a
+    round (round 1 is in hand already) and relay its answer; `top_up` holds a round in
+    the caller's budgets. `sending`: the seconds spent in `send` (the rest of the rounds'
+    time is the proxy's own)."""
+
+    def __init__(
+        self,
+        store: Store | None,
+        tenant: str,
+        conversation: str,
+        *,
+        send: Callable[[SendRound], Awaitable[Answered | Failed]],
+        top_up: Callable[[TopUp], Awaitable[bool]],
+    ) -> None:
+        self.store = store
+        self.tenant = tenant
+        self.conversation = conversation
+        self.send = send
+        self.top_up = top_up
+        self.sending = 0.0
+
+    async def __call__(self, command: RoundCommand) -> RoundReply:
+        match command:
+            case SendRound():
+                began = time.perf_counter()
+                try:
+                    return await self.send(command)
+                finally:
+                    self.sending += time.perf_counter() - began
+            case ReadResults():
+                return await self._read(command)
+            case TopUp():
+                return ToppedUp(await self.top_up(command))
+            case _:
+                assert_never(command)
+
+    async def _read(self, command: ReadResults) -> Results:
+        """One read a ref, in order; a store that fails one is unavailable for that one."""
+        texts: list[str | None] = []
+        unavailable: list[bool] = []
+        for ref in command.refs:
+            text, down = None, self.store is None
+            if self.store is not None:
+                try:
+                    text = await self.store.read_blob(self.tenant, self.conversation, ref)
+                except StoreUnavailable:
+                    down = True
+            texts.append(text)
+            unavailable.append(down)
+        return Results(tuple(texts), tuple(unavailable))
+
+
 async def drive(
-    driver: Generator[Command, Reply, T],
-    execute: Callable[[Command], Awaitable[Reply]],
+    driver: Generator[C, R, T],
+    execute: Callable[[C], Awaitable[R]],
     *,
     off_loop: bool = False,
 ) -> T:
@@ -226,7 +295,7 @@ async def drive(
     driver's own (pure, CPU-bound) steps in a worker thread, so a huge history being
     planned does not stall every other request of the replica; its first step (up to
     the load: a slot from the digests) runs inline, not worth a thread's hand-over."""
-    reply: Reply | None = None
+    reply: R | None = None
     while True:
         if off_loop and reply is not None:
             done, value = await asyncio.to_thread(_step, driver, reply)
@@ -238,7 +307,7 @@ async def drive(
         reply = await execute(value)
 
 
-def _step(driver: Generator[Command, Reply, T], reply: Reply | None) -> tuple[bool, Any]:
+def _step(driver: Generator[C, R, T], reply: R | None) -> tuple[bool, Any]:
     """(False, the next command) or (True, the result): StopIteration cannot cross a
     thread's future."""
     try:

@@ -48,7 +48,7 @@ from proxy.server.bodies import (
     too_large,
 )
 from proxy.server.caller import caller_of
-from proxy.server.compactor import Prepared, calibrated_as
+from proxy.server.compactor import Prepared, calibrated_as, factor_of
 from proxy.server.errors import not_a_path
 from proxy.server.record import current_or_throwaway
 from proxy.server.state import COMPACTOR, SETTINGS, STORE
@@ -225,8 +225,7 @@ async def reserve(
     estimate = prepared.estimate
     if estimate == 0:  # not counted: the body's size proved it small; count it now
         estimate = (await compactor.count(route.wire, sent, len(prepared.body))).total
-    model = calibrated_as(route.wire, str(sent.get("model", "")))
-    factor = compactor.calibration.factor(model, None, tenant_of_request(request))
+    factor = factor_of(compactor.calibration, route.wire, prepared, tenant_of_request(request))
     calibrated = int(estimate * max(1.0, factor) + 0.999)
     await budgets.reserve(request, calibrated, output, prepared.body)
 

@@ -1,28 +1,27 @@
 """Answer the injected read_result tool inside the proxy, invisibly to the client.
 
 When a rewritten request carried `read_result`, its upstream answer comes here instead of
-the byte relay. If the model called read_result (and nothing the client must answer),
-the proxy reads the slices from the store, appends the call and its results, and asks
-the upstream again, up to the policy's number of rounds. The client gets one message:
-in a stream, read_result blocks are held back and later rounds continue the same message
-(the wire format's RoundMerger); a call mixed with client tool calls is removed from
-what the client sees, so nothing is left unanswered in its history.
+the byte relay. What happens round after round is decided by the read rounds' generator
+(proxy/core/rounds.py: read the slices, fit the round to the window, top up the budget,
+send it, up to the policy's number of rounds); this shell carries its commands out with
+the `RoundExecutor` (proxy/server/executor.py) and a transport that sends a round and
+relays its answer. The client gets one message: whole, the rounds' answers merged into
+one; in a stream, read_result blocks are held back and later rounds continue the same
+message (the wire format's RoundMerger); a call mixed with client tool calls is removed
+from what the client sees, so nothing is left unanswered in its history. A Responses
+WebSocket brings its own transport (proxy/server/responses_ws.py).
 
-Every round is counted before it goes upstream: slices are shortened (the longest
-first, each saying so and where to go on) until the round fits the model's window, and
-the caller's budget is topped up for it. When the rounds stop while the model still
-wanted to read (the round limit, the window, a budget), the message ends with one short
-text saying why, so the client always gets a valid, non-empty answer. How the rounds
-ended is the record's `read_outcome` (log line and metric).
+When the rounds stop while the model still wanted to read (the round limit, the window,
+a budget), the message ends with the generator's note saying why, so the client always
+gets a valid, non-empty answer. How the rounds ended is the record's `read_outcome` (log
+line and metric).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -30,91 +29,28 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.core.commands import Answered, Failed, SendRound, TopUp
 from proxy.core.errors import UpstreamGarbage
-from proxy.core.offload import STOP_NOTES, ReadRequest, parse_read_args, read_slice, unknown_ref
+from proxy.core.rounds import Ended, RoundsRequest, read_rounds
 from proxy.core.sse import SSEDecoder
-from proxy.core.wire_format import JSON, MergeState, ReadCall, Round, RoundMerger, WireFormat
+from proxy.core.wire_format import JSON, MergeState, Round, RoundMerger, WireFormat
 from proxy.server import budgets
-from proxy.server.compactor import Prepared, calibrated_as
+from proxy.server.compactor import Prepared
+from proxy.server.executor import RoundExecutor, drive
 from proxy.server.headers import client_response_headers
 from proxy.server.record import current_or_throwaway
 from proxy.server.relay import cut_client, relay
 from proxy.server.state import COMPACTOR, STORE
 from proxy.server.upstream import AnswerTooLarge, Upstream, read_bounded
-from proxy.store import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
-UNAVAILABLE = "The offload store is not available right now."
-WINDOW_MARGIN = 0.02  # of the window kept free: the local count is an estimate
-MIN_SLICE = 200  # characters a shortened slice keeps; below that the round is not sent
-FIT_ATTEMPTS = 4
-
-
-@dataclass(slots=True)
-class Fetched:
-    """One read_result call and what the store had for it."""
-
-    call_id: str
-    request: ReadRequest | None = None
-    text: str | None = None  # the whole offloaded result
-    error: str = ""  # what to tell the model instead
-
-    def result(self, length: int) -> tuple[str, str, bool]:
-        if self.text is None or self.request is None:
-            return self.call_id, self.error, True
-        asked = self.request
-        cut = length < asked.length
-        request = ReadRequest(asked.ref, asked.start, length) if cut else asked
-        return self.call_id, read_slice(self.text, request, cut=cut), False
-
-    @property
-    def slice_length(self) -> int:
-        if self.text is None or self.request is None:
-            return 0
-        return max(0, min(self.request.length, len(self.text) - self.request.start))
-
-
-async def fetch_reads(
-    reads: Iterable[ReadCall], store: Store | None, prepared: Prepared
-) -> list[Fetched]:
-    fetched = []
-    for call in reads:
-        request = parse_read_args(call.input, prepared.policy.read_length)
-        if isinstance(request, str):
-            fetched.append(Fetched(call.id, error=request))
-            continue
-        if request.ref not in prepared.refs:
-            # Blobs are kept once per tenant; a conversation reads only the refs its own
-            # history names (a ref copied from elsewhere reads as missing).
-            fetched.append(Fetched(call.id, error=unknown_ref(request.ref)))
-            continue
-        if store is None:
-            fetched.append(Fetched(call.id, error=UNAVAILABLE))
-            continue
-        try:
-            text = await store.read_blob(prepared.tenant, prepared.conversation, request.ref)
-        except StoreUnavailable:
-            fetched.append(Fetched(call.id, error=UNAVAILABLE))
-            continue
-        if text is None:
-            fetched.append(Fetched(call.id, error=unknown_ref(request.ref)))
-            continue
-        fetched.append(Fetched(call.id, request, text))
-    return fetched
-
-
-def shorten(lengths: list[int], chars: int) -> bool:
-    """Take up to `chars` characters off the longest slices first, none below MIN_SLICE;
-    False when none could give anything (the round cannot get smaller)."""
-    cut = False
-    for i in sorted(range(len(lengths)), key=lambda n: -lengths[n]):
-        take = min(max(0, lengths[i] - MIN_SLICE), chars)
-        if take > 0:
-            lengths[i] -= take
-            chars -= take
-            cut = True
-    return cut
+# The transport's part of a round: send it (round 1 is in hand) and relay its answer.
+Send = Callable[[SendRound], Awaitable[Answered | Failed]]
+ENDINGS = {
+    "window": "read_result round would not fit the window; ending the answer",
+    "budget": "read_result round refused by a budget; ending the answer",
+}
 
 
 class ReadRounds:
@@ -129,90 +65,74 @@ class ReadRounds:
         upstream_headers: list[tuple[str, str]],
     ) -> None:
         assert prepared.tool is not None and prepared.sent is not None
+        assert prepared.factor is not None  # looked up when the request was rewritten
         self.request = request
         self.prepared = prepared
         self.tool: str = prepared.tool
         self.wire = wire
         self.upstream = upstream
         self.upstream_headers = upstream_headers
-        self.store: Store | None = request.app[STORE].store
-        self.sent: dict[str, Any] = dict(prepared.sent)
-        self.messages: list[JSON] = list(self.wire.messages(self.sent))
-        self.rounds_used = 0
-        self.max_rounds = prepared.policy.max_read_rounds
         self.record = current_or_throwaway()
+        counter = request.app[COMPACTOR].counter
+        self.plan = RoundsRequest(
+            wire, self.tool, prepared.sent, prepared.body, prepared.refs, counter,
+            prepared.policy, prepared.factor,
+        )  # fmt: skip
 
     async def answer(self, response: aiohttp.ClientResponse) -> web.StreamResponse:
         if response.headers.get("Content-Type", "").startswith("text/event-stream"):
             return await self.stream(response)
         return await self.whole(response)
 
-    async def next_body(self, round_: Round) -> bytes | str:
-        """The next round's request (the reads answered, fitted to the window, the budget
-        topped up), or why there is none: "limit", "window" (even the shortest slices
-        would not fit) or "budget" (the top-up was refused). Any transport sends it."""
-        if self.rounds_used >= self.max_rounds:
-            return "limit"
+    async def run(self, send: Send) -> Ended:
+        """The rounds' commands carried out, `send` being the transport's part; how they
+        ended is recorded. The time outside `send` is the proxy's own (the record's
+        interception_seconds)."""
+        prepared = self.prepared
+        executor = RoundExecutor(
+            self.request.app[STORE].store,
+            prepared.tenant,
+            prepared.conversation,
+            send=self._counted(send),
+            top_up=self._top_up,
+        )
         began = time.perf_counter()
         try:
-            return await self._fitted(round_)
+            ended = await drive(read_rounds(self.plan), executor)
         finally:
-            self.record.interception_seconds += time.perf_counter() - began
+            self.record.interception_seconds += time.perf_counter() - began - executor.sending
+        if ended.outcome in ENDINGS:
+            log.info(ENDINGS[ended.outcome])
+        self.record.read_outcome = ended.outcome
+        return ended
 
-    def stop_note(self, why: str) -> str:
-        """The note ending an answer whose rounds stopped for `why` (noted as the
-        record's read_outcome)."""
-        return self._stop_note(why)
+    def _counted(self, send: Send) -> Send:
+        """`send` with what every transport records of a round: the read rounds sent,
+        and each answer's usage."""
 
-    async def _next(self, round_: Round, stream: bool) -> aiohttp.ClientResponse | str:
-        """The next round's upstream response, or why there is none (`next_body`)."""
-        body = await self.next_body(round_)
-        if isinstance(body, str):
-            return body
+        async def counted(command: SendRound) -> Answered | Failed:
+            if not command.first:
+                self.record.read_rounds += 1
+            answered = await send(command)
+            if isinstance(answered, Answered):
+                self.record.meter.round(answered.round.usage)
+            return answered
+
+        return counted
+
+    async def _top_up(self, command: TopUp) -> bool:
+        return await budgets.top_up(self.request, command.tokens, command.output)
+
+    async def _send(self, command: SendRound, stream: bool) -> aiohttp.ClientResponse:
+        """A read round (not the first: the route sent that) to the upstream."""
         return await self.upstream.send(
             "POST",
             self.request.raw_path,
             self.upstream_headers,
-            body,
+            command.body,
             stream=stream,
             purpose="read_round",
         )
-
-    async def _fitted(self, round_: Round) -> bytes | str:
-        compactor = self.request.app[COMPACTOR]
-        model = calibrated_as(self.wire, self.prepared.model)
-        factor = max(1.0, compactor.calibration.factor(model, None, self.prepared.tenant))
-        limit = math.floor(self.prepared.policy.window * (1 - WINDOW_MARGIN))
-        fetched = await fetch_reads(round_.reads, self.store, self.prepared)
-        lengths = [f.slice_length for f in fetched]
-        for _ in range(FIT_ATTEMPTS):
-            results = [f.result(n) for f, n in zip(fetched, lengths, strict=True)]
-            messages = self.wire.continue_messages(self.messages, round_, results)
-            payload = {**self.sent, **self.wire.with_history(self.sent, messages, None)}
-            counted = await compactor.count(self.wire, payload, 0)
-            real = math.ceil(counted.total * factor)
-            if real <= limit:
-                break
-            # What the slices must give up, in characters at their own density.
-            chars = sum(lengths)
-            tokens = max(1, sum(counted.counts[len(self.messages) + 1 :]))
-            over = math.ceil((real - limit) / factor)
-            if not shorten(lengths, math.ceil(over * max(1.0, chars / tokens) * 1.1)):
-                log.info("read_result round would not fit the window; ending the answer")
-                return "window"
-        else:
-            return "window"
-        if not await budgets.top_up(self.request, real, self.wire.max_output(payload)):
-            log.info("read_result round refused by a budget; ending the answer")
-            return "budget"
-        self.messages = messages
-        self.rounds_used += 1
-        self.record.read_rounds += 1
-        return self.wire.encode(self.sent, self.wire.with_history(self.sent, messages, None))
-
-    def _stop_note(self, why: str) -> str:
-        self.record.read_outcome = why
-        return STOP_NOTES[why].format(rounds=self.max_rounds)
 
     # -- not streaming -------------------------------------------------------------------
 
@@ -234,39 +154,40 @@ class ReadRounds:
         answers: list[JSON] = []
         meter = self.record.meter
         meter.seen_answer = True  # the upstream answered: with no usage read, it costs the lot
-        note = None
-        while True:
+        refused: aiohttp.ClientResponse | None = None  # a later round's error answer
+
+        async def send(command: SendRound) -> Answered | Failed:
+            nonlocal refused
+            answer = response
+            if not command.first:
+                answer = await self._send(command, stream=False)
+                if answer.status != 200:
+                    refused = answer
+                    return Failed("upstream_error")
             try:
-                raw = await self.upstream.read(response)
+                raw = await self.upstream.read(answer)
             except AnswerTooLarge as e:
-                response.close()
+                answer.close()
                 raise garbage(e) from None
             finally:
-                response.release()
+                answer.release()
             message, round_ = self._read_answer(raw)
             meter.answered_by(message)
             answers.append(message)
-            meter.round(round_.usage)
-            if not round_.wants_reads_only:
-                self.record.read_outcome = "complete"
-                break
-            following = await self._next(round_, stream=False)
-            if isinstance(following, str):
-                note = self._stop_note(following)
-                break
-            response = following
-            if response.status != 200:
-                self.record.read_outcome = "upstream_error"
-                return await relay(self.request, response, self.prepared.headers, wire=self.wire)
+            return Answered(round_)
+
+        ended = await self.run(send)
+        if refused is not None:
+            return await relay(self.request, refused, self.prepared.headers, wire=self.wire)
         try:
-            merged = self.wire.merge(answers, self.tool, note)
+            merged = self.wire.merge(answers, self.tool, ended.note)
         except Exception as e:
             raise garbage(e) from None
         out = CIMultiDict(headers)
         out.popall("Content-Encoding", None)
         for name, value in self.prepared.headers:
             out.add(name, value)
-        out["x-compaction-read-rounds"] = str(self.rounds_used)
+        out["x-compaction-read-rounds"] = str(ended.rounds)
         return web.Response(status=200, body=orjson.dumps(merged), headers=out)
 
     # -- streaming -----------------------------------------------------------------------
@@ -280,44 +201,35 @@ class ReadRounds:
         out = web.StreamResponse(status=200, headers=headers)
         await out.prepare(self.request)
         merger = self.wire.merger(self.tool)
-        meter = self.record.meter
-        meter.seen_answer = True
-        note = None
-        try:
-            while True:
-                merger.begin_round()
-                ended = await self._relay_round(response, merger, out)
-                if ended is MergeState.FAILED:
-                    self.record.read_outcome = "upstream_error"
-                    await out.write_eof()
-                    return out
-                if ended is MergeState.OPEN:  # the upstream stream broke off
-                    self.record.read_outcome = "broken"
-                    cut_client(self.request)
-                    return out
-                round_ = merger.end_round()
-                meter.round(round_.usage)
-                if not round_.wants_reads_only:
-                    self.record.read_outcome = "complete"
-                    break
-                following = await self._next(round_, stream=True)
-                if isinstance(following, str):
-                    note = self._stop_note(following)
-                    break
-                response = following
+        self.record.meter.seen_answer = True
+
+        async def send(command: SendRound) -> Answered | Failed:
+            nonlocal response  # the round being relayed (closed however the rounds end)
+            if not command.first:
+                response = await self._send(command, stream=True)
                 if response.status != 200:
                     # Too late for a status: end the stream with the upstream's error.
-                    self.record.read_outcome = "upstream_error"
-                    await out.write(
-                        await _error_event(
-                            response, self.wire, self.upstream.settings.max_answer_bytes
-                        )
-                    )
+                    limit = self.upstream.settings.max_answer_bytes
+                    await out.write(await _error_event(response, self.wire, limit))
                     await out.write_eof()
-                    return out
-            for chunk in merger.finish(note):
+                    return Failed("upstream_error")
+            merger.begin_round()
+            state = await self._relay_round(response, merger, out)
+            if state is MergeState.FAILED:
+                await out.write_eof()
+                return Failed("upstream_error")
+            if state is MergeState.OPEN:  # the upstream stream broke off
+                cut_client(self.request)
+                return Failed("broken")
+            return Answered(merger.end_round())
+
+        try:
+            ended = await self.run(send)
+            if ended.failed:
+                return out
+            for chunk in merger.finish(ended.note):
                 await out.write(chunk)
-            meter.complete = True
+            self.record.meter.complete = True
             await out.write_eof()
             return out
         except (aiohttp.ClientError, TimeoutError) as e:

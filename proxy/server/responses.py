@@ -44,7 +44,7 @@ from proxy.core.summary import INSTRUCTION, in_place_prompt
 from proxy.server import budgets
 from proxy.server.bodies import is_encoded
 from proxy.server.caller import caller_of
-from proxy.server.compactor import calibrated_as
+from proxy.server.compactor import Prepared, factor_of
 from proxy.server.errors import new_request_id
 from proxy.server.executor import StoreExecutor
 from proxy.server.headers import upstream_request_headers
@@ -216,7 +216,7 @@ async def _summary(
 
 
 def _summary_need(
-    request: web.Request, sent: dict[str, Any], model: str, store: Store
+    request: web.Request, sent: dict[str, Any], model: str, prepared: Prepared
 ) -> tuple[GetSummary, int]:
     """The summariser's request for the whole history as sent, and its input estimate: in
     place or a transcript cut to the window, as the planner says (`whole_summary`)."""
@@ -227,8 +227,7 @@ def _summary_need(
     key = chain_hash([message_digest(unit) for unit in units])
     slot = policy.summary_max_tokens
     tenant = tenant_of_request(request)
-    calibrated = calibrated_as(RESPONSES, model)
-    factor = compactor.calibration.factor(calibrated, store, tenant)  # as the planner's
+    factor = factor_of(compactor.calibration, RESPONSES, prepared, tenant)  # the planner's
     whole = whole_summary(
         policy, factor, model, lambda: count_request(RESPONSES, counter, sent, units).total
     )
@@ -262,7 +261,7 @@ async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web
     prepared = await prepare(request, RESPONSES_ROUTE, incoming, forwarded)
     sent = dict(prepared.sent) if prepared.sent and prepared.refusal is None else history
     model = str(payload.get("model", ""))
-    need, estimate = _summary_need(request, sent, model, store)
+    need, estimate = _summary_need(request, sent, model, prepared)
     await budgets.reserve(request, estimate, need.slot, b"")
     tenant = tenant_of_request(request)
     conversation = conversation_of(request.headers, RESPONSES.identity_view(payload), tenant)

@@ -12,7 +12,8 @@ whole request first against what this socket saw (proxy/wire/responses_ws.py), c
 offloaded, folded, refused when nothing fits, Codex's compaction_trigger served or passed
 through, the caller's budgets reserved and settled per frame (its own Ticket), usage
 metered from the events; upstream, only the new items go while the rewrite of the prefix
-is unchanged. A rewritten request's read_result rounds are answered on the socket and
+is unchanged. A rewritten request's read_result rounds are answered on the socket (the
+read rounds' generator, proxy/core/rounds.py, with the socket as its transport) and
 merged into the one response the client sees (the Responses stream merger). Refusals are
 error frames `{"type": "error", "status": N, "error": {...}}`, as the API sends them. Each
 frame is a request of its own for metrics and the request log (method WS).
@@ -34,6 +35,7 @@ import orjson
 from aiohttp import WSCloseCode, WSMsgType, web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from proxy.core.commands import Answered, Failed, SendRound
 from proxy.core.errors import NotAuthenticated, ProxyError, UpgradeRequired
 from proxy.core.errors import StoreUnavailable as CannotCheck
 from proxy.core.usage import Usage
@@ -304,9 +306,16 @@ class Relay(SocketPair):
         meter = record.meter
         meter.seen_answer = True
         round_input = input_list(sent)
-        note = None
         first = True
-        while True:
+        failed: dict[str, Any] | None = None  # the event a round failed with
+
+        async def send(command: SendRound) -> Answered | Failed:
+            nonlocal round_input, first, failed
+            if not command.first:  # round 1 is the frame the turn sent
+                payload = orjson.loads(command.body)
+                round_input = input_list(payload)
+                up_frame, reused = upstream_frame(self.upstream_kept, payload)
+                await self.to_upstream(up_frame, reused)
             merger.begin_round()
             end: dict[str, Any] | None = None
             while end is None:
@@ -320,35 +329,27 @@ class Relay(SocketPair):
                 if event is None:
                     continue
                 if is_error_frame(event):
-                    record.read_outcome = "upstream_error" if merger.rounds > 1 else ""
                     await self.to_client(message.data)
                     self.upstream_kept = None
-                    return event
+                    failed = event
+                    return Failed("upstream_error" if merger.rounds > 1 else "")
                 kind = str(event.get("type", ""))
                 for piece in merger.feed(as_event(message.data, kind)):
                     await self.to_client(frame_of(piece))
                 if kind == "response.failed":
-                    record.read_outcome = "upstream_error"
                     self.upstream_kept = None
-                    return event
+                    failed = event
+                    return Failed("upstream_error")
                 if kind in ("response.completed", "response.incomplete"):
                     end = event
             self.upstream_kept = kept_after(round_input, end)
-            round_ = merger.end_round()
-            meter.round(round_.usage)
-            if not round_.wants_reads_only:
-                record.read_outcome = "complete"
-                break
-            body = await rounds.next_body(round_)
-            if isinstance(body, str):
-                note = rounds.stop_note(body)
-                break
-            payload = orjson.loads(body)
-            round_input = input_list(payload)
-            up_frame, reused = upstream_frame(self.upstream_kept, payload)
-            await self.to_upstream(up_frame, reused)
+            return Answered(merger.end_round())
+
+        ended = await rounds.run(send)
+        if ended.failed:
+            return failed
         final: dict[str, Any] | None = None
-        for piece in merger.finish(note):
+        for piece in merger.finish(ended.note):
             text = frame_of(piece)
             await self.to_client(text)
             final = _parsed(text)
