@@ -56,23 +56,15 @@ from proxy.core.lines import (
     is_most_recent,
     next_tick,
 )
-from proxy.core.planner import (
-    FoldPlan,
-    Outcome,
-    PlanInput,
-    Refuse,
-    Rewrite,
-    Untouched,
-    fold,
-    named_refs,
-    plan,
-    recovered_blobs,
-    without_blobs,
-)
+from proxy.core.outcome import FoldPlan, Planned, Refuse, Rewrite, Untouched
+from proxy.core.plan_input import PlanInput
+from proxy.core.planner import plan, without_blobs
 from proxy.core.policy import Policy
+from proxy.core.rewrites import fold, recovered_blobs
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TOOLS_PREAMBLE
 from proxy.core.wire_format import MessageCounter, WireFormat
+from proxy.core.working import named_refs
 
 Message = Mapping[str, Any]
 T = TypeVar("T")
@@ -134,7 +126,7 @@ def compaction(request: CompactionRequest) -> Driver:
     line = best_line(lines, counted.digests)
     inp = _plan_input(request, loaded, line, best_note(notes, counted.digests))
     crossed = False
-    outcome: Outcome = plan(inp)
+    outcome: Planned = plan(inp)
     failure = ""
     made: tuple[str, str] | None = None  # a summary this request paid for: (key, text)
     known: tuple[str, str] | None = None  # the summary it folded with: (key, text)
@@ -297,7 +289,7 @@ def _plan_input(
 
 
 def _decision(
-    request: CompactionRequest, inp: PlanInput, outcome: Outcome, failure: str
+    request: CompactionRequest, inp: PlanInput, outcome: Planned, failure: str
 ) -> Decision:
     if isinstance(outcome, Untouched):
         return Decision(

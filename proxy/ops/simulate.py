@@ -36,7 +36,7 @@ from proxy.core.counting import count_request
 from proxy.core.driver import CompactionRequest, compaction, run
 from proxy.core.lines import best_line
 from proxy.core.offload import ref_for, result_text
-from proxy.core.planner import Refuse, Rewrite
+from proxy.core.outcome import Refuse, Rewrite
 from proxy.core.policy import Policy, policy_for
 from proxy.core.segments import Stubbed, StubbedMemo, Summary, Verbatim
 from proxy.core.tokens import TokenCounter
@@ -68,7 +68,7 @@ class Step:
     policy: Policy
     kind: str  # "untouched", "rewrite" or "refuse"
     strategy: str = ""  # the rewrite's strategy ("checkpoint": a frozen one reapplied)
-    reason: str = ""  # why the outcome is not what the policy aimed at (planner.REASONS)
+    reason: str = ""  # why the outcome is not what the policy aimed at (outcome.REASONS)
     tokens_before: int = 0  # history, as the client sent it
     tokens_after: int = 0  # history, as sent
     fixed_tokens: int = 0  # system prompt and tools (read_result's definition included)

@@ -38,8 +38,8 @@ from proxy.core.commands import GetSummary, SummaryReply
 from proxy.core.counting import count_request
 from proxy.core.errors import StoreUnavailable, UpstreamError
 from proxy.core.identity import conversation_of
-from proxy.core.planner import whole_summary
 from proxy.core.seal import open_sealed, seal
+from proxy.core.summariser_input import whole_summary
 from proxy.core.summary import INSTRUCTION, in_place_prompt
 from proxy.server import budgets
 from proxy.server.bodies import is_encoded

@@ -17,7 +17,10 @@ from proxy.core.checkpoint import Checkpoint, message_digest
 from proxy.core.commands import LoadConversation, SaveCrossing
 from proxy.core.counting import count_request
 from proxy.core.driver import CompactionRequest, commands_of, compaction
-from proxy.core.planner import FoldPlan, PlanInput, Refuse, Rewrite, Untouched, fold, plan
+from proxy.core.outcome import FoldPlan, Refuse, Rewrite, Untouched
+from proxy.core.plan_input import PlanInput
+from proxy.core.planner import plan
+from proxy.core.rewrites import fold
 from proxy.core.tokens import TokenCounter
 from proxy.testing.responses_items import check_seals, seal
 from proxy.testing.responses_standin import ResponsesOptions

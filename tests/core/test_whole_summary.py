@@ -3,8 +3,8 @@ in place when the summariser is the conversation's model and it fits, else a tra
 
 from __future__ import annotations
 
-from proxy.core.planner import IN_PLACE_OVERHEAD, summariser_room, whole_summary
 from proxy.core.policy import Policy
+from proxy.core.summariser_input import IN_PLACE_OVERHEAD, summariser_room, whole_summary
 
 POLICY = Policy(window=100_000, summary_max_tokens=4_000)
 
