@@ -7,7 +7,8 @@ request of its own holding a transcript of the folded turns as the client sent t
 to the summariser's window (`transcript`). The identifiers the summary must keep are
 gathered from the same turns (`facts`), and the summary is stored under a key of exactly
 what its call sees (`summary_key`, `seen_key`). `whole_summary` makes the same choice for
-a summary of a whole history as sent (a compaction the proxy serves).
+a summary of a whole history as sent (a compaction the proxy serves), kept under
+`whole_key`.
 """
 
 from __future__ import annotations
@@ -90,6 +91,12 @@ class WholeSummary:
     model: str  # the summariser
     room: int  # its window, estimated tokens (summariser_room)
     in_place: int  # what the in-place call reads, estimated; 0: a transcript instead
+    slot: int = 0  # the summary's cap, real tokens (the policy's summary_max_tokens)
+
+    def transcript_budget(self, instruction: int) -> int:
+        """Tokens the transcript may take: the room less the summary's slot and the
+        instruction's words (`instruction`, counted)."""
+        return self.room - self.slot - instruction
 
 
 def whole_summary(
@@ -102,8 +109,14 @@ def whole_summary(
     if policy.summariser_model in ("", model):
         used = history_tokens() + IN_PLACE_OVERHEAD
         if used + policy.summary_max_tokens <= room:
-            return WholeSummary(model, room, used)
-    return WholeSummary(policy.summariser_model or model, room, 0)
+            return WholeSummary(model, room, used, policy.summary_max_tokens)
+    return WholeSummary(policy.summariser_model or model, room, 0, policy.summary_max_tokens)
+
+
+def whole_key(messages: Sequence[Message]) -> str:
+    """Where the summary of a whole history as sent is stored: the hash of its messages,
+    all of which its call sees."""
+    return chain_hash([message_digest(m) for m in messages])
 
 
 def summary_key(
