@@ -5,8 +5,10 @@ count check, load the conversation's lines and take the checkpoint with the long
 prefix this history begins with (proxy/core/lines.py), plan, get a summary when a fold
 needs one, save what a crossing made, and encode what goes upstream. It does no I/O: it
 yields a command (proxy/core/commands.py) whenever it needs the outside world and is
-resumed with the reply, then returns a `Decision`. `run` drives it with any executor; the server's
-runs the commands on Redis and the upstream, the ops simulator's on dicts.
+resumed with the reply, then returns a `Decision`: the outcome (proxy/core/outcome.py)
+and what goes upstream, which the shell matches on by the outcome's type. `run` drives it
+with any executor; the server's runs the commands on Redis and the upstream, the ops
+simulator's on dicts.
 
     request fits ────────────────────────────────────────────► forward (original bytes)
         │ over
