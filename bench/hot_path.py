@@ -163,7 +163,7 @@ async def prepare_run(rounds: int, policy: dict[str, Any]) -> dict[str, Any]:
 
         def decide() -> None:
             decision = run(compaction(request), lambda command: loaded)
-            assert decision.action == "rewrite" and decision.body is not None
+            assert decision.rewrite is not None and decision.body is not None
 
         async def load_once() -> Any:
             return await store.load_conversation(tenant, conversation, slot)

@@ -31,6 +31,7 @@ from proxy.core.segments import (
     encode_segments,
     identity,
 )
+from proxy.core.strategy import Strategy
 
 VERSION = 2
 DIGEST_BYTES = 16
@@ -107,7 +108,7 @@ class Checkpoint:
     prefix_hash: str  # chain_hash of their match digests
     segments: tuple[Segment, ...]
     tool: str | None  # the name read_result was injected under
-    strategy: str  # what the crossing that made it did
+    strategy: Strategy  # what the crossing that made it did
     summary_key: str | None = None  # the stored summary it holds, if any
     tokens_after: int = 0  # the rewritten history, estimated, when it was made
     # When the TTLs of the refs it names were last renewed (seconds of the shell's clock;
@@ -144,7 +145,7 @@ def make_checkpoint(
     digests: Sequence[bytes],
     *,
     tool: str | None,
-    strategy: str,
+    strategy: Strategy,
     summary_key: str | None,
     tokens_after: int,
 ) -> Checkpoint:
@@ -179,7 +180,7 @@ def encode_checkpoint(checkpoint: Checkpoint) -> dict[str, Any]:
         "hash": checkpoint.prefix_hash,
         "segments": encode_segments(checkpoint.segments),
         "tool": checkpoint.tool,
-        "strategy": checkpoint.strategy,
+        "strategy": checkpoint.strategy.value,
         "summary_key": checkpoint.summary_key,
         "after": checkpoint.tokens_after,
         "renewed": checkpoint.renewed_at,
@@ -198,6 +199,8 @@ def decode_checkpoint(raw: object) -> Checkpoint | None:
         return None
     if not (tool is None or isinstance(tool, str)) or not isinstance(strategy, str):
         return None
+    if strategy not in STORED_STRATEGIES:
+        return None  # not a word any release wrote
     if not (key is None or isinstance(key, str)) or not isinstance(after, int):
         return None
     if not isinstance(renewed, int) or isinstance(renewed, bool):
@@ -206,4 +209,8 @@ def decode_checkpoint(raw: object) -> Checkpoint | None:
         segments = decode_segments(raw.get("segments"))
     except SegmentError:
         return None
-    return Checkpoint(n, prefix, tuple(segments), tool, strategy, key, after, renewed)
+    return Checkpoint(n, prefix, tuple(segments), tool, Strategy(strategy), key, after, renewed)
+
+
+# The stored `strategy` is the member's value: every value a release has written.
+STORED_STRATEGIES = frozenset(s.value for s in Strategy)

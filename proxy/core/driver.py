@@ -5,8 +5,10 @@ count check, load the conversation's lines and take the checkpoint with the long
 prefix this history begins with (proxy/core/lines.py), plan, get a summary when a fold
 needs one, save what a crossing made, and encode what goes upstream. It does no I/O: it
 yields a command (proxy/core/commands.py) whenever it needs the outside world and is
-resumed with the reply, then returns a `Decision`. `run` drives it with any executor; the server's
-runs the commands on Redis and the upstream, the ops simulator's on dicts.
+resumed with the reply, then returns a `Decision`: the outcome (proxy/core/outcome.py)
+and what goes upstream, which the shell matches on by the outcome's type. `run` drives it
+with any executor; the server's runs the commands on Redis and the upstream, the ops
+simulator's on dicts.
 
     request fits ────────────────────────────────────────────► forward (original bytes)
         │ over
@@ -56,23 +58,15 @@ from proxy.core.lines import (
     is_most_recent,
     next_tick,
 )
-from proxy.core.planner import (
-    FoldPlan,
-    Outcome,
-    PlanInput,
-    Refuse,
-    Rewrite,
-    Untouched,
-    fold,
-    named_refs,
-    plan,
-    recovered_blobs,
-    without_blobs,
-)
+from proxy.core.outcome import FoldPlan, Outcome, Planned, Refuse, Rewrite, Untouched
+from proxy.core.plan_input import PlanInput, real
+from proxy.core.planner import plan, without_blobs
 from proxy.core.policy import Policy
+from proxy.core.rewrites import fold, recovered_blobs
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TOOLS_PREAMBLE
 from proxy.core.wire_format import MessageCounter, WireFormat
+from proxy.core.working import named_refs
 
 Message = Mapping[str, Any]
 T = TypeVar("T")
@@ -103,22 +97,24 @@ class CompactionRequest:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """What goes upstream: the client's bytes, a rewrite, or nothing (a refusal)."""
+    """What goes upstream, as the outcome says: the client's bytes (`Untouched`), a
+    rewrite (`Rewrite`: `sent` and `body`), or nothing (`Refuse`). The shell matches on
+    the outcome's type."""
 
-    action: str  # "forward", "rewrite" or "refuse"
+    outcome: Outcome
     estimate: int  # estimated input tokens of what is sent (system, tools, history)
-    rewrite: Rewrite | None = None
     sent: dict[str, Any] | None = None  # the rewritten body (read_result rounds go on)
     body: bytes | None = None  # ... encoded
-    refusal: str = ""
     summary_failure: str = ""  # why a wanted summary could not be had
-    untouched_reason: str = ""  # why a request over the trigger went on as it came
+
+    @property
+    def rewrite(self) -> Rewrite | None:
+        return self.outcome if isinstance(self.outcome, Rewrite) else None
 
     @property
     def reason(self) -> str:
-        if self.action == "refuse":
-            return "too_long"
-        return self.rewrite.reason if self.rewrite is not None else self.untouched_reason
+        """A REASONS key when the outcome is not what the policy aimed at, else ""."""
+        return self.outcome.reason
 
 
 Driver = Generator[Command, Reply, Decision]
@@ -127,7 +123,7 @@ Driver = Generator[Command, Reply, Decision]
 def compaction(request: CompactionRequest) -> Driver:
     counted = request.counted
     if not request.messages or counted.fits(request.policy, request.factor):
-        return Decision("forward", counted.total)
+        return Decision(Untouched(real(counted.history, request.factor)), counted.total)
     slot = checkpoint_slot(counted.digests)
     loaded = yield LoadConversation(slot)
     assert isinstance(loaded, Loaded)
@@ -136,7 +132,7 @@ def compaction(request: CompactionRequest) -> Driver:
     line = best_line(lines, counted.digests)
     inp = _plan_input(request, loaded, line, best_note(notes, counted.digests))
     crossed = False
-    outcome: Outcome = plan(inp)
+    outcome: Planned = plan(inp)
     failure = ""
     made: tuple[str, str] | None = None  # a summary this request paid for: (key, text)
     known: tuple[str, str] | None = None  # the summary it folded with: (key, text)
@@ -299,25 +295,19 @@ def _plan_input(
 
 
 def _decision(
-    request: CompactionRequest, inp: PlanInput, outcome: Outcome, failure: str
+    request: CompactionRequest, inp: PlanInput, outcome: Planned, failure: str
 ) -> Decision:
     if isinstance(outcome, Untouched):
-        return Decision(
-            "forward",
-            request.counted.total,
-            summary_failure=failure,
-            untouched_reason=outcome.reason,
-        )
+        return Decision(outcome, request.counted.total, summary_failure=failure)
     if isinstance(outcome, Refuse):
-        return Decision("refuse", request.counted.total, refusal=outcome.message)
+        return Decision(outcome, request.counted.total)
     assert isinstance(outcome, Rewrite), "a store-less plan never folds"
     messages = _with_proxy_breakpoint(request, outcome)
     fields = request.wire.with_history(request.body, messages, outcome.tool)
     estimate = inp.fixed_tokens + (inp.tool_tokens if outcome.tool else 0) + outcome.estimate
     return Decision(
-        "rewrite",
+        outcome,
         estimate,
-        rewrite=outcome,
         sent={**request.body, **fields},
         body=request.wire.encode(request.body, fields),
         summary_failure=failure,

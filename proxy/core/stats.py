@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.core.planner import SUMMARY_STATES
+from proxy.core.outcome import SUMMARY_STATES
 from proxy.core.pricing import CACHE_MODEL, PriceTable, Rates
 
 MICRO = 1_000_000
@@ -62,7 +62,7 @@ class RequestFacts:
     strategy: str = ""  # "" untouched, "refuse", "checkpoint", or a crossing's strategy
     tokens_before: int = 0  # history tokens, for rewritten requests
     tokens_after: int = 0
-    summary: str = ""  # planner.SUMMARY_STATES, or ""
+    summary: str = ""  # outcome.SUMMARY_STATES, or ""
     offloaded: int = 0
     read_rounds: int = 0
     summariser_failures: int = 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.core.planner import REASONS, Refuse, Rewrite
+from proxy.core.outcome import REASONS, Refuse, Rewrite
 from proxy.core.policy import Policy
 from proxy.core.segments import Stubbed, Summary, Verbatim
 from proxy.core.tokens import TokenCounter

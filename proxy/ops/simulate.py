@@ -51,7 +51,7 @@ from proxy.core.counting import count_request
 from proxy.core.driver import CompactionRequest, compaction, run
 from proxy.core.lines import best_line
 from proxy.core.offload import ref_for
-from proxy.core.planner import Refuse, Rewrite
+from proxy.core.outcome import Refuse, Rewrite, Untouched
 from proxy.core.policy import Policy, policy_for
 from proxy.core.rounds import RoundsRequest, read_rounds
 from proxy.core.segments import Stubbed, StubbedMemo, Summary, Verbatim
@@ -84,7 +84,7 @@ class Step:
     policy: Policy
     kind: str  # "untouched", "rewrite" or "refuse"
     strategy: str = ""  # the rewrite's strategy ("checkpoint": a frozen one reapplied)
-    reason: str = ""  # why the outcome is not what the policy aimed at (planner.REASONS)
+    reason: str = ""  # why the outcome is not what the policy aimed at (outcome.REASONS)
     tokens_before: int = 0  # history, as the client sent it
     tokens_after: int = 0  # history, as sent
     fixed_tokens: int = 0  # system prompt and tools (read_result's definition included)
@@ -308,14 +308,15 @@ class Simulator:
         decision = run(compaction(request), memory)
         history, fixed = counted.history, counted.fixed
         ahead = self._summarise(memory.ahead, reused=False)
-        if decision.action == "forward":
+        outcome = decision.outcome
+        if isinstance(outcome, Untouched):
             return Step(body, policy, "untouched", tokens_before=history, tokens_after=history,
                         fixed_tokens=fixed, made_ahead=ahead)  # fmt: skip
-        if decision.action == "refuse":
+        if isinstance(outcome, Refuse):
             return Step(body, policy, "refuse", tokens_before=history, fixed_tokens=fixed,
-                        refusal=decision.refusal)  # fmt: skip
-        rewrite = decision.rewrite
-        assert rewrite is not None and decision.sent is not None
+                        refusal=outcome.message)  # fmt: skip
+        rewrite = outcome
+        assert decision.sent is not None
         summary, fallback = None, None
         asked = memory.asked
         if asked is not None and rewrite.summary:
@@ -366,7 +367,8 @@ class Simulator:
             return shadow(command)
 
         decision = run(compaction(request), failing)
-        return decision.rewrite if decision.rewrite is not None else Refuse(decision.refusal)
+        outcome = decision.outcome
+        return Refuse("") if isinstance(outcome, Untouched) else outcome
 
     def _rewritten(
         self,

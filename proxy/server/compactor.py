@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 from proxy import tracing
 from proxy.core.counting import Counted, cannot_cross, count_request, count_unless_quiet
@@ -27,13 +27,14 @@ from proxy.core.errors import ContextTooLong, ProxyError
 from proxy.core.identity import conversation_of, tenant_of
 from proxy.core.lines import DEFAULT_MAX_LINES
 from proxy.core.model_facts import UNKNOWN_SOURCE, wants_1m
+from proxy.core.outcome import Refuse, Rewrite, Untouched
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies, policy_for
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TokenCounter, default_counter
 from proxy.core.wire_format import Request, WireFormat
 from proxy.server.calibration import Calibration
 from proxy.server.executor import StoreExecutor, drive
-from proxy.server.record import current_or_throwaway
+from proxy.server.record import RequestRecord, current_or_throwaway
 from proxy.server.summariser import FREE_SUMMARIES, SummariserSettings, SummaryBudget, post_summary
 from proxy.server.tasks import stop_tasks
 from proxy.server.upstream import Upstream
@@ -297,54 +298,62 @@ class Compactor:
         record = current_or_throwaway()
         if decision.summary_failure:
             log.info("no summary (%s); packing instead", decision.summary_failure)
-        if decision.action == "refuse":
-            record.strategy, record.reason = "refuse", "too_long"
-            prepared.refusal = ContextTooLong(decision.refusal)
-            return prepared
-        rewrite = decision.rewrite
-        if rewrite is None:
-            if decision.reason:  # over the trigger, its summary still being made ahead
-                record.reason = decision.reason
-                prepared.headers = (("x-compaction-reason", decision.reason),)
-            return prepared
-        record.strategy = rewrite.strategy
-        record.reason = rewrite.reason
-        record.tokens_before, record.tokens_after = rewrite.tokens_before, rewrite.tokens_after
-        record.offloaded = len(rewrite.blobs)
-        record.summary = rewrite.summary if rewrite.strategy != "checkpoint" else ""
-        if "summary" in rewrite.strategy or "pack" in rewrite.strategy:
-            tracing.event(
-                "compaction.fold" if "summary" in rewrite.strategy else "compaction.pack",
-                {
-                    "compaction.strategy": rewrite.strategy,
-                    "compaction.tokens_before": rewrite.tokens_before,
-                    "compaction.tokens_after": rewrite.tokens_after,
-                    "compaction.summary": rewrite.summary or "none",
-                    "compaction.reason": rewrite.reason or "none",
-                },
-            )
-        if rewrite.strategy != "checkpoint" and rewrite.tokens_after > policy.trigger_tokens:
-            log.warning(
-                "history still %d tokens after compaction, above the trigger %d (%s)",
-                rewrite.tokens_after,
-                policy.trigger_tokens,
-                rewrite.reason or "target_unreachable",
-            )
-        headers = [
-            ("x-compaction-strategy", rewrite.strategy),
-            ("x-compaction-tokens-before", str(rewrite.tokens_before)),
-            ("x-compaction-tokens-after", str(rewrite.tokens_after)),
-            ("x-compaction-offloaded", str(len(rewrite.refs))),
-            ("x-compaction-summary", rewrite.summary or "none"),
-        ]
-        if rewrite.reason:
-            headers.append(("x-compaction-reason", rewrite.reason))
-        assert decision.body is not None and decision.sent is not None
-        prepared.body, prepared.sent = decision.body, decision.sent
-        prepared.headers = tuple(headers)
-        prepared.tool = rewrite.tool
-        prepared.refs = frozenset(rewrite.refs)
+        outcome = decision.outcome
+        match outcome:
+            case Refuse():
+                record.refused, record.reason = True, outcome.reason
+                prepared.refusal = ContextTooLong(outcome.message)
+            case Untouched():
+                if outcome.reason:  # over the trigger, its summary still being made ahead
+                    record.reason = outcome.reason
+                    prepared.headers = (("x-compaction-reason", outcome.reason),)
+            case Rewrite():
+                assert decision.body is not None and decision.sent is not None
+                prepared.body, prepared.sent = decision.body, decision.sent
+                _rewritten(prepared, outcome, policy, record)
+            case _:
+                assert_never(outcome)
         return prepared
+
+
+def _rewritten(prepared: Prepared, rewrite: Rewrite, policy: Policy, record: RequestRecord) -> None:
+    """Say what a rewrite did: on the record, in a trace event, in the client's headers."""
+    strategy = rewrite.strategy
+    record.strategy = strategy
+    record.reason = rewrite.reason
+    record.tokens_before, record.tokens_after = rewrite.tokens_before, rewrite.tokens_after
+    record.offloaded = len(rewrite.blobs)
+    record.summary = rewrite.summary if strategy.crossing else ""
+    if strategy.folded:
+        tracing.event(
+            "compaction.fold" if strategy.summarised else "compaction.pack",
+            {
+                "compaction.strategy": strategy.value,
+                "compaction.tokens_before": rewrite.tokens_before,
+                "compaction.tokens_after": rewrite.tokens_after,
+                "compaction.summary": rewrite.summary or "none",
+                "compaction.reason": rewrite.reason or "none",
+            },
+        )
+    if strategy.crossing and rewrite.tokens_after > policy.trigger_tokens:
+        log.warning(
+            "history still %d tokens after compaction, above the trigger %d (%s)",
+            rewrite.tokens_after,
+            policy.trigger_tokens,
+            rewrite.reason or "target_unreachable",
+        )
+    headers = [
+        ("x-compaction-strategy", strategy.value),
+        ("x-compaction-tokens-before", str(rewrite.tokens_before)),
+        ("x-compaction-tokens-after", str(rewrite.tokens_after)),
+        ("x-compaction-offloaded", str(len(rewrite.refs))),
+        ("x-compaction-summary", rewrite.summary or "none"),
+    ]
+    if rewrite.reason:
+        headers.append(("x-compaction-reason", rewrite.reason))
+    prepared.headers = tuple(headers)
+    prepared.tool = rewrite.tool
+    prepared.refs = frozenset(rewrite.refs)
 
 
 def _identity(

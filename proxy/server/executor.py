@@ -44,6 +44,7 @@ from proxy.core.commands import (
     TouchLine,
 )
 from proxy.server.summariser import (
+    SUMMARY,
     SummariserSettings,
     SummaryBudget,
     SummaryCall,
@@ -195,6 +196,18 @@ class StoreExecutor:
         if reply.text is not None and not reply.reused:  # made for this request
             reply = replace(reply, text=await finished(command, reply.text, self.count))
         return reply
+
+    async def keep_summary(self, key: str, text: str) -> None:
+        """Store a summary made apart from any crossing (a served compaction names it
+        next), then release its lock: what `_save` does for a crossing's summary, in its
+        writes. Raises StoreUnavailable: a summary not kept must not be named."""
+        store = self.store
+        if store is None:
+            raise StoreUnavailable("no store to keep the summary in")
+        try:
+            await store.put_json(self.tenant, self.conversation, SUMMARY, key, text)
+        finally:
+            await self.close()
 
     async def _save(self, command: SaveCrossing) -> Saved:
         """Every write of the crossing in one pipelined call (proxy/store/crossing.py)."""

@@ -230,14 +230,15 @@ class Metrics:
             for key, counter in self._by_usage:
                 if usage.get(key):
                     counter.inc(usage[key])
-        if rec.strategy == "refuse":
+        if rec.refused:
             self.refusals.inc()
-        elif rec.strategy:
-            self.rewrites.labels(rec.strategy).inc()
-            if rec.strategy != "checkpoint":
-                self.compactions.labels(rec.strategy).inc()
+        elif rec.strategy is not None:
+            label = rec.strategy.value
+            self.rewrites.labels(label).inc()
+            if rec.strategy.crossing:
+                self.compactions.labels(label).inc()
             if rec.tokens_before > rec.tokens_after:
-                self.saved.labels(rec.strategy).inc(rec.tokens_before - rec.tokens_after)
+                self.saved.labels(label).inc(rec.tokens_before - rec.tokens_after)
         if rec.offloaded:
             self.offloads.inc(rec.offloaded)
         if rec.summary:

@@ -15,6 +15,7 @@ import time
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 
+from proxy.core.strategy import Strategy
 from proxy.core.usage import UsageMeter, UsageScan
 
 
@@ -32,12 +33,13 @@ class RequestRecord:
     read_rounds: int = 0
     read_outcome: str = ""  # how read_result rounds ended: complete, limit, window, budget,
     # upstream_error, broken ("" when the answer was relayed as bytes)
-    strategy: str = ""  # the rewrite's, "refuse", or "" (untouched)
+    strategy: Strategy | None = None  # the rewrite's; None: untouched, or refused
+    refused: bool = False  # refused as too long: nothing fits the window
     reason: str = ""  # why the outcome differs from what the policy aimed at
     tokens_before: int = 0
     tokens_after: int = 0
     offloaded: int = 0  # results newly offloaded by this request
-    summary: str = ""  # planner.SUMMARY_STATES, or ""
+    summary: str = ""  # outcome.SUMMARY_STATES, or ""
     summariser_calls: int = 0
     summariser_failures: int = 0
     upstream_request_id: str = ""
@@ -61,10 +63,10 @@ class RequestRecord:
     def compaction_fields(self) -> dict[str, str | int]:
         """What compaction did, for the request's log line and its span (under
         `compaction.`): the strategy always; the rest only when it happened."""
-        out: dict[str, str | int] = {"strategy": self.strategy or "none"}
+        out: dict[str, str | int] = {"strategy": self.strategy_word or "none"}
         if self.reason:
             out["reason"] = self.reason
-        if self.strategy and self.strategy != "refuse":
+        if self.strategy is not None:
             out["tokens_before"] = self.tokens_before
             out["tokens_after"] = self.tokens_after
         if self.offloaded:
@@ -76,6 +78,14 @@ class RequestRecord:
         if self.read_outcome:
             out["read_outcome"] = self.read_outcome
         return out
+
+    @property
+    def strategy_word(self) -> str:
+        """What compaction did, in the words the log line, the metrics and the admin
+        stats use: the rewrite's strategy, "refuse", or "" (untouched)."""
+        if self.refused:
+            return "refuse"
+        return self.strategy.value if self.strategy is not None else ""
 
     def sending(self) -> None:
         if self.upstream_sent is None:

@@ -33,13 +33,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.core.checkpoint import chain_hash, message_digest
 from proxy.core.commands import GetSummary, SummaryReply
 from proxy.core.counting import count_request
 from proxy.core.errors import StoreUnavailable, UpstreamError
 from proxy.core.identity import conversation_of
-from proxy.core.planner import whole_summary
 from proxy.core.seal import open_sealed, seal
+from proxy.core.summariser_input import whole_key, whole_summary
 from proxy.core.summary import INSTRUCTION, in_place_prompt
 from proxy.server import budgets
 from proxy.server.bodies import is_encoded
@@ -60,7 +59,7 @@ from proxy.server.routes import expect_for, handle_conversation
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.seal_key import SealKey
 from proxy.server.state import COMPACTOR, SETTINGS, STORE
-from proxy.server.summariser import FREE_SUMMARIES, SUMMARY, post_summary
+from proxy.server.summariser import FREE_SUMMARIES, post_summary
 from proxy.store import Store
 from proxy.wire.responses import RESPONSES, asks_for_summary
 from proxy.wire.responses_compaction import (
@@ -192,7 +191,7 @@ async def _summary(
         seconds=compactor.summariser.timeout,
     )
     # The executor's own way with a summary: obtained (its lock held), kept, then the
-    # lock released (a crossing keeps it in its writes; a served one, alone).
+    # lock released (a crossing keeps it in its writes; a served one, alone: keep_summary).
     executor = StoreExecutor(
         store,
         lambda: (tenant, conversation),
@@ -207,7 +206,7 @@ async def _summary(
         reply = await executor(need)
         assert isinstance(reply, SummaryReply)
         if reply.text is not None and not reply.reused:  # made now: stored before named
-            await store.put_json(tenant, conversation, SUMMARY, need.key, reply.text)
+            await executor.keep_summary(need.key, reply.text)
     except StoreUnavailable as e:
         raise StoreUnavailable("compaction-proxy could not keep the summary; try again") from e
     finally:
@@ -224,13 +223,13 @@ def _summary_need(
     policy = compactor.policy(model, caller_of(request).policy)
     counter = compactor.counter
     units = RESPONSES.messages(sent)
-    key = chain_hash([message_digest(unit) for unit in units])
-    slot = policy.summary_max_tokens
+    key = whole_key(units)
     tenant = tenant_of_request(request)
     factor = factor_of(compactor.calibration, RESPONSES, prepared, tenant)  # the planner's
     whole = whole_summary(
         policy, factor, model, lambda: count_request(RESPONSES, counter, sent, units).total
     )
+    slot = whole.slot
     if whole.in_place:
         prompt = in_place_prompt(1, len(flatten(units)), heads_of(units), "")
         body = RESPONSES.summary_request(sent, model=model, slot=slot, prompt=prompt, history=units)
@@ -238,7 +237,9 @@ def _summary_need(
             return GetSummary(key, body, slot, model), whole.in_place
     instruction = counter.count_text(INSTRUCTION)
     transcript = RESPONSES.render_transcript(units)
-    transcript = fitted(transcript, counter.count_text(transcript), whole.room - slot - instruction)
+    transcript = fitted(
+        transcript, counter.count_text(transcript), whole.transcript_budget(instruction)
+    )
     body = RESPONSES.summary_request(
         sent, model=whole.model, slot=slot, prompt=transcript, history=None
     )

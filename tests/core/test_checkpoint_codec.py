@@ -1,14 +1,16 @@
 """A checkpoint as the store keeps it: the codec round-trips it, and what an earlier
-version wrote (no renewal time) still decodes."""
+version wrote (no renewal time, its strategy a plain word) still decodes."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import orjson
+import pytest
 
 from proxy.core.checkpoint import decode_checkpoint, encode_checkpoint
 from proxy.core.driver import commands_of, compaction
+from proxy.core.strategy import Strategy
 from tests.core.test_driver import Store, timed
 from tests.core.test_planner import conversation
 
@@ -36,3 +38,36 @@ def test_a_checkpoint_without_a_renewal_time_decodes_as_never_renewed() -> None:
         checkpoint = decode_checkpoint(older)
         assert checkpoint is not None and checkpoint.renewed_at == 0
         assert dataclasses.replace(checkpoint, renewed_at=1_000) == decode_checkpoint(raw)
+
+
+# A checkpoint as an earlier release wrote it (the strategy a plain string): the words
+# are the Strategy members' values, so every one it could write still decodes.
+WRITTEN_BEFORE = {
+    "v": 2,
+    "n": 2,
+    "hash": "364636540dd3fa24bf16cc067ea7451d",
+    "segments": [["m", 0], ["s", 1, [[0, "r_6b4215e305546399", 200]]]],
+    "tool": "read_result",
+    "summary_key": None,
+    "after": 4_000,
+}
+EARLIER_WORDS = ["checkpoint", "offload", "pack", "offload+pack", "summary", "offload+summary"]
+
+
+@pytest.mark.parametrize("word", EARLIER_WORDS)
+def test_a_checkpoint_an_earlier_release_wrote_decodes_with_its_strategy(word: str) -> None:
+    raw = {**WRITTEN_BEFORE, "strategy": word}
+    checkpoint = decode_checkpoint(raw)
+    assert checkpoint is not None and checkpoint.strategy is Strategy(word)
+    again = encode_checkpoint(checkpoint)
+    assert again["strategy"] == word and type(again["strategy"]) is str
+    assert orjson.loads(orjson.dumps(again)) == {**raw, "renewed": 0}
+
+
+def test_every_strategy_is_a_word_an_earlier_release_wrote() -> None:
+    assert sorted(s.value for s in Strategy) == sorted(EARLIER_WORDS)
+
+
+@pytest.mark.parametrize("word", ["fold", "", "Summary", 3, None, ["summary"]])
+def test_a_checkpoint_with_a_strategy_no_release_wrote_is_malformed(word: object) -> None:
+    assert decode_checkpoint({**WRITTEN_BEFORE, "strategy": word}) is None

@@ -32,6 +32,7 @@ from proxy.core.driver import (
     commands_of,
     compaction,
 )
+from proxy.core.outcome import Refuse, Rewrite, Untouched
 from proxy.core.policy import Policy
 from proxy.core.segments import StubbedMemo, refs_of
 from proxy.core.tokens import TokenCounter
@@ -87,7 +88,7 @@ def kinds(commands: list[Command]) -> list[str]:
 def test_a_request_under_the_trigger_yields_nothing() -> None:
     commands, decision = commands_of(compaction(request(conversation(3))), Store())
     assert commands == []
-    assert decision.action == "forward" and decision.rewrite is None
+    assert isinstance(decision.outcome, Untouched) and decision.rewrite is None
 
 
 def test_an_offload_crossing_loads_then_saves_once() -> None:
@@ -99,7 +100,7 @@ def test_an_offload_crossing_loads_then_saves_once() -> None:
     assert isinstance(load, LoadConversation) and isinstance(save, SaveCrossing)
     assert load.slot == save.slot
     assert len(save.blobs) == 11 and save.touch == ()
-    assert decision.action == "rewrite" and decision.rewrite is not None
+    assert isinstance(decision.outcome, Rewrite) and decision.rewrite is not None
     assert decision.rewrite.strategy == "offload"
     assert decision.body is not None and b'"read_result"' in decision.body
 
@@ -163,8 +164,9 @@ def test_nothing_fits_is_refused_before_any_write() -> None:
     messages = [{"role": "user", "content": " ".join(["huge"] * 30_000)}]
     commands, decision = commands_of(compaction(request(messages)), Store())
     assert kinds(commands) == ["LoadConversation"]
-    assert decision == Decision("refuse", decision.estimate, refusal=decision.refusal)
-    assert "more than the 20000-token window" in decision.refusal
+    assert isinstance(decision.outcome, Refuse)
+    assert decision == Decision(decision.outcome, decision.estimate)
+    assert "more than the 20000-token window" in decision.outcome.message
 
 
 def test_the_slot_is_the_first_message() -> None:
@@ -237,7 +239,7 @@ def test_near_the_trigger_the_next_summary_is_made_ahead() -> None:
     prepare = commands[1]
     assert isinstance(prepare, PrepareSummary) and prepare.ask.slot > 0
     assert prepare.facts.ranked() and prepare.facts_budget > 0
-    assert decision.action == "forward", "the request itself goes on untouched"
+    assert isinstance(decision.outcome, Untouched), "the request itself goes on untouched"
     # The next turn finds it in the making: nothing is asked twice.
     commands, _ = commands_of(compaction(request(messages, NO_OFFLOAD)), store)
     assert kinds(commands) == ["LoadConversation"]
@@ -246,7 +248,7 @@ def test_near_the_trigger_the_next_summary_is_made_ahead() -> None:
 def test_far_from_the_trigger_nothing_is_made_ahead() -> None:
     messages = history_between(5_000, 7_000)
     commands, decision = commands_of(compaction(request(messages, NO_OFFLOAD)), Store())
-    assert commands == [] and decision.action == "forward"
+    assert commands == [] and isinstance(decision.outcome, Untouched)
 
 
 def test_a_fold_uses_the_summary_made_ahead_without_waiting() -> None:
@@ -269,7 +271,7 @@ def test_a_summary_still_in_the_making_is_not_waited_for_while_there_is_room() -
     over = history_between(8_000, 11_000)
     commands, decision = commands_of(compaction(request(over, NO_OFFLOAD)), store)
     assert kinds(commands) == ["LoadConversation"], "not asked again, not waited for"
-    assert decision.action == "forward" and decision.reason == "summary_pending"
+    assert isinstance(decision.outcome, Untouched) and decision.reason == "summary_pending"
 
 
 def test_far_over_the_trigger_the_request_waits_for_its_summary() -> None:

@@ -10,8 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.core.checkpoint import Checkpoint, message_digest
-from proxy.core.planner import FoldPlan, PlanInput, Refuse, Rewrite, Untouched, fold, plan
+from proxy.core.outcome import FoldPlan, Refuse, Rewrite, Untouched
+from proxy.core.plan_input import PlanInput
+from proxy.core.planner import plan
 from proxy.core.policy import Policy
+from proxy.core.rewrites import fold
 from proxy.core.tokens import TokenCounter
 from proxy.wire import ANTHROPIC
 from proxy.wire.anthropic import read_result_tool

@@ -17,7 +17,10 @@ from proxy.core.checkpoint import Checkpoint, message_digest
 from proxy.core.commands import LoadConversation, SaveCrossing
 from proxy.core.counting import count_request
 from proxy.core.driver import CompactionRequest, commands_of, compaction
-from proxy.core.planner import FoldPlan, PlanInput, Refuse, Rewrite, Untouched, fold, plan
+from proxy.core.outcome import FoldPlan, Refuse, Rewrite, Untouched
+from proxy.core.plan_input import PlanInput
+from proxy.core.planner import plan
+from proxy.core.rewrites import fold
 from proxy.core.tokens import TokenCounter
 from proxy.testing.responses_items import check_seals, seal
 from proxy.testing.responses_standin import ResponsesOptions
@@ -310,15 +313,15 @@ def test_after_codex_compacts_the_old_checkpoint_stops_matching_at_no_cost() -> 
     store = Store()
     before = conversation(12)
     seen, first = commands_of(compaction(request(before)), store)
-    assert first.action == "rewrite" and isinstance(seen[-1], SaveCrossing)
+    assert isinstance(first.outcome, Rewrite) and isinstance(seen[-1], SaveCrossing)
     [old] = store.checkpoints.values()
     compacted = {"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAA" + "y" * 400}
     after = [*before[:3], compacted]
     seen, decision = commands_of(compaction(request(after)), store)
-    assert seen == [] and decision.action == "forward"
+    assert seen == [] and isinstance(decision.outcome, Untouched)
     grown = after + [i for k in range(20, 32) for i in conversation(k + 1)[-3:]]
     seen, decision = commands_of(compaction(request(grown)), store)
-    assert isinstance(seen[0], LoadConversation) and decision.action == "rewrite"
+    assert isinstance(seen[0], LoadConversation) and isinstance(decision.outcome, Rewrite)
     assert decision.rewrite is not None and decision.rewrite.strategy != "checkpoint"
     [new] = store.checkpoints.values()
     assert new != old and decision.sent is not None and compacted in decision.sent["input"]

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.core import stats
-from proxy.core.planner import SUMMARY_STATES
+from proxy.core.outcome import SUMMARY_STATES
 from proxy.core.pricing import PriceTable, parse_price_table
 from proxy.core.stats import CACHE_UNITS, RequestFacts
 

@@ -3,8 +3,14 @@ in place when the summariser is the conversation's model and it fits, else a tra
 
 from __future__ import annotations
 
-from proxy.core.planner import IN_PLACE_OVERHEAD, summariser_room, whole_summary
+from proxy.core.checkpoint import chain_hash, message_digest
 from proxy.core.policy import Policy
+from proxy.core.summariser_input import (
+    IN_PLACE_OVERHEAD,
+    summariser_room,
+    whole_key,
+    whole_summary,
+)
 
 POLICY = Policy(window=100_000, summary_max_tokens=4_000)
 
@@ -36,3 +42,15 @@ def test_another_summariser_gets_a_transcript_without_counting_the_history() -> 
     assert whole.model == "gpt-small" and whole.in_place == 0
     same = whole_summary(Policy(window=100_000, summariser_model="gpt-x"), 1.0, "gpt-x", lambda: 1)
     assert same.model == "gpt-x" and same.in_place == 1 + IN_PLACE_OVERHEAD
+
+
+def test_a_transcript_takes_the_room_less_the_slot_and_the_instruction() -> None:
+    whole = whole_summary(POLICY, 1.0, "gpt-x", lambda: 200_000)
+    assert whole.in_place == 0 and whole.slot == POLICY.summary_max_tokens
+    assert whole.transcript_budget(150) == summariser_room(POLICY, 1.0) - 4_000 - 150
+
+
+def test_a_whole_summary_is_kept_under_the_hash_of_every_message_it_saw() -> None:
+    history = [{"role": "user", "content": "fix the build"}, {"role": "assistant", "content": "ok"}]
+    assert whole_key(history) == chain_hash([message_digest(m) for m in history])
+    assert whole_key(history[:1]) != whole_key(history)

@@ -78,7 +78,7 @@ def _facts(record: RequestRecord, status: int, model: str) -> RequestFacts:
         team=record.team,
         key_id=record.key_id,
         conversation=record.conversation[:CONVERSATION_ID_CHARS],
-        strategy=record.strategy,
+        strategy=record.strategy_word,
         tokens_before=record.tokens_before,
         tokens_after=record.tokens_after,
         summary=record.summary,

@@ -1,0 +1,219 @@
+"""The steps that turn a working history into an outcome: offload, fold, pack, refuse.
+
+Each is a pure function of the plan's input and a `Working` history; `rewrite_of`
+freezes what a step made into a `Rewrite` (its checkpoint, the refs it names, where the
+proxy's cache breakpoint goes). Which step runs when is the planner's to decide
+(proxy/core/planner.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from proxy.core.checkpoint import make_checkpoint
+from proxy.core.history import GroupKind, pack_messages, pinned_tokens
+from proxy.core.offload import Stub, ToolResult, ref_for, refs_in
+from proxy.core.outcome import FoldPlan, Refuse, Rewrite
+from proxy.core.pack import pack_context
+from proxy.core.plan_input import Limits, PlanInput, real
+from proxy.core.segments import (
+    Note,
+    Segment,
+    Stubbed,
+    Summary,
+    Verbatim,
+    refs_of,
+    stands_for,
+    vouched_refs,
+)
+from proxy.core.strategy import Strategy
+from proxy.core.summary import note_text
+from proxy.core.working import Working, has_stubs, last_stub, named_refs, working
+
+
+def offload(work: Working, inp: PlanInput) -> tuple[Working, list[tuple[str, str]]]:
+    """Stub every large text tool result but the newest few; already stubbed ones stay."""
+    policy = inp.policy
+    candidates: list[tuple[int, ToolResult]] = []  # (segment, result)
+    for n, seg in enumerate(work.segments):
+        if not isinstance(seg, (Verbatim, Stubbed)):
+            continue
+        done = {s.block for s in seg.stubs} if isinstance(seg, Stubbed) else set()
+        for result in inp.dialect.tool_results(work.messages[n]):
+            if result.block not in done:
+                candidates.append((n, result))
+    # The newest results stay, and so does every result given in the same message as one.
+    newest = candidates[len(candidates) - policy.keep_results :] if policy.keep_results else []
+    protected = {n for n, _ in newest}
+    stubs: dict[int, list[Stub]] = {}
+    blobs: list[tuple[str, str]] = []
+    for n, result in candidates:
+        if n in protected:
+            continue
+        text = result.text
+        if text is None or len(text) <= policy.stub_head_chars:
+            continue
+        if inp.counter.count_result(result.content) <= policy.offload_threshold:
+            continue
+        ref = ref_for(text)
+        stubs.setdefault(n, []).append(Stub(result.block, ref, policy.stub_head_chars))
+        blobs.append((ref, text))
+    if not stubs:
+        return work, []
+    segments: list[Segment] = []
+    for n, seg in enumerate(work.segments):
+        if n not in stubs:
+            segments.append(seg)
+            continue
+        assert isinstance(seg, (Verbatim, Stubbed))
+        earlier = list(seg.stubs) if isinstance(seg, Stubbed) else []
+        merged = tuple(sorted(earlier + stubs[n], key=lambda s: s.block))
+        segments.append(Stubbed(seg.index, merged))
+    return working(segments, inp), blobs
+
+
+def fold(need: FoldPlan, text: str | None, *, summary: str) -> Rewrite | Refuse:
+    """Complete a crossing with the summary (None: there is none, so pack instead);
+    `summary` says how it was had (SUMMARY_STATES)."""
+    inp, work = need.inp, need.work
+    if text is None or not text.strip():
+        reason = need.reason or "summary_unavailable"
+        return pack(inp, work, need.limits, need.tokens_before, need.blobs, reason)
+    folded = [g for g in work.groups if g.label in need.fold]
+    count = sum(stands_for(work.segments[m]) for g in folded for m in g.members)
+    text = text.strip()
+    # The refs it may make readable: those it names that the proxy put into what it
+    # folds (its stubs, an earlier summary's refs); never one the client typed there.
+    made = set(vouched_refs([work.segments[m] for g in folded for m in g.members]))
+    folded_into = Summary(text, count, tuple(r for r in refs_in(text) if r in made))
+    segments: list[Segment] = []
+    for group in work.groups:
+        if group.kind is GroupKind.MALFORMED:
+            continue  # the API would reject it; dropping needs no note (seed 001)
+        if group.label in need.fold:
+            if group is folded[0]:
+                segments.append(folded_into)  # where the folded history began
+            continue
+        segments.extend(work.segments[m] for m in group.members)
+    done = working(segments, inp)
+    if done.tokens > need.limits.limit:
+        return pack(inp, work, need.limits, need.tokens_before, need.blobs, need.reason)
+    # Every blob is kept: the summary may name the refs of the results it folded.
+    return rewrite_of(
+        inp,
+        done,
+        inp.tool if has_stubs(segments) or inp.sticky_tool or folded_into.refs else None,
+        Strategy.summarising(bool(need.blobs)),
+        need.tokens_before,
+        blobs=need.blobs,
+        summary=summary,
+        summary_key=need.key,
+        reason=need.reason,
+    )
+
+
+def recovered_blobs(inp: PlanInput, refs: Collection[str]) -> list[tuple[str, str]]:
+    """The blobs of `refs` rebuilt from the client's own messages (a ref is its text's
+    hash): the client still sends every result the proxy offloaded or folded."""
+    wanted = set(refs)
+    found: dict[str, str] = {}
+    for message in inp.messages:
+        for result in inp.dialect.tool_results(message):
+            text = result.text
+            if text is not None and (ref := ref_for(text)) in wanted:
+                found[ref] = text
+    return list(found.items())
+
+
+def pack(
+    inp: PlanInput,
+    work: Working,
+    limits: Limits,
+    before: int,
+    blobs: list[tuple[str, str]],
+    reason: str = "",
+) -> Rewrite | Refuse:
+    """Drop the oldest groups with a note (seed 001): to the target, else to the window."""
+    packed = pack_messages(work.groups, work.shapes)
+    result = pack_context(packed, limits.target, limits.note)
+    if result is None:
+        result = pack_context(packed, limits.limit, limits.note)
+    if result is None:
+        return refuse(inp, work, limits)
+    keep = set(result["keep"])
+    dropped = sum(stands_for(seg) for n, seg in enumerate(work.segments) if n not in keep)
+    segments: list[Segment] = []
+    pending_note = False
+    noted = not result["note"]
+    for n, seg in enumerate(work.segments):
+        if n not in keep:
+            pending_note = not noted
+            continue
+        if pending_note:  # one note, where the dropped history began
+            segments.append(Note(note_text(dropped), dropped))
+            pending_note, noted = False, True
+        segments.append(seg)
+    done = working(segments, inp)
+    kept = set(refs_of(segments))
+    blobs = [(ref, text) for ref, text in blobs if ref in kept]
+    strategy = Strategy.packing(bool(blobs))
+    if done.tokens > limits.trigger:
+        reason = reason or "target_unreachable"
+    tool = inp.tool if kept or inp.sticky_tool or named_refs(segments) else None
+    return rewrite_of(inp, done, tool, strategy, before, blobs=blobs, reason=reason)
+
+
+def refuse(inp: PlanInput, work: Working, limits: Limits) -> Refuse:
+    pinned = real(pinned_tokens(work.groups), inp.factor)
+    fixed = real(inp.fixed_tokens + inp.tool_tokens, inp.factor)
+    need = pinned + real(limits.note, inp.factor) + fixed
+    window = inp.policy.window
+    return Refuse(
+        f"prompt is too long even after compaction: the system prompt and tools ({fixed}"
+        f" tokens) and the messages that cannot be dropped (system messages, the last user"
+        f" message and the turn in progress: {pinned} tokens) need about {need} tokens,"
+        f" {need - window} more than the {window}-token window."
+    )
+
+
+def rewrite_of(
+    inp: PlanInput,
+    work: Working,
+    tool: str | None,
+    strategy: Strategy,
+    before: int,
+    *,
+    blobs: list[tuple[str, str]] | None = None,
+    checkpoint: bool = True,
+    summary: str = "",
+    summary_key: str | None = None,
+    reason: str = "",
+) -> Rewrite:
+    stored = None
+    if checkpoint:
+        stored = make_checkpoint(
+            work.segments,
+            inp.digests,
+            tool=tool,
+            strategy=strategy,
+            summary_key=summary_key,
+            tokens_after=work.tokens,
+        )
+    if not summary and any(isinstance(seg, Summary) for seg in work.segments):
+        summary = "reused"  # the history sent holds a summary made at an earlier crossing
+    if inp.tool is None and reason == "" and strategy.crossing:
+        reason = "offload_off"
+    return Rewrite(
+        messages=work.messages,
+        tool=tool,
+        strategy=strategy,
+        tokens_before=before,
+        tokens_after=real(work.tokens, inp.factor),
+        estimate=work.tokens,
+        blobs=blobs or [],
+        checkpoint=stored,
+        refs=named_refs(work.segments),
+        breakpoint_at=last_stub(work.segments),
+        summary=summary,
+        reason=reason,
+    )

@@ -1,0 +1,297 @@
+"""What the summariser reads: its input assembled for a fold, or for a whole history.
+
+A fold's summary is asked one of two ways (`FoldPlan`): in place, the conversation's own
+request with a last message naming the messages to replace and the originals of the
+results offloaded among them (its prefix read from the prompt cache: `in_place`), or a
+request of its own holding a transcript of the folded turns as the client sent them, cut
+to the summariser's window (`transcript`). The identifiers the summary must keep are
+gathered from the same turns (`facts`), and the summary is stored under a key of exactly
+what its call sees (`summary_key`, `seen_key`). `whole_summary` makes the same choice for
+a summary of a whole history as sent (a compaction the proxy serves), kept under
+`whole_key`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.core.checkpoint import chain_hash, message_digest
+from proxy.core.facts import CONVERSATION, EARLIER_SUMMARY, TOOL_RESULT, Facts, Source
+from proxy.core.outcome import FoldPlan, InPlace
+from proxy.core.plan_input import Limits, PlanInput, real
+from proxy.core.policy import Policy
+from proxy.core.segments import Segment, Stubbed, Verbatim, made_here
+from proxy.core.summary import INSTRUCTION, in_place_prompt
+from proxy.core.wire_format import Dialect
+from proxy.core.working import Working, has_stubs, last_stub, named_refs
+
+Message = Mapping[str, Any]
+
+
+def folding(
+    inp: PlanInput,
+    work: Working,
+    limits: Limits,
+    before: int,
+    blobs: list[tuple[str, str]],
+    reason: str,
+    fold: frozenset[str],
+    room: int,
+    *,
+    ahead: bool = False,
+) -> FoldPlan:
+    """The fold of the groups labelled `fold`, its summary taking at most `room`
+    (estimated) tokens, with what its summariser needs."""
+    members = [m for g in work.groups if g.label in fold for m in g.members]
+    slot = min(real(room, inp.factor), inp.policy.summary_max_tokens)
+    facts_budget = min(FACTS_MAX, max(FACTS_MIN, slot // 5))
+    folds = summary_key(work.segments, members, inp.digests)
+    return FoldPlan(
+        key=seen_key(folds, inp.digests),
+        folds=folds,
+        transcript=_transcript(work, members, inp, slot),
+        in_place=_in_place(work, members, inp, limits, slot),
+        slot=max(slot - facts_budget, slot // 2),
+        facts=Facts(tuple(_facts_sources(work, members, inp)), _call_ids(work, members)),
+        facts_budget=facts_budget,
+        model=inp.policy.summariser_model,
+        inp=inp,
+        work=work,
+        limits=limits,
+        fold=fold,
+        tokens_before=before,
+        blobs=blobs,
+        reason=reason,
+        ahead=ahead,
+    )
+
+
+# The line of identifiers a summary left out (proxy/core/facts.py) may take a fifth of the
+# summary's slot, at least FACTS_MIN and at most FACTS_MAX tokens; the summariser keeps at
+# least half of the slot (a small slot may so end a little over the target).
+FACTS_MIN, FACTS_MAX = 200, 1_500
+SUMMARISER_MARGIN = 0.05  # of the summariser's window kept free: counts are estimates
+
+
+def summariser_room(policy: Policy, factor: float) -> int:
+    """The summariser's window in estimated tokens: SUMMARISER_MARGIN of it kept free,
+    and never grown by a factor below 1 (plain text counts about as estimated)."""
+    return math.floor(policy.window * (1 - SUMMARISER_MARGIN) / max(1.0, factor))
+
+
+@dataclass(frozen=True, slots=True)
+class WholeSummary:
+    """How a summary of a whole history as sent is asked (a compaction the proxy serves):
+    in place, the conversation's own request with the proxy's ask last (its prefix read
+    from the prompt cache), or a transcript of its own cut to the summariser's window."""
+
+    model: str  # the summariser
+    room: int  # its window, estimated tokens (summariser_room)
+    in_place: int  # what the in-place call reads, estimated; 0: a transcript instead
+    slot: int = 0  # the summary's cap, real tokens (the policy's summary_max_tokens)
+
+    def transcript_budget(self, instruction: int) -> int:
+        """Tokens the transcript may take: the room less the summary's slot and the
+        instruction's words (`instruction`, counted)."""
+        return self.room - self.slot - instruction
+
+
+def whole_summary(
+    policy: Policy, factor: float, model: str, history_tokens: Callable[[], int]
+) -> WholeSummary:
+    """In place when the summariser is the conversation's model and the history
+    (`history_tokens`, counted only then), the prompt's words and the summary's slot fit
+    its window; else a transcript, by the policy's summariser."""
+    room = summariser_room(policy, factor)
+    if policy.summariser_model in ("", model):
+        used = history_tokens() + IN_PLACE_OVERHEAD
+        if used + policy.summary_max_tokens <= room:
+            return WholeSummary(model, room, used, policy.summary_max_tokens)
+    return WholeSummary(policy.summariser_model or model, room, 0, policy.summary_max_tokens)
+
+
+def whole_key(messages: Sequence[Message]) -> str:
+    """Where the summary of a whole history as sent is stored: the hash of its messages,
+    all of which its call sees."""
+    return chain_hash([message_digest(m) for m in messages])
+
+
+def summary_key(
+    segments: Sequence[Segment], members: Sequence[int], digests: Sequence[bytes]
+) -> str:
+    """Where the summary of these folded segments is stored: a hash of the turns as the
+    client sent them (and of an earlier summary's text), so the same turns give the same
+    key whether or not some of their results were offloaded."""
+    parts: list[bytes] = []
+    for m in members:
+        seg = segments[m]
+        if isinstance(seg, (Verbatim, Stubbed)):
+            parts.append(digests[seg.index])
+        else:
+            parts.append(message_digest({"proxy": seg.text}))
+    return chain_hash(parts)
+
+
+def seen_key(folds: str, digests: Sequence[bytes]) -> str:
+    """Where the summary of the turns `folds` made from a history of these messages is
+    stored: made in place, its summariser reads the whole history (the newest turn
+    included), so a line that shares only the folded turns must never find it."""
+    return chain_hash([bytes.fromhex(folds), bytes.fromhex(chain_hash(digests))])
+
+
+def _in_place(
+    work: Working, members: Sequence[int], inp: PlanInput, limits: Limits, slot: int
+) -> InPlace:
+    """The conversation's history as it would go without the fold, and a last message
+    naming the messages to replace, with the originals of the results offloaded among
+    them (the summariser reads what the stubs hide), cut to what the window leaves."""
+    pieces: list[str] = []
+    tokens: list[int] = []
+    for m in members:
+        seg = work.segments[m]
+        if isinstance(seg, Stubbed):
+            original = inp.dialect.render_transcript([inp.messages[seg.index]])
+            pieces.append(f"[{', '.join(seg.refs)}]\n{original}")
+            tokens.append(inp.counts[seg.index])
+    # The originals are plain text, which counts about as estimated: a factor below 1
+    # (learnt on requests whose sealed content the estimate overcounts) must not let them
+    # grow, so the window is taken in real tokens then.
+    factor = max(1.0, inp.factor)
+    limit = min(limits.limit, math.floor(inp.policy.window / factor) - inp.fixed_tokens
+                - inp.tool_tokens)  # fmt: skip
+    room = limit - work.tokens - math.ceil(slot / factor) - IN_PLACE_OVERHEAD
+    budget = min(room, _originals_cap(work, inp))
+    # Each piece keeps a head and a tail when cut: past what the budget holds of those,
+    # the newest pieces only.
+    fit = max(budget, 0) // MIN_PIECE_TOKENS
+    originals = _fitted(pieces[-fit:], tokens[-fit:], budget) if fit else ""
+    first, last = members[0], members[-1]
+    heads = (
+        _head_of(work.messages[first], inp.dialect),
+        _head_of(work.messages[last], inp.dialect),
+    )
+    prompt = in_place_prompt(first + 1, last + 1, heads, originals)
+    return InPlace(
+        work.messages, last_stub(work.segments), prompt, fits=room >= 0, tool=_tool_of(work, inp)
+    )
+
+
+def _tool_of(work: Working, inp: PlanInput) -> str | None:
+    """The name read_result is injected under in the request `work` would make."""
+    named = has_stubs(work.segments) or inp.sticky_tool or named_refs(work.segments)
+    return inp.tool if named else None
+
+
+IN_PLACE_OVERHEAD = 600  # tokens of the in-place prompt's own words, with a margin
+# What the in-place call reads from the cache at least, as a share of its prompt: what
+# follows the cached prefix (the prompt's words and the originals of the folded turns'
+# offloaded results) is paid at the full input price, on every summary.
+IN_PLACE_READ_SHARE = 0.92  # 0.9, with a margin for the estimate
+MIN_PIECE_TOKENS = 150  # what a piece cut to its head and tail still takes, about
+
+
+def _originals_cap(work: Working, inp: PlanInput) -> int:
+    """Tokens the originals may take so the cached prefix (tools, system, the history as
+    the conversation sent it) stays IN_PLACE_READ_SHARE of the in-place call's prompt."""
+    cached = inp.fixed_tokens + inp.tool_tokens + work.tokens
+    uncached = math.floor(cached * (1 - IN_PLACE_READ_SHARE) / IN_PLACE_READ_SHARE)
+    return max(uncached - IN_PLACE_OVERHEAD, 0)
+
+
+def _head_of(message: Message, dialect: Dialect) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    for block in content if isinstance(content, list) else []:
+        if isinstance(block, dict):
+            for key in ("text", "content"):
+                value = block.get(key)
+                if isinstance(value, str) and value.strip():
+                    return value
+    # A message of another shape (a Responses unit): its text as the summariser reads it.
+    lines = dialect.render_transcript([message]).splitlines()
+    return lines[1] if len(lines) > 1 else str(message.get("role", ""))
+
+
+def _original(seg: Segment, work: Working, m: int, inp: PlanInput) -> Message:
+    """What the summariser reads for a folded segment: the client's message itself (its
+    results whole, never stubs), or the summary or note the proxy wrote."""
+    if isinstance(seg, (Verbatim, Stubbed)):
+        return inp.messages[seg.index]
+    return work.messages[m]
+
+
+def _transcript(work: Working, members: Sequence[int], inp: PlanInput, slot: int) -> str:
+    """The folded turns as the client sent them, as text for the summariser, cut to fit
+    its window: the longest pieces first, each keeping its head and its tail. Offloaded
+    results say their ref, so the summary can name what the agent may still read."""
+    pieces: list[str] = []
+    tokens: list[int] = []
+    for m in members:
+        seg = work.segments[m]
+        message = _original(seg, work, m, inp)
+        text = inp.dialect.render_transcript([message])
+        if isinstance(seg, Stubbed):
+            refs = ", ".join(s.ref for s in seg.stubs)
+            text += f"\n[offloaded tool results, readable with read_result: {refs}]"
+        pieces.append(text)
+        tokens.append(inp.counts[seg.index] if isinstance(seg, (Verbatim, Stubbed)) else
+                      work.shapes[m].tokens)  # fmt: skip
+    # Plain text counts about as estimated: a factor below 1 (learnt on requests whose
+    # sealed content the estimate overcounts) must not let the transcript grow.
+    factor = max(1.0, inp.factor)
+    window = summariser_room(inp.policy, factor)
+    budget = window - math.ceil(slot / factor) - inp.counter.count_text(INSTRUCTION)
+    return _fitted(pieces, tokens, max(budget, len(pieces) * 64))
+
+
+def _fitted(pieces: Sequence[str], tokens: Sequence[int], budget: int) -> str:
+    """The pieces joined, the longest cut first (each keeping its head and its tail)
+    until their tokens (given, per piece) fit `budget`."""
+    cap = _water_level(tokens, budget)
+    out = []
+    for text, count in zip(pieces, tokens, strict=True):
+        if count > cap:
+            keep = max(200, len(text) * cap // max(count, 1))
+            half = keep // 2
+            cut = len(text) - 2 * half
+            text = f"{text[:half]}\n[... {cut:,} characters cut ...]\n{text[-half:]}"
+        out.append(text)
+    return "\n\n".join(out)
+
+
+def _water_level(sizes: Sequence[int], budget: int) -> int:
+    """The largest cap such that the sizes, each capped at it, sum to at most `budget`
+    (cutting the largest first); the largest size itself when everything fits."""
+    if sum(sizes) <= budget:
+        return max(sizes, default=0)
+    ordered = sorted(sizes)
+    remaining, left = budget, len(ordered)
+    for size in ordered:
+        if size * left > remaining:
+            return max(1, remaining // left)
+        remaining -= size
+        left -= 1
+    return max(1, remaining)
+
+
+def _call_ids(work: Working, members: Sequence[int]) -> frozenset[str]:
+    return frozenset(i for m in members for i in (*work.shapes[m].calls, *work.shapes[m].answers))
+
+
+def _facts_sources(work: Working, members: Sequence[int], inp: PlanInput) -> list[Source]:
+    sources = []
+    for m in members:
+        seg = work.segments[m]
+        message = _original(seg, work, m, inp)
+        if made_here(seg):
+            kind = EARLIER_SUMMARY
+        elif inp.dialect.tool_results(message):
+            kind = TOOL_RESULT
+        else:
+            kind = CONVERSATION
+        sources.append(Source(kind, inp.dialect.render_transcript([message])))
+    return sources
