@@ -15,7 +15,11 @@ request (the recorded Claude Code turn) and a 1 MB one, streamed and not, in one
   resident memory before and while they are open.
 
 Usage: .venv/bin/python bench/overhead.py [--seconds 4] [--rounds 10] [--loop asyncio|uvloop]
-[--write] (--write replaces the "overhead.py" section of bench/RESULTS.md).
+[--before DIR] [--write] (--write replaces the "overhead.py" section of bench/RESULTS.md).
+`--before DIR` (a source tree of another version, e.g. `git archive main | tar -x -C DIR`)
+runs that version's serve beside this one's against the canned upstream, interleaved in
+the same run, and reports the two side by side: under load from other work the ratio
+between them is steadier than either's ratio to the floor.
 
 `--tracing` measures instead what OpenTelemetry traces cost (docs/operating.md, "Traces"): against
 the canned upstream, the same proxy with tracing off and with it on (OTEL_TRACES_EXPORTER
@@ -175,6 +179,27 @@ def process(
     else:
         with log.open("wb") as err:
             child = subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        yield child
+    finally:
+        child.terminate()
+        try:
+            child.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+@contextlib.contextmanager
+def tree_process(
+    args: list[str], env: dict[str, str], tree: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A `serve` of the source tree `tree` (its own directory: `-m proxy` imports from
+    there), its stderr kept for wait_ready."""
+    child = subprocess.Popen(
+        args, env={**env, "PYTHONPATH": str(tree)}, cwd=tree,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
     try:
         yield child
     finally:
@@ -388,7 +413,7 @@ async def record_answers(
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     headers, bodies = request_bodies()
-    names = ("standin", "canned", "proxy", "proxy_canned", "floor", "floor_canned")
+    names = ("standin", "canned", "proxy", "proxy_canned", "floor", "floor_canned", "before")
     ports = {name: free_port() for name in names}
     work = Path(tempfile.mkdtemp(prefix="overhead-"))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COMPACTION_PROXY_SERVER_EVENT_LOOP": args.loop}
@@ -402,8 +427,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         + '\n[[policy]]\nmatch = "*"\nwindow = 2000000\ntrigger = 1800000\ntarget = 600000\n'
     )
 
-    def proxy_cmd(upstream_port: int, port: int) -> tuple[list[str], dict[str, str]]:
+    def proxy_cmd(
+        upstream_port: int, port: int, tree: Path = ROOT
+    ) -> tuple[list[str], dict[str, str], Path]:
         state = {"COMPACTION_PROXY_STORE_STATE_DIR": str(work / f"state-{port}")}
+        # `-m proxy` imports the package from the working directory: the tree's own.
         cmd = [
             PYTHON,
             "-m",
@@ -418,7 +446,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "--config",
             str(config),
         ]
-        return cmd, {**env, **state}
+        return cmd, {**env, **state}, tree
 
     def floor_cmd(upstream_port: int, port: int) -> list[str]:
         upstream = f"http://127.0.0.1:{upstream_port}"
@@ -443,7 +471,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         with (
             process(standin_cmd, env) as standin,
-            process(*proxy_cmd(ports["standin"], ports["proxy"])) as proxy,
+            tree_process(*proxy_cmd(ports["standin"], ports["proxy"])) as proxy,
             process(floor_cmd(ports["standin"], ports["floor"]), env) as floor,
         ):
             await wait_ready(session, local(ports["standin"]) + "/v1/models", standin)
@@ -473,10 +501,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             str(ports["canned"]),
             str(work / "answers.json"),
         ]
+        before_tree = args.before.resolve() if args.before else None
         with (
             process(canned_cmd, env) as canned,
-            process(*proxy_cmd(ports["canned"], ports["proxy_canned"])) as proxy,
+            tree_process(*proxy_cmd(ports["canned"], ports["proxy_canned"])) as proxy,
             process(floor_cmd(ports["canned"], ports["floor_canned"]), env) as floor,
+            contextlib.ExitStack() as more,
         ):
             await wait_ready(session, local(ports["canned"]) + "/v1/models", canned)
             await wait_ready(session, local(ports["proxy_canned"]) + "/healthz", proxy)
@@ -486,10 +516,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "floor": local(ports["floor_canned"]) + "/v1/messages?beta=true",
                 "proxy": local(ports["proxy_canned"]) + "/v1/messages?beta=true",
             }
-            results["canned"] = await measure(
-                session, urls, bodies, headers, args, "canned",
-                {"floor": floor.pid, "proxy": proxy.pid},
-            )  # fmt: skip
+            pids = {"floor": floor.pid, "proxy": proxy.pid}
+            if before_tree is not None:  # the other version's serve, interleaved with ours
+                other = more.enter_context(
+                    tree_process(*proxy_cmd(ports["canned"], ports["before"], before_tree))
+                )
+                await wait_ready(session, local(ports["before"]) + "/healthz", other)
+                urls["before"] = local(ports["before"]) + "/v1/messages?beta=true"
+                pids["before"] = other.pid
+            results["canned"] = await measure(session, urls, bodies, headers, args, "canned", pids)
     return results
 
 
@@ -610,11 +645,17 @@ def tracing_report(cases: dict[str, Any], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def ratios(case: dict[str, Any]) -> tuple[float, float]:
-    """(the proxy's added p50 / the floor's, the proxy's req/s / the floor's)."""
-    d, f, p = case["direct"], case["floor"], case["proxy"]
-    floor_added = max(f["p50"] - d["p50"], 1e-6)
-    return (p["p50"] - d["p50"]) / floor_added, p["rps"] / f["rps"]
+def ratios(case: dict[str, Any], who: str = "proxy") -> tuple[float, float]:
+    """(the proxy's added p50 / the floor's, the proxy's req/s / the floor's); the first
+    is NaN when the floor's added p50 is not above zero (load drowned it)."""
+    d, f, p = case["direct"], case["floor"], case[who]
+    floor_added = f["p50"] - d["p50"]
+    added = (p["p50"] - d["p50"]) / floor_added if floor_added > 0 else float("nan")
+    return added, p["rps"] / f["rps"]
+
+
+def _times(ratio: float) -> str:
+    return "n/a" if ratio != ratio else f"{ratio:.2f}x"
 
 
 def _table(cases: dict[str, Any]) -> list[str]:
@@ -629,7 +670,7 @@ def _table(cases: dict[str, Any]) -> list[str]:
         added, rate = ratios(case)
         lines.append(
             f"| {name} | {d['p50']:.2f} | {f['p50'] - d['p50']:.2f} / {f['p99'] - d['p99']:.2f} "
-            f"| {p['p50'] - d['p50']:.2f} / {p['p99'] - d['p99']:.2f} | {added:.2f}x "
+            f"| {p['p50'] - d['p50']:.2f} / {p['p99'] - d['p99']:.2f} | {_times(added)} "
             f"| {d['rps']:.0f} | {f['rps']:.0f} | {p['rps']:.0f} | {rate:.2f}x "
             f"| {f['cpu_us']:.0f} / {p['cpu_us']:.0f} |"
         )
@@ -666,6 +707,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
             "",
             *_table(results["canned"]),
             "",
+            *_before_table(results["canned"], args),
             f"{s['count']} concurrent open streams through the proxy (stand-in stalls after "
             f"message_start): resident memory {s['rss_before']:.0f} MiB before, "
             f"{s['rss_during']:.0f} MiB while open ({per_stream:.0f} KiB per stream).",
@@ -685,6 +727,29 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
     )
 
 
+def _before_table(cases: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """With --before: the other version's serve beside this one, in the same run."""
+    if not args.before or not all("before" in case for case in cases.values()):
+        return []
+    lines = [
+        f"This tree against `--before {args.before}` (another version's serve, interleaved "
+        "with this one's against the same canned upstream, in the same run):",
+        "",
+        "| request | added p50 ms before / after | added p50 / floor before / after "
+        "| req/s / floor before / after | CPU µs/req before / after | CPU after / before |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, case in cases.items():
+        d, b, p = case["direct"], case["before"], case["proxy"]
+        (added_b, rate_b), (added_p, rate_p) = ratios(case, "before"), ratios(case)
+        lines.append(
+            f"| {name} | {b['p50'] - d['p50']:.2f} / {p['p50'] - d['p50']:.2f} "
+            f"| {_times(added_b)} / {_times(added_p)} | {rate_b:.2f}x / {rate_p:.2f}x "
+            f"| {b['cpu_us']:.0f} / {p['cpu_us']:.0f} | {p['cpu_us'] / b['cpu_us']:.2f}x |"
+        )
+    return [*lines, ""]
+
+
 def _targets(results: dict[str, Any]) -> list[str]:
     """The issue's targets for a 50 KB request that needs no rewrite, checked."""
     small = [
@@ -695,7 +760,7 @@ def _targets(results: dict[str, Any]) -> list[str]:
     ]
     added = [c["proxy"]["p50"] - c["direct"]["p50"] for c in small]
     canned = [c for n, c in results["canned"].items() if n.startswith("50 KB")]
-    added_ratio = [ratios(c)[0] for c in canned]
+    added_ratio = [r for c in canned if (r := ratios(c)[0]) == r] or [float("inf")]
     rate_ratio = [ratios(c)[1] for c in canned]
     rss = results["streams"]["rss_during"]
 
@@ -729,6 +794,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="latency rounds")
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="a source tree of another version: its serve measured beside this one's"
+        " (canned upstream)",
+    )
     parser.add_argument(
         "--loop",
         choices=("asyncio", "uvloop"),
