@@ -15,11 +15,13 @@ request (the recorded Claude Code turn) and a 1 MB one, streamed and not, in one
   resident memory before and while they are open.
 
 Usage: .venv/bin/python bench/overhead.py [--seconds 4] [--rounds 10] [--loop asyncio|uvloop]
-[--before DIR] [--write] (--write replaces the "overhead.py" section of bench/RESULTS.md).
+[--slices 4] [--before DIR] [--write] (--write replaces the "overhead.py" section of
+bench/RESULTS.md).
 `--before DIR` (a source tree of another version, e.g. `git archive main | tar -x -C DIR`)
 runs that version's serve beside this one's against the canned upstream, interleaved in
 the same run, and reports the two side by side: under load from other work the ratio
-between them is steadier than either's ratio to the floor.
+between them is steadier than either's ratio to the floor, the more so with more (shorter)
+throughput slices (`--slices`, each target's share of `--seconds` cut in that many).
 
 `--tracing` measures instead what OpenTelemetry traces cost (docs/operating.md, "Traces"): against
 the canned upstream, the same proxy with tracing off and with it on (OTEL_TRACES_EXPORTER
@@ -303,16 +305,17 @@ async def throughput(
     seconds: float,
     concurrency: int,
     pids: dict[str, int],
+    slices: int = 4,
 ) -> dict[str, tuple[float, float]]:
-    """Requests per second at `concurrency`, direct, floor and proxy alternating in four
-    slices (so a burst of load from elsewhere hits all); with the CPU per request of the
-    process in `pids` that served them (floor, proxy)."""
+    """Requests per second at `concurrency`, direct, floor and proxy alternating in
+    `slices` slices (so a burst of load from elsewhere hits all); with the CPU per request
+    of the process in `pids` that served them (floor, proxy)."""
     done = {who: 0 for who in urls}
     spent = {who: 0.0 for who in urls}
     cpu_spent = {who: 0.0 for who in urls}
-    for _ in range(4):
+    for _ in range(slices):
         for who, url in urls.items():
-            stop = time.perf_counter() + seconds / 4
+            stop = time.perf_counter() + seconds / slices
 
             async def worker(url: str = url, stop: float = stop, who: str = who) -> None:
                 while time.perf_counter() < stop:
@@ -389,7 +392,7 @@ async def measure(
         case: dict[str, Any] = {"bytes": len(body)}
         for who, values in times.items():
             case[who] = {"p50": pct(values, 0.5) * 1000, "p99": pct(values, 0.99) * 1000}
-        rates = await throughput(session, urls, body, headers, args.seconds, 16, pids)
+        rates = await throughput(session, urls, body, headers, args.seconds, 16, pids, args.slices)
         for who, (rps, cpu_us) in rates.items():
             case[who]["rps"] = rps
             case[who]["cpu_us"] = cpu_us
@@ -687,8 +690,9 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
             "## overhead.py",
             "",
             f"`.venv/bin/python bench/overhead.py --seconds {args.seconds:g} --rounds "
-            f"{args.rounds} --loop {args.loop}`, {today}, {os.cpu_count()} cores (shared with "
-            f"other work: load average {load[0]:.1f} at the start, {load[1]:.1f} at the end), "
+            f"{args.rounds} --loop {args.loop}{_options(args)}`, {today}, {os.cpu_count()} "
+            f"cores (shared with other work: load average {load[0]:.1f} at the start, "
+            f"{load[1]:.1f} at the end), "
             f"Python {platform.python_version()}, aiohttp {aiohttp.__version__}. "
             "Upstream, proxy (`serve` with its embedded Redis), the floor (a bare aiohttp byte "
             "relay that parses nothing) and the load generator (aiohttp client) are separate "
@@ -725,6 +729,11 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
             "",
         ]
     )
+
+
+def _options(args: argparse.Namespace) -> str:
+    slices = f" --slices {args.slices}" if args.slices != 4 else ""
+    return slices + (f" --before {args.before}" if args.before else "")
 
 
 def _before_table(cases: dict[str, Any], args: argparse.Namespace) -> list[str]:
@@ -794,6 +803,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="latency rounds")
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
+    parser.add_argument(
+        "--slices", type=int, default=4, help="throughput slices per target, interleaved"
+    )
     parser.add_argument(
         "--before",
         type=Path,
