@@ -1,9 +1,9 @@
 """Prometheus metrics: one registry per app, fed once per request by a middleware.
 
-The middleware opens the request's record (observe.py), runs the handler, then turns
-the record into metric updates and one log line. Labels are only the route (the matched
-path pattern), the status and fixed words (strategy, outcome, reason): never a tenant,
-a conversation, a model or anything the client chose.
+The middleware (`observe_requests`) opens the request's record (proxy/server/record.py),
+runs the handler, then turns the record into metric updates and one log line. Labels are
+only the route (the matched path pattern), the status and fixed words (strategy,
+outcome, reason): never a tenant, a conversation, a model or anything the client chose.
 
 For other modules: `count_budget_rejection(app, reason)` counts a request refused by a
 budget or key check (`compaction_proxy_budget_rejections_total{reason}`).
