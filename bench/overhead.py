@@ -15,7 +15,13 @@ request (the recorded Claude Code turn) and a 1 MB one, streamed and not, in one
   resident memory before and while they are open.
 
 Usage: .venv/bin/python bench/overhead.py [--seconds 4] [--rounds 10] [--loop asyncio|uvloop]
-[--write] (--write replaces the "overhead.py" section of bench/RESULTS.md).
+[--slices 4] [--before DIR] [--write] (--write replaces the "overhead.py" section of
+bench/RESULTS.md).
+`--before DIR` (a source tree of another version, e.g. `git archive main | tar -x -C DIR`)
+runs that version's serve beside this one's against the canned upstream, interleaved in
+the same run, and reports the two side by side: under load from other work the ratio
+between them is steadier than either's ratio to the floor, the more so with more (shorter)
+throughput slices (`--slices`, each target's share of `--seconds` cut in that many).
 
 `--tracing` measures instead what OpenTelemetry traces cost (docs/operating.md, "Traces"): against
 the canned upstream, the same proxy with tracing off and with it on (OTEL_TRACES_EXPORTER
@@ -186,6 +192,27 @@ def process(
             child.wait()
 
 
+@contextlib.contextmanager
+def tree_process(
+    args: list[str], env: dict[str, str], tree: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A `serve` of the source tree `tree` (its own directory: `-m proxy` imports from
+    there), its stderr kept for wait_ready."""
+    child = subprocess.Popen(
+        args, env={**env, "PYTHONPATH": str(tree)}, cwd=tree,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        yield child
+    finally:
+        child.terminate()
+        try:
+            child.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
 async def wait_ready(session: aiohttp.ClientSession, url: str, child: Any) -> None:
     for _ in range(300):
         if child.poll() is not None:
@@ -278,16 +305,17 @@ async def throughput(
     seconds: float,
     concurrency: int,
     pids: dict[str, int],
+    slices: int = 4,
 ) -> dict[str, tuple[float, float]]:
-    """Requests per second at `concurrency`, direct, floor and proxy alternating in four
-    slices (so a burst of load from elsewhere hits all); with the CPU per request of the
-    process in `pids` that served them (floor, proxy)."""
+    """Requests per second at `concurrency`, direct, floor and proxy alternating in
+    `slices` slices (so a burst of load from elsewhere hits all); with the CPU per request
+    of the process in `pids` that served them (floor, proxy)."""
     done = {who: 0 for who in urls}
     spent = {who: 0.0 for who in urls}
     cpu_spent = {who: 0.0 for who in urls}
-    for _ in range(4):
+    for _ in range(slices):
         for who, url in urls.items():
-            stop = time.perf_counter() + seconds / 4
+            stop = time.perf_counter() + seconds / slices
 
             async def worker(url: str = url, stop: float = stop, who: str = who) -> None:
                 while time.perf_counter() < stop:
@@ -364,7 +392,7 @@ async def measure(
         case: dict[str, Any] = {"bytes": len(body)}
         for who, values in times.items():
             case[who] = {"p50": pct(values, 0.5) * 1000, "p99": pct(values, 0.99) * 1000}
-        rates = await throughput(session, urls, body, headers, args.seconds, 16, pids)
+        rates = await throughput(session, urls, body, headers, args.seconds, 16, pids, args.slices)
         for who, (rps, cpu_us) in rates.items():
             case[who]["rps"] = rps
             case[who]["cpu_us"] = cpu_us
@@ -388,7 +416,7 @@ async def record_answers(
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     headers, bodies = request_bodies()
-    names = ("standin", "canned", "proxy", "proxy_canned", "floor", "floor_canned")
+    names = ("standin", "canned", "proxy", "proxy_canned", "floor", "floor_canned", "before")
     ports = {name: free_port() for name in names}
     work = Path(tempfile.mkdtemp(prefix="overhead-"))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COMPACTION_PROXY_SERVER_EVENT_LOOP": args.loop}
@@ -402,8 +430,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         + '\n[[policy]]\nmatch = "*"\nwindow = 2000000\ntrigger = 1800000\ntarget = 600000\n'
     )
 
-    def proxy_cmd(upstream_port: int, port: int) -> tuple[list[str], dict[str, str]]:
+    def proxy_cmd(
+        upstream_port: int, port: int, tree: Path = ROOT
+    ) -> tuple[list[str], dict[str, str], Path]:
         state = {"COMPACTION_PROXY_STORE_STATE_DIR": str(work / f"state-{port}")}
+        # `-m proxy` imports the package from the working directory: the tree's own.
         cmd = [
             PYTHON,
             "-m",
@@ -418,7 +449,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "--config",
             str(config),
         ]
-        return cmd, {**env, **state}
+        return cmd, {**env, **state}, tree
 
     def floor_cmd(upstream_port: int, port: int) -> list[str]:
         upstream = f"http://127.0.0.1:{upstream_port}"
@@ -443,7 +474,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         with (
             process(standin_cmd, env) as standin,
-            process(*proxy_cmd(ports["standin"], ports["proxy"])) as proxy,
+            tree_process(*proxy_cmd(ports["standin"], ports["proxy"])) as proxy,
             process(floor_cmd(ports["standin"], ports["floor"]), env) as floor,
         ):
             await wait_ready(session, local(ports["standin"]) + "/v1/models", standin)
@@ -473,10 +504,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             str(ports["canned"]),
             str(work / "answers.json"),
         ]
+        before_tree = args.before.resolve() if args.before else None
         with (
             process(canned_cmd, env) as canned,
-            process(*proxy_cmd(ports["canned"], ports["proxy_canned"])) as proxy,
+            tree_process(*proxy_cmd(ports["canned"], ports["proxy_canned"])) as proxy,
             process(floor_cmd(ports["canned"], ports["floor_canned"]), env) as floor,
+            contextlib.ExitStack() as more,
         ):
             await wait_ready(session, local(ports["canned"]) + "/v1/models", canned)
             await wait_ready(session, local(ports["proxy_canned"]) + "/healthz", proxy)
@@ -486,10 +519,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "floor": local(ports["floor_canned"]) + "/v1/messages?beta=true",
                 "proxy": local(ports["proxy_canned"]) + "/v1/messages?beta=true",
             }
-            results["canned"] = await measure(
-                session, urls, bodies, headers, args, "canned",
-                {"floor": floor.pid, "proxy": proxy.pid},
-            )  # fmt: skip
+            pids = {"floor": floor.pid, "proxy": proxy.pid}
+            if before_tree is not None:  # the other version's serve, interleaved with ours
+                other = more.enter_context(
+                    tree_process(*proxy_cmd(ports["canned"], ports["before"], before_tree))
+                )
+                await wait_ready(session, local(ports["before"]) + "/healthz", other)
+                urls["before"] = local(ports["before"]) + "/v1/messages?beta=true"
+                pids["before"] = other.pid
+            results["canned"] = await measure(session, urls, bodies, headers, args, "canned", pids)
     return results
 
 
@@ -610,11 +648,17 @@ def tracing_report(cases: dict[str, Any], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def ratios(case: dict[str, Any]) -> tuple[float, float]:
-    """(the proxy's added p50 / the floor's, the proxy's req/s / the floor's)."""
-    d, f, p = case["direct"], case["floor"], case["proxy"]
-    floor_added = max(f["p50"] - d["p50"], 1e-6)
-    return (p["p50"] - d["p50"]) / floor_added, p["rps"] / f["rps"]
+def ratios(case: dict[str, Any], who: str = "proxy") -> tuple[float, float]:
+    """(the proxy's added p50 / the floor's, the proxy's req/s / the floor's); the first
+    is NaN when the floor's added p50 is not above zero (load drowned it)."""
+    d, f, p = case["direct"], case["floor"], case[who]
+    floor_added = f["p50"] - d["p50"]
+    added = (p["p50"] - d["p50"]) / floor_added if floor_added > 0 else float("nan")
+    return added, p["rps"] / f["rps"]
+
+
+def _times(ratio: float) -> str:
+    return "n/a" if ratio != ratio else f"{ratio:.2f}x"
 
 
 def _table(cases: dict[str, Any]) -> list[str]:
@@ -629,7 +673,7 @@ def _table(cases: dict[str, Any]) -> list[str]:
         added, rate = ratios(case)
         lines.append(
             f"| {name} | {d['p50']:.2f} | {f['p50'] - d['p50']:.2f} / {f['p99'] - d['p99']:.2f} "
-            f"| {p['p50'] - d['p50']:.2f} / {p['p99'] - d['p99']:.2f} | {added:.2f}x "
+            f"| {p['p50'] - d['p50']:.2f} / {p['p99'] - d['p99']:.2f} | {_times(added)} "
             f"| {d['rps']:.0f} | {f['rps']:.0f} | {p['rps']:.0f} | {rate:.2f}x "
             f"| {f['cpu_us']:.0f} / {p['cpu_us']:.0f} |"
         )
@@ -639,14 +683,17 @@ def _table(cases: dict[str, Any]) -> list[str]:
 def report(results: dict[str, Any], args: argparse.Namespace) -> str:
     today = datetime.date.today().isoformat()
     s = results["streams"]
+    load = results.get("load", (0.0, 0.0))
     per_stream = (s["rss_during"] - s["rss_before"]) * 1024 / max(1, s["count"])
     return "\n".join(
         [
             "## overhead.py",
             "",
             f"`.venv/bin/python bench/overhead.py --seconds {args.seconds:g} --rounds "
-            f"{args.rounds} --loop {args.loop}`, {today}, {os.cpu_count()} cores (shared with "
-            f"other work), Python {platform.python_version()}, aiohttp {aiohttp.__version__}. "
+            f"{args.rounds} --loop {args.loop}{_options(args)}`, {today}, {os.cpu_count()} "
+            f"cores (shared with other work: load average {load[0]:.1f} at the start, "
+            f"{load[1]:.1f} at the end), "
+            f"Python {platform.python_version()}, aiohttp {aiohttp.__version__}. "
             "Upstream, proxy (`serve` with its embedded Redis), the floor (a bare aiohttp byte "
             "relay that parses nothing) and the load generator (aiohttp client) are separate "
             "processes on loopback, all on the 2 cores. Latency at concurrency 1 (direct, "
@@ -664,6 +711,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
             "",
             *_table(results["canned"]),
             "",
+            *_before_table(results["canned"], args),
             f"{s['count']} concurrent open streams through the proxy (stand-in stalls after "
             f"message_start): resident memory {s['rss_before']:.0f} MiB before, "
             f"{s['rss_during']:.0f} MiB while open ({per_stream:.0f} KiB per stream).",
@@ -673,11 +721,42 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
             "Absolute figures move by up to 2x between runs with the load other work puts on "
             "the shared cores (an earlier run under load gave 1,100-1,400 req/s through the "
             "proxy); the added latency is the steadier figure. Of the proxy's CPU per 50 KB "
-            "request, the orjson parse of the body is about 40 µs; the rest is aiohttp's "
-            "server and client work and the socket writes.",
+            "request, parsing the body and counting it (the system prompt and tools exactly, "
+            "against the count cache; the messages bounded by their bytes: the 49 KB turn is "
+            "over the byte bound of the default offload_trigger, 20,000) are about a fifth "
+            "each; the rest is aiohttp's server and client work, the socket writes, the "
+            "headers, the record and the metrics (the profile section below).",
             "",
         ]
     )
+
+
+def _options(args: argparse.Namespace) -> str:
+    slices = f" --slices {args.slices}" if args.slices != 4 else ""
+    return slices + (f" --before {args.before}" if args.before else "")
+
+
+def _before_table(cases: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """With --before: the other version's serve beside this one, in the same run."""
+    if not args.before or not all("before" in case for case in cases.values()):
+        return []
+    lines = [
+        f"This tree against `--before {args.before}` (another version's serve, interleaved "
+        "with this one's against the same canned upstream, in the same run):",
+        "",
+        "| request | added p50 ms before / after | added p50 / floor before / after "
+        "| req/s / floor before / after | CPU µs/req before / after | CPU after / before |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, case in cases.items():
+        d, b, p = case["direct"], case["before"], case["proxy"]
+        (added_b, rate_b), (added_p, rate_p) = ratios(case, "before"), ratios(case)
+        lines.append(
+            f"| {name} | {b['p50'] - d['p50']:.2f} / {p['p50'] - d['p50']:.2f} "
+            f"| {_times(added_b)} / {_times(added_p)} | {rate_b:.2f}x / {rate_p:.2f}x "
+            f"| {b['cpu_us']:.0f} / {p['cpu_us']:.0f} | {p['cpu_us'] / b['cpu_us']:.2f}x |"
+        )
+    return [*lines, ""]
 
 
 def _targets(results: dict[str, Any]) -> list[str]:
@@ -690,7 +769,7 @@ def _targets(results: dict[str, Any]) -> list[str]:
     ]
     added = [c["proxy"]["p50"] - c["direct"]["p50"] for c in small]
     canned = [c for n, c in results["canned"].items() if n.startswith("50 KB")]
-    added_ratio = [ratios(c)[0] for c in canned]
+    added_ratio = [r for c in canned if (r := ratios(c)[0]) == r] or [float("inf")]
     rate_ratio = [ratios(c)[1] for c in canned]
     rss = results["streams"]["rss_during"]
 
@@ -725,6 +804,15 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     parser.add_argument(
+        "--slices", type=int, default=4, help="throughput slices per target, interleaved"
+    )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="a source tree of another version: its serve measured beside this one's"
+        " (canned upstream)",
+    )
+    parser.add_argument(
         "--loop",
         choices=("asyncio", "uvloop"),
         default="asyncio",
@@ -754,7 +842,9 @@ def main() -> None:
     if args.serve_canned:
         serve_canned(int(args.serve_canned[0]), args.serve_canned[1])
         return
+    load_before = os.getloadavg()[0]
     results = asyncio.run(run(args))
+    results["load"] = (load_before, os.getloadavg()[0])
     text = report(results, args)
     print(text)
     if args.write:

@@ -186,22 +186,32 @@ class UsageMeter:
     def chunk(self, data: bytes) -> None:
         """Bytes of an event-stream answer, cut anywhere."""
         self.seen_answer = True
-        if self.scan is None:
+        scan = self.scan
+        if scan is None:
             return
         if self._carry:
             data = self._carry + data
             self._carry = b""
         start = 0
-        while (end := data.find(b"\n", start)) >= 0:
-            if self._skipping:
-                self._skipping = False
-            else:
-                self._line(data[start:end])
+        if self._skipping:  # the rest of a long line that did not matter
+            start = data.find(b"\n") + 1
+            if not start:
+                return
+            self._skipping = False
+        # Once per line, so the loop calls no method of its own for the many that do not
+        # matter; blank lines (event ends) carry neither usage nor text.
+        may_matter, text_chars, rounds = scan.line_may_matter, scan.text_chars, self.rounds
+        find = data.find
+        while (end := find(b"\n", start)) >= 0:
+            if end > start:
+                line = data[start:end]
+                if may_matter(line[:_LOOK]):
+                    self._usage(line)
+                elif rounds and (chars := text_chars(line)):
+                    rounds[-1].text_chars += chars
             start = end + 1
-        if self._skipping:
-            return
         rest = data[start:]
-        if len(rest) > _LOOK and not self.scan.line_may_matter(rest[:_LOOK]):
+        if len(rest) > _LOOK and not may_matter(rest[:_LOOK]):
             self._skipping = True
             self._text(rest)
         else:
@@ -213,12 +223,10 @@ class UsageMeter:
         if chars and self.rounds:
             self.rounds[-1].text_chars += chars
 
-    def _line(self, line: bytes) -> None:
+    def _usage(self, line: bytes) -> None:
+        """A line that may hold usage."""
         scan = self.scan
         assert scan is not None
-        if not scan.line_may_matter(line[:_LOOK]):
-            self._text(line)
-            return
         found = scan.usage_line(line)
         if found is None:
             return

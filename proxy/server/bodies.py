@@ -71,9 +71,20 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     length = request.content_length
     if length is not None and length > limit:
         raise BodyTooLarge
+    # What has arrived with the headers (on loopback or a fast line, usually all of it)
+    # is taken without a wait, so without a deadline to keep.
+    content = request.content
+    first = content.read_nowait()
+    total = len(first)
+    if total > limit:
+        raise BodyTooLarge
+    if content.at_eof():
+        if length is not None and total < length:
+            raise asyncio.IncompleteReadError(first, length)
+        return first
     clock = BodyClock(request.app[SETTINGS].server.body_timeout)
-    chunks: list[bytes] = []
-    total = 0
+    clock.received = total
+    chunks = [first]
     while chunk := await clock.read(request):
         total += len(chunk)
         if total > limit:

@@ -1,9 +1,9 @@
 """Prometheus metrics: one registry per app, fed once per request by a middleware.
 
-The middleware opens the request's record (observe.py), runs the handler, then turns
-the record into metric updates and one log line. Labels are only the route (the matched
-path pattern), the status and fixed words (strategy, outcome, reason): never a tenant,
-a conversation, a model or anything the client chose.
+The middleware (`observe_requests`) opens the request's record (proxy/server/record.py),
+runs the handler, then turns the record into metric updates and one log line. Labels are
+only the route (the matched path pattern), the status and fixed words (strategy,
+outcome, reason): never a tenant, a conversation, a model or anything the client chose.
 
 For other modules: `count_budget_rejection(app, reason)` counts a request refused by a
 budget or key check (`compaction_proxy_budget_rejections_total{reason}`).
@@ -12,7 +12,8 @@ budget or key check (`compaction_proxy_budget_rejections_total{reason}`).
 from __future__ import annotations
 
 import asyncio
-import secrets
+import os
+import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -323,10 +324,20 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 EXEMPLAR_LABEL = "trace_id"
 
 
+# A request's id only ties its log line, span and admin stats together: it need not be
+# unguessable, so it comes from a generator seeded once rather than a system call each.
+_IDS = random.Random(os.urandom(16))
+os.register_at_fork(after_in_child=lambda: _IDS.seed(os.urandom(16)))
+
+
+def new_record_id() -> str:
+    return f"{_IDS.getrandbits(64):016x}"
+
+
 @web.middleware
 async def observe_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
     app = request.app
-    record = RequestRecord(secrets.token_hex(8), route_of(request), request.method)
+    record = RequestRecord(new_record_id(), route_of(request), request.method)
     token = records.begin(record)
     lifecycle = app[LIFECYCLE]
     lifecycle.started()

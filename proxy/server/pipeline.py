@@ -175,9 +175,8 @@ async def prepare(
     """Step 3: what goes upstream (compaction). Never raises for the proxy's own parts:
     on any failure of compaction the request goes out untouched (degrade, never fail)."""
     body, payload = incoming.body, incoming.payload
-    untouched = Prepared(body, payload, str((payload or {}).get("model", "")))
     if payload is None or not route.compacts or incoming.encoded:
-        return untouched
+        return _untouched(incoming)
     app = request.app
     caller = caller_of(request)
     override = caller.policy
@@ -203,13 +202,20 @@ async def prepare(
             # model's own policy applies rather than none.
             if override is None or attempt == 2:
                 log.exception("compaction failed; forwarding the request untouched")
-                return untouched
+                return _untouched(incoming)
             log.warning("the key's policy override does not fit this model (%s); ignored", e)
             override = None
         except Exception:
             log.exception("compaction failed; forwarding the request untouched")
-            return untouched
-    return untouched
+            return _untouched(incoming)
+    return _untouched(incoming)
+
+
+def _untouched(incoming: Incoming) -> Prepared:
+    """The request as it came (made only when needed: a Prepared's default policy is
+    built for it)."""
+    payload = incoming.payload
+    return Prepared(incoming.body, payload, str((payload or {}).get("model", "")))
 
 
 async def reserve(
