@@ -10,7 +10,7 @@ crossing's write), and just as atomic.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,22 +98,51 @@ class CrossingWrite:
         return args
 
 
+LINE_MEMO_SIZE = 2048  # decoded lines (a checkpoint of 50 segments: about 10 KB)
+
+
+class LineMemo:
+    """Lines decoded before, by their stored bytes and the decoder: a conversation's
+    next request reads the same lines again (all but the one its last crossing wrote),
+    and decoding a checkpoint's segments costs more than the round trip's parsing. What
+    the decoder returns is shared by every request: it must be immutable."""
+
+    def __init__(self, size: int = LINE_MEMO_SIZE) -> None:
+        self._size = size
+        self._decoded: dict[tuple[Callable[[Any], object], bytes], object] = {}
+
+    def get(
+        self, raw: bytes, decode: Callable[[Any], object], parse: Callable[[bytes], object]
+    ) -> object:
+        """decode(parse(raw)), made once for these stored bytes."""
+        key = (decode, raw)
+        found = self._decoded.get(key, _MISSING)
+        if found is _MISSING:
+            if len(self._decoded) >= self._size:
+                self._decoded.clear()  # a bound, not a policy: the next requests refill it
+            found = self._decoded[key] = decode(parse(raw))
+        return found
+
+
+_MISSING = object()
+
+
 @dataclass(frozen=True, slots=True)
 class ConversationState:
     """A conversation's stored state for one request, read in one round trip.
 
-    lines: every line of the request's slot: (its checkpoint, decoded JSON object; its
-      logical clock), most recently used first.
+    lines: every line of the request's slot: (its checkpoint, decoded JSON object or what
+      the load's decoder made of it; its logical clock), most recently used first.
     summaries: of the summary keys asked for, those stored (key -> text).
     notes: the slot's notes of summaries made ahead (decoded JSON).
     """
 
-    lines: tuple[tuple[dict[str, Any], int], ...] = ()
+    lines: tuple[tuple[Any, int], ...] = ()
     summaries: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[object, ...] = ()
 
     @property
-    def checkpoint(self) -> dict[str, Any] | None:
+    def checkpoint(self) -> Any:
         """The most recently used line's checkpoint (None: the slot has none)."""
         return self.lines[0][0] if self.lines else None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import secrets
@@ -41,6 +42,7 @@ from proxy.store.crossing import (
     ConversationState,
     CrossingSaved,
     CrossingWrite,
+    LineMemo,
     crossing_timeout,
     failed,
 )
@@ -168,6 +170,7 @@ class Store:
         self.default_ttl = _positive("default_ttl", default_ttl)
         self.is_cluster = isinstance(client, RedisCluster)
         self.blob_cache = BlobCache(blob_cache_chars)
+        self._lines = LineMemo()
         self._release = client.register_script(_RELEASE)
         self._mean = client.register_script(_MEAN)
         self._touch = client.register_script(_TOUCH)
@@ -327,11 +330,19 @@ class Store:
     # -- what the compaction executor calls -------------------------------------------
 
     async def load_conversation(
-        self, tenant: str, conversation: str, slot: str, *, summaries: Sequence[str] = ()
+        self,
+        tenant: str,
+        conversation: str,
+        slot: str,
+        *,
+        summaries: Sequence[str] = (),
+        decode: Callable[[Any], object] | None = None,
     ) -> ConversationState:
         """Every line stored in ``slot`` (checkpoints and their clocks), the slot's notes
         of summaries made ahead, and the stored ones of the ``summaries`` keys, in one
-        round trip (all keys share the conversation's slot)."""
+        round trip (all keys share the conversation's slot). ``decode``: what each
+        checkpoint (a JSON object) is turned into, made once per stored value (LineMemo:
+        the result must be immutable); a line it answers None for is left out."""
         lines_key = self._key(tenant, conversation, keys.LINES, slot)
         names = [self._key(tenant, conversation, keys.SUMMARY, k) for k in summaries]
         if names:
@@ -344,8 +355,9 @@ class Store:
             hash_ = await self._call(lambda: self._client.hgetall(lines_key))
             found = [hash_]
         fields = cast("dict[bytes, bytes]", found[0] or {})
-        checkpoints: dict[str, dict[str, Any]] = {}
+        checkpoints: dict[str, Any] = {}
         used: dict[str, int] = {}
+        parse = functools.partial(self._line, lines_key)
         notes: list[object] = []
         for raw_name, raw in fields.items():
             name = raw_name.decode("utf-8", "replace")
@@ -355,6 +367,11 @@ class Store:
                     used[line] = int(raw)
                 except ValueError:
                     used[line] = 0
+                continue
+            if kind == "c" and decode is not None:
+                checkpoint = self._lines.get(raw, decode, parse)
+                if checkpoint is not None:
+                    checkpoints[line] = checkpoint
                 continue
             value = self._decode(f"{lines_key} {name}", raw)
             if kind == "c" and isinstance(value, dict):
@@ -372,6 +389,10 @@ class Store:
             texts,
             tuple(notes),
         )
+
+    def _line(self, key: str, raw: bytes) -> dict[str, Any] | None:
+        value = self._decode(key, raw)
+        return value if isinstance(value, dict) else None
 
     async def save_crossing(
         self,

@@ -96,6 +96,27 @@ async def test_a_crossing_without_checkpoint_or_summary(store: Store) -> None:
     }
 
 
+async def test_a_load_decodes_each_stored_checkpoint_once(store: Store) -> None:
+    decoded: list[object] = []
+
+    def decode(raw: Any) -> object:
+        decoded.append(raw)
+        return None if raw.get("bad") else ("decoded", raw["n"])
+
+    for line, checkpoint in (("a", CHECKPOINT), ("b", {**CHECKPOINT, "n": 5}), ("c", {"bad": 1})):
+        saved = await store.save_crossing(
+            T, C, slot="s", checkpoint=checkpoint, blobs=[], summary=None, touch=[], line=line,
+            used=ord(line),
+        )  # fmt: skip
+        assert saved.complete
+    for _ in range(3):
+        state = await store.load_conversation(T, C, "s", decode=decode)
+        # Most recently used first; a line the decoder refuses is left out.
+        assert state.lines == ((("decoded", 5), ord("b")), (("decoded", 4), ord("a")))
+    assert len(decoded) == 3  # once per stored value, not per load
+    assert (await store.load_conversation(T, C, "s")).checkpoint == {"bad": 1}  # no decoder
+
+
 async def test_the_same_result_is_stored_once_per_tenant(
     url: str, make_store: Callable[..., Store]
 ) -> None:
