@@ -209,7 +209,7 @@ async def measured(
             after = target.store.commands()
             calls = {k: v - commands.get(k, 0) for k, v in after.items()}
             out[f"{who}_commands"] = sum(calls.values()) / requests
-            top = sorted(calls.items(), key=lambda kv: -kv[1])[:6]
+            top = sorted(calls.items(), key=lambda kv: -kv[1])  # every command, most first
             out[f"{who}_top"] = {k: round(v / requests, 2) for k, v in top if v}
     out["requests"] = requests
     return out
@@ -383,11 +383,12 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             strategies = ", ".join(
                 f"{k or 'none'} {v}" for k, v in sorted(w["proxy_strategies"].items())
             )
-            commands = (
-                f"{w['proxy_commands_early']:.2f} / {w['proxy_commands_late']:.2f}"
+            commands = " (before: ".join(
+                f"{w[f'{who}_commands_early']:.2f} / {w[f'{who}_commands_late']:.2f}"
                 if name == "crossing"
-                else f"{w['proxy_commands']:.2f}"
-            )
+                else f"{w[f'{who}_commands']:.2f}"
+                for who in (("proxy", "before") if before else ("proxy",))
+            ) + (")" if before else "")
             cells = [
                 str(i + 1), name, str(w["requests"]), f"{w['bytes'] / 1000:.0f} KB",
                 f"{w['relay']:.0f}",
