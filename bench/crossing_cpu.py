@@ -19,7 +19,8 @@ run. Two workloads:
   offloads the result that has just left the keep window).
 
 For each workload: the CPU time of the serve process (every thread's, /proc schedstat)
-over the requests, per request, and the same for the relay; the ratio proxy / relay. Also the Redis
+over the requests, per request, and the same for the relay; the ratio proxy / relay (the
+targets are measured one after the other, in another order at each repeat). Also the Redis
 commands per request (INFO commandstats) for the first and the second half of the
 crossing turns: they should not grow with the conversation. Each repeat uses fresh
 conversations and fresh results (nothing counted before); --profile DIR runs py-spy on
@@ -223,6 +224,11 @@ async def one_repeat(
     repeat: int,
 ) -> dict[str, Any]:
     tag = f"r{repeat}x{os.getpid() % 10000}"
+    # Each repeat measures the targets in another order: on shared cores the load drifts
+    # within a repeat, and the one measured first would always meet the same part of it.
+    order = list(targets)
+    turn = repeat % len(order) if repeat >= 0 else 0
+    targets = {who: targets[who] for who in order[turn:] + order[:turn]}
     names = [f"{tag}c{i:03d}" for i in range(args.conversations)]
 
     def plan(turns: range) -> list[tuple[str, list[bytes]]]:
