@@ -363,3 +363,20 @@ async def test_cluster_takes_the_checkpoint_back_when_a_node_does_not_answer(
         assert state.checkpoint is None
     finally:
         client.close()
+
+
+def test_decoded_lines_are_kept_within_their_bounds() -> None:
+    from proxy.store.crossing import LineMemo
+
+    made: list[bytes] = []
+
+    def decode(raw: Any) -> object:
+        made.append(raw)
+        return raw
+
+    memo = LineMemo(size=2, stored=10)
+    for raw in (b"aaaa", b"bbbb", b"aaaa", b"cccc", b"aaaa", b"x" * 11, b"x" * 11):
+        assert memo.get(raw, decode, bytes) == raw
+    # aaaa and bbbb kept (aaaa then found); cccc would pass the 10 bytes: the memo starts
+    # again with it, and aaaa is made again; a value over the bound alone is never kept.
+    assert made == [b"aaaa", b"bbbb", b"cccc", b"aaaa", b"x" * 11, b"x" * 11]
