@@ -19,7 +19,8 @@ run. Two workloads:
   offloads the result that has just left the keep window).
 
 For each workload: the CPU time of the serve process (every thread's, /proc schedstat)
-over the requests, per request, and the same for the relay; the ratio proxy / relay. Also the Redis
+over the requests, per request, and the same for the relay; the ratio proxy / relay (the
+targets are measured one after the other, in another order at each repeat). Also the Redis
 commands per request (INFO commandstats) for the first and the second half of the
 crossing turns: they should not grow with the conversation. Each repeat uses fresh
 conversations and fresh results (nothing counted before); --profile DIR runs py-spy on
@@ -209,7 +210,7 @@ async def measured(
             after = target.store.commands()
             calls = {k: v - commands.get(k, 0) for k, v in after.items()}
             out[f"{who}_commands"] = sum(calls.values()) / requests
-            top = sorted(calls.items(), key=lambda kv: -kv[1])[:6]
+            top = sorted(calls.items(), key=lambda kv: -kv[1])  # every command, most first
             out[f"{who}_top"] = {k: round(v / requests, 2) for k, v in top if v}
     out["requests"] = requests
     return out
@@ -223,6 +224,11 @@ async def one_repeat(
     repeat: int,
 ) -> dict[str, Any]:
     tag = f"r{repeat}x{os.getpid() % 10000}"
+    # Each repeat measures the targets in another order: on shared cores the load drifts
+    # within a repeat, and the one measured first would always meet the same part of it.
+    order = list(targets)
+    turn = repeat % len(order) if repeat >= 0 else 0
+    targets = {who: targets[who] for who in order[turn:] + order[:turn]}
     names = [f"{tag}c{i:03d}" for i in range(args.conversations)]
 
     def plan(turns: range) -> list[tuple[str, list[bytes]]]:
@@ -383,11 +389,12 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             strategies = ", ".join(
                 f"{k or 'none'} {v}" for k, v in sorted(w["proxy_strategies"].items())
             )
-            commands = (
-                f"{w['proxy_commands_early']:.2f} / {w['proxy_commands_late']:.2f}"
+            commands = " (before: ".join(
+                f"{w[f'{who}_commands_early']:.2f} / {w[f'{who}_commands_late']:.2f}"
                 if name == "crossing"
-                else f"{w['proxy_commands']:.2f}"
-            )
+                else f"{w[f'{who}_commands']:.2f}"
+                for who in (("proxy", "before") if before else ("proxy",))
+            ) + (")" if before else "")
             cells = [
                 str(i + 1), name, str(w["requests"]), f"{w['bytes'] / 1000:.0f} KB",
                 f"{w['relay']:.0f}",

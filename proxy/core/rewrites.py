@@ -28,7 +28,7 @@ from proxy.core.segments import (
 )
 from proxy.core.strategy import Strategy
 from proxy.core.summary import note_text
-from proxy.core.working import Working, has_stubs, last_stub, named_refs, working
+from proxy.core.working import Working, has_stubs, last_stub, named_refs, rebuilt, working
 
 
 def offload(work: Working, inp: PlanInput) -> tuple[Working, list[tuple[str, str]]]:
@@ -69,7 +69,7 @@ def offload(work: Working, inp: PlanInput) -> tuple[Working, list[tuple[str, str
         earlier = list(seg.stubs) if isinstance(seg, Stubbed) else []
         merged = tuple(sorted(earlier + stubs[n], key=lambda s: s.block))
         segments.append(Stubbed(seg.index, merged))
-    return working(segments, inp), blobs
+    return rebuilt(work, segments, stubs.keys(), inp), blobs
 
 
 def fold(need: FoldPlan, text: str | None, *, summary: str) -> Rewrite | Refuse:

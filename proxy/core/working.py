@@ -4,7 +4,7 @@ messages, and what the proxy wrote)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,19 @@ def working(segments: list[Segment], inp: PlanInput) -> Working:
         if made_here(seg):
             shape = Shape(shape.role, shape.tokens, made_here=True)
         shapes.append(shape)
+    return Working(segments, messages, shapes, group_history(shapes))
+
+
+def rebuilt(
+    work: Working, segments: list[Segment], changed: Collection[int], inp: PlanInput
+) -> Working:
+    """`working(segments, inp)` when only the segments at `changed` differ from work's:
+    the others' messages and shapes are kept (an offload step stubs a result or two of a
+    long history, and building every message's shape again was half of its cost)."""
+    messages, shapes = list(work.messages), list(work.shapes)
+    for n in changed:
+        one = working([segments[n]], inp)
+        messages[n], shapes[n] = one.messages[0], one.shapes[0]
     return Working(segments, messages, shapes, group_history(shapes))
 
 

@@ -132,14 +132,13 @@ class StoreExecutor:
         if self.store is None:
             return Loaded(None, store_ok=False)
         try:
-            state = await self.store.load_conversation(self.tenant, self.conversation, command.slot)
+            # Checkpoints decoded once per stored value: the next request reads them again.
+            state = await self.store.load_conversation(
+                self.tenant, self.conversation, command.slot, decode=decode_checkpoint
+            )
         except StoreUnavailable:
             return Loaded(None, store_ok=False)
-        lines = []
-        for raw, used in state.lines:
-            checkpoint = decode_checkpoint(raw)
-            if checkpoint is not None:
-                lines.append(Line(checkpoint, used))
+        lines = [Line(checkpoint, used) for checkpoint, used in state.lines]
         notes = [n for n in map(prepared_of, state.notes) if n is not None]
         self.on_lines(len(lines))
         return Loaded(lines=tuple(lines), notes=tuple(notes))

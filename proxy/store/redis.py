@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import secrets
@@ -37,8 +38,11 @@ from proxy.store.blobcache import DEFAULT_CHARS, BlobCache
 from proxy.store.codec import CorruptValue, pack, unpack
 from proxy.store.crossing import (
     MAX_CROSSING_SECONDS,
+    SAVE_CROSSING,
     ConversationState,
     CrossingSaved,
+    CrossingWrite,
+    LineMemo,
     crossing_timeout,
     failed,
 )
@@ -166,6 +170,7 @@ class Store:
         self.default_ttl = _positive("default_ttl", default_ttl)
         self.is_cluster = isinstance(client, RedisCluster)
         self.blob_cache = BlobCache(blob_cache_chars)
+        self._lines = LineMemo()
         self._release = client.register_script(_RELEASE)
         self._mean = client.register_script(_MEAN)
         self._touch = client.register_script(_TOUCH)
@@ -325,21 +330,34 @@ class Store:
     # -- what the compaction executor calls -------------------------------------------
 
     async def load_conversation(
-        self, tenant: str, conversation: str, slot: str, *, summaries: Sequence[str] = ()
+        self,
+        tenant: str,
+        conversation: str,
+        slot: str,
+        *,
+        summaries: Sequence[str] = (),
+        decode: Callable[[Any], object] | None = None,
     ) -> ConversationState:
         """Every line stored in ``slot`` (checkpoints and their clocks), the slot's notes
         of summaries made ahead, and the stored ones of the ``summaries`` keys, in one
-        round trip (all keys share the conversation's slot)."""
+        round trip (all keys share the conversation's slot). ``decode``: what each
+        checkpoint (a JSON object) is turned into, made once per stored value (LineMemo:
+        the result must be immutable); a line it answers None for is left out."""
         lines_key = self._key(tenant, conversation, keys.LINES, slot)
         names = [self._key(tenant, conversation, keys.SUMMARY, k) for k in summaries]
-        pipe = self._client.pipeline(transaction=False)
-        pipe.hgetall(lines_key)
-        for name in names:
-            pipe.get(name)
-        found = await self._call(lambda: pipe.execute())
+        if names:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.hgetall(lines_key)
+            for name in names:
+                pipe.get(name)
+            found = await self._call(lambda: pipe.execute())
+        else:  # a crossing's load: one command, without a pipeline's machinery
+            hash_ = await self._call(lambda: self._client.hgetall(lines_key))
+            found = [hash_]
         fields = cast("dict[bytes, bytes]", found[0] or {})
-        checkpoints: dict[str, dict[str, Any]] = {}
+        checkpoints: dict[str, Any] = {}
         used: dict[str, int] = {}
+        parse = functools.partial(self._line, lines_key)
         notes: list[object] = []
         for raw_name, raw in fields.items():
             name = raw_name.decode("utf-8", "replace")
@@ -349,6 +367,11 @@ class Store:
                     used[line] = int(raw)
                 except ValueError:
                     used[line] = 0
+                continue
+            if kind == "c" and decode is not None:
+                checkpoint = self._lines.get(raw, decode, parse)
+                if checkpoint is not None:
+                    checkpoints[line] = checkpoint
                 continue
             value = self._decode(f"{lines_key} {name}", raw)
             if kind == "c" and isinstance(value, dict):
@@ -367,6 +390,10 @@ class Store:
             tuple(notes),
         )
 
+    def _line(self, key: str, raw: bytes) -> dict[str, Any] | None:
+        value = self._decode(key, raw)
+        return value if isinstance(value, dict) else None
+
     async def save_crossing(
         self,
         tenant: str,
@@ -382,13 +409,13 @@ class Store:
         evict: Sequence[str] = (),
         evict_notes: Sequence[str] = (),
     ) -> CrossingSaved:
-        """Write a crossing in one pipelined call: every blob (once per tenant, compressed),
+        """Write a crossing in one round trip: every blob (once per tenant, compressed),
         a fresh TTL on every ref of ``touch`` still named, the checkpoint (the line
         ``line`` of the slot's hash, its clock ``used``), the summary, and the lines of
         ``evict`` and the notes of ``evict_notes`` taken out of the slot's hash.
 
-        On a single Redis the call is one MULTI/EXEC: all of it is stored, or none of it.
-        On a Cluster the writes go to each node concurrently (one round trip per node
+        On a single Redis the call is one script (SAVE_CROSSING): all of it is stored, or
+        none of it. On a Cluster the writes go to each node concurrently (one round trip per node
         touched, none atomic across slots); if a blob write or a refresh failed, or the
         call failed as a whole (a timeout: some nodes may have written), the checkpoint is
         deleted again (one more round trip), so a stored checkpoint does not name a blob
@@ -402,57 +429,96 @@ class Store:
         packed = await self._pack_blobs(blobs)
         new = {ref for ref, _ in blobs}
         kept = [ref for ref in dict.fromkeys(touch) if ref not in new]
-        ttl = self.default_ttl
-        pipe = self._client.pipeline(transaction=not self.is_cluster)
-        for ref, value in packed:
-            pipe.set(self._blob_key(tenant, ref), value, ex=ttl)
-        for ref in kept:
-            pipe.expire(self._blob_key(tenant, ref), ttl)
         lines_key = self._key(tenant, conversation, keys.LINES, slot)
         line = line or "_"
-        payload = sum(len(v) for _, v in packed)
-        if checkpoint is not None:
-            data = self._encode(checkpoint)
-            payload += len(data)
-            pipe.hset(lines_key, mapping={f"c:{line}": data, f"u:{line}": str(used)})
-        if summary is not None:
-            data = self._encode(summary[1])
-            payload += len(data)
-            pipe.set(self._key(tenant, conversation, keys.SUMMARY, summary[0]), data, ex=ttl)
         gone = [f"{kind}:{name}" for name in evict if name != line for kind in ("c", "u")]
         gone += [f"p:{seen}" for seen in evict_notes]
-        if gone:
-            pipe.hdel(lines_key, *gone)
-        if checkpoint is not None or gone:
-            pipe.expire(lines_key, ttl)
-        commands = len(pipe)
-        timeout = crossing_timeout(self.op_timeout, commands, payload)
+        write = CrossingWrite(
+            self.default_ttl,
+            [(self._blob_key(tenant, ref), value) for ref, value in packed],
+            [self._blob_key(tenant, ref) for ref in kept],
+            lines_key,
+            line,
+            used,
+            None if checkpoint is None else self._encode(checkpoint),
+            None if summary is None else (
+                self._key(tenant, conversation, keys.SUMMARY, summary[0]),
+                self._encode(summary[1]),
+            ),
+            gone,
+        )  # fmt: skip
         parts = {"blobs": bool(blobs), "checkpoint": checkpoint is not None}
         parts["summary"] = summary is not None
+        if self.is_cluster:
+            return await self._save_on_nodes(write, blobs, kept, tenant, parts)
+        # One script: as atomic as MULTI/EXEC, one reply to parse (proxy/store/crossing.py).
+        timeout = crossing_timeout(self.op_timeout, len(write.keys()) + 2, write.payload)
+        script_keys, args = write.keys(), write.args()
+        try:
+            found = await self._call(
+                lambda: self._client.eval(SAVE_CROSSING, len(script_keys), *script_keys, *args),
+                timeout,
+            )
+        except StoreUnavailable as unavailable:
+            return failed(str(unavailable), **parts)
+        lost = tuple(ref for ref, r in zip(kept, found, strict=True) if not r)
+        self._unreadable(len(lost))
+        for ref, text in blobs:
+            self.blob_cache.put(tenant, ref, text)
+        return CrossingSaved(True, True, True, lost)
+
+    async def _save_on_nodes(
+        self,
+        write: CrossingWrite,
+        blobs: Sequence[tuple[str, str]],
+        kept: Sequence[str],
+        tenant: str,
+        parts: dict[str, bool],
+    ) -> CrossingSaved:
+        """A crossing's writes on a Cluster: each node's part at once, none atomic across
+        slots; a checkpoint whose blobs failed is taken back (save_crossing)."""
+        ttl, lines_key, line = write.ttl, write.lines, write.line
+        pipe = self._client.pipeline(transaction=False)
+        for key, value in write.blobs:
+            pipe.set(key, value, ex=ttl)
+        for key in write.kept:
+            pipe.expire(key, ttl)
+        data = write.checkpoint
+        if data is not None:
+            pipe.hset(lines_key, items=[f"c:{line}", data, f"u:{line}", str(write.used)])
+        if write.summary is not None:
+            pipe.set(write.summary[0], write.summary[1], ex=ttl)
+        if write.gone:
+            pipe.hdel(lines_key, *write.gone)
+        if write.checkpoint is not None or write.gone:
+            pipe.expire(lines_key, ttl)
+        timeout = crossing_timeout(self.op_timeout, len(pipe), write.payload)
+        has_checkpoint = write.checkpoint is not None
         take_back = (lines_key, f"c:{line}")
         try:
             replies = await self._call(lambda: pipe.execute(raise_on_error=False), timeout)
         except StoreUnavailable as unavailable:
             reason = str(unavailable)
-            if self.is_cluster and checkpoint is not None:
+            if has_checkpoint:
                 # Some nodes may have written their part: take the checkpoint back.
                 reason += await self._take_back(*take_back)
             return failed(reason, **parts)
         errors = [r for r in replies if isinstance(r, Exception)]
         if errors and self.on_error is not None:
             self.on_error()
-        blob_replies = replies[: len(packed)]
-        touch_replies = replies[len(packed) : len(packed) + len(kept)]
-        rest = replies[len(packed) + len(kept) :]
+        written = len(write.blobs)
+        blob_replies = replies[:written]
+        touch_replies = replies[written : written + len(kept)]
+        rest = replies[written + len(kept) :]
         blobs_ok = all(r is True for r in blob_replies)
         touched_ok = not any(isinstance(r, Exception) for r in touch_replies)
         lost = tuple(ref for ref, r in zip(kept, touch_replies, strict=True) if r is False)
         self._unreadable(len(lost))
-        checkpoint_ok = checkpoint is None or not isinstance(rest.pop(0), Exception)
-        summary_ok = summary is None or rest.pop(0) is True
+        checkpoint_ok = not has_checkpoint or not isinstance(rest.pop(0), Exception)
+        summary_ok = write.summary is None or rest.pop(0) is True
         reason = _describe(errors[0]) if errors else ""
-        if checkpoint is not None and checkpoint_ok and not (blobs_ok and touched_ok):
-            checkpoint_ok = False  # only on a Cluster: a transaction fails as a whole
+        if has_checkpoint and checkpoint_ok and not (blobs_ok and touched_ok):
+            checkpoint_ok = False
             reason += await self._take_back(*take_back)
         if blobs_ok:
             for ref, text in blobs:

@@ -307,3 +307,29 @@ def test_offload_respects_keep_results(keep_results: int) -> None:
     out = planned(conversation(12), policy=limits)
     assert isinstance(out, Rewrite)
     assert len(out.blobs) == 12 - keep_results
+
+
+def test_an_offload_step_rebuilds_only_the_messages_it_stubs() -> None:
+    from proxy.core.segments import Stub, Stubbed, Verbatim
+    from proxy.core.working import rebuilt, working
+
+    messages = conversation(6)
+    inp = PlanInput(
+        messages=messages,
+        digests=[message_digest(m) for m in messages],
+        counts=[COUNTER.count_message(m) for m in messages],
+        checkpoint=None,
+        policy=policy(),
+        counter=COUNTER,
+        fixed_tokens=500,
+        tool_tokens=TOOL_TOKENS,
+        tool="read_result",
+        dialect=ANTHROPIC,
+    )
+    before: list[Any] = [Verbatim(n) for n in range(len(messages))]
+    before[2] = Stubbed(2, (Stub(0, "r_earlier", 200),))
+    work = working(before, inp)
+    after = list(before)
+    after[4] = Stubbed(4, (Stub(0, "r_new", 200),))
+    after[8] = Stubbed(8, (Stub(0, "r_second", 200),))
+    assert rebuilt(work, after, [8, 4], inp) == working(after, inp)

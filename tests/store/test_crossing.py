@@ -96,6 +96,27 @@ async def test_a_crossing_without_checkpoint_or_summary(store: Store) -> None:
     }
 
 
+async def test_a_load_decodes_each_stored_checkpoint_once(store: Store) -> None:
+    decoded: list[object] = []
+
+    def decode(raw: Any) -> object:
+        decoded.append(raw)
+        return None if raw.get("bad") else ("decoded", raw["n"])
+
+    for line, checkpoint in (("a", CHECKPOINT), ("b", {**CHECKPOINT, "n": 5}), ("c", {"bad": 1})):
+        saved = await store.save_crossing(
+            T, C, slot="s", checkpoint=checkpoint, blobs=[], summary=None, touch=[], line=line,
+            used=ord(line),
+        )  # fmt: skip
+        assert saved.complete
+    for _ in range(3):
+        state = await store.load_conversation(T, C, "s", decode=decode)
+        # Most recently used first; a line the decoder refuses is left out.
+        assert state.lines == ((("decoded", 5), ord("b")), (("decoded", 4), ord("a")))
+    assert len(decoded) == 3  # once per stored value, not per load
+    assert (await store.load_conversation(T, C, "s")).checkpoint == {"bad": 1}  # no decoder
+
+
 async def test_the_same_result_is_stored_once_per_tenant(
     url: str, make_store: Callable[..., Store]
 ) -> None:
@@ -342,3 +363,20 @@ async def test_cluster_takes_the_checkpoint_back_when_a_node_does_not_answer(
         assert state.checkpoint is None
     finally:
         client.close()
+
+
+def test_decoded_lines_are_kept_within_their_bounds() -> None:
+    from proxy.store.crossing import LineMemo
+
+    made: list[bytes] = []
+
+    def decode(raw: Any) -> object:
+        made.append(raw)
+        return raw
+
+    memo = LineMemo(size=2, stored=10)
+    for raw in (b"aaaa", b"bbbb", b"aaaa", b"cccc", b"aaaa", b"x" * 11, b"x" * 11):
+        assert memo.get(raw, decode, bytes) == raw
+    # aaaa and bbbb kept (aaaa then found); cccc would pass the 10 bytes: the memo starts
+    # again with it, and aaaa is made again; a value over the bound alone is never kept.
+    assert made == [b"aaaa", b"bbbb", b"cccc", b"aaaa", b"x" * 11, b"x" * 11]
