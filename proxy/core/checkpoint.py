@@ -11,7 +11,8 @@ Messages are matched by their *match digest*: the hash of the message with every
 and a string `content` read as one text block (Claude Code sends the same reminder both
 ways). What is forwarded is always what the client sent; the digest is only for matching.
 One pass per message (`fingerprint`) serialises it once and gives both the match digest
-and the key its token count is cached under.
+and the key its token count is cached under. The JSON codec of a checkpoint and its
+segments is used at the store's edge only.
 """
 
 from __future__ import annotations
@@ -23,14 +24,8 @@ from typing import Any
 
 import orjson
 
-from proxy.core.segments import (
-    Segment,
-    SegmentError,
-    Verbatim,
-    decode_segments,
-    encode_segments,
-    identity,
-)
+from proxy.core.offload import Stub
+from proxy.core.segments import Note, Segment, Stubbed, Summary, Verbatim, identity
 from proxy.core.strategy import Strategy
 
 VERSION = 2
@@ -210,6 +205,71 @@ def decode_checkpoint(raw: object) -> Checkpoint | None:
     except SegmentError:
         return None
     return Checkpoint(n, prefix, tuple(segments), tool, Strategy(strategy), key, after, renewed)
+
+
+def encode_segments(segments: Sequence[Segment]) -> list[list[Any]]:
+    out: list[list[Any]] = []
+    for seg in segments:
+        if isinstance(seg, Verbatim):
+            out.append(["m", seg.index])
+        elif isinstance(seg, Stubbed):
+            out.append(["s", seg.index, [[s.block, s.ref, s.head_chars] for s in seg.stubs]])
+        elif isinstance(seg, Summary):
+            out.append(["summary", seg.text, seg.folded, list(seg.refs)])
+        else:
+            out.append(["note", seg.text, seg.dropped])
+    return out
+
+
+class SegmentError(ValueError):
+    """A stored segment list that does not decode (treated as no checkpoint)."""
+
+
+def decode_segments(raw: object) -> list[Segment]:
+    if not isinstance(raw, list):
+        raise SegmentError("segments must be a list")
+    out: list[Segment] = []
+    for item in raw:
+        if not isinstance(item, list) or not item:
+            raise SegmentError(f"bad segment {item!r}")
+        kind, rest = item[0], item[1:]
+        if kind == "m" and len(rest) == 1 and _index(rest[0]):
+            out.append(Verbatim(rest[0]))
+        elif kind == "s" and len(rest) == 2 and _index(rest[0]) and isinstance(rest[1], list):
+            out.append(Stubbed(rest[0], tuple(_stub(s) for s in rest[1])))
+        elif (
+            kind == "summary"
+            and len(rest) in (2, 3)
+            and isinstance(rest[0], str)
+            and _index(rest[1])
+        ):
+            # A summary stored before it recorded its refs vouches for none.
+            vouched = rest[2] if len(rest) == 3 else []
+            if not isinstance(vouched, list) or not all(isinstance(r, str) for r in vouched):
+                raise SegmentError(f"bad segment {item!r}")
+            out.append(Summary(rest[0], rest[1], tuple(vouched)))
+        elif kind == "note" and len(rest) in (1, 2) and isinstance(rest[0], str):
+            dropped = rest[1] if len(rest) == 2 and _index(rest[1]) else 0
+            out.append(Note(rest[0], dropped))
+        else:
+            raise SegmentError(f"bad segment {item!r}")
+    return out
+
+
+def _index(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _stub(raw: object) -> Stub:
+    if (
+        isinstance(raw, list)
+        and len(raw) == 3
+        and _index(raw[0])
+        and isinstance(raw[1], str)
+        and _index(raw[2])
+    ):
+        return Stub(raw[0], raw[1], raw[2])
+    raise SegmentError(f"bad stub {raw!r}")
 
 
 # The stored `strategy` is the member's value: every value a release has written.

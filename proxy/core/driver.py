@@ -63,10 +63,9 @@ from proxy.core.plan_input import PlanInput, real
 from proxy.core.planner import plan, without_blobs
 from proxy.core.policy import Policy
 from proxy.core.rewrites import fold, recovered_blobs
-from proxy.core.segments import StubbedMemo
+from proxy.core.segments import StubbedMemo, vouched_refs
 from proxy.core.tokens import TOOLS_PREAMBLE
 from proxy.core.wire_format import MessageCounter, WireFormat
-from proxy.core.working import named_refs
 
 Message = Mapping[str, Any]
 T = TypeVar("T")
@@ -232,7 +231,7 @@ def _renewal(
     if before is None:
         return replace(made, renewed_at=now), tuple(kept)
     last = before.renewed_at
-    if 0 < last <= now < last + every and set(kept) <= set(named_refs(before.segments)):
+    if 0 < last <= now < last + every and set(kept) <= set(vouched_refs(before.segments)):
         return replace(made, renewed_at=last), ()
     return replace(made, renewed_at=now), tuple(kept)
 

@@ -22,13 +22,15 @@ from proxy.core.segments import (
     Stubbed,
     Summary,
     Verbatim,
+    has_stubs,
+    last_stub,
     refs_of,
     stands_for,
     vouched_refs,
 )
 from proxy.core.strategy import Strategy
 from proxy.core.summary import note_text
-from proxy.core.working import Working, has_stubs, last_stub, named_refs, working
+from proxy.core.working import Working, working
 
 
 def offload(work: Working, inp: PlanInput) -> tuple[Working, list[tuple[str, str]]]:
@@ -159,7 +161,7 @@ def pack(
     strategy = Strategy.packing(bool(blobs))
     if done.tokens > limits.trigger:
         reason = reason or "target_unreachable"
-    tool = inp.tool if kept or inp.sticky_tool or named_refs(segments) else None
+    tool = inp.tool if kept or inp.sticky_tool or vouched_refs(segments) else None
     return rewrite_of(inp, done, tool, strategy, before, blobs=blobs, reason=reason)
 
 
@@ -212,7 +214,7 @@ def rewrite_of(
         estimate=work.tokens,
         blobs=blobs or [],
         checkpoint=stored,
-        refs=named_refs(work.segments),
+        refs=vouched_refs(work.segments),  # every ref the history may read
         breakpoint_at=last_stub(work.segments),
         summary=summary,
         reason=reason,

@@ -4,13 +4,12 @@ messages, and what the proxy wrote)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.core.history import Group, Shape, group_history
 from proxy.core.plan_input import PlanInput
-from proxy.core.segments import Segment, Stubbed, Verbatim, made_here, material, vouched_refs
+from proxy.core.segments import Segment, Stubbed, Verbatim, made_here, material
 from proxy.core.stubbed_memo import stubbed_message
 
 
@@ -46,19 +45,3 @@ def working(segments: list[Segment], inp: PlanInput) -> Working:
             shape = Shape(shape.role, shape.tokens, made_here=True)
         shapes.append(shape)
     return Working(segments, messages, shapes, group_history(shapes))
-
-
-def named_refs(segments: Sequence[Segment]) -> list[str]:
-    """Every ref the history may read: its stubs', then those its summaries vouch for
-    (never a ref-shaped string a client wrote, quoted or not)."""
-    return vouched_refs(segments)
-
-
-def last_stub(segments: Sequence[Segment]) -> int | None:
-    return next(
-        (n for n in range(len(segments) - 1, -1, -1) if isinstance(segments[n], Stubbed)), None
-    )
-
-
-def has_stubs(segments: Sequence[Segment]) -> bool:
-    return any(isinstance(seg, Stubbed) for seg in segments)
