@@ -59,13 +59,13 @@ from proxy.core.lines import (
     next_tick,
 )
 from proxy.core.outcome import FoldPlan, Outcome, Planned, Refuse, Rewrite, Untouched
-from proxy.core.plan_input import PlanInput, real
 from proxy.core.planner import plan, without_blobs
 from proxy.core.policy import Policy
 from proxy.core.rewrites import fold, recovered_blobs
 from proxy.core.segments import StubbedMemo, vouched_refs
 from proxy.core.tokens import TOOLS_PREAMBLE
 from proxy.core.wire_format import MessageCounter, WireFormat
+from proxy.core.working import PlanInput, real
 
 Message = Mapping[str, Any]
 T = TypeVar("T")

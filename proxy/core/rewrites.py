@@ -15,7 +15,6 @@ from proxy.core.history import GroupKind, pack_messages, pinned_tokens
 from proxy.core.offload import Stub, ToolResult, ref_for, refs_in
 from proxy.core.outcome import FoldPlan, Refuse, Rewrite
 from proxy.core.pack import pack_context
-from proxy.core.plan_input import Limits, PlanInput, real
 from proxy.core.segments import (
     Note,
     Segment,
@@ -30,7 +29,7 @@ from proxy.core.segments import (
 )
 from proxy.core.strategy import Strategy
 from proxy.core.summary import note_text
-from proxy.core.working import Working, working
+from proxy.core.working import Limits, PlanInput, Working, real, working
 
 
 def offload(work: Working, inp: PlanInput) -> tuple[Working, list[tuple[str, str]]]:

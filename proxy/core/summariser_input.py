@@ -21,7 +21,6 @@ from typing import Any
 from proxy.core.checkpoint import chain_hash, message_digest
 from proxy.core.facts import CONVERSATION, EARLIER_SUMMARY, TOOL_RESULT, Facts, Source
 from proxy.core.outcome import FoldPlan, InPlace
-from proxy.core.plan_input import Limits, PlanInput, real
 from proxy.core.policy import Policy
 from proxy.core.segments import (
     Segment,
@@ -34,7 +33,7 @@ from proxy.core.segments import (
 )
 from proxy.core.summary import INSTRUCTION, in_place_prompt
 from proxy.core.wire_format import Dialect
-from proxy.core.working import Working
+from proxy.core.working import Limits, PlanInput, Working, real
 
 Message = Mapping[str, Any]
 

@@ -1,16 +1,118 @@
-"""A history under construction: the segments a plan makes, and the messages, shapes
-and groups they stand for (built from the client's messages, the memo of stubbed
-messages, and what the proxy wrote)."""
+"""What the planner works on: its input, the policy's numbers in its units, and the
+history it builds.
+
+`PlanInput` is what the planner is given for one request. Counts are local estimates; the
+policy's numbers are real tokens, so they are divided by the calibration factor (real /
+estimated) once (`limits_of`), and all the planning happens in estimated units; `real`
+turns an estimate back for what the client is told.
+
+`working` builds a `Working` history from segments: the client's messages, the messages
+the proxy writes (proxy/core/segments.py), and stubbed messages reused from the memo. A
+checkpoint's stubs are reapplied to every later request of the conversation, so the same
+stubbed message would be built and counted again on every turn; the shell keeps one memo
+for all requests (`PlanInput.stubbed`), keyed by what the message is built from
+(`segments.stubbed_key`), bounded by STUBBED_MEMO_SIZE.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.core.checkpoint import Checkpoint
+from proxy.core.commands import PreparedSummary
 from proxy.core.history import Group, Shape, group_history
-from proxy.core.plan_input import PlanInput
-from proxy.core.segments import Segment, Stubbed, Verbatim, made_here, material
-from proxy.core.stubbed_memo import stubbed_message
+from proxy.core.policy import Policy, prepare_at
+from proxy.core.segments import (
+    REBUILDABLE_FORMS,
+    Segment,
+    Stubbed,
+    StubbedMemo,
+    Verbatim,
+    made_here,
+    material,
+    stubbed_key,
+)
+from proxy.core.wire_format import Dialect, MessageCounter
+
+Message = Mapping[str, Any]
+
+
+# -- what the planner is given ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlanInput:
+    messages: Sequence[Message]
+    counts: Sequence[int]  # each message, estimated
+    digests: Sequence[bytes]  # each message's match digest
+    checkpoint: Checkpoint | None
+    policy: Policy
+    counter: MessageCounter
+    dialect: Dialect
+    fixed_tokens: int  # system prompt + tools, estimated
+    tool_tokens: int  # the read_result definition, estimated
+    tool: str | None  # the name read_result goes by; None = offload is off
+    factor: float = 1.0  # calibration: real tokens / estimated tokens
+    store_ok: bool = True  # blobs and summaries can be stored
+    offload_ok: bool = True  # results may be offloaded (False: their blobs could not be kept)
+    sticky_tool: bool = False  # the conversation offers read_result already: keep offering it
+    prepared: PreparedSummary | None = None  # a summary made ahead for this slot
+    forms: bytes = b""  # each message's digest form (Counted.forms); b"": nothing reused
+    stubbed: StubbedMemo | None = None  # stubbed messages built by earlier requests
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    limit: int  # the most history the window allows, estimated
+    offload_at: int  # from here on, results leaving the keep window are offloaded
+    trigger: int  # over this, the oldest turns are folded
+    target: int  # ... down to this
+    note: int
+    window: int = 0  # the whole window, estimated (0: unknown, the deferral is the limit's)
+
+    @property
+    def prepare_at(self) -> int:
+        """From here on, the next fold's summary is made ahead, in the background."""
+        return prepare_at(self.trigger, self.target)
+
+    @property
+    def defer_at(self) -> int:
+        """Over the trigger but under this, a fold whose summary is not ready yet waits
+        for it (the request goes on unfolded); over this, the request waits for it. The
+        deferral is bounded by DEFER_SHARE of the window: every turn past the trigger is
+        paid at the larger size, so the fold must land at the trigger, not near the
+        window's edge."""
+        room = (self.limit - self.trigger) // 4
+        if self.window:
+            room = min(room, math.floor(self.window * DEFER_SHARE))
+        return self.trigger + max(room, 0)
+
+
+# How far past the trigger a fold may wait for its summary made ahead, as a share of the
+# window (a turn or two of a chat-heavy session in a 200,000-token window).
+DEFER_SHARE = 0.05
+
+
+def limits_of(inp: PlanInput) -> Limits:
+    """The policy's numbers in estimated tokens, bounded by what the window allows."""
+    factor = inp.factor if inp.factor > 0 else 1.0
+    policy = inp.policy
+    limit = math.floor(policy.window / factor) - inp.fixed_tokens - inp.tool_tokens
+    trigger = min(math.floor(policy.trigger_tokens / factor), limit)
+    target = min(math.floor(policy.target_tokens / factor), trigger)
+    offload_at = min(math.floor(policy.offload_tokens / factor), trigger)
+    note = math.ceil(policy.note_cost / factor)
+    return Limits(limit, offload_at, trigger, target, note, math.floor(policy.window / factor))
+
+
+def real(estimate: int, factor: float) -> int:
+    return math.ceil(estimate * factor)
+
+
+# -- the history it builds ---------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,3 +147,26 @@ def working(segments: list[Segment], inp: PlanInput) -> Working:
             shape = Shape(shape.role, shape.tokens, made_here=True)
         shapes.append(shape)
     return Working(segments, messages, shapes, group_history(shapes))
+
+
+def stubbed_message(seg: Stubbed, inp: PlanInput) -> tuple[dict[str, Any], int]:
+    """A stubbed message and its count: built, or reused from an earlier request that
+    built it from the same original (the checkpoint's stubs, reapplied every turn)."""
+    memo, read_length = inp.stubbed, inp.policy.read_length
+    form = inp.forms[seg.index] if seg.index < len(inp.forms) else -1
+    key = b""
+    if memo is not None and form in REBUILDABLE_FORMS:
+        key = stubbed_key(inp.digests[seg.index], form, seg, inp.tool, read_length, inp.dialect)
+        found = memo.get(key)
+        if found is not None:
+            return found
+    message = material(seg, inp.messages, inp.tool, read_length, inp.dialect)
+    made = message, inp.counter.count_message(message)
+    if key and memo is not None:
+        if len(memo) >= STUBBED_MEMO_SIZE:
+            memo.clear()  # a bound, not a policy: a busy fleet refills it within a turn
+        memo[key] = made
+    return made
+
+
+STUBBED_MEMO_SIZE = 8192  # stubbed messages (about 1 KB each with their heads)

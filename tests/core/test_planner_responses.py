@@ -18,10 +18,10 @@ from proxy.core.commands import LoadConversation, SaveCrossing
 from proxy.core.counting import count_request
 from proxy.core.driver import CompactionRequest, commands_of, compaction
 from proxy.core.outcome import FoldPlan, Refuse, Rewrite, Untouched
-from proxy.core.plan_input import PlanInput
 from proxy.core.planner import plan
 from proxy.core.rewrites import fold
 from proxy.core.tokens import TokenCounter
+from proxy.core.working import PlanInput
 from proxy.testing.responses_items import check_seals, seal
 from proxy.testing.responses_standin import ResponsesOptions
 from proxy.testing.responses_validate import validate_responses_request
