@@ -44,8 +44,8 @@ def plan(inp: PlanInput) -> Planned:
     if stored is not None and stored.tool and stored.tool != inp.tool:
         segments, stored = segments_for(None, inp.digests)[0], None  # the client took the name
     inp = replace(inp, sticky_tool=bool(stored is not None and stored.tool))
-    work = working(segments, inp)
     limits = limits_of(inp)
+    work = working(segments, inp)
     # What the client sent, not what an earlier rewrite made of it.
     before = real(sum(inp.counts), inp.factor)
     blobs: list[tuple[str, str]] = []

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.core.checkpoint import Checkpoint
@@ -71,24 +71,11 @@ class Limits:
     trigger: int  # over this, the oldest turns are folded
     target: int  # ... down to this
     note: int
-    window: int = 0  # the whole window, estimated (0: unknown, the deferral is the limit's)
-
-    @property
-    def prepare_at(self) -> int:
-        """From here on, the next fold's summary is made ahead, in the background."""
-        return prepare_at(self.trigger, self.target)
-
-    @property
-    def defer_at(self) -> int:
-        """Over the trigger but under this, a fold whose summary is not ready yet waits
-        for it (the request goes on unfolded); over this, the request waits for it. The
-        deferral is bounded by DEFER_SHARE of the window: every turn past the trigger is
-        paid at the larger size, so the fold must land at the trigger, not near the
-        window's edge."""
-        room = (self.limit - self.trigger) // 4
-        if self.window:
-            room = min(room, math.floor(self.window * DEFER_SHARE))
-        return self.trigger + max(room, 0)
+    window: int  # the whole window, estimated (0: unknown, the deferral is the limit's)
+    prepare_at: int  # from here on, the next fold's summary is made ahead, in the background
+    # Over the trigger but under this, a fold whose summary is not ready yet waits for it
+    # (the request goes on unfolded); over this, the request waits for it.
+    defer_at: int
 
 
 # How far past the trigger a fold may wait for its summary made ahead, as a share of the
@@ -100,12 +87,22 @@ def limits_of(inp: PlanInput) -> Limits:
     """The policy's numbers in estimated tokens, bounded by what the window allows."""
     factor = inp.factor if inp.factor > 0 else 1.0
     policy = inp.policy
-    limit = math.floor(policy.window / factor) - inp.fixed_tokens - inp.tool_tokens
+    window = math.floor(policy.window / factor)
+    limit = window - inp.fixed_tokens - inp.tool_tokens
     trigger = min(math.floor(policy.trigger_tokens / factor), limit)
     target = min(math.floor(policy.target_tokens / factor), trigger)
     offload_at = min(math.floor(policy.offload_tokens / factor), trigger)
     note = math.ceil(policy.note_cost / factor)
-    return Limits(limit, offload_at, trigger, target, note, math.floor(policy.window / factor))
+    # The deferral is bounded by DEFER_SHARE of the window: every turn past the trigger
+    # is paid at the larger size, so the fold must land at the trigger, not near the
+    # window's edge.
+    room = (limit - trigger) // 4
+    if window:
+        room = min(room, math.floor(window * DEFER_SHARE))
+    defer_at = trigger + max(room, 0)
+    return Limits(
+        limit, offload_at, trigger, target, note, window, prepare_at(trigger, target), defer_at
+    )
 
 
 def real(estimate: int, factor: float) -> int:
@@ -123,15 +120,13 @@ class Working:
     messages: list[dict[str, Any]]
     shapes: list[Shape]
     groups: list[Group]
-    tokens: int = field(init=False)  # of all shapes: the planner asks for it often
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tokens", sum(s.tokens for s in self.shapes))
+    tokens: int  # of all shapes: the planner asks for it often
 
 
 def working(segments: list[Segment], inp: PlanInput) -> Working:
     messages = []
     shapes = []
+    tokens = 0
     for seg in segments:
         if isinstance(seg, Verbatim):
             message = dict(inp.messages[seg.index])
@@ -146,7 +141,8 @@ def working(segments: list[Segment], inp: PlanInput) -> Working:
         if made_here(seg):
             shape = Shape(shape.role, shape.tokens, made_here=True)
         shapes.append(shape)
-    return Working(segments, messages, shapes, group_history(shapes))
+        tokens += shape.tokens
+    return Working(segments, messages, shapes, group_history(shapes), tokens)
 
 
 def stubbed_message(seg: Stubbed, inp: PlanInput) -> tuple[dict[str, Any], int]:
