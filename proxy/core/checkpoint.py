@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from proxy.core.offload import Stub
-from proxy.core.segments import Note, Segment, Stubbed, Summary, Verbatim, identity
+from proxy.core.segments import Note, Segment, Stubbed, Summary, Verbatim
 from proxy.core.strategy import Strategy
 
 VERSION = 2
@@ -114,10 +114,6 @@ class Checkpoint:
         n = self.covers
         return 0 < n <= len(digests) and chain_hash(digests[:n]) == self.prefix_hash
 
-    def segments_for(self, total: int) -> list[Segment]:
-        """The segments for a request of `total` messages that starts with this prefix."""
-        return [*self.segments, *(Verbatim(i) for i in range(self.covers, total))]
-
     def renamed(self, tool: str | None) -> Checkpoint:
         return replace(self, tool=tool)
 
@@ -153,16 +149,6 @@ def make_checkpoint(
         summary_key=summary_key,
         tokens_after=tokens_after,
     )
-
-
-def segments_for(
-    checkpoint: Checkpoint | None, digests: Sequence[bytes]
-) -> tuple[list[Segment], bool]:
-    """(segments, applied): the checkpoint's extended with the new messages, or the
-    identity when there is none or the agent edited its history since."""
-    if checkpoint is None or not checkpoint.applies_to(digests):
-        return identity(len(digests)), False
-    return checkpoint.segments_for(len(digests)), True
 
 
 # -- the codec, at the store edge -------------------------------------------------------

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from proxy.core.checkpoint import Checkpoint, segments_for
+from proxy.core.checkpoint import Checkpoint
 from proxy.core.commands import PreparedSummary
 from proxy.core.fold import plan_compaction
 from proxy.core.history import compaction_turns, pinned_tokens
@@ -31,7 +31,7 @@ from proxy.core.outcome import FoldPlan, Planned, Refuse, Rewrite, Untouched
 from proxy.core.rewrites import fold, offload, pack, rewrite_of
 from proxy.core.strategy import Strategy
 from proxy.core.summariser_input import folding, summary_key
-from proxy.core.working import Limits, PlanInput, Working, limits_of, real, working
+from proxy.core.working import Limits, PlanInput, Working, limits_of, real, segments_for, working
 
 
 def plan(inp: PlanInput) -> Planned:

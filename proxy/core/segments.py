@@ -61,10 +61,6 @@ class Note:
 Segment = Verbatim | Stubbed | Summary | Note
 
 
-def identity(n: int) -> list[Segment]:
-    return [Verbatim(i) for i in range(n)]
-
-
 def made_here(segment: Segment) -> bool:
     """A summary or note the proxy wrote into the history."""
     return isinstance(segment, (Summary, Note))

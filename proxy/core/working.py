@@ -6,11 +6,12 @@ policy's numbers are real tokens, so they are divided by the calibration factor 
 estimated) once (`limits_of`), and all the planning happens in estimated units; `real`
 turns an estimate back for what the client is told.
 
-`working` builds a `Working` history from segments: the client's messages, the messages
-the proxy writes (proxy/core/segments.py), and stubbed messages reused from the memo. A
-checkpoint's stubs are reapplied to every later request of the conversation, so the same
-stubbed message would be built and counted again on every turn; the shell keeps one memo
-for all requests (`PlanInput.stubbed`), keyed by what the message is built from
+`working` builds a `Working` history from segments (`segments_for`: the checkpoint's and
+the messages since, verbatim): the client's messages, the messages the proxy writes
+(proxy/core/segments.py), and stubbed messages reused from the memo. A checkpoint's
+stubs are reapplied to every later request of the conversation, so the same stubbed
+message would be built and counted again on every turn; the shell keeps one memo for all
+requests (`PlanInput.stubbed`), keyed by what the message is built from
 (`segments.stubbed_key`), bounded by STUBBED_MEMO_SIZE.
 """
 
@@ -121,6 +122,18 @@ class Working:
     shapes: list[Shape]
     groups: list[Group]
     tokens: int  # of all shapes: the planner asks for it often
+
+
+def segments_for(
+    checkpoint: Checkpoint | None, digests: Sequence[bytes]
+) -> tuple[list[Segment], bool]:
+    """(segments, applied): what a history is built from. The checkpoint's segments and
+    the messages since, verbatim; or every message verbatim when there is no checkpoint
+    or the agent edited its history since."""
+    total = len(digests)
+    if checkpoint is None or not checkpoint.applies_to(digests):
+        return [Verbatim(i) for i in range(total)], False
+    return [*checkpoint.segments, *(Verbatim(i) for i in range(checkpoint.covers, total))], True
 
 
 def working(segments: list[Segment], inp: PlanInput) -> Working:
