@@ -33,7 +33,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from proxy.core.checkpoint import Checkpoint, Line, chain_hash, checkpoint_slot
+from proxy.core.checkpoint import Checkpoint, Line, checkpoint_slot
 from proxy.core.commands import (
     Command,
     GetSummary,
@@ -49,6 +49,7 @@ from proxy.core.commands import (
     TouchLine,
 )
 from proxy.core.counting import Counted
+from proxy.core.digests import chain_hash
 from proxy.core.lines import (
     DEFAULT_MAX_LINES,
     best_line,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core.checkpoint import chain_hash, message_digest
+from proxy.core.digests import chain_hash, message_digest
 from proxy.core.facts import CONVERSATION, EARLIER_SUMMARY, TOOL_RESULT, Facts, Source
 from proxy.core.outcome import FoldPlan, InPlace
 from proxy.core.policy import Policy

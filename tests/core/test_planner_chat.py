@@ -8,7 +8,8 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.core.checkpoint import Checkpoint, message_digest
+from proxy.core.checkpoint import Checkpoint
+from proxy.core.digests import message_digest
 from proxy.core.outcome import FoldPlan, Refuse, Rewrite, Untouched
 from proxy.core.planner import plan
 from proxy.core.policy import Policy

@@ -13,9 +13,10 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.core.checkpoint import Checkpoint, message_digest
+from proxy.core.checkpoint import Checkpoint
 from proxy.core.commands import LoadConversation, SaveCrossing
 from proxy.core.counting import count_request
+from proxy.core.digests import message_digest
 from proxy.core.driver import CompactionRequest, commands_of, compaction
 from proxy.core.outcome import FoldPlan, Refuse, Rewrite, Untouched
 from proxy.core.planner import plan
