@@ -123,16 +123,6 @@ def material(
 # exact digest, the stubs, the tool's name, the read length, the format): a conversation
 # resends its whole history every turn, and every stub of its checkpoint would otherwise
 # be rebuilt and recounted each time. The shell owns it and bounds it (plain dict
-# operations, so planning threads may share it); entries are never mutated.
+# operations, so planning threads may share it); entries are never mutated. It is
+# looked up and filled by proxy/core/working.py.
 StubbedMemo = dict[bytes, tuple[dict[str, Any], int]]
-
-
-def stubbed_key(
-    digest: bytes, form: int, seg: Stubbed, tool: str | None, read_length: int, dialect: Dialect
-) -> bytes:
-    stubs = ";".join(f"{s.block},{s.ref},{s.head_chars}" for s in seg.stubs)
-    made = f"{form}|{type(dialect).__name__}|{tool or 'read_result'}|{read_length}|{stubs}"
-    return digest + made.encode()
-
-
-REBUILDABLE_FORMS = (0, 1)  # counting.Counted.forms whose digest pins the message exactly

@@ -12,7 +12,7 @@ the messages since, verbatim): the client's messages, the messages the proxy wri
 stubs are reapplied to every later request of the conversation, so the same stubbed
 message would be built and counted again on every turn; the shell keeps one memo for all
 requests (`PlanInput.stubbed`), keyed by what the message is built from
-(`segments.stubbed_key`), bounded by STUBBED_MEMO_SIZE.
+(`stubbed_key`), bounded by STUBBED_MEMO_SIZE.
 """
 
 from __future__ import annotations
@@ -26,16 +26,7 @@ from proxy.core.checkpoint import Checkpoint
 from proxy.core.commands import PreparedSummary
 from proxy.core.history import Group, Shape, group_history
 from proxy.core.policy import Policy, prepare_at
-from proxy.core.segments import (
-    REBUILDABLE_FORMS,
-    Segment,
-    Stubbed,
-    StubbedMemo,
-    Verbatim,
-    made_here,
-    material,
-    stubbed_key,
-)
+from proxy.core.segments import Segment, Stubbed, StubbedMemo, Verbatim, made_here, material
 from proxy.core.wire_format import Dialect, MessageCounter
 
 Message = Mapping[str, Any]
@@ -179,3 +170,14 @@ def stubbed_message(seg: Stubbed, inp: PlanInput) -> tuple[dict[str, Any], int]:
 
 
 STUBBED_MEMO_SIZE = 8192  # stubbed messages (about 1 KB each with their heads)
+
+
+def stubbed_key(
+    digest: bytes, form: int, seg: Stubbed, tool: str | None, read_length: int, dialect: Dialect
+) -> bytes:
+    stubs = ";".join(f"{s.block},{s.ref},{s.head_chars}" for s in seg.stubs)
+    made = f"{form}|{type(dialect).__name__}|{tool or 'read_result'}|{read_length}|{stubs}"
+    return digest + made.encode()
+
+
+REBUILDABLE_FORMS = (0, 1)  # counting.Counted.forms whose digest pins the message exactly
