@@ -62,26 +62,6 @@ class Line:
         return self.checkpoint.prefix_hash
 
 
-def make_checkpoint(
-    segments: Sequence[Segment],
-    digests: Sequence[bytes],
-    *,
-    tool: str | None,
-    strategy: Strategy,
-    summary_key: str | None,
-    tokens_after: int,
-) -> Checkpoint:
-    return Checkpoint(
-        covers=len(digests),
-        prefix_hash=chain_hash(digests),
-        segments=tuple(segments),
-        tool=tool,
-        strategy=strategy,
-        summary_key=summary_key,
-        tokens_after=tokens_after,
-    )
-
-
 # -- the codec, at the store edge -------------------------------------------------------
 
 

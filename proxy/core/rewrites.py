@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from proxy.core.checkpoint import make_checkpoint
+from proxy.core.checkpoint import Checkpoint
+from proxy.core.digests import chain_hash
 from proxy.core.history import GroupKind, pack_messages, pinned_tokens
 from proxy.core.offload import Stub, ToolResult, ref_for, refs_in
 from proxy.core.outcome import FoldPlan, Refuse, Rewrite
@@ -192,9 +193,11 @@ def rewrite_of(
 ) -> Rewrite:
     stored = None
     if checkpoint:
-        stored = make_checkpoint(
-            work.segments,
-            inp.digests,
+        # The rewrite frozen over the whole prefix this request sent.
+        stored = Checkpoint(
+            covers=len(inp.digests),
+            prefix_hash=chain_hash(inp.digests),
+            segments=tuple(work.segments),
             tool=tool,
             strategy=strategy,
             summary_key=summary_key,
