@@ -263,7 +263,7 @@ class Compactor:
         )
         executor = StoreExecutor(
             store,
-            functools.partial(identities, wire, body, headers, tenant),
+            functools.partial(identities, wire, body, headers, calibrated_for),  # tenant known
             summariser=self.summariser,
             summarise=functools.partial(
                 post_summary,
