@@ -1,105 +1,31 @@
 """Checkpoints: a rewrite decided once, then reapplied byte for byte (DESIGN section 5).
 
 A checkpoint records how the first `covers` messages of a conversation were rewritten
-(typed segments, proxy/core/segments.py) and the chained hash of those messages. While a
-request starts with the same messages, its history is the segments applied to it plus
-the new messages verbatim, so the rewritten prefix is the same bytes on every request and
-every replica.
-
-Messages are matched by their *match digest*: the hash of the message with every
-`cache_control` removed (agents move their breakpoints to the newest message every turn)
-and a string `content` read as one text block (Claude Code sends the same reminder both
-ways). What is forwarded is always what the client sent; the digest is only for matching.
-One pass per message (`fingerprint`) serialises it once and gives both the match digest
-and the key its token count is cached under.
+(typed segments, proxy/core/segments.py) and the chained hash of those messages' match
+digests (proxy/core/digests.py). While a request starts with the same messages, its
+history is the segments applied to it plus the new messages verbatim, so the rewritten
+prefix is the same bytes on every request and every replica. The JSON codec of a
+checkpoint and its segments is used at the store's edge only.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import orjson
-
-from proxy.core.segments import (
-    Segment,
-    SegmentError,
-    Verbatim,
-    decode_segments,
-    encode_segments,
-    identity,
-)
+from proxy.core.digests import chain_hash
+from proxy.core.offload import Stub
+from proxy.core.segments import Note, Segment, Stubbed, Summary, Verbatim
 from proxy.core.strategy import Strategy
 
 VERSION = 2
-DIGEST_BYTES = 16
-
-
-# -- fingerprints -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Fingerprint:
-    match: bytes  # the message with cache_control removed and string content as a block
-    count_key: bytes  # the match digest plus the form it came in: what its count depends on
-    breakpoints: int = 0  # cache_control keys in the message
-
-
-def _hash(data: bytes) -> bytes:
-    # sha256 runs on the CPU's SHA extensions where present: twice blake2b's speed here.
-    return hashlib.sha256(data).digest()[:DIGEST_BYTES]
-
-
-def fingerprint(message: Mapping[str, Any]) -> Fingerprint:
-    # One orjson call per message: the bytes are hashed while they are in the CPU's cache
-    # (one call for the whole list, cut at separators, measured no faster).
-    raw = orjson.dumps(message)
-    content = message.get("content")
-    string_form = isinstance(content, str)
-    # A key of the JSON: inside a string its quotes would be escaped.
-    breakpoints = raw.count(b'"cache_control"')
-    marked = breakpoints > 0
-    if not string_form and not marked:
-        digest = _hash(raw)
-        return Fingerprint(digest, digest + b"\x00")
-    canonical: Any = message
-    if marked:
-        canonical = _without_cache_control(canonical)
-    if string_form:
-        canonical = {**canonical, "content": [{"type": "text", "text": content}]}
-    digest = _hash(orjson.dumps(canonical))
-    return Fingerprint(digest, digest + bytes([1 + string_form + 2 * marked]), breakpoints)
-
-
-def message_digest(message: Mapping[str, Any]) -> bytes:
-    return fingerprint(message).match
-
-
-def _without_cache_control(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_cache_control(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [_without_cache_control(v) for v in value]
-    return value
-
-
-def chain_hash(digests: Sequence[bytes]) -> str:
-    """One hash for a run of message digests, order included."""
-    h = hashlib.sha256()
-    for d in digests:
-        h.update(d)
-    return h.hexdigest()[: 2 * DIGEST_BYTES]
 
 
 def checkpoint_slot(digests: Sequence[bytes]) -> str:
     """One checkpoint per first message: agents that share a session id between their
     sub-agents (Claude Code does) keep one frozen prefix each."""
     return digests[0].hex()[:16]
-
-
-# -- checkpoints ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +45,6 @@ class Checkpoint:
         n = self.covers
         return 0 < n <= len(digests) and chain_hash(digests[:n]) == self.prefix_hash
 
-    def segments_for(self, total: int) -> list[Segment]:
-        """The segments for a request of `total` messages that starts with this prefix."""
-        return [*self.segments, *(Verbatim(i) for i in range(self.covers, total))]
-
     def renamed(self, tool: str | None) -> Checkpoint:
         return replace(self, tool=tool)
 
@@ -138,36 +60,6 @@ class Line:
     @property
     def name(self) -> str:
         return self.checkpoint.prefix_hash
-
-
-def make_checkpoint(
-    segments: Sequence[Segment],
-    digests: Sequence[bytes],
-    *,
-    tool: str | None,
-    strategy: Strategy,
-    summary_key: str | None,
-    tokens_after: int,
-) -> Checkpoint:
-    return Checkpoint(
-        covers=len(digests),
-        prefix_hash=chain_hash(digests),
-        segments=tuple(segments),
-        tool=tool,
-        strategy=strategy,
-        summary_key=summary_key,
-        tokens_after=tokens_after,
-    )
-
-
-def segments_for(
-    checkpoint: Checkpoint | None, digests: Sequence[bytes]
-) -> tuple[list[Segment], bool]:
-    """(segments, applied): the checkpoint's extended with the new messages, or the
-    identity when there is none or the agent edited its history since."""
-    if checkpoint is None or not checkpoint.applies_to(digests):
-        return identity(len(digests)), False
-    return checkpoint.segments_for(len(digests)), True
 
 
 # -- the codec, at the store edge -------------------------------------------------------
@@ -210,6 +102,71 @@ def decode_checkpoint(raw: object) -> Checkpoint | None:
     except SegmentError:
         return None
     return Checkpoint(n, prefix, tuple(segments), tool, Strategy(strategy), key, after, renewed)
+
+
+def encode_segments(segments: Sequence[Segment]) -> list[list[Any]]:
+    out: list[list[Any]] = []
+    for seg in segments:
+        if isinstance(seg, Verbatim):
+            out.append(["m", seg.index])
+        elif isinstance(seg, Stubbed):
+            out.append(["s", seg.index, [[s.block, s.ref, s.head_chars] for s in seg.stubs]])
+        elif isinstance(seg, Summary):
+            out.append(["summary", seg.text, seg.folded, list(seg.refs)])
+        else:
+            out.append(["note", seg.text, seg.dropped])
+    return out
+
+
+class SegmentError(ValueError):
+    """A stored segment list that does not decode (treated as no checkpoint)."""
+
+
+def decode_segments(raw: object) -> list[Segment]:
+    if not isinstance(raw, list):
+        raise SegmentError("segments must be a list")
+    out: list[Segment] = []
+    for item in raw:
+        if not isinstance(item, list) or not item:
+            raise SegmentError(f"bad segment {item!r}")
+        kind, rest = item[0], item[1:]
+        if kind == "m" and len(rest) == 1 and _index(rest[0]):
+            out.append(Verbatim(rest[0]))
+        elif kind == "s" and len(rest) == 2 and _index(rest[0]) and isinstance(rest[1], list):
+            out.append(Stubbed(rest[0], tuple(_stub(s) for s in rest[1])))
+        elif (
+            kind == "summary"
+            and len(rest) in (2, 3)
+            and isinstance(rest[0], str)
+            and _index(rest[1])
+        ):
+            # A summary stored before it recorded its refs vouches for none.
+            vouched = rest[2] if len(rest) == 3 else []
+            if not isinstance(vouched, list) or not all(isinstance(r, str) for r in vouched):
+                raise SegmentError(f"bad segment {item!r}")
+            out.append(Summary(rest[0], rest[1], tuple(vouched)))
+        elif kind == "note" and len(rest) in (1, 2) and isinstance(rest[0], str):
+            dropped = rest[1] if len(rest) == 2 and _index(rest[1]) else 0
+            out.append(Note(rest[0], dropped))
+        else:
+            raise SegmentError(f"bad segment {item!r}")
+    return out
+
+
+def _index(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _stub(raw: object) -> Stub:
+    if (
+        isinstance(raw, list)
+        and len(raw) == 3
+        and _index(raw[0])
+        and isinstance(raw[1], str)
+        and _index(raw[2])
+    ):
+        return Stub(raw[0], raw[1], raw[2])
+    raise SegmentError(f"bad stub {raw!r}")
 
 
 # The stored `strategy` is the member's value: every value a release has written.

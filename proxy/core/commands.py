@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.core.checkpoint import Checkpoint, Line, chain_hash
+from proxy.core.checkpoint import Checkpoint, Line
+from proxy.core.digests import chain_hash
 from proxy.core.facts import Facts, keep_facts
 from proxy.core.wire_format import Round
 

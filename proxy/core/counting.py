@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.checkpoint import fingerprint
+from proxy.core.digests import fingerprint
 from proxy.core.policy import Policy
 from proxy.core.tokens import MESSAGE_OVERHEAD, TokenCounter
 from proxy.core.wire_format import Request
@@ -55,7 +55,7 @@ class Counted:
     counts: list[int]  # each message, estimated
     digests: list[bytes]  # each message's match digest
     breakpoints: int = 0  # cache_control breakpoints in the messages
-    # Per message, what its digest is of (checkpoint.fingerprint's form byte): 0 its exact
+    # Per message, what its digest is of (digests.fingerprint's form byte): 0 its exact
     # bytes, 1 its string content as one text block; 2 and 3 with cache_control left out,
     # which is not enough to rebuild it by digest (segments.StubbedMemo).
     forms: bytes = b""

@@ -33,7 +33,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from proxy.core.checkpoint import Checkpoint, Line, chain_hash, checkpoint_slot
+from proxy.core.checkpoint import Checkpoint, Line, checkpoint_slot
 from proxy.core.commands import (
     Command,
     GetSummary,
@@ -49,6 +49,7 @@ from proxy.core.commands import (
     TouchLine,
 )
 from proxy.core.counting import Counted
+from proxy.core.digests import chain_hash
 from proxy.core.lines import (
     DEFAULT_MAX_LINES,
     best_line,
@@ -59,14 +60,13 @@ from proxy.core.lines import (
     next_tick,
 )
 from proxy.core.outcome import FoldPlan, Outcome, Planned, Refuse, Rewrite, Untouched
-from proxy.core.plan_input import PlanInput, real
 from proxy.core.planner import plan, without_blobs
 from proxy.core.policy import Policy
 from proxy.core.rewrites import fold, recovered_blobs
-from proxy.core.segments import StubbedMemo
+from proxy.core.segments import StubbedMemo, vouched_refs
 from proxy.core.tokens import TOOLS_PREAMBLE
 from proxy.core.wire_format import MessageCounter, WireFormat
-from proxy.core.working import named_refs
+from proxy.core.working import PlanInput, real
 
 Message = Mapping[str, Any]
 T = TypeVar("T")
@@ -232,7 +232,7 @@ def _renewal(
     if before is None:
         return replace(made, renewed_at=now), tuple(kept)
     last = before.renewed_at
-    if 0 < last <= now < last + every and set(kept) <= set(named_refs(before.segments)):
+    if 0 < last <= now < last + every and set(kept) <= set(vouched_refs(before.segments)):
         return replace(made, renewed_at=last), ()
     return replace(made, renewed_at=now), tuple(kept)
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import orjson
 
+from proxy.core.wire_format import Request
+
 _TENANT_KEY = b"compaction-proxy/tenant/v1"
 _CONVERSATION_KEY = b"compaction-proxy/conversation/v1"
 
@@ -45,6 +47,16 @@ def conversation_of(headers: Mapping[str, str], body: Mapping[str, Any], tenant:
         source = "h:" + orjson.dumps([tenant, body.get("system"), first]).decode()
     digest = hashlib.blake2b(source.encode(), key=_CONVERSATION_KEY, digest_size=12)
     return "c" + digest.hexdigest()
+
+
+def identities(
+    wire: Request, body: Mapping[str, Any], headers: Mapping[str, str], tenant: str | None
+) -> tuple[str, str]:
+    """A request's tenant (`tenant`, a proxy key's, else its credential's) and its
+    conversation, from the format's view of the body: asked for only when a request is
+    to be compacted (a load or a summary needs them)."""
+    tenant = tenant or tenant_of(headers)
+    return tenant, conversation_of(headers, wire.identity_view(body), tenant)
 
 
 def _client_id(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:

@@ -19,9 +19,8 @@ from typing import Any
 
 from proxy.core.checkpoint import Checkpoint
 from proxy.core.facts import Facts
-from proxy.core.plan_input import Limits, PlanInput
 from proxy.core.strategy import Strategy
-from proxy.core.working import Working
+from proxy.core.working import Limits, PlanInput, Working
 
 # How a crossing had its summary (header x-compaction-summary; "" when it has none).
 SUMMARY_STATES = {

@@ -1,7 +1,7 @@
 """The rewrite planner: which step a request's history takes (DESIGN section 5).
 
 `plan` is a pure function of the request's messages, the conversation's checkpoint and
-the policy (`PlanInput`, proxy/core/plan_input.py). It decides, in this order:
+the policy (`PlanInput`, proxy/core/working.py). It decides, in this order:
 
 - whether the conversation's checkpoint applies (not when this request cannot offer
   read_result under the name it holds: then it is planned alone, and stores nothing);
@@ -23,16 +23,15 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from proxy.core.checkpoint import Checkpoint, segments_for
+from proxy.core.checkpoint import Checkpoint
 from proxy.core.commands import PreparedSummary
 from proxy.core.fold import plan_compaction
 from proxy.core.history import compaction_turns, pinned_tokens
 from proxy.core.outcome import FoldPlan, Planned, Refuse, Rewrite, Untouched
-from proxy.core.plan_input import Limits, PlanInput, limits_of, real
 from proxy.core.rewrites import fold, offload, pack, rewrite_of
 from proxy.core.strategy import Strategy
 from proxy.core.summariser_input import folding, summary_key
-from proxy.core.working import Working, working
+from proxy.core.working import Limits, PlanInput, Working, limits_of, real, segments_for, working
 
 
 def plan(inp: PlanInput) -> Planned:
@@ -45,8 +44,8 @@ def plan(inp: PlanInput) -> Planned:
     if stored is not None and stored.tool and stored.tool != inp.tool:
         segments, stored = segments_for(None, inp.digests)[0], None  # the client took the name
     inp = replace(inp, sticky_tool=bool(stored is not None and stored.tool))
-    work = working(segments, inp)
     limits = limits_of(inp)
+    work = working(segments, inp)
     # What the client sent, not what an earlier rewrite made of it.
     before = real(sum(inp.counts), inp.factor)
     blobs: list[tuple[str, str]] = []

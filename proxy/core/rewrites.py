@@ -10,25 +10,27 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from proxy.core.checkpoint import make_checkpoint
+from proxy.core.checkpoint import Checkpoint
+from proxy.core.digests import chain_hash
 from proxy.core.history import GroupKind, pack_messages, pinned_tokens
 from proxy.core.offload import Stub, ToolResult, ref_for, refs_in
 from proxy.core.outcome import FoldPlan, Refuse, Rewrite
 from proxy.core.pack import pack_context
-from proxy.core.plan_input import Limits, PlanInput, real
 from proxy.core.segments import (
     Note,
     Segment,
     Stubbed,
     Summary,
     Verbatim,
+    has_stubs,
+    last_stub,
     refs_of,
     stands_for,
     vouched_refs,
 )
 from proxy.core.strategy import Strategy
 from proxy.core.summary import note_text
-from proxy.core.working import Working, has_stubs, last_stub, named_refs, rebuilt, working
+from proxy.core.working import Limits, PlanInput, Working, real, rebuilt, working
 
 
 def offload(work: Working, inp: PlanInput) -> tuple[Working, list[tuple[str, str]]]:
@@ -159,7 +161,7 @@ def pack(
     strategy = Strategy.packing(bool(blobs))
     if done.tokens > limits.trigger:
         reason = reason or "target_unreachable"
-    tool = inp.tool if kept or inp.sticky_tool or named_refs(segments) else None
+    tool = inp.tool if kept or inp.sticky_tool or vouched_refs(segments) else None
     return rewrite_of(inp, done, tool, strategy, before, blobs=blobs, reason=reason)
 
 
@@ -191,9 +193,11 @@ def rewrite_of(
 ) -> Rewrite:
     stored = None
     if checkpoint:
-        stored = make_checkpoint(
-            work.segments,
-            inp.digests,
+        # The rewrite frozen over the whole prefix this request sent.
+        stored = Checkpoint(
+            covers=len(inp.digests),
+            prefix_hash=chain_hash(inp.digests),
+            segments=tuple(work.segments),
             tool=tool,
             strategy=strategy,
             summary_key=summary_key,
@@ -212,7 +216,7 @@ def rewrite_of(
         estimate=work.tokens,
         blobs=blobs or [],
         checkpoint=stored,
-        refs=named_refs(work.segments),
+        refs=vouched_refs(work.segments),  # every ref the history may read
         breakpoint_at=last_stub(work.segments),
         summary=summary,
         reason=reason,

@@ -10,8 +10,8 @@ each standing for something in the history sent upstream:
     Note(text)             a note that earlier client messages were dropped
 
 `material` builds a wire message from this request's messages; the same segments
-over the same messages give the same bytes on every request and every replica. The JSON
-codec below is used only at the store edge (a checkpoint's segments).
+over the same messages give the same bytes on every request and every replica. Their JSON
+codec is the checkpoint's, at the store edge (proxy/core/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -61,10 +61,6 @@ class Note:
 Segment = Verbatim | Stubbed | Summary | Note
 
 
-def identity(n: int) -> list[Segment]:
-    return [Verbatim(i) for i in range(n)]
-
-
 def made_here(segment: Segment) -> bool:
     """A summary or note the proxy wrote into the history."""
     return isinstance(segment, (Summary, Note))
@@ -94,6 +90,17 @@ def vouched_refs(segments: Sequence[Segment]) -> list[str]:
     return list(named)
 
 
+def last_stub(segments: Sequence[Segment]) -> int | None:
+    """Where the stubbed region ends: the last stubbed message (the proxy's breakpoint)."""
+    return next(
+        (n for n in range(len(segments) - 1, -1, -1) if isinstance(segments[n], Stubbed)), None
+    )
+
+
+def has_stubs(segments: Sequence[Segment]) -> bool:
+    return any(isinstance(seg, Stubbed) for seg in segments)
+
+
 def material(
     seg: Segment,
     messages: Sequence[Mapping[str, Any]],
@@ -116,84 +123,6 @@ def material(
 # exact digest, the stubs, the tool's name, the read length, the format): a conversation
 # resends its whole history every turn, and every stub of its checkpoint would otherwise
 # be rebuilt and recounted each time. The shell owns it and bounds it (plain dict
-# operations, so planning threads may share it); entries are never mutated.
+# operations, so planning threads may share it); entries are never mutated. It is
+# looked up and filled by proxy/core/working.py.
 StubbedMemo = dict[bytes, tuple[dict[str, Any], int]]
-
-
-def stubbed_key(
-    digest: bytes, form: int, seg: Stubbed, tool: str | None, read_length: int, dialect: Dialect
-) -> bytes:
-    stubs = ";".join(f"{s.block},{s.ref},{s.head_chars}" for s in seg.stubs)
-    made = f"{form}|{type(dialect).__name__}|{tool or 'read_result'}|{read_length}|{stubs}"
-    return digest + made.encode()
-
-
-REBUILDABLE_FORMS = (0, 1)  # counting.Counted.forms whose digest pins the message exactly
-
-
-# -- the codec, at the store edge -------------------------------------------------------
-
-
-def encode_segments(segments: Sequence[Segment]) -> list[list[Any]]:
-    out: list[list[Any]] = []
-    for seg in segments:
-        if isinstance(seg, Verbatim):
-            out.append(["m", seg.index])
-        elif isinstance(seg, Stubbed):
-            out.append(["s", seg.index, [[s.block, s.ref, s.head_chars] for s in seg.stubs]])
-        elif isinstance(seg, Summary):
-            out.append(["summary", seg.text, seg.folded, list(seg.refs)])
-        else:
-            out.append(["note", seg.text, seg.dropped])
-    return out
-
-
-class SegmentError(ValueError):
-    """A stored segment list that does not decode (treated as no checkpoint)."""
-
-
-def decode_segments(raw: object) -> list[Segment]:
-    if not isinstance(raw, list):
-        raise SegmentError("segments must be a list")
-    out: list[Segment] = []
-    for item in raw:
-        if not isinstance(item, list) or not item:
-            raise SegmentError(f"bad segment {item!r}")
-        kind, rest = item[0], item[1:]
-        if kind == "m" and len(rest) == 1 and _index(rest[0]):
-            out.append(Verbatim(rest[0]))
-        elif kind == "s" and len(rest) == 2 and _index(rest[0]) and isinstance(rest[1], list):
-            out.append(Stubbed(rest[0], tuple(_stub(s) for s in rest[1])))
-        elif (
-            kind == "summary"
-            and len(rest) in (2, 3)
-            and isinstance(rest[0], str)
-            and _index(rest[1])
-        ):
-            # A summary stored before it recorded its refs vouches for none.
-            vouched = rest[2] if len(rest) == 3 else []
-            if not isinstance(vouched, list) or not all(isinstance(r, str) for r in vouched):
-                raise SegmentError(f"bad segment {item!r}")
-            out.append(Summary(rest[0], rest[1], tuple(vouched)))
-        elif kind == "note" and len(rest) in (1, 2) and isinstance(rest[0], str):
-            dropped = rest[1] if len(rest) == 2 and _index(rest[1]) else 0
-            out.append(Note(rest[0], dropped))
-        else:
-            raise SegmentError(f"bad segment {item!r}")
-    return out
-
-
-def _index(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _stub(raw: object) -> Stub:
-    if (
-        isinstance(raw, list)
-        and len(raw) == 3
-        and _index(raw[0])
-        and isinstance(raw[1], str)
-        and _index(raw[2])
-    ):
-        return Stub(raw[0], raw[1], raw[2])
-    raise SegmentError(f"bad stub {raw!r}")

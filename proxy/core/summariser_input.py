@@ -18,15 +18,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core.checkpoint import chain_hash, message_digest
+from proxy.core.digests import chain_hash, message_digest
 from proxy.core.facts import CONVERSATION, EARLIER_SUMMARY, TOOL_RESULT, Facts, Source
 from proxy.core.outcome import FoldPlan, InPlace
-from proxy.core.plan_input import Limits, PlanInput, real
 from proxy.core.policy import Policy
-from proxy.core.segments import Segment, Stubbed, Verbatim, made_here
+from proxy.core.segments import (
+    Segment,
+    Stubbed,
+    Verbatim,
+    has_stubs,
+    last_stub,
+    made_here,
+    vouched_refs,
+)
 from proxy.core.summary import INSTRUCTION, in_place_prompt
 from proxy.core.wire_format import Dialect
-from proxy.core.working import Working, has_stubs, last_stub, named_refs
+from proxy.core.working import Limits, PlanInput, Working, real
 
 Message = Mapping[str, Any]
 
@@ -181,7 +188,7 @@ def _in_place(
 
 def _tool_of(work: Working, inp: PlanInput) -> str | None:
     """The name read_result is injected under in the request `work` would make."""
-    named = has_stubs(work.segments) or inp.sticky_tool or named_refs(work.segments)
+    named = has_stubs(work.segments) or inp.sticky_tool or vouched_refs(work.segments)
     return inp.tool if named else None
 
 

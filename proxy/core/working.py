@@ -1,17 +1,107 @@
-"""A history under construction: the segments a plan makes, and the messages, shapes
-and groups they stand for (built from the client's messages, the memo of stubbed
-messages, and what the proxy wrote)."""
+"""What the planner works on: its input, the policy's numbers in its units, and the
+history it builds.
+
+`PlanInput` is what the planner is given for one request. Counts are local estimates; the
+policy's numbers are real tokens, so they are divided by the calibration factor (real /
+estimated) once (`limits_of`), and all the planning happens in estimated units; `real`
+turns an estimate back for what the client is told.
+
+`working` builds a `Working` history from segments (`segments_for`: the checkpoint's and
+the messages since, verbatim): the client's messages, the messages the proxy writes
+(proxy/core/segments.py), and stubbed messages reused from the memo. A checkpoint's
+stubs are reapplied to every later request of the conversation, so the same stubbed
+message would be built and counted again on every turn; the shell keeps one memo for all
+requests (`PlanInput.stubbed`), keyed by what the message is built from
+(`stubbed_key`), bounded by STUBBED_MEMO_SIZE.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+import math
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from proxy.core.checkpoint import Checkpoint
+from proxy.core.commands import PreparedSummary
 from proxy.core.history import Group, Shape, group_history
-from proxy.core.plan_input import PlanInput
-from proxy.core.segments import Segment, Stubbed, Verbatim, made_here, material, vouched_refs
-from proxy.core.stubbed_memo import stubbed_message
+from proxy.core.policy import Policy, prepare_at
+from proxy.core.segments import Segment, Stubbed, StubbedMemo, Verbatim, made_here, material
+from proxy.core.wire_format import Dialect, MessageCounter
+
+Message = Mapping[str, Any]
+
+
+# -- what the planner is given ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlanInput:
+    messages: Sequence[Message]
+    counts: Sequence[int]  # each message, estimated
+    digests: Sequence[bytes]  # each message's match digest
+    checkpoint: Checkpoint | None
+    policy: Policy
+    counter: MessageCounter
+    dialect: Dialect
+    fixed_tokens: int  # system prompt + tools, estimated
+    tool_tokens: int  # the read_result definition, estimated
+    tool: str | None  # the name read_result goes by; None = offload is off
+    factor: float = 1.0  # calibration: real tokens / estimated tokens
+    store_ok: bool = True  # blobs and summaries can be stored
+    offload_ok: bool = True  # results may be offloaded (False: their blobs could not be kept)
+    sticky_tool: bool = False  # the conversation offers read_result already: keep offering it
+    prepared: PreparedSummary | None = None  # a summary made ahead for this slot
+    forms: bytes = b""  # each message's digest form (Counted.forms); b"": nothing reused
+    stubbed: StubbedMemo | None = None  # stubbed messages built by earlier requests
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    limit: int  # the most history the window allows, estimated
+    offload_at: int  # from here on, results leaving the keep window are offloaded
+    trigger: int  # over this, the oldest turns are folded
+    target: int  # ... down to this
+    note: int
+    window: int  # the whole window, estimated (0: unknown, the deferral is the limit's)
+    prepare_at: int  # from here on, the next fold's summary is made ahead, in the background
+    # Over the trigger but under this, a fold whose summary is not ready yet waits for it
+    # (the request goes on unfolded); over this, the request waits for it.
+    defer_at: int
+
+
+# How far past the trigger a fold may wait for its summary made ahead, as a share of the
+# window (a turn or two of a chat-heavy session in a 200,000-token window).
+DEFER_SHARE = 0.05
+
+
+def limits_of(inp: PlanInput) -> Limits:
+    """The policy's numbers in estimated tokens, bounded by what the window allows."""
+    factor = inp.factor if inp.factor > 0 else 1.0
+    policy = inp.policy
+    window = math.floor(policy.window / factor)
+    limit = window - inp.fixed_tokens - inp.tool_tokens
+    trigger = min(math.floor(policy.trigger_tokens / factor), limit)
+    target = min(math.floor(policy.target_tokens / factor), trigger)
+    offload_at = min(math.floor(policy.offload_tokens / factor), trigger)
+    note = math.ceil(policy.note_cost / factor)
+    # The deferral is bounded by DEFER_SHARE of the window: every turn past the trigger
+    # is paid at the larger size, so the fold must land at the trigger, not near the
+    # window's edge.
+    room = (limit - trigger) // 4
+    if window:
+        room = min(room, math.floor(window * DEFER_SHARE))
+    defer_at = trigger + max(room, 0)
+    return Limits(
+        limit, offload_at, trigger, target, note, window, prepare_at(trigger, target), defer_at
+    )
+
+
+def real(estimate: int, factor: float) -> int:
+    return math.ceil(estimate * factor)
+
+
+# -- the history it builds ---------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,15 +112,25 @@ class Working:
     messages: list[dict[str, Any]]
     shapes: list[Shape]
     groups: list[Group]
-    tokens: int = field(init=False)  # of all shapes: the planner asks for it often
+    tokens: int  # of all shapes: the planner asks for it often
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tokens", sum(s.tokens for s in self.shapes))
+
+def segments_for(
+    checkpoint: Checkpoint | None, digests: Sequence[bytes]
+) -> tuple[list[Segment], bool]:
+    """(segments, applied): what a history is built from. The checkpoint's segments and
+    the messages since, verbatim; or every message verbatim when there is no checkpoint
+    or the agent edited its history since."""
+    total = len(digests)
+    if checkpoint is None or not checkpoint.applies_to(digests):
+        return [Verbatim(i) for i in range(total)], False
+    return [*checkpoint.segments, *(Verbatim(i) for i in range(checkpoint.covers, total))], True
 
 
 def working(segments: list[Segment], inp: PlanInput) -> Working:
     messages = []
     shapes = []
+    tokens = 0
     for seg in segments:
         if isinstance(seg, Verbatim):
             message = dict(inp.messages[seg.index])
@@ -45,7 +145,8 @@ def working(segments: list[Segment], inp: PlanInput) -> Working:
         if made_here(seg):
             shape = Shape(shape.role, shape.tokens, made_here=True)
         shapes.append(shape)
-    return Working(segments, messages, shapes, group_history(shapes))
+        tokens += shape.tokens
+    return Working(segments, messages, shapes, group_history(shapes), tokens)
 
 
 def rebuilt(
@@ -55,23 +156,43 @@ def rebuilt(
     the others' messages and shapes are kept (an offload step stubs a result or two of a
     long history, and building every message's shape again was half of its cost)."""
     messages, shapes = list(work.messages), list(work.shapes)
+    tokens = work.tokens
     for n in changed:
         one = working([segments[n]], inp)
+        tokens += one.tokens - shapes[n].tokens
         messages[n], shapes[n] = one.messages[0], one.shapes[0]
-    return Working(segments, messages, shapes, group_history(shapes))
+    return Working(segments, messages, shapes, group_history(shapes), tokens)
 
 
-def named_refs(segments: Sequence[Segment]) -> list[str]:
-    """Every ref the history may read: its stubs', then those its summaries vouch for
-    (never a ref-shaped string a client wrote, quoted or not)."""
-    return vouched_refs(segments)
+def stubbed_message(seg: Stubbed, inp: PlanInput) -> tuple[dict[str, Any], int]:
+    """A stubbed message and its count: built, or reused from an earlier request that
+    built it from the same original (the checkpoint's stubs, reapplied every turn)."""
+    memo, read_length = inp.stubbed, inp.policy.read_length
+    form = inp.forms[seg.index] if seg.index < len(inp.forms) else -1
+    key = b""
+    if memo is not None and form in REBUILDABLE_FORMS:
+        key = stubbed_key(inp.digests[seg.index], form, seg, inp.tool, read_length, inp.dialect)
+        found = memo.get(key)
+        if found is not None:
+            return found
+    message = material(seg, inp.messages, inp.tool, read_length, inp.dialect)
+    made = message, inp.counter.count_message(message)
+    if key and memo is not None:
+        if len(memo) >= STUBBED_MEMO_SIZE:
+            memo.clear()  # a bound, not a policy: a busy fleet refills it within a turn
+        memo[key] = made
+    return made
 
 
-def last_stub(segments: Sequence[Segment]) -> int | None:
-    return next(
-        (n for n in range(len(segments) - 1, -1, -1) if isinstance(segments[n], Stubbed)), None
-    )
+STUBBED_MEMO_SIZE = 8192  # stubbed messages (about 1 KB each with their heads)
 
 
-def has_stubs(segments: Sequence[Segment]) -> bool:
-    return any(isinstance(seg, Stubbed) for seg in segments)
+def stubbed_key(
+    digest: bytes, form: int, seg: Stubbed, tool: str | None, read_length: int, dialect: Dialect
+) -> bytes:
+    stubs = ";".join(f"{s.block},{s.ref},{s.head_chars}" for s in seg.stubs)
+    made = f"{form}|{type(dialect).__name__}|{tool or 'read_result'}|{read_length}|{stubs}"
+    return digest + made.encode()
+
+
+REBUILDABLE_FORMS = (0, 1)  # counting.Counted.forms whose digest pins the message exactly

@@ -24,7 +24,7 @@ from proxy import tracing
 from proxy.core.counting import Counted, cannot_cross, count_request, count_unless_quiet
 from proxy.core.driver import CompactionRequest, Decision, compaction
 from proxy.core.errors import ContextTooLong, ProxyError
-from proxy.core.identity import conversation_of, tenant_of
+from proxy.core.identity import identities, tenant_of
 from proxy.core.lines import DEFAULT_MAX_LINES
 from proxy.core.model_facts import UNKNOWN_SOURCE, wants_1m
 from proxy.core.outcome import Refuse, Rewrite, Untouched
@@ -263,7 +263,7 @@ class Compactor:
         )
         executor = StoreExecutor(
             store,
-            lambda: _identity(wire, body, headers, tenant),
+            functools.partial(identities, wire, body, headers, calibrated_for),  # tenant known
             summariser=self.summariser,
             summarise=functools.partial(
                 post_summary,
@@ -354,10 +354,3 @@ def _rewritten(prepared: Prepared, rewrite: Rewrite, policy: Policy, record: Req
     prepared.headers = tuple(headers)
     prepared.tool = rewrite.tool
     prepared.refs = frozenset(rewrite.refs)
-
-
-def _identity(
-    wire: Request, body: Mapping[str, Any], headers: Mapping[str, str], tenant: str | None
-) -> tuple[str, str]:
-    tenant = tenant or tenant_of(headers)
-    return tenant, conversation_of(headers, wire.identity_view(body), tenant)

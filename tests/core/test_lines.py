@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.core.checkpoint import Checkpoint, Line, chain_hash, message_digest
+from proxy.core.checkpoint import Checkpoint, Line
 from proxy.core.commands import PreparedSummary
+from proxy.core.digests import chain_hash, message_digest
 from proxy.core.lines import best_line, best_note, evicted, evicted_notes, next_tick
 from proxy.core.tokens import TokenCounter
 from proxy.ops.simulate import Simulator

@@ -8,13 +8,14 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.core.checkpoint import Checkpoint, message_digest
+from proxy.core.checkpoint import Checkpoint
+from proxy.core.digests import message_digest
 from proxy.core.outcome import FoldPlan, Refuse, Rewrite, Untouched
-from proxy.core.plan_input import PlanInput
 from proxy.core.planner import plan
 from proxy.core.policy import Policy
 from proxy.core.rewrites import fold
 from proxy.core.tokens import TokenCounter
+from proxy.core.working import PlanInput
 from proxy.testing.chat_validate import validate_chat_request
 from proxy.wire.chat import CHAT, ChatCounter, read_result_tool
 

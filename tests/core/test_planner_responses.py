@@ -13,15 +13,16 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.core.checkpoint import Checkpoint, message_digest
+from proxy.core.checkpoint import Checkpoint
 from proxy.core.commands import LoadConversation, SaveCrossing
 from proxy.core.counting import count_request
+from proxy.core.digests import message_digest
 from proxy.core.driver import CompactionRequest, commands_of, compaction
 from proxy.core.outcome import FoldPlan, Refuse, Rewrite, Untouched
-from proxy.core.plan_input import PlanInput
 from proxy.core.planner import plan
 from proxy.core.rewrites import fold
 from proxy.core.tokens import TokenCounter
+from proxy.core.working import PlanInput
 from proxy.testing.responses_items import check_seals, seal
 from proxy.testing.responses_standin import ResponsesOptions
 from proxy.testing.responses_validate import validate_responses_request

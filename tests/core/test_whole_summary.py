@@ -3,7 +3,7 @@ in place when the summariser is the conversation's model and it fits, else a tra
 
 from __future__ import annotations
 
-from proxy.core.checkpoint import chain_hash, message_digest
+from proxy.core.digests import chain_hash, message_digest
 from proxy.core.policy import Policy
 from proxy.core.summariser_input import (
     IN_PLACE_OVERHEAD,

@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.checkpoint import message_digest
+from proxy.core.digests import message_digest
 
 STUB = b"compaction-proxy offloaded this result"
 FOLDS = ("summary", "pack")
