@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.replay import big_history  # noqa: E402
 from proxy.config import load_settings  # noqa: E402
-from proxy.core.checkpoint import checkpoint_slot, decode_checkpoint  # noqa: E402
+from proxy.core.checkpoint import decode_checkpoint, root_of  # noqa: E402
 from proxy.core.commands import Loaded  # noqa: E402
 from proxy.core.counting import count_request  # noqa: E402
 from proxy.core.driver import CompactionRequest, compaction, run  # noqa: E402
@@ -156,8 +156,8 @@ async def prepare_run(rounds: int, policy: dict[str, Any]) -> dict[str, Any]:
         assert store is not None
         tenant = tenant_of(headers)
         conversation = conversation_of(headers, ANTHROPIC.identity_view(body), tenant)
-        slot = checkpoint_slot(counted.digests)
-        state = await store.load_conversation(tenant, conversation, slot)
+        root = root_of(counted.digests)
+        state = await store.load_conversation(tenant, conversation, root)
         loaded = Loaded(decode_checkpoint(state.checkpoint))
         assert loaded.checkpoint is not None, "the crossing's checkpoint is stored"
 
@@ -166,7 +166,7 @@ async def prepare_run(rounds: int, policy: dict[str, Any]) -> dict[str, Any]:
             assert decision.rewrite is not None and decision.body is not None
 
         async def load_once() -> Any:
-            return await store.load_conversation(tenant, conversation, slot)
+            return await store.load_conversation(tenant, conversation, root)
 
         load_p50, _ = await amedian_ms(load_once, rounds)
         parts = {

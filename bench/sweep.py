@@ -17,7 +17,7 @@ Rows are ranked by the worst ratio over the traces.
         --trigger 100000,140000 --target 40000,60000
 
 Lists are comma-separated; a value 0 means the policy's own default (offload_trigger 0:
-20,000, at most 10% of the window). `replay` bills each summary at its slot's size (a
+20,000, at most 10% of the window). `replay` bills each summary at its cap's size (a
 placeholder of that length): a smaller summary_max_tokens is cheaper here, but what a
 summary keeps is not measured. The sweep runs on --jobs processes (default 2).
 """

@@ -22,7 +22,7 @@ from proxy.core.strategy import Strategy
 VERSION = 2
 
 
-def checkpoint_slot(digests: Sequence[bytes]) -> str:
+def root_of(digests: Sequence[bytes]) -> str:
     """One checkpoint per first message: agents that share a session id between their
     sub-agents (Claude Code does) keep one frozen prefix each."""
     return digests[0].hex()[:16]

@@ -21,10 +21,10 @@ from proxy.core.wire_format import Round
 
 @dataclass(frozen=True, slots=True)
 class LoadConversation:
-    """Read the conversation's state for one checkpoint slot (one round trip): every
+    """Read the conversation's state for one checkpoint root (one round trip): every
     line's checkpoint and every note of a summary made ahead (proxy/core/lines.py)."""
 
-    slot: str
+    root: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,7 @@ class GetSummary:
     """A summary of the folded turns: the stored one for `key`, else made (once for the
     fleet; whoever makes it holds the key's lock until the crossing's SaveCrossing stores
     it). `body` is the summariser's request, in the conversation's API (made in place,
-    reading the conversation's cached prefix, when the summariser is its model); `slot`
+    reading the conversation's cached prefix, when the summariser is its model); `summary_tokens`
     is its output cap in tokens. `ahead`: it is the summary being made ahead, in the
     background: wait for that call (however long it takes), never give up on it early.
     `fallback`: the transcript request to send when the in-place `body` is answered with a
@@ -82,7 +82,7 @@ class GetSummary:
 
     key: str
     body: dict[str, Any]
-    slot: int
+    summary_tokens: int
     model: str
     ahead: bool = False
     fallback: dict[str, Any] | None = None
@@ -116,7 +116,7 @@ class SaveCrossing:
     TTLs for every ref stored earlier that it still names, and the lines and notes of
     summaries made ahead it evicts (the least recently used beyond the bound)."""
 
-    slot: str
+    root: str
     checkpoint: Checkpoint | None  # None: only blobs (ones found gone, written again)
     blobs: tuple[tuple[str, str], ...]  # (ref, text)
     touch: tuple[str, ...]  # refs stored earlier that the new checkpoint still names
@@ -131,7 +131,7 @@ class TouchLine:
     """Mark a line most recently used (a request took a line that was not the most
     recent one). Fire and forget, off the request: the reply is `Started`."""
 
-    slot: str
+    root: str
     line: str
     used: int
 
@@ -143,7 +143,7 @@ class PrepareSummary:
     and keep `note` for it (what it folds and what its call saw), evicting the notes of
     `evict_notes`. Fire and forget: the reply is `Started`."""
 
-    slot: str
+    root: str
     ask: GetSummary
     note: PreparedSummary | None = None
     evict_notes: tuple[str, ...] = ()

@@ -33,7 +33,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from proxy.core.checkpoint import Checkpoint, Line, checkpoint_slot
+from proxy.core.checkpoint import Checkpoint, Line, root_of
 from proxy.core.commands import (
     Command,
     GetSummary,
@@ -124,8 +124,8 @@ def compaction(request: CompactionRequest) -> Driver:
     counted = request.counted
     if not request.messages or counted.fits(request.policy, request.factor):
         return Decision(Untouched(real(counted.history, request.factor)), counted.total)
-    slot = checkpoint_slot(counted.digests)
-    loaded = yield LoadConversation(slot)
+    root = root_of(counted.digests)
+    loaded = yield LoadConversation(root)
     assert isinstance(loaded, Loaded)
     lines = _lines_of(loaded)
     notes = _notes_of(loaded)
@@ -153,7 +153,7 @@ def compaction(request: CompactionRequest) -> Driver:
         before = line.checkpoint if line is not None else None
         checkpoint, touch = _renewal(request, before, outcome.checkpoint, kept)
         saved = yield SaveCrossing(
-            slot,
+            root,
             checkpoint,
             tuple(outcome.blobs),
             touch,
@@ -169,7 +169,7 @@ def compaction(request: CompactionRequest) -> Driver:
             # their texts, so they are stored again (else their stubs read as gone).
             again = recovered_blobs(inp, saved.lost)
             if again:
-                resaved = yield SaveCrossing(slot, None, tuple(again), ())
+                resaved = yield SaveCrossing(root, None, tuple(again), ())
                 assert isinstance(resaved, Saved)
         if not saved.ok and outcome.blobs:
             # A stub whose blob was not kept could never be read: plan again without
@@ -189,7 +189,7 @@ def compaction(request: CompactionRequest) -> Driver:
         note = PreparedSummary(ahead.key, folds=ahead.folds, covers=len(digests),
                                seen=chain_hash(digests), made=next_tick(lines))  # fmt: skip
         started = yield PrepareSummary(
-            slot,
+            root,
             _summary_request(request, ahead),
             note,
             evicted_notes(notes, request.max_lines, note.seen),
@@ -198,7 +198,7 @@ def compaction(request: CompactionRequest) -> Driver:
     if not crossed and line is not None and not is_most_recent(line, lines):
         # Another line's request came between: this one is the most recent again, so
         # the least recently used line is the one a new line evicts.
-        touched = yield TouchLine(slot, line.name, next_tick(lines))
+        touched = yield TouchLine(root, line.name, next_tick(lines))
         assert isinstance(touched, Started)
     return _decision(request, inp, outcome, failure)
 
@@ -244,7 +244,11 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
     model = fold.model or own
     body = None
     transcript = request.wire.summary_request(
-        request.body, model=model, slot=fold.slot, prompt=fold.transcript, history=None
+        request.body,
+        model=model,
+        summary_tokens=fold.summary_tokens,
+        prompt=fold.transcript,
+        history=None,
     )
     assert transcript is not None
     if model == own and fold.in_place.fits:
@@ -253,10 +257,16 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
         # The conversation's request as it goes upstream (read_result among its tools).
         sent = {**request.body, **request.wire.with_history(request.body, history, place.tool)}
         body = request.wire.summary_request(
-            sent, model=model, slot=fold.slot, prompt=place.prompt, history=history
+            sent,
+            model=model,
+            summary_tokens=fold.summary_tokens,
+            prompt=place.prompt,
+            history=history,
         )
     facts, budget = fold.facts, fold.facts_budget  # applied by GetSummary.finished
-    ask = GetSummary(fold.key, transcript, fold.slot, model, fold.ahead, None, facts, budget)
+    ask = GetSummary(
+        fold.key, transcript, fold.summary_tokens, model, fold.ahead, None, facts, budget
+    )
     return ask if body is None else replace(ask, body=body, fallback=transcript)
 
 

@@ -101,7 +101,7 @@ class FoldPlan:
     folds: str  # hash of the folded turns as the client sent them (`summary_key`)
     transcript: str  # the folded turns as the client sent them, fitted to the summariser
     in_place: InPlace  # what a summary made in the conversation's own request needs
-    slot: int  # the summary's cap, in real tokens (the facts line's budget apart)
+    summary_tokens: int  # the summary's cap, in real tokens (the facts line's budget apart)
     facts: Facts  # the folded turns' identifiers, ranked when a summary is made
     facts_budget: int  # tokens the line of identifiers the summary left out may take
     model: str  # summariser model ("" = the request's)

@@ -50,7 +50,9 @@ class Policy:
     stub_head_chars: int = 200  # how much of an offloaded result stays in the stub
     read_length: int = 8_000  # default slice length read_result suggests
     summariser_model: str = ""  # empty = the request's own model
-    summary_max_tokens: int = 4_000  # cap on the summary, below the slot (bench/facts.py)
+    summary_max_tokens: int = (
+        4_000  # cap on the summary; a fold's room may lower it (bench/facts.py)
+    )
     max_read_rounds: int = 4  # read_result round trips per client request
     # Where `window` came from (this policy, the model table, a default): for messages.
     window_source: str = field(default="", compare=False)

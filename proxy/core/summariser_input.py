@@ -53,15 +53,15 @@ def folding(
     """The fold of the groups labelled `fold`, its summary taking at most `room`
     (estimated) tokens, with what its summariser needs."""
     members = [m for g in work.groups if g.label in fold for m in g.members]
-    slot = min(real(room, inp.factor), inp.policy.summary_max_tokens)
-    facts_budget = min(FACTS_MAX, max(FACTS_MIN, slot // 5))
+    summary_tokens = min(real(room, inp.factor), inp.policy.summary_max_tokens)
+    facts_budget = min(FACTS_MAX, max(FACTS_MIN, summary_tokens // 5))
     folds = summary_key(work.segments, members, inp.digests)
     return FoldPlan(
         key=seen_key(folds, inp.digests),
         folds=folds,
-        transcript=_transcript(work, members, inp, slot),
-        in_place=_in_place(work, members, inp, limits, slot),
-        slot=max(slot - facts_budget, slot // 2),
+        transcript=_transcript(work, members, inp, summary_tokens),
+        in_place=_in_place(work, members, inp, limits, summary_tokens),
+        summary_tokens=max(summary_tokens - facts_budget, summary_tokens // 2),
         facts=Facts(tuple(_facts_sources(work, members, inp)), _call_ids(work, members)),
         facts_budget=facts_budget,
         model=inp.policy.summariser_model,
@@ -77,8 +77,8 @@ def folding(
 
 
 # The line of identifiers a summary left out (proxy/core/facts.py) may take a fifth of the
-# summary's slot, at least FACTS_MIN and at most FACTS_MAX tokens; the summariser keeps at
-# least half of the slot (a small slot may so end a little over the target).
+# summary's cap, at least FACTS_MIN and at most FACTS_MAX tokens; the summariser keeps at
+# least half of its cap (a small cap may so end a little over the target).
 FACTS_MIN, FACTS_MAX = 200, 1_500
 SUMMARISER_MARGIN = 0.05  # of the summariser's window kept free: counts are estimates
 
@@ -98,19 +98,19 @@ class WholeSummary:
     model: str  # the summariser
     room: int  # its window, estimated tokens (summariser_room)
     in_place: int  # what the in-place call reads, estimated; 0: a transcript instead
-    slot: int = 0  # the summary's cap, real tokens (the policy's summary_max_tokens)
+    summary_tokens: int = 0  # the summary's cap, real tokens (the policy's summary_max_tokens)
 
     def transcript_budget(self, instruction: int) -> int:
-        """Tokens the transcript may take: the room less the summary's slot and the
+        """Tokens the transcript may take: the room less the summary's cap and the
         instruction's words (`instruction`, counted)."""
-        return self.room - self.slot - instruction
+        return self.room - self.summary_tokens - instruction
 
 
 def whole_summary(
     policy: Policy, factor: float, model: str, history_tokens: Callable[[], int]
 ) -> WholeSummary:
     """In place when the summariser is the conversation's model and the history
-    (`history_tokens`, counted only then), the prompt's words and the summary's slot fit
+    (`history_tokens`, counted only then), the prompt's words and the summary's cap fit
     its window; else a transcript, by the policy's summariser."""
     room = summariser_room(policy, factor)
     if policy.summariser_model in ("", model):
@@ -150,7 +150,7 @@ def seen_key(folds: str, digests: Sequence[bytes]) -> str:
 
 
 def _in_place(
-    work: Working, members: Sequence[int], inp: PlanInput, limits: Limits, slot: int
+    work: Working, members: Sequence[int], inp: PlanInput, limits: Limits, summary_tokens: int
 ) -> InPlace:
     """The conversation's history as it would go without the fold, and a last message
     naming the messages to replace, with the originals of the results offloaded among
@@ -169,7 +169,7 @@ def _in_place(
     factor = max(1.0, inp.factor)
     limit = min(limits.limit, math.floor(inp.policy.window / factor) - inp.fixed_tokens
                 - inp.tool_tokens)  # fmt: skip
-    room = limit - work.tokens - math.ceil(slot / factor) - IN_PLACE_OVERHEAD
+    room = limit - work.tokens - math.ceil(summary_tokens / factor) - IN_PLACE_OVERHEAD
     budget = min(room, _originals_cap(work, inp))
     # Each piece keeps a head and a tail when cut: past what the budget holds of those,
     # the newest pieces only.
@@ -231,7 +231,7 @@ def _original(seg: Segment, work: Working, m: int, inp: PlanInput) -> Message:
     return work.messages[m]
 
 
-def _transcript(work: Working, members: Sequence[int], inp: PlanInput, slot: int) -> str:
+def _transcript(work: Working, members: Sequence[int], inp: PlanInput, summary_tokens: int) -> str:
     """The folded turns as the client sent them, as text for the summariser, cut to fit
     its window: the longest pieces first, each keeping its head and its tail. Offloaded
     results say their ref, so the summary can name what the agent may still read."""
@@ -251,7 +251,7 @@ def _transcript(work: Working, members: Sequence[int], inp: PlanInput, slot: int
     # sealed content the estimate overcounts) must not let the transcript grow.
     factor = max(1.0, inp.factor)
     window = summariser_room(inp.policy, factor)
-    budget = window - math.ceil(slot / factor) - inp.counter.count_text(INSTRUCTION)
+    budget = window - math.ceil(summary_tokens / factor) - inp.counter.count_text(INSTRUCTION)
     return _fitted(pieces, tokens, max(budget, len(pieces) * 64))
 
 

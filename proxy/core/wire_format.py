@@ -187,7 +187,7 @@ class Summaries(Protocol):
         body: Mapping[str, Any],
         *,
         model: str,
-        slot: int,
+        summary_tokens: int,
         prompt: str,
         history: Sequence[JSON] | None,
     ) -> JSON | None:

@@ -51,7 +51,7 @@ class PlanInput:
     store_ok: bool = True  # blobs and summaries can be stored
     offload_ok: bool = True  # results may be offloaded (False: their blobs could not be kept)
     sticky_tool: bool = False  # the conversation offers read_result already: keep offering it
-    prepared: PreparedSummary | None = None  # a summary made ahead for this slot
+    prepared: PreparedSummary | None = None  # a summary made ahead for this root
     forms: bytes = b""  # each message's digest form (Counted.forms); b"": nothing reused
     stubbed: StubbedMemo | None = None  # stubbed messages built by earlier requests
 

@@ -292,7 +292,8 @@ def unmanaged(shape: Shape, prices: Prices | None = None) -> float:
 
 def rules_for(policy: Policy) -> Rules:
     """The floor's rules for a policy: its window, keep_last, keep_results and summary
-    size (the proxy's slot at the cap, less the facts budget: proxy/core/summariser_input.py)."""
+    size (the proxy's summary_tokens at the cap, less the facts budget:
+    proxy/core/summariser_input.py)."""
     from proxy.core.summariser_input import FACTS_MAX, FACTS_MIN
 
     cap = policy.summary_max_tokens

@@ -61,7 +61,8 @@ def render_plan(step: Step) -> str:
     if step.made_ahead is not None:
         lines.append(
             f"  has the next fold's summary made in the background (at most"
-            f" {step.made_ahead.slot:,} tokens, about {step.made_ahead.input_tokens:,} input"
+            f" {step.made_ahead.summary_tokens:,} tokens,"
+            f" about {step.made_ahead.input_tokens:,} input"
             " tokens): no request waits for it"
         )
     if step.offloaded:
@@ -77,7 +78,7 @@ def render_plan(step: Step) -> str:
         model = p.summariser_model or "the request's own model"
         lines.append(
             f"  would summarise {step.summary.messages} messages into at most"
-            f" {step.summary.slot:,} tokens (one summariser call to {model},"
+            f" {step.summary.summary_tokens:,} tokens (one summariser call to {model},"
             f" about {step.summary.input_tokens:,} input tokens), then check that it kept the"
             " folded turns' identifiers and append those it left out"
         )

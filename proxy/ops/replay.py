@@ -2,7 +2,7 @@
 
 Each request of the trace goes two ways, in memory: as the client sent it, and as the
 proxy would send it (proxy/ops/simulate.py: the pure planner, checkpoints kept between
-requests, a placeholder summary of the slot's size), in the trace's wire format (given,
+requests, a placeholder summary of the summary's cap in size), in the trace's wire format (given,
 or its first request's: proxy/ops/formats.py). Both are counted with the prompt-cache
 model of that format's stand-in (proxy/testing/cache.py; chat_standin.prompt_units for
 Chat Completions, responses_items.ItemCounter for Responses), each with its own cache, on
@@ -190,16 +190,21 @@ def _responses_output(body: dict[str, Any], following: dict[str, Any], items: It
 def _summariser_usage(
     calls: Sequence[Summarise | None], cache: PromptCache, pricing: _Pricing
 ) -> list[tuple[CacheUsage, int]]:
-    """The summariser calls' usage (input, output at the slot), through the proxy's
+    """The summariser calls' usage (input, output at the summary_tokens), through the proxy's
     cache: a summary made in place shares the conversation's cached prefix, as upstream."""
     out = []
     for s in calls:
         if s is None or s.reused:
             continue
         if s.request is None:
-            out.append((CacheUsage(s.input_tokens, 0, 0, creation_1h=False), s.slot))
+            out.append((CacheUsage(s.input_tokens, 0, 0, creation_1h=False), s.summary_tokens))
         else:
-            out.append((cache.account("replay", pricing.units(s.request), s.input_tokens), s.slot))
+            out.append(
+                (
+                    cache.account("replay", pricing.units(s.request), s.input_tokens),
+                    s.summary_tokens,
+                )
+            )
     return out
 
 

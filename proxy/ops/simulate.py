@@ -4,7 +4,7 @@
 (proxy/core/driver.py) for one request of its wire format, with an executor on dicts
 instead of Redis and the upstream: the conversation's lines (checkpoints, several per
 first message, proxy/core/lines.py), the stored summaries (a placeholder text of the
-slot's size stands in for the summariser's answer), the offloaded blobs. Steps on one
+summary's cap in size stands in for the summariser's answer), the offloaded blobs. Steps on one
 Simulator form one conversation, as the replica fleet would see it. Calibration is fixed
 (factor 1.0 unless given, no sampling): the local count is taken as the real one, and
 every request is counted (the server's byte-size shortcut only skips counts that could
@@ -24,7 +24,7 @@ from typing import Any, assert_never
 
 import orjson
 
-from proxy.core.checkpoint import Checkpoint, Line, checkpoint_slot
+from proxy.core.checkpoint import Checkpoint, Line, root_of
 from proxy.core.commands import (
     Answered,
     Command,
@@ -72,7 +72,7 @@ class Summarise:
     """A summary the step needed: made (a summariser call) or reused from the store."""
 
     messages: int  # client messages folded into it
-    slot: int  # the output cap, tokens
+    summary_tokens: int  # the output cap, tokens
     reused: bool
     input_tokens: int  # the summariser call's whole input
     request: dict[str, Any] | None = None  # the summariser's request (priced with a cache)
@@ -114,9 +114,9 @@ class ReadReplay:
     rounds: int  # read rounds after the first (the server's x-compaction-read-rounds)
 
 
-def placeholder_summary(slot: int, key: str) -> str:
-    """Text of about `slot` tokens (one per word) standing in for a real summary."""
-    words = max(1, slot - 12)
+def placeholder_summary(summary_tokens: int, key: str) -> str:
+    """Text of about `summary_tokens` tokens (one per word) standing in for a real summary."""
+    words = max(1, summary_tokens - 12)
     return f"[placeholder summary {key[:12]}] " + "note " * words
 
 
@@ -163,58 +163,60 @@ class MemoryExecutor:
 
     def __init__(self, counter: TokenCounter) -> None:
         self.counter = counter
-        self.lines: dict[str, dict[str, Line]] = {}  # slot -> line -> line, as stored
+        self.lines: dict[str, dict[str, Line]] = {}  # root -> line -> line, as stored
         self.summaries: dict[str, str] = {}  # key -> text, as the store would keep them
         self.blobs: dict[str, str] = {}  # ref -> the offloaded text
-        self.notes: dict[str, dict[str, PreparedSummary]] = {}  # slot -> seen -> note
+        self.notes: dict[str, dict[str, PreparedSummary]] = {}  # root -> seen -> note
         self.asked: GetSummary | None = None  # the last request's summary, if any
         self.ahead: GetSummary | None = None  # ... and the one it had made ahead
         self.evicted = 0  # lines dropped beyond the bound
 
     @property
     def checkpoints(self) -> dict[str, Checkpoint]:
-        """slot -> its most recently used line's checkpoint."""
+        """root -> its most recently used line's checkpoint."""
         return {
-            slot: max(lines.values(), key=lambda line: line.used).checkpoint
-            for slot, lines in self.lines.items()
+            root: max(lines.values(), key=lambda line: line.used).checkpoint
+            for root, lines in self.lines.items()
             if lines
         }
 
     def copy(self) -> MemoryExecutor:
         other = MemoryExecutor(self.counter)
-        other.lines = {slot: dict(lines) for slot, lines in self.lines.items()}
-        other.notes = {slot: dict(notes) for slot, notes in self.notes.items()}
+        other.lines = {root: dict(lines) for root, lines in self.lines.items()}
+        other.notes = {root: dict(notes) for root, notes in self.notes.items()}
         return other
 
     def __call__(self, command: Command) -> Reply:
         match command:
             case LoadConversation():
-                slot = command.slot
-                lines = tuple(self.lines.get(slot, {}).values())
-                return Loaded(lines=lines, notes=tuple(self.notes.get(slot, {}).values()))
+                root = command.root
+                lines = tuple(self.lines.get(root, {}).values())
+                return Loaded(lines=lines, notes=tuple(self.notes.get(root, {}).values()))
             case GetSummary():
                 self.asked = command
                 stored = self.summaries.get(command.key)
                 if stored is not None:
                     return SummaryReply(stored, reused=True)
-                made = placeholder_summary(command.slot, command.key)
+                made = placeholder_summary(command.summary_tokens, command.key)
                 return SummaryReply(command.finished(made, self.counter.count_text))
             case PrepareSummary():
                 # Made at once here: the next request finds it ready, as it would in a
                 # session whose turns are further apart than the summariser takes.
                 ask = command.ask
                 self.ahead = ask
-                text = self.summaries.setdefault(ask.key, placeholder_summary(ask.slot, ask.key))
-                notes = self.notes.setdefault(command.slot, {})
+                text = self.summaries.setdefault(
+                    ask.key, placeholder_summary(ask.summary_tokens, ask.key)
+                )
+                notes = self.notes.setdefault(command.root, {})
                 for seen in command.evict_notes:
                     notes.pop(seen, None)
                 if command.note is not None:
                     notes[command.note.seen] = replace(command.note, text=text)
                 return Started()
             case TouchLine():
-                line = self.lines.get(command.slot, {}).get(command.line)
+                line = self.lines.get(command.root, {}).get(command.line)
                 if line is not None:
-                    self.lines[command.slot][command.line] = replace(line, used=command.used)
+                    self.lines[command.root][command.line] = replace(line, used=command.used)
                 return Started()
             case SaveCrossing():
                 return self._save(command)
@@ -222,11 +224,11 @@ class MemoryExecutor:
                 assert_never(command)
 
     def _save(self, command: SaveCrossing) -> Saved:
-        kept = self.lines.setdefault(command.slot, {})
+        kept = self.lines.setdefault(command.root, {})
         for name in command.evict:
             self.evicted += kept.pop(name, None) is not None
         for seen in command.evict_notes:
-            self.notes.get(command.slot, {}).pop(seen, None)
+            self.notes.get(command.root, {}).pop(seen, None)
         if command.checkpoint is not None:
             checkpoint = command.checkpoint
             kept[checkpoint.prefix_hash] = Line(checkpoint, command.used)
@@ -265,7 +267,7 @@ class RoundsExecutor:
 
 def _applied(memory: MemoryExecutor, digests: Sequence[bytes]) -> Checkpoint | None:
     """The checkpoint a request of these messages took (its line's, the longest)."""
-    line = best_line(memory.lines.get(checkpoint_slot(digests), {}).values(), digests)
+    line = best_line(memory.lines.get(root_of(digests), {}).values(), digests)
     return line.checkpoint if line is not None else None
 
 
@@ -322,7 +324,7 @@ class Simulator:
         if asked is not None and rewrite.summary:
             reused = asked.key in known
             memory.summaries[asked.key] = memory.summaries.get(
-                asked.key, placeholder_summary(asked.slot, asked.key)
+                asked.key, placeholder_summary(asked.summary_tokens, asked.key)
             )
             summary = self._summarise(asked, reused)
             fallback = self._without_summary(request, before)
@@ -352,7 +354,7 @@ class Simulator:
             return None
         wire = self.format
         prompt = count_request(wire, self.counter, asked.body, wire.messages(asked.body)).total
-        return Summarise(0, asked.slot, reused, prompt, asked.body)
+        return Summarise(0, asked.summary_tokens, reused, prompt, asked.body)
 
     def _without_summary(
         self, request: CompactionRequest, before: MemoryExecutor
@@ -392,7 +394,11 @@ class Simulator:
         ]
         if summary is not None:
             summary = Summarise(
-                folded, summary.slot, summary.reused, summary.input_tokens, summary.request
+                folded,
+                summary.summary_tokens,
+                summary.reused,
+                summary.input_tokens,
+                summary.request,
             )
         return Step(
             sent,

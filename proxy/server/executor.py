@@ -134,7 +134,7 @@ class StoreExecutor:
         try:
             # Checkpoints decoded once per stored value: the next request reads them again.
             state = await self.store.load_conversation(
-                self.tenant, self.conversation, command.slot, decode=decode_checkpoint
+                self.tenant, self.conversation, command.root, decode=decode_checkpoint
             )
         except StoreUnavailable:
             return Loaded(None, store_ok=False)
@@ -152,7 +152,7 @@ class StoreExecutor:
             async def touch() -> None:
                 with contextlib.suppress(StoreUnavailable):
                     await store.touch_line(
-                        tenant, conversation, command.slot, command.line, command.used
+                        tenant, conversation, command.root, command.line, command.used
                     )
 
             self.background(touch())
@@ -217,7 +217,7 @@ class StoreExecutor:
             saved = await store.save_crossing(
                 self.tenant,
                 self.conversation,
-                slot=command.slot,
+                root=command.root,
                 checkpoint=(
                     None if command.checkpoint is None else encode_checkpoint(command.checkpoint)
                 ),
@@ -306,7 +306,7 @@ async def drive(
     """Drive a generator to its end with an async executor. `off_loop`: run the
     driver's own (pure, CPU-bound) steps in a worker thread, so a huge history being
     planned does not stall every other request of the replica; its first step (up to
-    the load: a slot from the digests) runs inline, not worth a thread's hand-over."""
+    the load: a root from the digests) runs inline, not worth a thread's hand-over."""
     reply: R | None = None
     while True:
         if off_loop and reply is not None:

@@ -229,23 +229,25 @@ def _summary_need(
     whole = whole_summary(
         policy, factor, model, lambda: count_request(RESPONSES, counter, sent, units).total
     )
-    slot = whole.slot
+    summary_tokens = whole.summary_tokens
     if whole.in_place:
         prompt = in_place_prompt(1, len(flatten(units)), heads_of(units), "")
-        body = RESPONSES.summary_request(sent, model=model, slot=slot, prompt=prompt, history=units)
+        body = RESPONSES.summary_request(
+            sent, model=model, summary_tokens=summary_tokens, prompt=prompt, history=units
+        )
         if body is not None:
-            return GetSummary(key, body, slot, model), whole.in_place
+            return GetSummary(key, body, summary_tokens, model), whole.in_place
     instruction = counter.count_text(INSTRUCTION)
     transcript = RESPONSES.render_transcript(units)
     transcript = fitted(
         transcript, counter.count_text(transcript), whole.transcript_budget(instruction)
     )
     body = RESPONSES.summary_request(
-        sent, model=whole.model, slot=slot, prompt=transcript, history=None
+        sent, model=whole.model, summary_tokens=summary_tokens, prompt=transcript, history=None
     )
     assert body is not None
     estimate = instruction + counter.count_text(transcript)
-    return GetSummary(key, body, slot, whole.model), estimate
+    return GetSummary(key, body, summary_tokens, whole.model), estimate
 
 
 async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web.Response:
@@ -263,7 +265,7 @@ async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web
     sent = dict(prepared.sent) if prepared.sent and prepared.refusal is None else history
     model = str(payload.get("model", ""))
     need, estimate = _summary_need(request, sent, model, prepared)
-    await budgets.reserve(request, estimate, need.slot, b"")
+    await budgets.reserve(request, estimate, need.summary_tokens, b"")
     tenant = tenant_of_request(request)
     conversation = conversation_of(request.headers, RESPONSES.identity_view(payload), tenant)
     record = current_or_throwaway()

@@ -110,7 +110,7 @@ async def obtain_summary(
         return Obtained(await _wait_for_other(store, tenant, conversation, key, settings))
     record = current_or_throwaway()
     try:
-        if not await spend.at_crossing(summary_input(need), need.slot):
+        if not await spend.at_crossing(summary_input(need), need.summary_tokens):
             await lock.release()
             return Obtained(SummaryReply(None, failure="the caller's budget has no room"))
         record.summariser_calls += 1
@@ -319,7 +319,7 @@ async def prepare_summary(
     on_call: Callable[[bool], None],
 ) -> None:
     """Make the next fold's summary in the background, once for the fleet (the same lock
-    as a summary made at a crossing), and keep its note in the slot (what it folds and
+    as a summary made at a crossing), and keep its note in the root (what it folds and
     what its call saw: proxy/core/lines.py): first as being made (so no replica starts it
     again), then with its text. The call is reserved in the caller's budgets before it is
     made and settled to its usage; a budget that refuses it, like a failure, leaves a
@@ -352,11 +352,11 @@ async def _make_ahead(
 
     async def keep(record: dict[str, object], evict: Sequence[str] = ()) -> None:
         if note is not None:
-            await store.put_note(tenant, conversation, command.slot, note.seen, record, evict)
+            await store.put_note(tenant, conversation, command.root, note.seen, record, evict)
 
     apart: Settles | None = None
     try:
-        apart = await spend.ahead(summary_input(command.ask), command.ask.slot)
+        apart = await spend.ahead(summary_input(command.ask), command.ask.summary_tokens)
         if apart is None:
             if note is not None:
                 await keep(note_record(note, failed=True), command.evict_notes)

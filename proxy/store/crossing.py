@@ -29,12 +29,12 @@ def crossing_timeout(op_timeout: float, commands: int, payload: int) -> float:
 
 
 # A crossing's writes on a single Redis, atomically: the blobs, the checkpoint (a line of
-# the slot's hash and its clock), the summary, then a fresh TTL on the refs kept (their
+# the root's hash and its clock), the summary, then a fresh TTL on the refs kept (their
 # replies: 0 for a blob that is gone), the evicted fields taken out, the hash's TTL.
 # The writes that may grow memory come first: Redis refuses a script's first such write
 # when it is out of memory (and only the first, to keep the script atomic), so either
 # everything is written or nothing is (the error is the script's reply: "OOM ...").
-# KEYS: the blobs' keys, the kept refs' keys, the slot's hash, the summary's key (if any).
+# KEYS: the blobs' keys, the kept refs' keys, the root's hash, the summary's key (if any).
 # ARGV: ttl, blobs, kept refs, line, clock, checkpoint ("": none), summary ("": none),
 # the blobs' values, the fields to take out of the hash.
 SAVE_CROSSING = """
@@ -68,7 +68,7 @@ class CrossingWrite:
     ttl: int
     blobs: Sequence[tuple[str, bytes]]  # (key, packed value)
     kept: Sequence[str]  # keys of the blobs whose TTL is renewed
-    lines: str  # the slot's hash
+    lines: str  # the root's hash
     line: str  # the checkpoint's line
     used: int  # ... and its clock
     checkpoint: bytes | None  # encoded
@@ -141,10 +141,10 @@ _MISSING = object()
 class ConversationState:
     """A conversation's stored state for one request, read in one round trip.
 
-    lines: every line of the request's slot: (its checkpoint, decoded JSON object or what
+    lines: every line of the request's root: (its checkpoint, decoded JSON object or what
       the load's decoder made of it; its logical clock), most recently used first.
     summaries: of the summary keys asked for, those stored (key -> text).
-    notes: the slot's notes of summaries made ahead (decoded JSON).
+    notes: the root's notes of summaries made ahead (decoded JSON).
     """
 
     lines: tuple[tuple[Any, int], ...] = ()
@@ -153,7 +153,7 @@ class ConversationState:
 
     @property
     def checkpoint(self) -> Any:
-        """The most recently used line's checkpoint (None: the slot has none)."""
+        """The most recently used line's checkpoint (None: the root has none)."""
         return self.lines[0][0] if self.lines else None
 
 

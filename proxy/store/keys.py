@@ -26,10 +26,10 @@ import re
 # Kinds used by the store itself; callers choose their own for other JSON values.
 BLOB = "blob"
 LOCK = "lock"
-CHECKPOINT = "checkpoint"  # (before lines: one checkpoint per slot; no longer written)
+CHECKPOINT = "checkpoint"  # (before lines: one checkpoint per root; no longer written)
 SUMMARY = "summary"
-PREPARED = "prepared"  # (before lines: a slot's one note of a summary made ahead)
-# A slot's lines (proxy/core/lines.py): one hash holding every line's checkpoint and
+PREPARED = "prepared"  # (before lines: a root's one note of a summary made ahead)
+# A root's lines (proxy/core/lines.py): one hash holding every line's checkpoint and
 # clock and every note of a summary made ahead, read in one HGETALL.
 LINES = "lines"
 

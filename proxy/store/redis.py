@@ -333,17 +333,17 @@ class Store:
         self,
         tenant: str,
         conversation: str,
-        slot: str,
+        root: str,
         *,
         summaries: Sequence[str] = (),
         decode: Callable[[Any], object] | None = None,
     ) -> ConversationState:
-        """Every line stored in ``slot`` (checkpoints and their clocks), the slot's notes
+        """Every line stored in ``root`` (checkpoints and their clocks), the root's notes
         of summaries made ahead, and the stored ones of the ``summaries`` keys, in one
-        round trip (all keys share the conversation's slot). ``decode``: what each
+        round trip (all keys share the conversation's root). ``decode``: what each
         checkpoint (a JSON object) is turned into, made once per stored value (LineMemo:
         the result must be immutable); a line it answers None for is left out."""
-        lines_key = self._key(tenant, conversation, keys.LINES, slot)
+        lines_key = self._key(tenant, conversation, keys.LINES, root)
         names = [self._key(tenant, conversation, keys.SUMMARY, k) for k in summaries]
         if names:
             pipe = self._client.pipeline(transaction=False)
@@ -399,7 +399,7 @@ class Store:
         tenant: str,
         conversation: str,
         *,
-        slot: str,
+        root: str,
         checkpoint: Mapping[str, Any] | None,
         blobs: Sequence[tuple[str, str]],
         summary: tuple[str, str] | None,
@@ -411,8 +411,8 @@ class Store:
     ) -> CrossingSaved:
         """Write a crossing in one round trip: every blob (once per tenant, compressed),
         a fresh TTL on every ref of ``touch`` still named, the checkpoint (the line
-        ``line`` of the slot's hash, its clock ``used``), the summary, and the lines of
-        ``evict`` and the notes of ``evict_notes`` taken out of the slot's hash.
+        ``line`` of the root's hash, its clock ``used``), the summary, and the lines of
+        ``evict`` and the notes of ``evict_notes`` taken out of the root's hash.
 
         On a single Redis the call is one script (SAVE_CROSSING): all of it is stored, or
         none of it. On a Cluster the writes go to each node concurrently (one round trip per node
@@ -429,7 +429,7 @@ class Store:
         packed = await self._pack_blobs(blobs)
         new = {ref for ref, _ in blobs}
         kept = [ref for ref in dict.fromkeys(touch) if ref not in new]
-        lines_key = self._key(tenant, conversation, keys.LINES, slot)
+        lines_key = self._key(tenant, conversation, keys.LINES, root)
         line = line or "_"
         gone = [f"{kind}:{name}" for name in evict if name != line for kind in ("c", "u")]
         gone += [f"p:{seen}" for seen in evict_notes]
@@ -529,14 +529,14 @@ class Store:
         self,
         tenant: str,
         conversation: str,
-        slot: str,
+        root: str,
         seen: str,
         note: object,
         evict_notes: Sequence[str] = (),
     ) -> None:
-        """Keep a note of a summary made ahead in the slot's hash (one round trip),
+        """Keep a note of a summary made ahead in the root's hash (one round trip),
         taking out the notes of ``evict_notes``."""
-        lines_key = self._key(tenant, conversation, keys.LINES, slot)
+        lines_key = self._key(tenant, conversation, keys.LINES, root)
         data = self._encode(note)
         pipe = self._client.pipeline(transaction=not self.is_cluster)
         pipe.hset(lines_key, f"p:{seen}", data)
@@ -547,10 +547,10 @@ class Store:
         await self._call(lambda: pipe.execute())
 
     async def touch_line(
-        self, tenant: str, conversation: str, slot: str, line: str, used: int
+        self, tenant: str, conversation: str, root: str, line: str, used: int
     ) -> None:
         """Set a line's clock (it was taken by a request), if the line is still kept."""
-        lines_key = self._key(tenant, conversation, keys.LINES, slot)
+        lines_key = self._key(tenant, conversation, keys.LINES, root)
         await self._call(lambda: self._touch_line(keys=[lines_key], args=[line, used]))
 
     async def _take_back(self, lines_key: str, name: str) -> str:

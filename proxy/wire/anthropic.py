@@ -239,14 +239,14 @@ class MessagesSummaries:
         body: Mapping[str, Any],
         *,
         model: str,
-        slot: int,
+        summary_tokens: int,
         prompt: str,
         history: Sequence[JSON] | None,
     ) -> JSON | None:
         if history is None:
             return {
                 "model": model,
-                "max_tokens": slot,
+                "max_tokens": summary_tokens,
                 "system": summary.INSTRUCTION,
                 "messages": [{"role": "user", "content": prompt}],
             }
@@ -257,17 +257,17 @@ class MessagesSummaries:
         asked = {"role": "user", "content": [{"type": "text", "text": prompt}]}
         out["messages"] = [*history, asked]
         # Thinking stays as the conversation has it (changing it would miss the cache);
-        # a thinking budget comes on top of the notes' slot.
+        # a thinking budget comes on top of the notes' summary_tokens.
         thinking = body.get("thinking")
         budget = None
         if isinstance(thinking, dict) and thinking.get("type") == "enabled":
             budget = thinking.get("budget_tokens")
         extra = budget if isinstance(budget, int) else 0
-        out["max_tokens"] = slot + extra
+        out["max_tokens"] = summary_tokens + extra
         # Never above the model's max output (the API would refuse it), while the thinking
         # budget still leaves room for notes.
         limit = model_facts.max_output(model)
-        if limit and slot + extra > limit > extra:
+        if limit and summary_tokens + extra > limit > extra:
             out["max_tokens"] = limit
         return out
 

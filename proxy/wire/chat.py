@@ -293,14 +293,14 @@ class ChatSummaries:
         body: Mapping[str, Any],
         *,
         model: str,
-        slot: int,
+        summary_tokens: int,
         prompt: str,
         history: Sequence[JSON] | None,
     ) -> JSON | None:
         if history is None:
             return {
                 "model": model,
-                "max_completion_tokens": slot,
+                "max_completion_tokens": summary_tokens,
                 "messages": [
                     {"role": "system", "content": summary.INSTRUCTION},
                     {"role": "user", "content": prompt},
@@ -317,7 +317,7 @@ class ChatSummaries:
             if "max_tokens" in body and "max_completion_tokens" not in body
             else ("max_completion_tokens")
         )
-        out[cap] = slot
+        out[cap] = summary_tokens
         return out
 
     def answer_text(self, answer: JSON) -> str:

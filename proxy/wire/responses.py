@@ -290,14 +290,14 @@ class ResponsesSummaries:
         body: Mapping[str, Any],
         *,
         model: str,
-        slot: int,
+        summary_tokens: int,
         prompt: str,
         history: Sequence[JSON] | None,
     ) -> JSON | None:
         if history is None:
             return {
                 "model": model,
-                "max_output_tokens": slot,
+                "max_output_tokens": summary_tokens,
                 "instructions": summary.INSTRUCTION,
                 "input": [text_message("user", prompt)],
                 "store": False,
@@ -309,7 +309,7 @@ class ResponsesSummaries:
             return None  # the history lives upstream
         out = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         out["input"] = [*flatten(history), text_message("user", prompt)]
-        out["max_output_tokens"] = slot
+        out["max_output_tokens"] = summary_tokens
         return out
 
     def answer_text(self, answer: JSON) -> str:

@@ -48,14 +48,14 @@ def test_slot_is_budget_minus_kept(turns, budget: int, keep_last: int) -> None:
         # Refused only when it does not fit and there is nothing to fold or no room left.
         assert sum(sizes.values()) > budget
         return
-    fold, keep, slot = plan
+    fold, keep, summary_tokens = plan
     if not fold:
-        assert slot == 0 and sum(sizes.values()) <= budget
+        assert summary_tokens == 0 and sum(sizes.values()) <= budget
     else:
-        assert slot == budget - sum(sizes[label] for label in keep)
-        assert slot > 0
-        # After compaction the history (summary at most `slot`) is within the budget.
-        assert slot + sum(sizes[label] for label in keep) <= budget
+        assert summary_tokens == budget - sum(sizes[label] for label in keep)
+        assert summary_tokens > 0
+        # After compaction the history (summary at most `summary_tokens`) is within the budget.
+        assert summary_tokens + sum(sizes[label] for label in keep) <= budget
 
 
 @settings(max_examples=3000)

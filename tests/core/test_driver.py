@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from proxy.core.checkpoint import Checkpoint, checkpoint_slot
+from proxy.core.checkpoint import Checkpoint, root_of
 from proxy.core.commands import (
     Command,
     GetSummary,
@@ -56,7 +56,7 @@ class Store:
 
     def __init__(self, *, down: bool = False, saves: bool = True, summary: str | None = "notes"):
         self.checkpoints: dict[str, Checkpoint] = {}
-        self.prepared: dict[str, PreparedSummary] = {}  # slot -> made ahead (text: ready)
+        self.prepared: dict[str, PreparedSummary] = {}  # root -> made ahead (text: ready)
         self.down = down
         self.saves = saves
         self.summary = summary
@@ -65,11 +65,11 @@ class Store:
         if isinstance(command, LoadConversation):
             if self.down:
                 return Loaded(None, store_ok=False)
-            slot = command.slot
-            return Loaded(self.checkpoints.get(slot), prepared=self.prepared.get(slot))
+            root = command.root
+            return Loaded(self.checkpoints.get(root), prepared=self.prepared.get(root))
         if isinstance(command, PrepareSummary):
             assert command.note is not None and command.note.key == command.ask.key
-            self.prepared[command.slot] = command.note  # in the making
+            self.prepared[command.root] = command.note  # in the making
             return Started()
         if isinstance(command, TouchLine):
             return Started()
@@ -77,7 +77,7 @@ class Store:
             return SummaryReply(self.summary, failure="" if self.summary else "it failed")
         assert isinstance(command, SaveCrossing)
         if self.saves:
-            self.checkpoints[command.slot] = command.checkpoint
+            self.checkpoints[command.root] = command.checkpoint
         return Saved(ok=self.saves)
 
 
@@ -98,7 +98,7 @@ def test_an_offload_crossing_loads_then_saves_once() -> None:
     assert kinds(commands) == ["LoadConversation", "SaveCrossing"]
     load, save = commands
     assert isinstance(load, LoadConversation) and isinstance(save, SaveCrossing)
-    assert load.slot == save.slot
+    assert load.root == save.root
     assert len(save.blobs) == 11 and save.touch == ()
     assert isinstance(decision.outcome, Rewrite) and decision.rewrite is not None
     assert decision.rewrite.strategy == "offload"
@@ -120,13 +120,13 @@ def test_a_fold_asks_for_the_summary_between_load_and_save() -> None:
     commands, decision = commands_of(compaction(request(messages, NO_OFFLOAD)), Store())
     assert kinds(commands) == ["LoadConversation", "GetSummary", "SaveCrossing"]
     ask = commands[1]
-    assert isinstance(ask, GetSummary) and ask.slot > 0
+    assert isinstance(ask, GetSummary) and ask.summary_tokens > 0
     # In place: the conversation's own request (its history as it would go without the
     # fold, the same system, tools and model), then one message naming what to replace.
     asked = ask.body["messages"]
     assert len(asked) == len(messages) + 1 and asked[0] == messages[0]
     assert asked[1]["content"][1]["id"] == "toolu_0000"
-    assert ask.body["model"] == "claude-test" and ask.body["max_tokens"] == ask.slot
+    assert ask.body["model"] == "claude-test" and ask.body["max_tokens"] == ask.summary_tokens
     prompt = asked[-1]["content"][0]["text"]
     assert prompt.startswith("[compaction-proxy] This conversation is getting long.")
     assert "Write notes that will replace messages 2 to " in prompt
@@ -174,7 +174,7 @@ def test_the_slot_is_the_first_message() -> None:
     commands, _ = commands_of(compaction(request(messages, policy(target=5_000))), Store())
     counted = count_request(ANTHROPIC, COUNTER, {"messages": messages}, messages)
     assert isinstance(commands[0], LoadConversation)
-    assert commands[0].slot == checkpoint_slot(counted.digests)
+    assert commands[0].root == root_of(counted.digests)
 
 
 def test_a_request_that_cannot_offer_read_result_leaves_the_rewrite_alone() -> None:
@@ -227,8 +227,8 @@ def history_between(low: int, high: int) -> list[dict[str, Any]]:
 
 def ready(store: Store, text: str = "notes made ahead") -> None:
     """The background calls finish: every summary in the making is ready."""
-    for slot, made in store.prepared.items():
-        store.prepared[slot] = dataclasses.replace(made, text=text)
+    for root, made in store.prepared.items():
+        store.prepared[root] = dataclasses.replace(made, text=text)
 
 
 def test_near_the_trigger_the_next_summary_is_made_ahead() -> None:
@@ -237,7 +237,7 @@ def test_near_the_trigger_the_next_summary_is_made_ahead() -> None:
     commands, decision = commands_of(compaction(request(messages, NO_OFFLOAD)), store)
     assert kinds(commands) == ["LoadConversation", "PrepareSummary"]
     prepare = commands[1]
-    assert isinstance(prepare, PrepareSummary) and prepare.ask.slot > 0
+    assert isinstance(prepare, PrepareSummary) and prepare.ask.summary_tokens > 0
     assert prepare.facts.ranked() and prepare.facts_budget > 0
     assert isinstance(decision.outcome, Untouched), "the request itself goes on untouched"
     # The next turn finds it in the making: nothing is asked twice.
@@ -322,8 +322,8 @@ def test_a_fold_at_the_windows_edge_has_its_summary_made_from_the_transcript() -
 def test_a_summary_that_failed_ahead_is_asked_for_at_the_fold() -> None:
     store = Store()
     commands_of(compaction(request(history_between(7_200, 8_000), NO_OFFLOAD)), store)
-    for slot, made in store.prepared.items():
-        store.prepared[slot] = dataclasses.replace(made, failed=True)
+    for root, made in store.prepared.items():
+        store.prepared[root] = dataclasses.replace(made, failed=True)
     over = history_between(8_000, 11_000)
     commands, decision = commands_of(compaction(request(over, NO_OFFLOAD)), store)
     assert kinds(commands) == ["LoadConversation", "GetSummary", "SaveCrossing"]

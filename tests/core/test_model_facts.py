@@ -119,13 +119,13 @@ def test_a_summary_made_in_place_never_asks_for_more_than_the_models_max_output(
     }
     history = body["messages"]
     asked = ANTHROPIC.summary_request(
-        body, model="claude-haiku-4-5", slot=8_000, prompt="notes", history=history
+        body, model="claude-haiku-4-5", summary_tokens=8_000, prompt="notes", history=history
     )
     assert asked is not None and asked["max_tokens"] == 64_000  # not 68,000
     small = ANTHROPIC.summary_request(
         {**body, "thinking": {"type": "enabled", "budget_tokens": 2_000}},
         model="claude-haiku-4-5",
-        slot=8_000,
+        summary_tokens=8_000,
         prompt="notes",
         history=history,
     )

@@ -165,14 +165,14 @@ def test_over_target_after_offload_asks_for_a_summary_then_folds() -> None:
     messages = conversation(30, result_words=150)
     out = planned(messages, policy=NO_OFFLOAD)
     assert isinstance(out, FoldPlan)
-    assert out.slot > 0 and "toolu_0000" in out.transcript
+    assert out.summary_tokens > 0 and "toolu_0000" in out.transcript
     done = fold(out, "Goal: fix src/app.py. Tried toolu_0000.", summary="made")
     assert isinstance(done, Rewrite) and done.summary == "made"
     assert done.messages[0] == messages[0], "the task (last user message) is pinned"
     summary = done.messages[1]["content"][0]["text"]
     assert summary.startswith("[compaction-proxy: summary of ") and "src/app.py" in summary
     assert done.messages[-4:] == messages[-4:], "keep_last groups stay verbatim"
-    assert done.tokens_after <= 4_000 + out.slot
+    assert done.tokens_after <= 4_000 + out.summary_tokens
     assert _pairing_errors(done.messages) == []
 
 

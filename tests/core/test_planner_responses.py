@@ -303,7 +303,7 @@ def test_every_responses_rewrite_is_valid_fits_and_is_deterministic(
 def test_after_codex_compacts_the_old_checkpoint_stops_matching_at_no_cost() -> None:
     """Codex's compaction replaces the history: the same start, then its compaction item.
     Under the trigger that costs nothing (no store call); once it grows over again, the
-    checkpoint of the same slot does not apply and a fresh crossing replaces it."""
+    checkpoint of the same root does not apply and a fresh crossing replaces it."""
 
     def request(items: list[dict[str, Any]]) -> CompactionRequest:
         body = {"model": "gpt-test", "input": items, "tools": TOOLS}

@@ -46,7 +46,7 @@ def test_another_summariser_gets_a_transcript_without_counting_the_history() -> 
 
 def test_a_transcript_takes_the_room_less_the_slot_and_the_instruction() -> None:
     whole = whole_summary(POLICY, 1.0, "gpt-x", lambda: 200_000)
-    assert whole.in_place == 0 and whole.slot == POLICY.summary_max_tokens
+    assert whole.in_place == 0 and whole.summary_tokens == POLICY.summary_max_tokens
     assert whole.transcript_budget(150) == summariser_room(POLICY, 1.0) - 4_000 - 150
 
 

@@ -142,7 +142,7 @@ async def test_plan_predicts_what_the_proxy_does(
             assert f"{before:,} -> {after:,} tokens" in out
             assert len(offloaded) == int(raw.headers["x-compaction-offloaded"])
         else:
-            # The summariser's cap: the slot (1,500) less a fifth for the identifiers line.
+            # The summariser's cap: summary_tokens (1,500) less a fifth for the identifiers line.
             assert "would summarise 37 messages into at most 1,200 tokens" in out
             assert "if the summariser failed: offload+pack: drop the oldest" in out
 

@@ -234,4 +234,4 @@ def test_rules_follow_the_policy() -> None:
         )
     )
     assert (rules.window, rules.keep_last, rules.keep_results) == (1000, 3, 1)
-    assert rules.summary_tokens == 8_000 - 1_500  # the slot at the cap, facts apart
+    assert rules.summary_tokens == 8_000 - 1_500  # the summary_tokens at the cap, facts apart

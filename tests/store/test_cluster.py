@@ -47,7 +47,7 @@ async def test_every_operation_works_on_a_cluster(
         # span several nodes.
         blobs = [("ref", "0123456789"), ("ref2", "x"), (f"own-{conversation}", "y")]
         saved = await store.save_crossing(
-            "t", conversation, slot="current", checkpoint={"c": conversation}, blobs=blobs,
+            "t", conversation, root="current", checkpoint={"c": conversation}, blobs=blobs,
             summary=None, touch=[],
         )  # fmt: skip
         assert saved.complete, saved

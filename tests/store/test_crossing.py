@@ -51,7 +51,7 @@ def stored_keys(url: str, prefix: str) -> dict[str, int]:
         for node in nodes:
             conn = node.redis_connection if node is not None else client
             for key in conn.scan_iter(match=scan_pattern(prefix)):
-                # A slot's lines are one hash: its length is its number of fields.
+                # A root's lines are one hash: its length is its number of fields.
                 string = conn.type(key) == b"string"
                 found[key.decode()] = conn.strlen(key) if string else conn.hlen(key)
         return found
@@ -64,7 +64,7 @@ async def test_a_crossing_is_read_back_whole(store: Store) -> None:
     state = await store.load_conversation(T, C, "slot1", summaries=["sum1"])
     assert state.checkpoint is None and state.summaries == {}
     saved = await store.save_crossing(
-        T, C, slot="slot1", checkpoint=CHECKPOINT, blobs=[("r_a", text), ("r_b", "short")],
+        T, C, root="slot1", checkpoint=CHECKPOINT, blobs=[("r_a", text), ("r_b", "short")],
         summary=("sum1", "the summary " * 200), touch=["r_a", "r_b"],
     )  # fmt: skip
     assert saved.complete and saved.lost == () and saved.error == ""
@@ -83,12 +83,12 @@ async def test_a_crossing_is_read_back_whole(store: Store) -> None:
 
 async def test_a_crossing_without_checkpoint_or_summary(store: Store) -> None:
     saved = await store.save_crossing(
-        T, C, slot="s", checkpoint=None, blobs=[("r_x", "x" * 3000)], summary=None, touch=[]
+        T, C, root="s", checkpoint=None, blobs=[("r_x", "x" * 3000)], summary=None, touch=[]
     )
     assert saved.complete
     assert (await store.load_conversation(T, C, "s")).checkpoint is None
     saved = await store.save_crossing(
-        T, C, slot="s", checkpoint=None, blobs=[], summary=("k", "only a summary"), touch=[]
+        T, C, root="s", checkpoint=None, blobs=[], summary=("k", "only a summary"), touch=[]
     )
     assert saved.complete
     assert (await store.load_conversation(T, C, "s", summaries=["k"])).summaries == {
@@ -105,7 +105,7 @@ async def test_a_load_decodes_each_stored_checkpoint_once(store: Store) -> None:
 
     for line, checkpoint in (("a", CHECKPOINT), ("b", {**CHECKPOINT, "n": 5}), ("c", {"bad": 1})):
         saved = await store.save_crossing(
-            T, C, slot="s", checkpoint=checkpoint, blobs=[], summary=None, touch=[], line=line,
+            T, C, root="s", checkpoint=checkpoint, blobs=[], summary=None, touch=[], line=line,
             used=ord(line),
         )  # fmt: skip
         assert saved.complete
@@ -125,12 +125,12 @@ async def test_the_same_result_is_stored_once_per_tenant(
     text = tool_output(7, 32_000)
     for conversation in ("c1", "c2", "c3"):
         saved = await short.save_crossing(
-            T, conversation, slot="s", checkpoint=CHECKPOINT, blobs=[("r_same", text)],
+            T, conversation, root="s", checkpoint=CHECKPOINT, blobs=[("r_same", text)],
             summary=None, touch=[],
         )  # fmt: skip
         assert saved.complete
     await long.save_crossing(
-        "tenant1", "c1", slot="s", checkpoint=CHECKPOINT, blobs=[("r_same", text)],
+        "tenant1", "c1", root="s", checkpoint=CHECKPOINT, blobs=[("r_same", text)],
         summary=None, touch=[],
     )  # fmt: skip
     found = stored_keys(url, short.prefix)
@@ -155,7 +155,7 @@ async def test_refs_whose_blobs_are_gone_are_reported(url: str, store: Store) ->
     unreadable: list[int] = []
     store.on_unreadable = unreadable.append
     await store.save_crossing(
-        T, C, slot="s", checkpoint=None, blobs=[("r_1", "one" * 100), ("r_2", "two" * 100)],
+        T, C, root="s", checkpoint=None, blobs=[("r_1", "one" * 100), ("r_2", "two" * 100)],
         summary=None, touch=[],
     )  # fmt: skip
     client = raw_client(url)
@@ -165,7 +165,7 @@ async def test_refs_whose_blobs_are_gone_are_reported(url: str, store: Store) ->
         client.close()
     assert await store.touch_refs(T, C, ["r_1", "r_2", "r_1"]) == ("r_1",)
     saved = await store.save_crossing(
-        T, C, slot="s", checkpoint=CHECKPOINT, blobs=[("r_3", "three")], summary=None,
+        T, C, root="s", checkpoint=CHECKPOINT, blobs=[("r_3", "three")], summary=None,
         touch=["r_1", "r_2", "r_3"],
     )  # fmt: skip
     assert saved.lost == ("r_1",) and saved.checkpoint and saved.blobs
@@ -236,7 +236,7 @@ async def test_each_executor_call_is_one_round_trip(counted: tuple[Store, list[i
     assert await trips(store.load_conversation(T, C, "s")) == 1
     assert await trips(store.load_conversation(T, C, "s", summaries=["a", "b"])) == 1
     crossing = store.save_crossing(
-        T, C, slot="s", checkpoint=CHECKPOINT, blobs=blobs, summary=("a", "text"), touch=touch
+        T, C, root="s", checkpoint=CHECKPOINT, blobs=blobs, summary=("a", "text"), touch=touch
     )
     assert await trips(crossing) == 1
     assert (await store.load_conversation(T, C, "s")).checkpoint == CHECKPOINT
@@ -252,7 +252,7 @@ async def test_a_crossing_is_all_or_nothing_on_a_single_redis(
     server = embedded_redis()
     store = make_store(server.url, op_timeout=5.0)
     first = await store.save_crossing(
-        T, C, slot="s", checkpoint=CHECKPOINT, blobs=[("r_old", "x" * 500)], summary=None, touch=[]
+        T, C, root="s", checkpoint=CHECKPOINT, blobs=[("r_old", "x" * 500)], summary=None, touch=[]
     )
     assert first.complete
     client = redis.asyncio.Redis.from_url(server.url)
@@ -260,7 +260,7 @@ async def test_a_crossing_is_all_or_nothing_on_a_single_redis(
         await client.config_set("maxmemory-policy", "noeviction")
         await client.config_set("maxmemory", "1")  # every write is refused
         saved = await store.save_crossing(
-            T, C, slot="s", checkpoint={"new": True}, blobs=[("r_new", "y" * 500)],
+            T, C, root="s", checkpoint={"new": True}, blobs=[("r_new", "y" * 500)],
             summary=("k", "paid for"), touch=["r_old"],
         )  # fmt: skip
         await client.config_set("maxmemory", "0")
@@ -302,7 +302,7 @@ async def test_cluster_drops_a_checkpoint_whose_blob_failed(
         blob_conn.config_set("maxmemory", "1")
         try:
             saved = await store.save_crossing(
-                T, conversation, slot="s", checkpoint=CHECKPOINT, blobs=[(ref, "z" * 800)],
+                T, conversation, root="s", checkpoint=CHECKPOINT, blobs=[(ref, "z" * 800)],
                 summary=("k", "paid for"), touch=[],
             )  # fmt: skip
         finally:
@@ -319,7 +319,7 @@ async def test_cluster_drops_a_checkpoint_whose_blob_failed(
 async def test_memory_is_reported_for_every_server(url: str, store: Store) -> None:
     before = await store.memory()
     await store.save_crossing(
-        T, C, slot="s", checkpoint=None, blobs=[("r_big", os.urandom(200_000).hex())],
+        T, C, root="s", checkpoint=None, blobs=[("r_big", os.urandom(200_000).hex())],
         summary=None, touch=[],
     )  # fmt: skip
     after = await store.memory()
@@ -350,7 +350,7 @@ async def test_cluster_takes_the_checkpoint_back_when_a_node_does_not_answer(
         os.kill(pid, signal.SIGSTOP)  # well under cluster-node-timeout (2 s)
         try:
             saved = await store.save_crossing(
-                T, conversation, slot="s", checkpoint=CHECKPOINT, blobs=[(ref, "q" * 800)],
+                T, conversation, root="s", checkpoint=CHECKPOINT, blobs=[(ref, "q" * 800)],
                 summary=None, touch=[],
             )  # fmt: skip
         finally:

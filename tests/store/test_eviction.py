@@ -29,7 +29,7 @@ async def test_eviction_takes_blobs_and_never_budgets(tmp_path: Path) -> None:
         refs = [f"r_{i:04d}" for i in range(120)]
         for ref in refs:
             saved = await store.save_crossing(
-                "t", "c", slot="s", checkpoint={"last": ref},
+                "t", "c", root="s", checkpoint={"last": ref},
                 blobs=[(ref, os.urandom(50_000).hex())], summary=None, touch=[],
             )  # fmt: skip
             assert saved.complete, saved.error  # eviction makes room: writes never fail

@@ -31,7 +31,7 @@ async def test_ping(store: Store) -> None:
 
 async def save_blobs(store: Store, *blobs: tuple[str, str], tenant: str = T) -> None:
     saved = await store.save_crossing(
-        tenant, C, slot="s", checkpoint=None, blobs=blobs, summary=None, touch=[]
+        tenant, C, root="s", checkpoint=None, blobs=blobs, summary=None, touch=[]
     )
     assert saved.complete, saved
 
@@ -76,7 +76,7 @@ async def test_undecodable_json_reads_as_missing(store: Store, raw: redis.asynci
 
 async def test_every_write_sets_a_ttl(store: Store, raw: redis.asyncio.Redis) -> None:
     saved = await store.save_crossing(
-        T, C, slot="c", checkpoint={"a": 1}, blobs=[("r", "data")], summary=("sum", "text"),
+        T, C, root="c", checkpoint={"a": 1}, blobs=[("r", "data")], summary=("sum", "text"),
         touch=[],
     )  # fmt: skip
     assert saved.complete
@@ -97,7 +97,7 @@ async def test_every_write_sets_a_ttl(store: Store, raw: redis.asyncio.Redis) ->
 async def test_default_ttl_is_configurable(make_store, raw: redis.asyncio.Redis) -> None:
     short = make_store(default_ttl=30)
     saved = await short.save_crossing(
-        T, C, slot="c", checkpoint={"a": 1}, blobs=[("r", "x")], summary=("sum", "text"),
+        T, C, root="c", checkpoint={"a": 1}, blobs=[("r", "x")], summary=("sum", "text"),
         touch=[],
     )  # fmt: skip
     assert saved.complete
@@ -124,7 +124,7 @@ async def test_ttl_must_be_whole_seconds(store: Store, make_store) -> None:
 
 async def test_keys_carry_prefix_and_hash_tag(store: Store, raw: redis.asyncio.Redis) -> None:
     saved = await store.save_crossing(
-        T, C, slot="c", checkpoint={}, blobs=[("ref9", "x")], summary=None, touch=[]
+        T, C, root="c", checkpoint={}, blobs=[("ref9", "x")], summary=None, touch=[]
     )
     assert saved.complete
     await store.update_global_mean("calibration", "m", 1.0)

@@ -24,8 +24,8 @@ def every_data_call(store: Store) -> list[Callable[[], object]]:
         lambda: store.update_global_mean("calibration", "m", 1.0),
         lambda: store.get_global_mean("calibration", "m"),
         lambda: store.refresh_ttl(T, C, "summary", ["s"]),
-        lambda: store.load_conversation(T, C, "slot"),
-        lambda: store.load_conversation(T, C, "slot", summaries=["s1", "s2"]),
+        lambda: store.load_conversation(T, C, "root"),
+        lambda: store.load_conversation(T, C, "root", summaries=["s1", "s2"]),
         lambda: store.read_blob(T, C, "r_never_cached"),
         lambda: store.touch_refs(T, C, ["r", "r2"]),
     ]
@@ -38,7 +38,7 @@ async def assert_all_unavailable(store: Store) -> None:
     assert await store.ping() is False
     # A crossing's write never raises: it says that nothing is stored, and why.
     saved = await store.save_crossing(
-        T, C, slot="s", checkpoint={"n": 1}, blobs=[("r", "x" * 500)], summary=("k", "text"),
+        T, C, root="s", checkpoint={"n": 1}, blobs=[("r", "x" * 500)], summary=("k", "text"),
         touch=["r0"],
     )  # fmt: skip
     assert (saved.blobs, saved.checkpoint, saved.summary, saved.complete) == (False,) * 4
@@ -86,7 +86,7 @@ async def test_stopped_then_restarted_server(make_store, embedded_redis) -> None
     server: EmbeddedRedis = embedded_redis()
     store = make_store(server.url, op_timeout=0.3)
     saved = await store.save_crossing(
-        T, C, slot="s", checkpoint=None, blobs=[("kept", "survives a restart")], summary=None,
+        T, C, root="s", checkpoint=None, blobs=[("kept", "survives a restart")], summary=None,
         touch=[],
     )  # fmt: skip
     assert saved.complete
@@ -114,7 +114,7 @@ async def test_stalled_server_times_out_and_answers_stay_in_order(
     # No blob cache: every read below goes to Redis.
     store = make_store(server.url, op_timeout=0.2, blob_cache_chars=0)
     saved = await store.save_crossing(
-        T, C, slot="s", checkpoint=None, blobs=[("a", "value-a"), ("b", "value-b")],
+        T, C, root="s", checkpoint=None, blobs=[("a", "value-a"), ("b", "value-b")],
         summary=None, touch=[],
     )  # fmt: skip
     assert saved.complete
