@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
 import secrets
@@ -38,6 +37,7 @@ from proxy.store.blobcache import DEFAULT_CHARS, BlobCache
 from proxy.store.codec import CorruptValue, pack, unpack
 from proxy.store.crossing import (
     MAX_CROSSING_SECONDS,
+    MISSING,
     SAVE_CROSSING,
     ConversationState,
     CrossingSaved,
@@ -357,7 +357,6 @@ class Store:
         fields = cast("dict[bytes, bytes]", found[0] or {})
         checkpoints: dict[str, Any] = {}
         used: dict[str, int] = {}
-        parse = functools.partial(self._line, lines_key)
         notes: list[object] = []
         for raw_name, raw in fields.items():
             name = raw_name.decode("utf-8", "replace")
@@ -369,7 +368,10 @@ class Store:
                     used[line] = 0
                 continue
             if kind == "c" and decode is not None:
-                checkpoint = self._lines.get(raw, decode, parse)
+                checkpoint = self._lines.get(raw, decode)
+                if checkpoint is MISSING:
+                    checkpoint = decode(self._line(lines_key, raw))
+                    self._lines.put(raw, decode, checkpoint)
                 if checkpoint is not None:
                     checkpoints[line] = checkpoint
                 continue
