@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy.core.digests import chain_hash
 from proxy.core.offload import Stub
 from proxy.core.segments import Note, Segment, Stubbed, Summary, Verbatim
 from proxy.core.strategy import Strategy
@@ -40,10 +39,6 @@ class Checkpoint:
     # When the TTLs of the refs it names were last renewed (seconds of the shell's clock;
     # 0: never known). Every ref it names was renewed or written since.
     renewed_at: int = 0
-
-    def applies_to(self, digests: Sequence[bytes]) -> bool:
-        n = self.covers
-        return 0 < n <= len(digests) and chain_hash(digests[:n]) == self.prefix_hash
 
     def renamed(self, tool: str | None) -> Checkpoint:
         return replace(self, tool=tool)

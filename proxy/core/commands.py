@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.core.checkpoint import Checkpoint, Line
-from proxy.core.digests import chain_hash
 from proxy.core.facts import Facts, keep_facts
 from proxy.core.wire_format import Round
 
@@ -46,10 +45,6 @@ class PreparedSummary:
     @property
     def pending(self) -> bool:
         return self.text is None and not self.failed
-
-    def applies_to(self, digests: Sequence[bytes]) -> bool:
-        n = self.covers
-        return 0 < n <= len(digests) and chain_hash(digests[:n]) == self.seen
 
 
 @dataclass(frozen=True, slots=True)

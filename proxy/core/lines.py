@@ -29,8 +29,11 @@ from collections.abc import Iterable, Sequence
 
 from proxy.core.checkpoint import Line
 from proxy.core.commands import PreparedSummary
+from proxy.core.digests import chain_hash
 
-__all__ = ["Line", "best_line", "best_note", "evicted", "evicted_notes", "next_tick"]
+__all__ = [
+    "Line", "begins_with", "best_line", "best_note", "evicted", "evicted_notes", "next_tick",
+]  # fmt: skip
 
 DEFAULT_MAX_LINES = 4  # checkpoints kept per conversation (per first message)
 
@@ -40,11 +43,18 @@ USED_FIELD = "u:"
 NOTE_FIELD = "p:"
 
 
+def begins_with(digests: Sequence[bytes], covers: int, prefix_hash: str) -> bool:
+    """Whether a history begins with what a line's checkpoint or a note was made from:
+    its first `covers` messages, whose match digests chain to `prefix_hash`."""
+    return 0 < covers <= len(digests) and chain_hash(digests[:covers]) == prefix_hash
+
+
 def best_line(lines: Iterable[Line], digests: Sequence[bytes]) -> Line | None:
     """The line whose checkpoint covers the longest prefix of this history."""
     best: Line | None = None
     for line in lines:
-        if not line.checkpoint.applies_to(digests):
+        checkpoint = line.checkpoint
+        if not begins_with(digests, checkpoint.covers, checkpoint.prefix_hash):
             continue
         if best is None or (line.checkpoint.covers, line.used) > (
             best.checkpoint.covers,
@@ -59,7 +69,8 @@ def best_note(notes: Iterable[PreparedSummary], digests: Sequence[bytes]) -> Pre
     made from what this history begins with)."""
     best: PreparedSummary | None = None
     for note in notes:
-        if note.applies_to(digests) and (best is None or note.covers > best.covers):
+        applies = begins_with(digests, note.covers, note.seen)
+        if applies and (best is None or note.covers > best.covers):
             best = note
     return best
 

@@ -25,6 +25,7 @@ from typing import Any
 from proxy.core.checkpoint import Checkpoint
 from proxy.core.commands import PreparedSummary
 from proxy.core.history import Group, Shape, group_history
+from proxy.core.lines import begins_with
 from proxy.core.policy import Policy, prepare_at
 from proxy.core.segments import Segment, Stubbed, StubbedMemo, Verbatim, made_here, material
 from proxy.core.wire_format import Dialect, MessageCounter
@@ -122,7 +123,7 @@ def segments_for(
     the messages since, verbatim; or every message verbatim when there is no checkpoint
     or the agent edited its history since."""
     total = len(digests)
-    if checkpoint is None or not checkpoint.applies_to(digests):
+    if checkpoint is None or not begins_with(digests, checkpoint.covers, checkpoint.prefix_hash):
         return [Verbatim(i) for i in range(total)], False
     return [*checkpoint.segments, *(Verbatim(i) for i in range(checkpoint.covers, total))], True
 

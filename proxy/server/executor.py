@@ -1,12 +1,11 @@
-"""Carry out the commands of the compaction driver and of the read rounds.
+"""Carry out the commands of the compaction driver, and drive a generator of commands.
 
-The driver (proxy/core/driver.py) and the read rounds (proxy/core/rounds.py) decide; the
-executors only do what a command says and answer with the reply the generator expects:
-`StoreExecutor` the driver's, on Redis and the summariser; `RoundExecutor` the rounds',
-reading results from the store, topping up budgets and sending rounds through the
-transport it is given (proxy/server/read_rounds.py). Every failure of the store becomes a
-reply saying so (never an exception): the driver then plans without the store, and a read
-tells the model the store is unavailable.
+The driver (proxy/core/driver.py) decides; `StoreExecutor` only does what a command says,
+on Redis and the summariser, and answers with the reply the driver expects. Every failure
+of the store becomes a reply saying so (never an exception): the driver then plans
+without the store. `drive` runs any generator of commands with an async executor: the
+driver's here, the read rounds' with the `RoundExecutor` next to their transport
+(proxy/server/read_rounds.py).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import replace
 from functools import cached_property
@@ -22,25 +20,16 @@ from typing import Any, TypeVar, assert_never
 
 from proxy.core.checkpoint import Line, decode_checkpoint, encode_checkpoint
 from proxy.core.commands import (
-    Answered,
     Command,
-    Failed,
     GetSummary,
     LoadConversation,
     Loaded,
     PrepareSummary,
-    ReadResults,
     Reply,
-    Results,
-    RoundCommand,
-    RoundReply,
     SaveCrossing,
     Saved,
-    SendRound,
     Started,
     SummaryReply,
-    ToppedUp,
-    TopUp,
     TouchLine,
 )
 from proxy.server.summariser import (
@@ -242,59 +231,6 @@ class StoreExecutor:
         held, self._held = self._held, []
         for lock in held:
             await lock.release()
-
-
-class RoundExecutor:
-    """The commands of one answer's read rounds. `send` is the transport's part: send a
-    round (round 1 is in hand already) and relay its answer; `top_up` holds a round in
-    the caller's budgets. `sending`: the seconds spent in `send` (the rest of the rounds'
-    time is the proxy's own)."""
-
-    def __init__(
-        self,
-        store: Store | None,
-        tenant: str,
-        conversation: str,
-        *,
-        send: Callable[[SendRound], Awaitable[Answered | Failed]],
-        top_up: Callable[[TopUp], Awaitable[bool]],
-    ) -> None:
-        self.store = store
-        self.tenant = tenant
-        self.conversation = conversation
-        self.send = send
-        self.top_up = top_up
-        self.sending = 0.0
-
-    async def __call__(self, command: RoundCommand) -> RoundReply:
-        match command:
-            case SendRound():
-                began = time.perf_counter()
-                try:
-                    return await self.send(command)
-                finally:
-                    self.sending += time.perf_counter() - began
-            case ReadResults():
-                return await self._read(command)
-            case TopUp():
-                return ToppedUp(await self.top_up(command))
-            case _:
-                assert_never(command)
-
-    async def _read(self, command: ReadResults) -> Results:
-        """One read a ref, in order; a store that fails one is unavailable for that one."""
-        texts: list[str | None] = []
-        unavailable: list[bool] = []
-        for ref in command.refs:
-            text, down = None, self.store is None
-            if self.store is not None:
-                try:
-                    text = await self.store.read_blob(self.tenant, self.conversation, ref)
-                except StoreUnavailable:
-                    down = True
-            texts.append(text)
-            unavailable.append(down)
-        return Results(tuple(texts), tuple(unavailable))
 
 
 async def drive(

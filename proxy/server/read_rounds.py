@@ -4,12 +4,13 @@ When a rewritten request carried `read_result`, its upstream answer comes here i
 the byte relay. What happens round after round is decided by the read rounds' generator
 (proxy/core/rounds.py: read the slices, fit the round to the window, top up the budget,
 send it, up to the policy's number of rounds); this shell carries its commands out with
-the `RoundExecutor` (proxy/server/executor.py) and a transport that sends a round and
-relays its answer. The client gets one message: whole, the rounds' answers merged into
-one; in a stream, read_result blocks are held back and later rounds continue the same
-message (the wire format's RoundMerger); a call mixed with client tool calls is removed
-from what the client sees, so nothing is left unanswered in its history. A Responses
-WebSocket brings its own transport (proxy/server/responses_ws.py).
+its `RoundExecutor` (reading results from the store, topping up budgets) and a transport
+that sends a round and relays its answer. The client gets one message: whole, the
+rounds' answers merged into one; in a stream, read_result blocks are held back and later
+rounds continue the same message (the wire format's RoundMerger); a call mixed with
+client tool calls is removed from what the client sees, so nothing is left unanswered in
+its history. A Responses WebSocket brings its own transport
+(proxy/server/responses_ws.py).
 
 When the rounds stop while the model still wanted to read (the round limit, the window,
 a budget), the message ends with the generator's note saying why, so the client always
@@ -22,26 +23,37 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, assert_never
 
 import aiohttp
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.core.commands import Answered, Failed, SendRound, TopUp
+from proxy.core.commands import (
+    Answered,
+    Failed,
+    ReadResults,
+    Results,
+    RoundCommand,
+    RoundReply,
+    SendRound,
+    ToppedUp,
+    TopUp,
+)
 from proxy.core.errors import UpstreamGarbage
 from proxy.core.rounds import Ended, RoundsRequest, read_rounds
 from proxy.core.sse import SSEDecoder
 from proxy.core.wire_format import JSON, MergeState, Round, RoundMerger, WireFormat
 from proxy.server import budgets
 from proxy.server.compactor import Prepared
-from proxy.server.executor import RoundExecutor, drive
+from proxy.server.executor import drive
 from proxy.server.headers import client_response_headers
 from proxy.server.record import current_or_throwaway
 from proxy.server.relay import cut_client, relay
 from proxy.server.state import COMPACTOR, STORE
 from proxy.server.upstream import AnswerTooLarge, Upstream, read_bounded
+from proxy.store import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +63,59 @@ ENDINGS = {
     "window": "read_result round would not fit the window; ending the answer",
     "budget": "read_result round refused by a budget; ending the answer",
 }
+
+
+class RoundExecutor:
+    """The commands of one answer's read rounds. `send` is the transport's part: send a
+    round (round 1 is in hand already) and relay its answer; `top_up` holds a round in
+    the caller's budgets. `sending`: the seconds spent in `send` (the rest of the rounds'
+    time is the proxy's own)."""
+
+    def __init__(
+        self,
+        store: Store | None,
+        tenant: str,
+        conversation: str,
+        *,
+        send: Send,
+        top_up: Callable[[TopUp], Awaitable[bool]],
+    ) -> None:
+        self.store = store
+        self.tenant = tenant
+        self.conversation = conversation
+        self.send = send
+        self.top_up = top_up
+        self.sending = 0.0
+
+    async def __call__(self, command: RoundCommand) -> RoundReply:
+        match command:
+            case SendRound():
+                began = time.perf_counter()
+                try:
+                    return await self.send(command)
+                finally:
+                    self.sending += time.perf_counter() - began
+            case ReadResults():
+                return await self._read(command)
+            case TopUp():
+                return ToppedUp(await self.top_up(command))
+            case _:
+                assert_never(command)
+
+    async def _read(self, command: ReadResults) -> Results:
+        """One read a ref, in order; a store that fails one is unavailable for that one."""
+        texts: list[str | None] = []
+        unavailable: list[bool] = []
+        for ref in command.refs:
+            text, down = None, self.store is None
+            if self.store is not None:
+                try:
+                    text = await self.store.read_blob(self.tenant, self.conversation, ref)
+                except StoreUnavailable:
+                    down = True
+            texts.append(text)
+            unavailable.append(down)
+        return Results(tuple(texts), tuple(unavailable))
 
 
 class ReadRounds:

@@ -94,6 +94,8 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
     record = current_or_throwaway()
     if route.compacts:
         record.reads_answers_as(route.wire)
+    # What goes upstream (and to the summariser) of the client's headers: theirs alone.
+    headers = upstream_request_headers(request.headers)
     incoming = await read(request, route)
     body, payload = incoming.body, incoming.payload
     output = 0
@@ -111,7 +113,6 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
         if not adjusted.read_result:
             incoming = replace(incoming, read_result=False)
         body, payload = incoming.body, incoming.payload
-    headers = upstream_request_headers(request.headers)  # for the summariser and upstream
     prepared = await prepare(request, route, incoming, headers)
     if prepared.refusal is not None:
         raise prepared.refusal

@@ -108,33 +108,31 @@ class LineMemo:
     """Lines decoded before, by their stored bytes and the decoder: a conversation's
     next request reads the same lines again (all but the one its last crossing wrote),
     and decoding a checkpoint's segments costs more than the round trip's parsing. What
-    the decoder returns is shared by every request: it must be immutable."""
+    the decoder returns is shared by every request: it must be immutable. A plain memo:
+    the store decodes what it does not find here and keeps it (`put`)."""
 
     def __init__(self, size: int = LINE_MEMO_SIZE, stored: int = LINE_MEMO_BYTES) -> None:
         self._size, self._stored = size, stored
         self._bytes = 0
         self._decoded: dict[tuple[Callable[[Any], object], bytes], object] = {}
 
-    def get(
-        self, raw: bytes, decode: Callable[[Any], object], parse: Callable[[bytes], object]
-    ) -> object:
-        """decode(parse(raw)), made once for these stored bytes."""
-        key = (decode, raw)
-        found = self._decoded.get(key, _MISSING)
-        if found is _MISSING:
-            found = decode(parse(raw))
-            if len(raw) > self._stored:
-                return found  # too large to keep
-            if len(self._decoded) >= self._size or self._bytes + len(raw) > self._stored:
-                # A bound, not a policy: the next requests refill it.
-                self._decoded.clear()
-                self._bytes = 0
-            self._decoded[key] = found
-            self._bytes += len(raw)
-        return found
+    def get(self, raw: bytes, decode: Callable[[Any], object]) -> object:
+        """What `decode` made of these stored bytes before, or MISSING."""
+        return self._decoded.get((decode, raw), MISSING)
+
+    def put(self, raw: bytes, decode: Callable[[Any], object], decoded: object) -> None:
+        """Keep what `decode` made of these stored bytes, within the memo's bounds."""
+        if len(raw) > self._stored:
+            return  # too large to keep
+        if len(self._decoded) >= self._size or self._bytes + len(raw) > self._stored:
+            # A bound, not a policy: the next requests refill it.
+            self._decoded.clear()
+            self._bytes = 0
+        self._decoded[(decode, raw)] = decoded
+        self._bytes += len(raw)
 
 
-_MISSING = object()
+MISSING = object()  # LineMemo.get: not decoded before
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
 import secrets
@@ -35,9 +34,10 @@ from proxy import tracing
 from proxy.core.errors import StoreUnavailable as StoreUnavailable  # callers degrade on it
 from proxy.store import keys
 from proxy.store.blobcache import DEFAULT_CHARS, BlobCache
-from proxy.store.codec import CorruptValue, pack, unpack
+from proxy.store.codec import CorruptValue, pack, pack_texts, unpack
 from proxy.store.crossing import (
     MAX_CROSSING_SECONDS,
+    MISSING,
     SAVE_CROSSING,
     ConversationState,
     CrossingSaved,
@@ -357,7 +357,6 @@ class Store:
         fields = cast("dict[bytes, bytes]", found[0] or {})
         checkpoints: dict[str, Any] = {}
         used: dict[str, int] = {}
-        parse = functools.partial(self._line, lines_key)
         notes: list[object] = []
         for raw_name, raw in fields.items():
             name = raw_name.decode("utf-8", "replace")
@@ -369,7 +368,10 @@ class Store:
                     used[line] = 0
                 continue
             if kind == "c" and decode is not None:
-                checkpoint = self._lines.get(raw, decode, parse)
+                checkpoint = self._lines.get(raw, decode)
+                if checkpoint is MISSING:
+                    checkpoint = decode(self._line(lines_key, raw))
+                    self._lines.put(raw, decode, checkpoint)
                 if checkpoint is not None:
                     checkpoints[line] = checkpoint
                 continue
@@ -426,17 +428,24 @@ class Store:
         stored all the same (its stubs for them read as "no longer available"): a caller
         that still has their texts can save them again as blobs.
         """
-        packed = await self._pack_blobs(blobs)
         new = {ref for ref, _ in blobs}
         kept = [ref for ref in dict.fromkeys(touch) if ref not in new]
+        # Where each blob goes and each kept one is, then the blobs packed in one call.
+        blob_keys = [self._blob_key(tenant, ref) for ref, _ in blobs]
+        kept_keys = [self._blob_key(tenant, ref) for ref in kept]
+        texts = [text for _, text in blobs]
+        if sum(len(text) for text in texts) > OFF_LOOP_BYTES:
+            packed = await asyncio.to_thread(pack_texts, texts)
+        else:
+            packed = pack_texts(texts)
         lines_key = self._key(tenant, conversation, keys.LINES, root)
         line = line or "_"
         gone = [f"{kind}:{name}" for name in evict if name != line for kind in ("c", "u")]
         gone += [f"p:{seen}" for seen in evict_notes]
         write = CrossingWrite(
             self.default_ttl,
-            [(self._blob_key(tenant, ref), value) for ref, value in packed],
-            [self._blob_key(tenant, ref) for ref in kept],
+            list(zip(blob_keys, packed, strict=True)),
+            kept_keys,
             lines_key,
             line,
             used,
@@ -604,14 +613,6 @@ class Store:
             pipe.expire(self._blob_key(tenant, ref), ttl)
         timeout = crossing_timeout(self.op_timeout, len(refs), 0)
         return [bool(r) for r in await self._call(lambda: pipe.execute(), timeout)]
-
-    async def _pack_blobs(self, blobs: Sequence[tuple[str, str]]) -> list[tuple[str, bytes]]:
-        def run() -> list[tuple[str, bytes]]:
-            return [(ref, pack(text.encode())) for ref, text in blobs]
-
-        if sum(len(text) for _, text in blobs) > OFF_LOOP_BYTES:
-            return await asyncio.to_thread(run)
-        return run()
 
     @staticmethod
     async def _unpack(raw: bytes) -> bytes:

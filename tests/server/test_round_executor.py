@@ -1,4 +1,4 @@
-"""The server's RoundExecutor (proxy/server/executor.py): a store it cannot read is a
+"""The server's RoundExecutor (proxy/server/read_rounds.py): a store it cannot read is a
 reply saying so, and a command it does not know is refused (`assert_never`), never
 carried out as another."""
 
@@ -12,7 +12,7 @@ import pytest
 from proxy.core.commands import ReadResults, Results
 from proxy.core.driver import commands_of
 from proxy.core.rounds import UNAVAILABLE, read_rounds
-from proxy.server.executor import RoundExecutor
+from proxy.server.read_rounds import RoundExecutor
 from tests.core.test_rounds import DONE, REF, TEXT, Script, reading, request
 
 
