@@ -23,7 +23,7 @@ from typing import Any
 
 from proxy.core.digests import Canonical, canonical, digest
 from proxy.core.policy import Policy
-from proxy.core.tokens import MESSAGE_OVERHEAD, TokenCounter
+from proxy.core.tokens import MESSAGE_OVERHEAD, CountKey, TokenCounter
 from proxy.core.wire_format import Request
 
 # Estimated tokens a body can hold beyond one per byte (the tools preamble and such).
@@ -32,6 +32,10 @@ BYTE_BOUND_SLACK = 1024
 # tests/core/test_count_bound.py); Responses items (sealed compaction items, encrypted
 # reasoning) are not bounded this way.
 BOUNDED_FORMATS = ("anthropic", "chat")
+# A message at least this large is keyed by its match digest (sha256), not a cheap hash
+# of its JSON: its tokens alone are near a default offload_trigger (20,000), so the
+# request is rarely quiet and would need the digest anyway (both hashes cost 1.4x this).
+DIGEST_KEYED_BYTES = 64 * 1024
 
 
 def cannot_cross(body: bytes, policy: Policy, factor: float) -> bool:
@@ -117,11 +121,12 @@ def _count(
     factor: float,
 ) -> Counted | None:
     counter = wire.counter(base)
-    domain = wire.name.encode() + b":"
+    domains = [wire.name.encode() + b":" + form for form in _FORMS]
     shapes = [canonical(message) for message in messages]
     # Keyed as the digest is made (what the message is matched by, and its form): a
     # message's count is found wherever its digest would match.
-    keys = [base.key(shape.json, domain + _FORMS[shape.form]) for shape in shapes]
+    keyed = [_keyed(base, shape, domains[shape.form]) for shape in shapes]
+    keys = [key for key, _ in keyed]
     found = [base.cached(key) for key in keys]
     fixed = wire.fixed_tokens(counter, body)
     if policy is not None and wire.name in BOUNDED_FORMATS:
@@ -131,18 +136,29 @@ def _count(
         if Counted(fixed, [known], []).fits(policy, factor):
             bound = _bound(shapes, found)
             if bound is not None and Counted(fixed, [bound], []).fits(policy, factor):
-                return None  # quiet: no digest made
+                return None  # quiet: no digest made (but a large message's key)
     counts = [
         base.remember(key, counter.count_message(message)) if count is None else count
         for key, count, message in zip(keys, found, messages, strict=True)
     ]
-    digests = [digest(shape.json) for shape in shapes]
+    digests = [
+        digest(shape.json) if made is None else made
+        for shape, (_, made) in zip(shapes, keyed, strict=True)
+    ]
     forms = bytes(shape.form for shape in shapes)
     breakpoints = sum(shape.breakpoints for shape in shapes)
     return Counted(fixed, counts, digests, breakpoints, forms)
 
 
 _FORMS = [bytes([form]) for form in range(5)]  # digests.Canonical.form, as a key's byte
+
+
+def _keyed(base: TokenCounter, shape: Canonical, domain: bytes) -> tuple[CountKey, bytes | None]:
+    """A message's count key, and its match digest if the key is made of that."""
+    if len(shape.json) < DIGEST_KEYED_BYTES:
+        return base.key(shape.json, domain), None
+    made = digest(shape.json)
+    return base.key(made, domain + b"#"), made
 
 
 def history_bound(

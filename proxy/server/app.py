@@ -72,9 +72,10 @@ class StartupError(Exception):
 # a serve starting meanwhile waits this long for it to finish.
 COMMAND_HOLD_WAIT = 30.0
 
-# Every app of the process counts with one cache, its keys salted by a secret of the
-# process so that no one outside can make two texts share one (tokens.CountKey).
-COUNTER = TokenCounter(salt=os.urandom(16))
+# Every app of the process counts with one cache; its keys are salted by a secret when
+# PYTHONHASHSEED makes the hash's own known (tokens.CountKey).
+_FIXED_SEED = os.environ.get("PYTHONHASHSEED", "random") != "random"
+COUNTER = TokenCounter(salt=os.urandom(16) if _FIXED_SEED else b"")
 
 
 async def _start_embedded(settings: Settings, embedded: EmbeddedRedis) -> str:

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from proxy.core import counting
 from proxy.core.counting import Counted, count_request, count_unless_quiet
 from proxy.core.policy import Policy
-from proxy.core.tokens import MESSAGE_OVERHEAD, TokenCounter
+from proxy.core.tokens import MESSAGE_OVERHEAD, TEXT_DOMAIN, TOOLS_DOMAIN, TokenCounter
 from proxy.core.wire_format import Request
 from proxy.wire import ANTHROPIC, CHAT
 from tests.core.test_byte_bound import anthropic_bodies, chat_bodies
@@ -181,11 +181,12 @@ def test_a_warm_salted_cache_returns_a_fresh_counters_counts(
 def test_keys_part_domains_and_salts() -> None:
     """Equal bytes counted two ways (as text, as a tools list) get two keys, and two
     salts two keys: a count is only found as what it was counted as."""
+    assert TokenCounter().key(b"x", TEXT_DOMAIN) == TokenCounter().key(b"x", TEXT_DOMAIN)
     counter = TokenCounter(salt=b"a")
     data = b'[{"name":"t"}]'
-    assert counter.key(data, b"text\0") != counter.key(data, b"tools\0")
-    assert counter.key(data, b"text\0") != TokenCounter(salt=b"b").key(data, b"text\0")
-    assert counter.key(data, b"text\0") == TokenCounter(salt=b"a").key(data, b"text\0")
+    assert counter.key(data, TEXT_DOMAIN) != counter.key(data, TOOLS_DOMAIN)
+    assert counter.key(data, TEXT_DOMAIN) != TokenCounter(salt=b"b").key(data, TEXT_DOMAIN)
+    assert counter.key(data, TEXT_DOMAIN) == TokenCounter(salt=b"a").key(data, TEXT_DOMAIN)
     text = data.decode()
     assert counter.count_text(text) != counter.count_tools([{"name": "t"}])
     assert counter.count_text(text) == TokenCounter().count_text(text)
@@ -207,3 +208,20 @@ def test_a_quiet_request_makes_no_digest(monkeypatch: pytest.MonkeyPatch) -> Non
         patched.setattr(counting, "digest", no_digest)
         assert count_unless_quiet(ANTHROPIC, TokenCounter(), body, messages, quiet, 1.0) is None
     assert count_unless_quiet(ANTHROPIC, TokenCounter(), body, messages, loud, 1.0) == expected
+
+
+def test_a_large_message_is_keyed_by_its_digest() -> None:
+    """A message of DIGEST_KEYED_BYTES or more: its count is found again, and its digest
+    is the sha256 one."""
+    big = {"role": "user", "content": [{"type": "text", "text": "word " * 20_000}]}
+    messages = [{"role": "user", "content": "hi"}, big, {**big, "content": "word " * 20_000}]
+    body = {"model": "m", "max_tokens": 1, "messages": messages}
+    counter = TokenCounter()
+    first = count_request(ANTHROPIC, counter, body, messages)
+    encoded = counter.cache_info().encode_calls
+    assert count_request(ANTHROPIC, counter, body, messages) == first
+    assert counter.cache_info().encode_calls == encoded
+    assert first.digests == [reference_print(m)[0] for m in messages]
+    assert first == count_request(ANTHROPIC, TokenCounter(), body, messages)
+    roomy = Policy(window=2_000_000, trigger=1_800_000, target=600_000, offload_trigger=500_000)
+    assert count_unless_quiet(ANTHROPIC, counter, body, messages, roomy, 1.0) is None
