@@ -1,16 +1,18 @@
 """Counting one request, once: what every later step reads.
 
 Before planning, the proxy needs each message's estimated tokens and its match digest
-(proxy/core/checkpoint.py). `count_request` makes one pass per message for both: it
-serialises the message once, hashes it once, and looks its count up under that hash, so a
-history whose messages were seen before costs a hash per message and nothing more.
+(proxy/core/digests.py). `count_request` makes one pass per message for both: it
+serialises the message once (digests.canonical) and looks its count up under an
+in-process key of that JSON (tokens.CountKey), so a history whose messages were seen
+before costs a dump and a cheap hash per message, and the digests one sha256 each.
 
 `cannot_cross` answers from the body's size alone when even that is enough to know the
 history is under the trigger and the window, so most small requests are not counted.
 `count_unless_quiet` applies the same bound message by message: a message counted before
 costs its cached count, a new one at most its JSON's bytes, so a request whose new
 messages cannot take the history past any threshold is forwarded without encoding them
-(counting fresh text with tiktoken was a fifth of a small request's CPU).
+(counting fresh text with tiktoken was a fifth of a small request's CPU) and without its
+match digests (they serve checkpoints, lines and read rounds, which it does not reach).
 """
 
 from __future__ import annotations
@@ -19,11 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
-from proxy.core.digests import fingerprint
+from proxy.core.digests import Canonical, canonical, digest
 from proxy.core.policy import Policy
-from proxy.core.tokens import MESSAGE_OVERHEAD, TokenCounter
+from proxy.core.tokens import MESSAGE_OVERHEAD, CountKey, TokenCounter
 from proxy.core.wire_format import Request
 
 # Estimated tokens a body can hold beyond one per byte (the tools preamble and such).
@@ -32,6 +32,10 @@ BYTE_BOUND_SLACK = 1024
 # tests/core/test_count_bound.py); Responses items (sealed compaction items, encrypted
 # reasoning) are not bounded this way.
 BOUNDED_FORMATS = ("anthropic", "chat")
+# A message at least this large is keyed by its match digest (sha256), not a cheap hash
+# of its JSON: its tokens alone are near a default offload_trigger (20,000), so the
+# request is rarely quiet and would need the digest anyway (both hashes cost 1.4x this).
+DIGEST_KEYED_BYTES = 64 * 1024
 
 
 def cannot_cross(body: bytes, policy: Policy, factor: float) -> bool:
@@ -55,9 +59,9 @@ class Counted:
     counts: list[int]  # each message, estimated
     digests: list[bytes]  # each message's match digest
     breakpoints: int = 0  # cache_control breakpoints in the messages
-    # Per message, what its digest is of (digests.fingerprint's form byte): 0 its exact
-    # bytes, 1 its string content as one text block; 2 and 3 with cache_control left out,
-    # which is not enough to rebuild it by digest (segments.StubbedMemo).
+    # Per message, what its digest is of (digests.Canonical.form): 0 its exact bytes,
+    # 2 its string content as one text block; 3 and 4 with cache_control left out, which
+    # is not enough to rebuild it by digest (working.stubbed_message).
     forms: bytes = b""
 
     @property
@@ -117,34 +121,44 @@ def _count(
     factor: float,
 ) -> Counted | None:
     counter = wire.counter(base)
-    domain = wire.name.encode() + b":"
-    keys: list[bytes] = []
-    found: list[int | None] = []
-    digests: list[bytes] = []
-    forms = bytearray()
-    breakpoints = 0
-    for message in messages:
-        print_ = fingerprint(message)
-        digests.append(print_.match)
-        forms.append(print_.count_key[-1])
-        breakpoints += print_.breakpoints
-        key = domain + print_.count_key
-        keys.append(key)
-        found.append(base.cached(key))
+    domains = [wire.name.encode() + b":" + form for form in _FORMS]
+    shapes = [canonical(message) for message in messages]
+    # Keyed as the digest is made (what the message is matched by, and its form): a
+    # message's count is found wherever its digest would match.
+    keyed = [_keyed(base, shape, domains[shape.form]) for shape in shapes]
+    keys = [key for key, _ in keyed]
+    found = [base.cached(key) for key in keys]
     fixed = wire.fixed_tokens(counter, body)
     if policy is not None and wire.name in BOUNDED_FORMATS:
         # The cached counts alone over a threshold (a crossing): no bound of the new
-        # messages can make it fit, so their JSON is not made for one.
+        # messages can make it fit, so their bytes are not summed for one.
         known = sum(count for count in found if count is not None)
         if Counted(fixed, [known], []).fits(policy, factor):
-            bound = history_bound(messages, found)
+            bound = _bound(shapes, found)
             if bound is not None and Counted(fixed, [bound], []).fits(policy, factor):
-                return None
+                return None  # quiet: no digest made (but a large message's key)
     counts = [
         base.remember(key, counter.count_message(message)) if count is None else count
         for key, count, message in zip(keys, found, messages, strict=True)
     ]
-    return Counted(fixed, counts, digests, breakpoints, bytes(forms))
+    digests = [
+        digest(shape.json) if made is None else made
+        for shape, (_, made) in zip(shapes, keyed, strict=True)
+    ]
+    forms = bytes(shape.form for shape in shapes)
+    breakpoints = sum(shape.breakpoints for shape in shapes)
+    return Counted(fixed, counts, digests, breakpoints, forms)
+
+
+_FORMS = [bytes([form]) for form in range(5)]  # digests.Canonical.form, as a key's byte
+
+
+def _keyed(base: TokenCounter, shape: Canonical, domain: bytes) -> tuple[CountKey, bytes | None]:
+    """A message's count key, and its match digest if the key is made of that."""
+    if len(shape.json) < DIGEST_KEYED_BYTES:
+        return base.key(shape.json, domain), None
+    made = digest(shape.json)
+    return base.key(made, domain + b"#"), made
 
 
 def history_bound(
@@ -153,12 +167,16 @@ def history_bound(
     """An upper bound of the history's estimate: cached counts as they are, each other
     message its JSON's bytes plus the per-message overhead; None when a new message
     holds a `source`."""
+    return _bound([canonical(message) for message in messages], cached)
+
+
+def _bound(shapes: Sequence[Canonical], cached: Sequence[int | None]) -> int | None:
     bound = 0
-    for message, count in zip(messages, cached, strict=True):
+    for shape, count in zip(shapes, cached, strict=True):
         if count is not None:
             bound += count
             continue
-        raw = orjson.dumps(message)
+        raw = shape.raw  # the JSON as it came: what the bound is proved of
         if b'"source"' in raw:
             return None
         bound += len(raw) + MESSAGE_OVERHEAD  # `{}` is 2 bytes and costs the overhead

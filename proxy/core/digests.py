@@ -1,12 +1,15 @@
-"""Match digests: what a message is matched by, and what its count is cached under.
+"""Match digests: what a message is matched by.
 
 Messages are matched by their *match digest*: the hash of the message with every
 `cache_control` removed (agents move their breakpoints to the newest message every turn)
 and a string `content` read as one text block (Claude Code sends the same reminder both
 ways). What is forwarded is always what the client sent; the digest is only for matching
-(a checkpoint's prefix, proxy/core/checkpoint.py; a summary's key). One pass per message
-(`fingerprint`) serialises it once and gives both the match digest and the key its token
-count is cached under.
+(a checkpoint's prefix, proxy/core/checkpoint.py; a summary's key). The digests are
+persisted and compared across replicas, so their bytes never change.
+
+`canonical` serialises a message once and gives the JSON its digest is of, with the form
+it came in: counting.py keys a message's count by that JSON and form (in-process, cheap:
+tokens.CountKey) and takes the digest (sha256) only of a request it goes on to plan.
 """
 
 from __future__ import annotations
@@ -20,22 +23,27 @@ import orjson
 
 DIGEST_BYTES = 16
 
+# Canonical.form: 0 the message's own bytes; 2 its string content as one text block;
+# 3 with cache_control left out; 4 both (working.REBUILDABLE_FORMS reads these).
+EXACT = 0
+
 
 @dataclass(frozen=True, slots=True)
-class Fingerprint:
-    match: bytes  # the message with cache_control removed and string content as a block
-    count_key: bytes  # the match digest plus the form it came in: what its count depends on
+class Canonical:
+    raw: bytes  # the message's JSON as it came
+    json: bytes  # ... with cache_control removed and string content as a block (or raw)
+    form: int  # how json was made from raw: what a count keyed by json also depends on
     breakpoints: int = 0  # cache_control keys in the message
 
 
-def _hash(data: bytes) -> bytes:
+def digest(data: bytes) -> bytes:
     # sha256 runs on the CPU's SHA extensions where present: twice blake2b's speed here.
     return hashlib.sha256(data).digest()[:DIGEST_BYTES]
 
 
-def fingerprint(message: Mapping[str, Any]) -> Fingerprint:
-    # One orjson call per message: the bytes are hashed while they are in the CPU's cache
-    # (one call for the whole list, cut at separators, measured no faster).
+def canonical(message: Mapping[str, Any]) -> Canonical:
+    # One orjson call per message (one call for the whole list, cut at separators,
+    # measured no faster); a second only for a message with a breakpoint or string content.
     raw = orjson.dumps(message)
     content = message.get("content")
     string_form = isinstance(content, str)
@@ -43,19 +51,17 @@ def fingerprint(message: Mapping[str, Any]) -> Fingerprint:
     breakpoints = raw.count(b'"cache_control"')
     marked = breakpoints > 0
     if not string_form and not marked:
-        digest = _hash(raw)
-        return Fingerprint(digest, digest + b"\x00")
-    canonical: Any = message
+        return Canonical(raw, raw, EXACT)
+    shape: Any = message
     if marked:
-        canonical = _without_cache_control(canonical)
+        shape = _without_cache_control(shape)
     if string_form:
-        canonical = {**canonical, "content": [{"type": "text", "text": content}]}
-    digest = _hash(orjson.dumps(canonical))
-    return Fingerprint(digest, digest + bytes([1 + string_form + 2 * marked]), breakpoints)
+        shape = {**shape, "content": [{"type": "text", "text": content}]}
+    return Canonical(raw, orjson.dumps(shape), 1 + string_form + 2 * marked, breakpoints)
 
 
 def message_digest(message: Mapping[str, Any]) -> bytes:
-    return fingerprint(message).match
+    return digest(canonical(message).json)
 
 
 def _without_cache_control(value: Any) -> Any:

@@ -6,11 +6,11 @@ calibration.py corrects them per model against the usage the upstream reports. I
 encoding loads, text costs ceil(utf8_bytes / 4) tokens and a warning says so.
 
 Counting is on the hot path of every request and histories only grow, so counts are
-memoised by a digest of what was counted (digest -> count, never the text itself) in a
-bounded LRU: a history whose prefix was seen before costs only hashing plus its new
-blocks. Text is cut into pieces of at most MAX_CHUNK characters (at whitespace when
-possible) before encoding, so a long run without whitespace, a base64 blob or minified
-JSON costs work linear in its length.
+memoised by a key of what was counted (`CountKey`: its length and an in-process hash,
+never the text itself) in a bounded LRU: a history whose prefix was seen before costs
+only hashing plus its new blocks. Text is cut into pieces of at most MAX_CHUNK
+characters (at whitespace when possible) before encoding, so a long run without
+whitespace, a base64 blob or minified JSON costs work linear in its length.
 
 The counter holds no lock (core may not import threading): sharing it between threads
 never corrupts or raises, but two threads may both count the same new block, and the
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import math
 import re
 import warnings
@@ -63,7 +62,7 @@ PDF_MAX_PAGES = 100  # the API's page limit, so also our cap
 PDF_BYTES_PER_TOKEN = 16  # when no page object can be found in the file
 PDF_UNKNOWN_PAGES = 5  # a PDF given by url or file id: its size is unknowable here
 _PDF_PAGE = re.compile(rb"/Type\s*/Page(?![a-zA-Z])")
-# The page scan decodes the file once (then its count is cached by digest); bound it.
+# The page scan decodes the file once (then its count is cached by its key); bound it.
 PDF_SCAN_BYTES = 32 * 1024 * 1024
 
 # Encrypted thinking is base64 of roughly the original text: bytes = len * 3 / 4, and
@@ -110,11 +109,22 @@ def split_for_encoding(text: str, max_chunk: int = MAX_CHUNK) -> list[str]:
     return pieces
 
 
-def _digest(data: bytes, domain: bytes = b"") -> bytes:
-    # sha256 runs on the CPU's SHA extensions where present: three times blake2b here.
-    h = hashlib.sha256(domain + b"\0") if domain else hashlib.sha256()
-    h.update(data)
-    return h.digest()[:16]
+# What a count is cached under: what was counted (a domain), the length of its bytes and
+# Python's hash() of them. The cache never leaves the process, so the key need not be
+# stable across processes, and hash() (SipHash-1-3, keyed by the process's random hash
+# secret) costs a third of sha256 on the same fresh bytes.
+# A collision (two inputs of one length and one 64-bit hash) mis-estimates one count,
+# which calibration and the upstream's own count bound anyway; by chance it is about
+# size / 2**64 a lookup (1e-14 at the cache's 100,000 entries). Steering one (a tenant
+# sending bytes made to collide with another's text, so that its count is wrong) needs
+# the hash's key, which Python draws per process unless PYTHONHASHSEED fixes it; then
+# the shell gives the counter a salt (a secret of the process) hashed in front of the
+# bytes, at the cost of copying them (about 1.7x the hash on a 1 MB text).
+CountKey = tuple[bytes, int, int]
+
+TEXT_DOMAIN = b"text"  # what was counted (CountKey)
+TOOLS_DOMAIN = b"tools"
+PDF_DOMAIN = b"pdf"
 
 
 def _utf8(text: str) -> bytes:
@@ -136,9 +146,10 @@ def _base64_size(data: str) -> int:
 class TokenCounter:
     """Estimates the input tokens of Anthropic Messages requests; see the module doc."""
 
-    def __init__(self, cache_size: int = 100_000) -> None:
+    def __init__(self, cache_size: int = 100_000, salt: bytes = b"") -> None:
         self._max_size = max(0, cache_size)
-        self._cache: dict[bytes, int] = {}  # insertion order is recency order
+        self._salt = salt  # b"" unless the process's hash secret is known (CountKey)
+        self._cache: dict[CountKey, int] = {}  # insertion order is recency order
         self._hits = 0
         self._misses = 0
         self._encode_calls = 0
@@ -202,7 +213,12 @@ class TokenCounter:
             self._hits, self._misses, len(self._cache), self._max_size, self._encode_calls
         )
 
-    def _cached(self, key: bytes) -> int | None:
+    def key(self, data: bytes, domain: bytes) -> CountKey:
+        """The key a count of data is cached under (see CountKey); `domain` says what
+        was counted, so that equal bytes counted two ways get two keys."""
+        return domain, len(data), hash(self._salt + data if self._salt else data)
+
+    def _cached(self, key: CountKey) -> int | None:
         count = self._cache.pop(key, None)
         if count is None:
             self._misses += 1
@@ -211,7 +227,7 @@ class TokenCounter:
         self._hits += 1
         return count
 
-    def _remember(self, key: bytes, count: int) -> int:
+    def _remember(self, key: CountKey, count: int) -> int:
         cache = self._cache
         cache[key] = count
         while len(cache) > self._max_size:
@@ -221,25 +237,25 @@ class TokenCounter:
                 break
         return count
 
-    def cached(self, key: bytes) -> int | None:
-        """The count cached under a key the caller made, if any (see `remembered`)."""
+    def cached(self, key: CountKey) -> int | None:
+        """The count cached under a key made by `key`, if any (see `remembered`)."""
         return self._cached(key)
 
-    def remember(self, key: bytes, count: int) -> int:
+    def remember(self, key: CountKey, count: int) -> int:
         return self._remember(key, count)
 
-    def remembered(self, key: bytes, compute: Callable[[], int]) -> int:
-        """A count cached under a key the caller made (e.g. a whole message's digest)."""
+    def remembered(self, key: CountKey, compute: Callable[[], int]) -> int:
+        """A count cached under a key made by `key` (e.g. of a whole message's JSON)."""
         count = self._cached(key)
         if count is None:
             count = self._remember(key, compute())
         return count
 
     def _count_utf8(self, data: bytes) -> int:
-        """Tokens of the text whose UTF-8 encoding is data (memoised by its digest)."""
+        """Tokens of the text whose UTF-8 encoding is data (memoised by its key)."""
         if not data:
             return 0
-        key = _digest(data)
+        key = self.key(data, TEXT_DOMAIN)
         count = self._cached(key)
         if count is None:
             text = data.decode("utf-8", "surrogatepass")
@@ -290,8 +306,8 @@ class TokenCounter:
             return 0
         if not isinstance(tools, list):
             return TOOLS_PREAMBLE + self.count_json(tools)
-        try:  # the same tools come with every request of an agent: one digest for all
-            key = _digest(orjson.dumps(tools), b"tools")
+        try:  # the same tools come with every request of an agent: one key for all
+            key = self.key(orjson.dumps(tools), TOOLS_DOMAIN)
         except TypeError:
             return self._count_tool_list(tools)
         return self.remembered(key, lambda: self._count_tool_list(tools))
@@ -349,7 +365,7 @@ class TokenCounter:
         data = source.get("data") if source.get("type") == "base64" else None
         if not isinstance(data, str):
             return IMAGE_MAX_TOKENS  # url or file: unknown size, charge the most
-        return image_tokens_from_base64(data)  # reads a bounded prefix: cheaper than a digest
+        return image_tokens_from_base64(data)  # reads a bounded prefix: cheaper than hashing it
 
     def _document_block(self, block: dict[str, Any]) -> int:
         source = block["source"]
@@ -362,7 +378,7 @@ class TokenCounter:
         data = source.get("data") if kind == "base64" else None
         if not isinstance(data, str):
             return extras + PDF_UNKNOWN_PAGES * PDF_TOKENS_PER_PAGE
-        key = _digest(_utf8(data), b"pdf")
+        key = self.key(_utf8(data), PDF_DOMAIN)
         count = self._cached(key)
         if count is None:
             count = self._remember(key, pdf_tokens_from_base64(data))

@@ -18,6 +18,7 @@ from proxy import tracing
 from proxy.config import Settings
 from proxy.core.model_facts import BUILTIN, UNKNOWN_WINDOWS
 from proxy.core.policy import DEFAULT_POLICIES, parse_policies
+from proxy.core.tokens import TokenCounter
 from proxy.server.admin.routes import install as install_admin
 from proxy.server.auth import authenticate
 from proxy.server.compactor import Compactor
@@ -70,6 +71,11 @@ class StartupError(Exception):
 # A `keys` or `budgets` command runs the embedded Redis for a moment when no serve does;
 # a serve starting meanwhile waits this long for it to finish.
 COMMAND_HOLD_WAIT = 30.0
+
+# Every app of the process counts with one cache; its keys are salted by a secret when
+# PYTHONHASHSEED makes the hash's own known (tokens.CountKey).
+_FIXED_SEED = os.environ.get("PYTHONHASHSEED", "random") != "random"
+COUNTER = TokenCounter(salt=os.urandom(16) if _FIXED_SEED else b"")
 
 
 async def _start_embedded(settings: Settings, embedded: EmbeddedRedis) -> str:
@@ -202,7 +208,9 @@ def create_app(settings: Settings) -> web.Application:
     app[LIFECYCLE] = Lifecycle()
     app[REQUEST_LOG] = RequestLog(settings.server.log_format)
     app[STORE] = StoreState()
-    app[COMPACTOR] = Compactor(settings.policies, max_lines=settings.store.max_lines)
+    app[COMPACTOR] = Compactor(
+        settings.policies, counter=COUNTER, max_lines=settings.store.max_lines
+    )
     app[COMPACTOR].on_background_summary = app[METRICS].summariser_call
     app[COMPACTOR].on_lines = app[METRICS].conversation_lines.observe
     app[COMPACTOR].on_evicted = app[METRICS].checkpoints_evicted.inc
