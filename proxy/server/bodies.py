@@ -101,11 +101,15 @@ async def stream_body(request: web.Request, clock: BodyClock) -> AsyncIterator[b
         yield chunk
 
 
-async def decoded(request: web.Request, body: bytes) -> bytes | None:
+async def decoded(
+    request: web.Request, body: bytes, codings: list[str] | None = None
+) -> bytes | None:
     """The body with its Content-Encoding undone, for inspection: the body itself when
     it has none, None when it cannot be decoded (an unknown coding, corrupt data).
-    RequestTooLarge when it would decode past `server.max_body_bytes`."""
-    codings = content_encoding.encodings(request.headers.getall("Content-Encoding", []))
+    RequestTooLarge when it would decode past `server.max_body_bytes`. `codings`: the
+    request's, when the caller has read them already (`codings_of`)."""
+    if codings is None:
+        codings = codings_of(request)
     if not codings:
         return body
     limit = request.app[SETTINGS].server.max_body_bytes
@@ -119,8 +123,13 @@ async def decoded(request: web.Request, body: bytes) -> bytes | None:
         ) from None
 
 
+def codings_of(request: web.Request) -> list[str]:
+    """The request's content codings, in the order they were applied."""
+    return content_encoding.encodings(request.headers.getall("Content-Encoding", []))
+
+
 def is_encoded(request: web.Request) -> bool:
-    return bool(content_encoding.encodings(request.headers.getall("Content-Encoding", [])))
+    return bool(codings_of(request))
 
 
 def invalid_field(param: str, message: str) -> InvalidRequest:

@@ -41,8 +41,8 @@ from proxy.server.bodies import (
     BodyTooLarge,
     check_duplicates,
     check_model,
+    codings_of,
     decoded,
-    is_encoded,
     output_tokens,
     read_body,
     too_large,
@@ -117,8 +117,9 @@ async def read(request: web.Request, route: ConversationRoute) -> Incoming:
     # A body sent with a Content-Encoding is decoded to be read (bounded), and forwarded
     # as sent; one that cannot be decoded goes through uninspected, unless a budget
     # must read it.
-    encoded = is_encoded(request)
-    text = await decoded(request, body)
+    codings = codings_of(request)  # read once: whether encoded, and how to decode
+    encoded = bool(codings)
+    text = await decoded(request, body, codings)
     if text is None:
         if budgets.applies(request):
             raise unreadable_encoding(request)
