@@ -196,4 +196,7 @@ def stubbed_key(
     return digest + made.encode()
 
 
-REBUILDABLE_FORMS = (0, 1)  # counting.Counted.forms whose digest pins the message exactly
+# counting.Counted.forms whose digest pins the message exactly (digests.Canonical.form):
+# its own bytes (0), or its string content read as one block (2: Chat's tool messages),
+# never one taken without its cache_control (3, 4: it may sit elsewhere in the bytes).
+REBUILDABLE_FORMS = (0, 2)

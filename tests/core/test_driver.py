@@ -37,6 +37,7 @@ from proxy.core.policy import Policy
 from proxy.core.segments import StubbedMemo, refs_of
 from proxy.core.tokens import TokenCounter
 from proxy.wire import ANTHROPIC
+from proxy.wire.chat import CHAT
 from tests.core.test_planner import conversation, policy
 
 COUNTER = TokenCounter()
@@ -385,6 +386,40 @@ def test_stubbed_messages_are_built_once_and_reused_byte_for_byte(
 
     monkeypatch.setattr(ANTHROPIC, "stubbed_message", never)
     _, reused = commands_of(compaction(memo_request(grown, memo)), store)
+    assert reused.rewrite is not None and reused.rewrite.strategy == "checkpoint"
+    assert reused.body == fresh.body and reused.estimate == fresh.estimate
+
+
+def test_chat_tool_messages_with_string_content_are_reused_from_the_memo(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Chat tool result is a message whose content is a string (its digest's form 2:
+    the text read as one block, which still pins the message exactly): its stubbed
+    message is built once and reused, as a Messages block list's is."""
+    from tests.core import test_planner_chat as chat_case
+
+    messages = chat_case.conversation(12)
+    limits = chat_case.policy(target=3_000, trigger=6_000, offload_trigger=6_000)
+
+    def chat_request(history: list[dict[str, Any]], memo: StubbedMemo | None) -> CompactionRequest:
+        body = {"model": "gpt-test", "messages": history}
+        counted = count_request(CHAT, COUNTER, body, history)
+        made = CompactionRequest(CHAT, body, history, counted, CHAT.counter(COUNTER), limits, 1.0)
+        return dataclasses.replace(made, stubbed=memo) if memo is not None else made
+
+    memo: StubbedMemo = {}
+    store = Store()
+    _, first = commands_of(compaction(chat_request(messages, memo)), store)
+    assert first.rewrite is not None and first.rewrite.refs
+    assert len(memo) == len(first.rewrite.refs)  # one per stubbed tool message
+    grown = [*messages, {"role": "assistant", "content": "Done reading."}]
+    fresh = commands_of(compaction(chat_request(grown, None)), store)[1]
+
+    def never(*_: Any) -> Any:
+        raise AssertionError("a stubbed message was built again")
+
+    monkeypatch.setattr(type(CHAT), "stubbed_message", never)
+    _, reused = commands_of(compaction(chat_request(grown, memo)), store)
     assert reused.rewrite is not None and reused.rewrite.strategy == "checkpoint"
     assert reused.body == fresh.body and reused.estimate == fresh.estimate
 
