@@ -32,6 +32,7 @@ from typing import Any
 
 from proxy.core.outcome import SUMMARY_STATES
 from proxy.core.pricing import CACHE_MODEL, PriceTable, Rates
+from proxy.core.strategy import Strategy
 
 MICRO = 1_000_000
 CACHE_UNITS = "cache_model_units"
@@ -59,7 +60,8 @@ class RequestFacts:
     team: str = ""
     key_id: str = ""
     conversation: str = ""
-    strategy: str = ""  # "" untouched, "refuse", "checkpoint", or a crossing's strategy
+    strategy: Strategy | None = None  # the rewrite's; None when untouched or refused
+    refused: bool = False  # nothing fitted the window: the proxy answered with an error
     tokens_before: int = 0  # history tokens, for rewritten requests
     tokens_after: int = 0
     summary: str = ""  # outcome.SUMMARY_STATES, or ""
@@ -74,12 +76,19 @@ class RequestFacts:
     upstream_answered: bool = False  # the upstream sent response headers
 
     @property
+    def strategy_word(self) -> str:
+        """The words of the log line and the metrics: a strategy, "refuse" or ""."""
+        if self.refused:
+            return "refuse"
+        return self.strategy.value if self.strategy is not None else ""
+
+    @property
     def rewritten(self) -> bool:
-        return self.strategy not in ("", "refuse")
+        return self.strategy is not None
 
     @property
     def crossing(self) -> bool:
-        return self.rewritten and self.strategy != "checkpoint"
+        return self.strategy is not None and self.strategy.crossing
 
     @property
     def removed(self) -> int:
@@ -149,18 +158,18 @@ def counts(facts: RequestFacts, prices: PriceTable) -> dict[str, int]:
         _bump(out, name, facts.usage.get(name, 0))
     for name in USAGE_FIELDS:
         _bump(out, f"summariser|{name}", facts.summariser_usage.get(name, 0))
-    if facts.strategy == "refuse":
+    if facts.refused:
         _bump(out, "refusal|window")
     if facts.rejected:
         _bump(out, f"refusal|{facts.rejected}")
     if facts.rewritten:
         _bump(out, "rewritten")
-        _bump(out, f"rewrite|{facts.strategy}")
+        _bump(out, f"rewrite|{facts.strategy_word}")
         _bump(out, "history_tokens_before", facts.tokens_before)
         _bump(out, "history_tokens_after", facts.tokens_after)
         _bump(out, "history_tokens_saved", facts.removed)
     if facts.crossing:
-        _bump(out, f"crossing|{facts.strategy}")
+        _bump(out, f"crossing|{facts.strategy_word}")
     if facts.summary:
         _bump(out, f"summary|{facts.summary}")
     _bump(out, "read_rounds", facts.read_rounds)
@@ -287,9 +296,9 @@ def crossing_reason(facts: RequestFacts) -> str:
     """Why a rewrite happened or took the form it did, in a few fixed words."""
     if facts.reason:
         return facts.reason
-    if facts.strategy == "refuse":
+    if facts.refused:
         return "nothing fits the window"
-    if "pack" in facts.strategy:
+    if facts.strategy is not None and facts.strategy.packed:
         if facts.summariser_failures:
             return "summariser failed: packed instead"
         return "no summary available: packed"
@@ -312,16 +321,16 @@ def events(facts: RequestFacts, now: float) -> dict[str, dict[str, Any]]:
             "at": round(now, 3),
             "conversation": facts.conversation,
             **who,
-            "strategy": facts.strategy or "none",
+            "strategy": facts.strategy_word or "none",
             "context_tokens_before": seen + facts.removed,
             "context_tokens_after": seen,
         }
-    if facts.crossing or facts.strategy == "refuse":
+    if facts.crossing or facts.refused:
         out["crossings"] = {
             "at": round(now, 3),
             "conversation": facts.conversation,
             **who,
-            "strategy": facts.strategy,
+            "strategy": facts.strategy_word,
             "reason": crossing_reason(facts),
             "history_tokens_before": facts.tokens_before,
             "history_tokens_after": facts.tokens_after,
@@ -351,7 +360,7 @@ def error_kind(facts: RequestFacts) -> str:
     """Who answered with an error, in a few fixed words."""
     if facts.rejected:
         return "refused: " + _REFUSED.get(facts.rejected, facts.rejected)
-    if facts.strategy == "refuse":
+    if facts.refused:
         return "refused: nothing fits the window"
     if facts.status == 499:
         return "the client went away"

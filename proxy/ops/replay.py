@@ -31,6 +31,7 @@ from typing import Any
 
 from proxy.core.policy import Policy
 from proxy.core.pricing import CACHE_MODEL, PER_MILLION, PriceTable, Rates
+from proxy.core.strategy import Strategy
 from proxy.core.tokens import TokenCounter
 from proxy.core.wire_format import WireFormat
 from proxy.ops.formats import format_for
@@ -61,9 +62,13 @@ class Turn:
     direct_cost: float
     proxy_cost: float  # the summariser call included
     summariser_cost: float
-    strategy: str  # "" untouched, "checkpoint", or the crossing's strategy
+    strategy: Strategy | None  # the rewrite's (CHECKPOINT: reapplied); None: untouched
     summary_made: bool
     window: int  # the policy's window
+
+    @property
+    def strategy_word(self) -> str:
+        return self.strategy.value if self.strategy is not None else ""
 
     @property
     def direct_refused(self) -> bool:
@@ -94,7 +99,7 @@ class Replay:
 
     @property
     def crossings(self) -> list[Turn]:
-        return [t for t in self.turns if t.strategy not in ("", "checkpoint")]
+        return [t for t in self.turns if t.strategy is not None and t.strategy.crossing]
 
     @property
     def summariser_calls(self) -> int:
@@ -280,7 +285,7 @@ def replay(
             _Pending(n, direct_total, proxy_total, direct, proxied, step, output, model, summaries)
         )
         if progress is not None:
-            progress.advance(step.strategy or "untouched")
+            progress.advance(step.strategy.value if step.strategy is not None else "untouched")
     models = [p.model for p in pending] + [p.summariser_model for p in pending if p.summaries]
     rates, result.price_note = _choose_rates(models, prices or PriceTable())
     result.unit = next(iter(rates.values())).unit if rates else CACHE_MODEL.unit
@@ -388,7 +393,7 @@ def _crossings(turns: Sequence[Turn]) -> str:
     offload+summary at turn 18"."""
     by_strategy: dict[str, list[int]] = {}
     for t in turns:
-        by_strategy.setdefault(t.strategy, []).append(t.n)
+        by_strategy.setdefault(t.strategy_word, []).append(t.n)
     parts = []
     for strategy, ns in by_strategy.items():
         runs: list[list[int]] = []

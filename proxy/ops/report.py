@@ -215,7 +215,7 @@ def render_report(result: Replay, source: str) -> str:
     )
     rows = "\n".join(
         f"<tr><td>{t.n}</td><td>{t.direct_tokens:,}</td><td>{t.proxy_tokens:,}</td>"
-        f"<td>{html.escape(t.strategy or '-')}{' + summary' if t.summary_made else ''}</td>"
+        f"<td>{html.escape(t.strategy_word or '-')}{' + summary' if t.summary_made else ''}</td>"
         f"<td>{t.proxied.cache_read_input_tokens:,}</td>"
         f"<td>{t.proxied.cache_creation_input_tokens:,}</td>"
         + (

@@ -55,6 +55,7 @@ from proxy.core.outcome import Refuse, Rewrite, Untouched
 from proxy.core.policy import Policy, policy_for
 from proxy.core.rounds import RoundsRequest, read_rounds
 from proxy.core.segments import Stubbed, StubbedMemo, Summary, Verbatim
+from proxy.core.strategy import Strategy
 from proxy.core.tokens import TokenCounter
 from proxy.core.wire_format import Dialect, WireFormat
 from proxy.wire import ANTHROPIC
@@ -83,7 +84,7 @@ class Step:
     body: dict[str, Any]  # what would go upstream
     policy: Policy
     kind: str  # "untouched", "rewrite" or "refuse"
-    strategy: str = ""  # the rewrite's strategy ("checkpoint": a frozen one reapplied)
+    strategy: Strategy | None = None  # the rewrite's (CHECKPOINT: a frozen one reapplied)
     reason: str = ""  # why the outcome is not what the policy aimed at (outcome.REASONS)
     tokens_before: int = 0  # history, as the client sent it
     tokens_after: int = 0  # history, as sent

@@ -12,6 +12,7 @@ from proxy.core import stats
 from proxy.core.outcome import SUMMARY_STATES
 from proxy.core.pricing import PriceTable, parse_price_table
 from proxy.core.stats import CACHE_UNITS, RequestFacts
+from proxy.core.strategy import Strategy
 
 NO_PRICES = PriceTable()
 SONNET = parse_price_table([{"match": "claude-sonnet-*", "input": 3.0, "output": 15.0}])
@@ -30,7 +31,7 @@ def test_an_untouched_request_costs_the_same_with_and_without_the_proxy() -> Non
 def test_removed_history_is_priced_as_cache_reads_for_a_caching_client() -> None:
     usage = {"input_tokens": 100, "cache_read_input_tokens": 1_000, "output_tokens": 20}
     facts = RequestFacts(
-        "/v1/messages", 200, strategy="checkpoint", tokens_before=9_000, tokens_after=4_000,
+        "/v1/messages", 200, strategy=Strategy.CHECKPOINT, tokens_before=9_000, tokens_after=4_000,
         usage=usage,
     )  # fmt: skip
     assert cost(facts) == {"with_proxy": 300.0, "without_proxy": 800.0, "saved": 500.0}
@@ -39,7 +40,12 @@ def test_removed_history_is_priced_as_cache_reads_for_a_caching_client() -> None
 def test_removed_history_is_uncached_input_for_a_client_without_caching() -> None:
     usage = {"input_tokens": 1_000, "output_tokens": 20}
     facts = RequestFacts(
-        "/v1/messages", 200, strategy="pack", tokens_before=9_000, tokens_after=4_000, usage=usage
+        "/v1/messages",
+        200,
+        strategy=Strategy.PACK,
+        tokens_before=9_000,
+        tokens_after=4_000,
+        usage=usage,
     )
     assert cost(facts) == {"with_proxy": 1_100.0, "without_proxy": 6_100.0, "saved": 5_000.0}
 
@@ -50,7 +56,7 @@ def test_read_rounds_and_summaries_are_paid_only_with_the_proxy() -> None:
     facts = RequestFacts(
         "/v1/messages",
         200,
-        strategy="offload+summary",
+        strategy=Strategy.OFFLOAD_SUMMARY,
         tokens_before=20_000,
         tokens_after=5_000,
         read_rounds=1,
@@ -89,7 +95,7 @@ def test_refusals_count_but_cost_nothing() -> None:
             stats.counts(f, NO_PRICES)
             for f in (
                 RequestFacts("/v1/messages", 429, rejected="tokens"),
-                RequestFacts("/v1/messages", 400, strategy="refuse"),
+                RequestFacts("/v1/messages", 400, refused=True),
             )
         )
     )
@@ -129,7 +135,8 @@ usage_counts = st.fixed_dictionaries(
 
 @st.composite
 def request_facts(draw: Any) -> RequestFacts:
-    strategy = draw(st.sampled_from(["", "refuse", "checkpoint", "offload", "offload+pack"]))
+    word = draw(st.sampled_from(["", "refuse", "checkpoint", "offload", "offload+pack"]))
+    strategy = Strategy(word) if word not in ("", "refuse") else None
     after = draw(st.integers(0, 10**5))
     return RequestFacts(
         route=draw(st.sampled_from(["/v1/messages", "/v1/chat/completions", "other"])),
@@ -139,6 +146,7 @@ def request_facts(draw: Any) -> RequestFacts:
         key_id=draw(st.sampled_from(["", "0123456789ab"])),
         conversation=draw(st.sampled_from(["", "c0123456789a"])),
         strategy=strategy,
+        refused=word == "refuse",
         tokens_before=after + draw(st.integers(0, 10**5)),
         tokens_after=after,
         summary=draw(st.sampled_from(["", *SUMMARY_STATES])),
@@ -178,7 +186,7 @@ def test_an_event_never_hides_what_was_removed(facts: RequestFacts) -> None:
     seen = found.get("conversations")
     if seen is not None:
         assert seen["context_tokens_before"] - seen["context_tokens_after"] == facts.removed
-    assert ("crossings" in found) == (facts.crossing or facts.strategy == "refuse")
+    assert ("crossings" in found) == (facts.crossing or facts.refused)
     assert ("errors" in found) == (facts.status >= 400)
 
 
@@ -186,8 +194,10 @@ def test_crossing_reasons() -> None:
     def reason(**fields: Any) -> str:
         return stats.crossing_reason(RequestFacts("/v1/messages", 200, **fields))
 
-    assert reason(strategy="offload") == "history over the trigger"
-    assert reason(strategy="offload+pack", summariser_failures=1).startswith("summariser failed")
-    assert reason(strategy="pack") == "no summary available: packed"
-    assert reason(strategy="refuse") == "nothing fits the window"
-    assert reason(strategy="pack", reason="the store is down") == "the store is down"
+    assert reason(strategy=Strategy.OFFLOAD) == "history over the trigger"
+    failed = reason(strategy=Strategy.OFFLOAD_PACK, summariser_failures=1)
+    assert failed.startswith("summariser failed")
+    assert reason(strategy=Strategy.PACK) == "no summary available: packed"
+    assert reason(strategy=Strategy.OFFLOAD_SUMMARY) == "history over the trigger"
+    assert reason(refused=True) == "nothing fits the window"
+    assert reason(strategy=Strategy.PACK, reason="the store is down") == "the store is down"
