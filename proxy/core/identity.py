@@ -3,11 +3,12 @@
 The tenant is a keyed hash of the credential (never the credential itself, DESIGN
 invariant 9). The conversation id comes from what the client says, in this order: the
 `x-conversation-id` header, Claude Code's `x-claude-code-session-id`, Codex's
-`session-id`, a conversation hint the wire format read from the body (`conversation_hint`
-in its identity view: the Responses API's `prompt_cache_key`), the session id Claude Code
-puts inside `metadata.user_id` (a JSON string), and otherwise a hash of the tenant, the
+`session-id`, a conversation id the body names (the `hint` of the format's
+`IdentityView`: the Responses API's `prompt_cache_key`), the session id Claude Code puts
+inside `metadata.user_id` (a JSON string), and otherwise a hash of the tenant, the
 system prompt and the first message, which stay fixed as a conversation grows. Every id
-is hashed again, so keys never hold client text.
+is hashed again, so keys never hold client text. Ids are store keys on every replica and
+across releases: their bytes never change (tests/core/test_identity_vectors.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.wire_format import Request
+from proxy.core.wire_format import IdentityView, Request
 
 _TENANT_KEY = b"compaction-proxy/tenant/v1"
 _CONVERSATION_KEY = b"compaction-proxy/conversation/v1"
@@ -39,12 +40,10 @@ def tenant_of(headers: Mapping[str, str]) -> str:
     return "t" + hashlib.blake2b(secret.encode(), key=_TENANT_KEY, digest_size=10).hexdigest()
 
 
-def conversation_of(headers: Mapping[str, str], body: Mapping[str, Any], tenant: str) -> str:
-    source = _client_id(headers, body)
+def conversation_of(headers: Mapping[str, str], view: IdentityView, tenant: str) -> str:
+    source = _client_id(headers, view)
     if source is None:
-        messages = body.get("messages")
-        first = messages[0] if isinstance(messages, list) and messages else None
-        source = "h:" + orjson.dumps([tenant, body.get("system"), first]).decode()
+        source = "h:" + orjson.dumps([tenant, view.lead, view.first]).decode()
     digest = hashlib.blake2b(source.encode(), key=_CONVERSATION_KEY, digest_size=12)
     return "c" + digest.hexdigest()
 
@@ -59,15 +58,14 @@ def identities(
     return tenant, conversation_of(headers, wire.identity_view(body), tenant)
 
 
-def _client_id(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
+def _client_id(headers: Mapping[str, str], view: IdentityView) -> str | None:
     for name in ("x-conversation-id", "x-claude-code-session-id", "session-id"):
         value = headers.get(name)
         if value:
             return f"{name}:{value}"
-    hint = body.get("conversation_hint")
-    if isinstance(hint, str) and hint:
-        return f"hint:{hint}"
-    metadata = body.get("metadata")
+    if view.hint:
+        return f"hint:{view.hint}"
+    metadata = view.metadata
     user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
     if isinstance(user_id, str) and user_id.startswith("{"):
         try:

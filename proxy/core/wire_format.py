@@ -15,8 +15,8 @@ A format is a few small parts, one concern each, and every caller takes the one 
 
 `WireFormat` is all of them: what a route picks (proxy/wire/ has one per API: Anthropic
 Messages, OpenAI Chat Completions, OpenAI Responses, each a class made of its parts).
-The core holds neutral types only (`Shape`, `Stub`, `ToolResult`, `Round`, `Usage`) and
-imports nothing outside proxy/core.
+The core holds neutral types only (`Shape`, `Stub`, `ToolResult`, `Round`, `Usage`,
+`IdentityView`) and imports nothing outside proxy/core.
 
 A tool result is addressed by (message index, block): for Anthropic the block is the
 tool_result block's index in the user message's content; for Chat, where each `tool`
@@ -51,6 +51,21 @@ class MessageCounter(Protocol):
     def count_tools(self, tools: object) -> int: ...
     def count_text(self, text: str) -> int: ...
     def count_result(self, content: object) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityView:
+    """What identifies a conversation in a request's body, in no API's shape (each format
+    makes it): the part that stays fixed at its start, the first message after that (the
+    system prompt alone is shared by many conversations), a conversation id the body
+    itself names, and the Messages-style metadata in which Claude Code names its session.
+    proxy/core/identity.py hashes `lead` and `first` as they are: their JSON is what
+    stored conversations are keyed by, so a format never changes how it makes them."""
+
+    lead: object = None  # a system prompt, or the leading system/developer messages
+    first: object = None  # the first message after the lead; None when there is none
+    hint: str = ""  # a conversation id the body names (Responses' prompt_cache_key)
+    metadata: object = None  # a `metadata` object, where `user_id` may hold a session
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +142,8 @@ class Request(Protocol):
         """The name read_result takes in this request; None: offload is off for it."""
         ...
 
-    def identity_view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
-        """What identifies the conversation, shaped like a Messages body."""
+    def identity_view(self, body: Mapping[str, Any]) -> IdentityView:
+        """What identifies the conversation (proxy/core/identity.py)."""
         ...
 
     def max_output(self, body: Mapping[str, Any]) -> int | None:

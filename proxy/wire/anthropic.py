@@ -23,7 +23,7 @@ from proxy.core.history import Shape
 from proxy.core.offload import Stub, ToolResult
 from proxy.core.tokens import TokenCounter, loaded_tools
 from proxy.core.usage import LineKind, Usage
-from proxy.core.wire_format import JSON, MessageCounter
+from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.anthropic_rounds import MessagesRounds, anthropic_usage
 from proxy.wire.common import encode_request, max_output, request_messages
 
@@ -185,8 +185,10 @@ class MessagesRequest:
     def tool_name(self, body: Mapping[str, Any]) -> str | None:
         return choose_tool_name(body.get("tools"))
 
-    def identity_view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
-        return body  # identity reads Messages bodies
+    def identity_view(self, body: Mapping[str, Any]) -> IdentityView:
+        messages = body.get("messages")
+        first = messages[0] if isinstance(messages, list) and messages else None
+        return IdentityView(body.get("system"), first, metadata=body.get("metadata"))
 
     def breakpoints(self, body: Mapping[str, Any]) -> int:
         # A key of the JSON: inside a string its quotes would be escaped.

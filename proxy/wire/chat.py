@@ -28,7 +28,7 @@ from proxy.core.history import Shape
 from proxy.core.offload import Stub, ToolResult
 from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
 from proxy.core.usage import LineKind, Usage
-from proxy.core.wire_format import JSON, MessageCounter
+from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.chat_rounds import ChatRounds, chat_usage
 from proxy.wire.common import (
     BlockCounter,
@@ -125,18 +125,15 @@ def _parts_text(content: object) -> str:
     return "\n".join(out)
 
 
-def identity_view(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What identifies a Chat conversation, shaped like a Messages body for
-    identity.conversation_of: the leading system/developer messages as `system`, the first
-    other message as the first message (the system prompt alone is shared by many)."""
+def identity_view(body: Mapping[str, Any]) -> IdentityView:
+    """What identifies a Chat conversation: the leading system/developer messages, then
+    the first other message (the system prompt alone is shared by many)."""
     messages = request_messages(body)
     lead = 0
     while lead < len(messages) and messages[lead].get("role") in PINNED_ROLES:
         lead += 1
-    view: dict[str, Any] = {"system": messages[:lead], "messages": messages[lead : lead + 1]}
-    if "metadata" in body:
-        view["metadata"] = body["metadata"]
-    return view
+    first = messages[lead] if lead < len(messages) else None
+    return IdentityView(messages[:lead], first, metadata=body.get("metadata"))
 
 
 # -- counting -----------------------------------------------------------------------------

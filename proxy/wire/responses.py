@@ -34,7 +34,7 @@ from proxy.core import offload, summary
 from proxy.core.errors import ProxyError
 from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
 from proxy.core.usage import LineKind, Usage
-from proxy.core.wire_format import JSON, MessageCounter
+from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.common import BlockCounter, encode_request, openai_error
 from proxy.wire.responses_rounds import ResponsesRounds, responses_usage
 from proxy.wire.responses_units import (
@@ -79,24 +79,20 @@ def read_result_tool(name: str) -> dict[str, Any]:
     }
 
 
-def identity_view(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What identifies a Responses conversation, shaped like a Messages body: the thread
-    id Codex puts in `prompt_cache_key` when there is one; else the leading developer and
-    system messages and the first other item."""
+def identity_view(body: Mapping[str, Any]) -> IdentityView:
+    """What identifies a Responses conversation: the thread id Codex puts in
+    `prompt_cache_key` when there is one; else the instructions with the leading developer
+    and system messages, and the first other item."""
     items = input_items(body)
     lead = 0
     while lead < len(items) and item_type(items[lead]) == "message":
         if items[lead].get("role") not in ("developer", "system"):
             break
         lead += 1
-    view: dict[str, Any] = {
-        "system": [body.get("instructions"), *items[:lead]],
-        "messages": items[lead : lead + 1],
-    }
+    first = items[lead] if lead < len(items) else None
     key = body.get("prompt_cache_key")
-    if isinstance(key, str) and key:
-        view["conversation_hint"] = key
-    return view
+    hint = key if isinstance(key, str) else ""
+    return IdentityView([body.get("instructions"), *items[:lead]], first, hint)
 
 
 # -- counting -----------------------------------------------------------------------------

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.core.calibration import sample_ratio
-from proxy.core.identity import conversation_of, credential, tenant_of
+from proxy.core.identity import conversation_of as conversation_in_view
+from proxy.core.identity import credential, tenant_of
+from proxy.wire import ANTHROPIC
 
 AGENT = Path(__file__).parents[1] / "fixtures" / "agent-requests"
+
+
+def conversation_of(headers: dict[str, str], body: dict[str, Any], tenant: str) -> str:
+    """The id of a Messages request's conversation."""
+    return conversation_in_view(headers, ANTHROPIC.identity_view(body), tenant)
 
 
 def test_tenant_hashes_the_credential_and_never_holds_it() -> None:

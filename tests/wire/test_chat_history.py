@@ -113,7 +113,7 @@ def test_identity_skips_the_shared_system_prompt() -> None:
     a = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}]}
     b = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "b"}]}
     assert identity_view(a) != identity_view(b)
-    assert identity_view(a)["system"] == [{"role": "system", "content": "s"}]
+    assert identity_view(a).lead == [{"role": "system", "content": "s"}]
 
 
 def test_counter_counts_tool_calls_and_results() -> None:
