@@ -32,7 +32,6 @@ from proxy.core.segments import (
     vouched_refs,
 )
 from proxy.core.summary import INSTRUCTION, in_place_prompt
-from proxy.core.wire_format import Dialect
 from proxy.core.working import Limits, PlanInput, Working, real
 
 Message = Mapping[str, Any]
@@ -177,8 +176,8 @@ def _in_place(
     originals = _fitted(pieces[-fit:], tokens[-fit:], budget) if fit else ""
     first, last = members[0], members[-1]
     heads = (
-        _head_of(work.messages[first], inp.dialect),
-        _head_of(work.messages[last], inp.dialect),
+        inp.dialect.head_text(work.messages[first]),
+        inp.dialect.head_text(work.messages[last]),
     )
     prompt = in_place_prompt(first + 1, last + 1, heads, originals)
     return InPlace(
@@ -206,21 +205,6 @@ def _originals_cap(work: Working, inp: PlanInput) -> int:
     cached = inp.fixed_tokens + inp.tool_tokens + work.tokens
     uncached = math.floor(cached * (1 - IN_PLACE_READ_SHARE) / IN_PLACE_READ_SHARE)
     return max(uncached - IN_PLACE_OVERHEAD, 0)
-
-
-def _head_of(message: Message, dialect: Dialect) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    for block in content if isinstance(content, list) else []:
-        if isinstance(block, dict):
-            for key in ("text", "content"):
-                value = block.get(key)
-                if isinstance(value, str) and value.strip():
-                    return value
-    # A message of another shape (a Responses unit): its text as the summariser reads it.
-    lines = dialect.render_transcript([message]).splitlines()
-    return lines[1] if len(lines) > 1 else str(message.get("role", ""))
 
 
 def _original(seg: Segment, work: Working, m: int, inp: PlanInput) -> Message:

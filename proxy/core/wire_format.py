@@ -6,8 +6,9 @@ A format is a few small parts, one concern each, and every caller takes the one 
   name read_result takes in it, what identifies its conversation, its output cap and
   cache breakpoints);
 - `Dialect`: how the planner sees a history and rebuilds it (message shapes, tool
-  results, stubs, summary and note messages, a transcript, the read_result tool, a
-  breakpoint): every message the proxy writes is built by the format, none by the core;
+  results, a message's head text, stubs, summary and note messages, a transcript, the
+  read_result tool, a breakpoint): every message the proxy writes is built by the
+  format, and every message the core reads is read through it;
 - `Summaries`: the summariser's request in the format, and its answer's text;
 - `Rounds`: read_result rounds (split an answer, merge several, continue a request, a
   `RoundMerger` for streams);
@@ -182,6 +183,11 @@ class Dialect(Protocol):
 
     def render_transcript(self, messages: Sequence[Message]) -> str:
         """The messages as plain text for the summariser."""
+        ...
+
+    def head_text(self, message: Message) -> str:
+        """The message's leading text, by which an in-place summary's prompt names where
+        the folded turns begin and end."""
         ...
 
     def read_result_tool(self, name: str) -> JSON:

@@ -25,7 +25,7 @@ from proxy.core.tokens import TokenCounter, loaded_tools
 from proxy.core.usage import LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.anthropic_rounds import MessagesRounds, anthropic_usage
-from proxy.wire.common import encode_request, max_output, request_messages
+from proxy.wire.common import encode_request, head_text, max_output, request_messages
 
 Message = Mapping[str, Any]
 
@@ -205,6 +205,9 @@ class MessagesDialect:
     stubbed_message = staticmethod(stubbed_message)
     render_transcript = staticmethod(render_transcript)
     read_result_tool = staticmethod(read_result_tool)
+
+    def head_text(self, message: Message) -> str:
+        return head_text(message, render_transcript)
 
     def tool_results(self, message: Message) -> list[ToolResult]:
         """tool_result blocks of a user message, by block index."""

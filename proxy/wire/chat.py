@@ -33,6 +33,7 @@ from proxy.wire.chat_rounds import ChatRounds, chat_usage
 from proxy.wire.common import (
     BlockCounter,
     encode_request,
+    head_text,
     max_output,
     openai_error,
     request_messages,
@@ -251,6 +252,9 @@ class ChatDialect:
     message_shape = staticmethod(message_shape)
     render_transcript = staticmethod(render_transcript)
     read_result_tool = staticmethod(read_result_tool)
+
+    def head_text(self, message: Message) -> str:
+        return head_text(message, render_transcript)
 
     def tool_results(self, message: Message) -> list[ToolResult]:
         if message.get("role") != "tool":

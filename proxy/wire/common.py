@@ -7,7 +7,7 @@ cap, the block counter every format's counter stands on, and OpenAI's error obje
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -68,3 +68,20 @@ def openai_error(error: ProxyError) -> dict[str, Any]:
     """The proxy's error as OpenAI's error object (Chat Completions and Responses)."""
     kind = _OPENAI_TYPES.get(error.type, error.type)
     return {"message": error.message, "type": kind, "param": error.param, "code": error.code}
+
+
+def head_text(message: Mapping[str, Any], render: Callable[[Sequence[Any]], str]) -> str:
+    """A message's leading text (`Dialect.head_text`): its string content, else its first
+    block's non-blank text or content, else its first line as `render` (the format's
+    transcript) writes it, else its role."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    for block in content if isinstance(content, list) else []:
+        if isinstance(block, dict):
+            for key in ("text", "content"):
+                value = block.get(key)
+                if isinstance(value, str) and value.strip():
+                    return value
+    lines = render([message]).splitlines()
+    return lines[1] if len(lines) > 1 else str(message.get("role", ""))

@@ -35,7 +35,7 @@ from proxy.core.errors import ProxyError
 from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
 from proxy.core.usage import LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
-from proxy.wire.common import BlockCounter, encode_request, openai_error
+from proxy.wire.common import BlockCounter, encode_request, head_text, openai_error
 from proxy.wire.responses_rounds import ResponsesRounds, responses_usage
 from proxy.wire.responses_units import (
     ANSWER_TYPES,
@@ -270,6 +270,9 @@ class ResponsesDialect:
     render_transcript = staticmethod(render_transcript)
     read_result_tool = staticmethod(read_result_tool)
     note_message = staticmethod(user_text_unit)
+
+    def head_text(self, message: Message) -> str:
+        return head_text(message, render_transcript)
 
     def summary_message(self, text: str, folded: int) -> JSON:
         return user_text_unit(summary.summary_text(text, folded))
