@@ -7,7 +7,7 @@ OTLP endpoint is (`OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_END
 read by the SDK itself where it reads it: the exporter's endpoint, headers, timeout and
 compression, the batch processor's `OTEL_BSP_*`, the sampler (`OTEL_TRACES_SAMPLER`),
 `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`. The protocol is `http/protobuf`
-(the `otel` extra's exporter); `grpc` works when its exporter is installed.
+(the exporter the install brings); `grpc` works when its exporter is installed.
 
 `ACTIVE` is the process's `Tracing`, or None: every hook in the hot path (the server
 middleware, the upstream client, the store's calls) tests it first and does nothing
@@ -35,12 +35,9 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the otel extra may be missing: imported only when tracing is on
-    try:
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.trace import Span, SpanContext
-    except ImportError:
-        pass
+if TYPE_CHECKING:  # at run time imported only when tracing is on (start-up time)
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Span, SpanContext
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +76,14 @@ def _protocol(environ: Mapping[str, str]) -> str:
 
 
 _MISSING = (
-    "OTEL_* asks for traces but OpenTelemetry is not installed:"
-    " pip install 'compaction-proxy[otel]' (or unset OTEL_TRACES_EXPORTER and the"
-    " OTEL_EXPORTER_OTLP_*ENDPOINT variables)"
+    "OTEL_* asks for traces but OpenTelemetry's SDK cannot be imported (a dependency of"
+    " compaction-proxy, removed from this install): reinstall compaction-proxy (or unset"
+    " OTEL_TRACES_EXPORTER and the OTEL_EXPORTER_OTLP_*ENDPOINT variables)"
 )
 
 
 class TracingUnavailable(Exception):
-    """Traces were asked for and cannot be had (the extra is missing, a protocol it
+    """Traces were asked for and cannot be had (the SDK removed from the install, a protocol it
     does not speak): the message says which and what to do."""
 
 
@@ -116,7 +113,7 @@ def _otlp_exporter(environ: Mapping[str, str]) -> Any:
 
 def from_environment(environ: Mapping[str, str], version: str = "") -> Tracing | None:
     """The tracing the environment asks for, or None (off). Raises TracingUnavailable
-    when traces are asked for and the `otel` extra is not installed."""
+    when traces are asked for and cannot be had (see TracingUnavailable)."""
     if not wanted(environ):
         return None
     try:

@@ -31,11 +31,8 @@ from proxy.server import record as records
 from proxy.server.caller import caller_of
 from proxy.server.record import RequestRecord
 
-if TYPE_CHECKING:
-    try:  # noqa: SIM105 (the packaging test reads a try that handles ImportError)
-        from opentelemetry.trace import Span
-    except ImportError:  # the otel extra is not installed
-        pass
+if TYPE_CHECKING:  # at run time imported only when tracing is on (proxy/tracing.py)
+    from opentelemetry.trace import Span
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,8 @@ from proxy.config import UpstreamSettings
 from proxy.server import record as records
 from proxy.server.logs import redacted_url
 
-if TYPE_CHECKING:
-    try:  # noqa: SIM105 (the packaging test reads a try that handles ImportError)
-        from opentelemetry.trace import Span
-    except ImportError:  # the otel extra is not installed
-        pass
+if TYPE_CHECKING:  # at run time imported only when tracing is on (proxy/tracing.py)
+    from opentelemetry.trace import Span
 
 # aiohttp adds these when the caller does not send them; a transparent proxy must not.
 _NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")

@@ -66,7 +66,7 @@ def _parts(dist: str, top: str) -> set[str]:
 def extras_modules() -> list[str]:
     """Modules of the packages only the optional extras install: top-level ones, and
     the parts of a namespace package (opentelemetry) the base install has only some of
-    (the anthropic SDK needs opentelemetry-api; the otel extra adds the SDK)."""
+    (the test extra's opentelemetry-proto beside the base install's SDK)."""
     pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     project = tomllib.loads(pyproject.read_text())["project"]
     direct = {_name(r) for r in project["dependencies"]}
