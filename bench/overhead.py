@@ -173,14 +173,19 @@ def rss_mib(pid: int) -> float:
 
 @contextlib.contextmanager
 def process(
-    args: list[str], env: dict[str, str], log: Path | None = None
+    args: list[str], env: dict[str, str], log: Path | None = None, cwd: Path | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A child process for the length of the block; its stderr to `log` when given."""
+    """A child process for the length of the block; its stderr to `log` when given (else
+    kept for wait_ready); run in `cwd` when given (else ROOT with a log, this one's own)."""
     if log is None:
-        child = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        child = subprocess.Popen(
+            args, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
     else:
         with log.open("wb") as err:
-            child = subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+            child = subprocess.Popen(
+                args, env=env, cwd=cwd or ROOT, stdout=subprocess.DEVNULL, stderr=err
+            )
     try:
         yield child
     finally:
@@ -192,25 +197,12 @@ def process(
             child.wait()
 
 
-@contextlib.contextmanager
 def tree_process(
     args: list[str], env: dict[str, str], tree: Path
-) -> Iterator[subprocess.Popen[bytes]]:
+) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
     """A `serve` of the source tree `tree` (its own directory: `-m proxy` imports from
     there), its stderr kept for wait_ready."""
-    child = subprocess.Popen(
-        args, env={**env, "PYTHONPATH": str(tree)}, cwd=tree,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        yield child
-    finally:
-        child.terminate()
-        try:
-            child.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+    return process(args, {**env, "PYTHONPATH": str(tree)}, cwd=tree)
 
 
 async def wait_ready(session: aiohttp.ClientSession, url: str, child: Any) -> None:
