@@ -32,7 +32,7 @@ from typing import Any
 
 from proxy.core.outcome import SUMMARY_STATES
 from proxy.core.pricing import CACHE_MODEL, PriceTable, Rates
-from proxy.core.strategy import Strategy
+from proxy.core.strategy import Strategy, strategy_word
 
 MICRO = 1_000_000
 CACHE_UNITS = "cache_model_units"
@@ -77,10 +77,7 @@ class RequestFacts:
 
     @property
     def strategy_word(self) -> str:
-        """The words of the log line and the metrics: a strategy, "refuse" or ""."""
-        if self.refused:
-            return "refuse"
-        return self.strategy.value if self.strategy is not None else ""
+        return strategy_word(self.strategy, self.refused)
 
     @property
     def rewritten(self) -> bool:

@@ -45,3 +45,11 @@ class Strategy(StrEnum):
     def folded(self) -> bool:
         """The history was brought down to the target (summarised or packed)."""
         return self.summarised or self.packed
+
+
+def strategy_word(strategy: Strategy | None, refused: bool) -> str:
+    """What compaction did, in the words of the log line, the metrics and the admin stats:
+    the rewrite's strategy, "refuse" (nothing fitted the window), or "" (untouched)."""
+    if refused:
+        return "refuse"
+    return strategy.value if strategy is not None else ""

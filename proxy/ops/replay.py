@@ -31,7 +31,7 @@ from typing import Any
 
 from proxy.core.policy import Policy
 from proxy.core.pricing import CACHE_MODEL, PER_MILLION, PriceTable, Rates
-from proxy.core.strategy import Strategy
+from proxy.core.strategy import Strategy, strategy_word
 from proxy.core.tokens import TokenCounter
 from proxy.core.wire_format import WireFormat
 from proxy.ops.formats import format_for
@@ -68,7 +68,7 @@ class Turn:
 
     @property
     def strategy_word(self) -> str:
-        return self.strategy.value if self.strategy is not None else ""
+        return strategy_word(self.strategy, refused=False)
 
     @property
     def direct_refused(self) -> bool:
@@ -285,7 +285,7 @@ def replay(
             _Pending(n, direct_total, proxy_total, direct, proxied, step, output, model, summaries)
         )
         if progress is not None:
-            progress.advance(step.strategy.value if step.strategy is not None else "untouched")
+            progress.advance(strategy_word(step.strategy, refused=False) or "untouched")
     models = [p.model for p in pending] + [p.summariser_model for p in pending if p.summaries]
     rates, result.price_note = _choose_rates(models, prices or PriceTable())
     result.unit = next(iter(rates.values())).unit if rates else CACHE_MODEL.unit

@@ -33,7 +33,6 @@ from proxy.core.commands import (
     TouchLine,
 )
 from proxy.server.summariser import (
-    SUMMARY,
     SummariserSettings,
     SummaryBudget,
     SummaryCall,
@@ -43,6 +42,7 @@ from proxy.server.summariser import (
     prepared_of,
 )
 from proxy.store import Store, StoreUnavailable, SummaryLock
+from proxy.store.keys import SUMMARY
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,8 @@ class StoreExecutor:
             await self.close()
 
     async def _save(self, command: SaveCrossing) -> Saved:
-        """Every write of the crossing in one pipelined call (proxy/store/crossing.py)."""
+        """Every write of the crossing in one round trip (`Store.save_crossing`: one script,
+        or a pipeline per node on a Cluster; proxy/store/crossing.py)."""
         store = self.store
         if store is None:
             return Saved(ok=False)

@@ -15,7 +15,7 @@ import time
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 
-from proxy.core.strategy import Strategy
+from proxy.core.strategy import Strategy, strategy_word
 from proxy.core.usage import UsageMeter, UsageScan
 
 
@@ -81,11 +81,8 @@ class RequestRecord:
 
     @property
     def strategy_word(self) -> str:
-        """What compaction did, in the words the log line, the metrics and the admin
-        stats use: the rewrite's strategy, "refuse", or "" (untouched)."""
-        if self.refused:
-            return "refuse"
-        return self.strategy.value if self.strategy is not None else ""
+        """What compaction did, for the log line and the span (`strategy.strategy_word`)."""
+        return strategy_word(self.strategy, self.refused)
 
     def sending(self) -> None:
         if self.upstream_sent is None:

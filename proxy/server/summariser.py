@@ -27,11 +27,11 @@ from proxy.core.wire_format import WireFormat
 from proxy.server.record import current_or_throwaway
 from proxy.server.upstream import Upstream
 from proxy.store import Store, StoreUnavailable, SummaryLock
+from proxy.store.keys import SUMMARY  # the store kind summaries are kept under
 
 log = logging.getLogger(__name__)
 
 PURPOSE_HEADER = "x-compaction-proxy-purpose"
-SUMMARY = "summary"  # the store kind summaries are kept under
 
 
 SummaryCall = Callable[[GetSummary], Awaitable[tuple[str, Usage | None]]]
