@@ -15,7 +15,7 @@ tokens.CountKey) and takes the digest (sha256) only of a request it goes on to p
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,3 +78,13 @@ def chain_hash(digests: Sequence[bytes]) -> str:
     for d in digests:
         h.update(d)
     return h.hexdigest()[: 2 * DIGEST_BYTES]
+
+
+def chain_hashes(runs: Iterable[Sequence[bytes]]) -> Iterator[str]:
+    """`chain_hash` of the runs' digests so far, after each run: every prefix hashed in
+    one pass."""
+    h = hashlib.sha256()
+    for run in runs:
+        for d in run:
+            h.update(d)
+        yield h.copy().hexdigest()[: 2 * DIGEST_BYTES]

@@ -25,12 +25,13 @@ from dataclasses import replace
 
 from proxy.core.checkpoint import Checkpoint
 from proxy.core.commands import PreparedSummary
+from proxy.core.digests import chain_hashes
 from proxy.core.fold import plan_compaction
 from proxy.core.history import compaction_turns, pinned_tokens
 from proxy.core.outcome import FoldPlan, Planned, Refuse, Rewrite, Untouched
 from proxy.core.rewrites import fold, offload, pack, rewrite_of
 from proxy.core.strategy import Strategy
-from proxy.core.summariser_input import folding, summary_key
+from proxy.core.summariser_input import folding, member_digests
 from proxy.core.working import Limits, PlanInput, Working, limits_of, real, segments_for, working
 
 
@@ -64,8 +65,12 @@ def plan(inp: PlanInput) -> Planned:
                 inp, work, stored.tool, Strategy.CHECKPOINT, before, checkpoint=False
             )
         if inp.store_ok and work.tokens > limits.prepare_at:
-            ahead = _fold_plan(inp, work, limits, before, blobs, "")
-            if ahead is not None and not _covers_a_prefix(inp.prepared, ahead):
+            # The next fold's summary, made ahead unless one made (or being made) ahead
+            # already folds its oldest groups: what the fold's summariser needs is built
+            # only when it is to be asked.
+            choice = _fold_choice(inp, work, limits)
+            if choice is not None and _prefix_labels(inp.prepared, work, choice[0], inp) is None:
+                ahead = folding(inp, work, limits, before, blobs, "", *choice)
                 return replace(quiet, prepare=ahead)
         return quiet
 
@@ -114,10 +119,10 @@ def _awaited(plan: FoldPlan, ready: PreparedSummary) -> FoldPlan | None:
     """The fold of the oldest groups whose summary (`ready`) is being made ahead, when
     folding them brings the history under the trigger even with a summary as large as
     the policy allows; else None (the whole fold makes its own summary)."""
-    labels = _prefix_keys(plan).get(ready.folds)
+    work, limits, inp = plan.work, plan.limits, plan.inp
+    labels = _prefix_labels(ready, work, plan.fold, inp)
     if labels is None:
         return None
-    work, limits, inp = plan.work, plan.limits, plan.inp
     kept = work.tokens - sum(g.tokens for g in work.groups if g.label in labels)
     room = limits.trigger - kept
     if room < math.ceil(inp.policy.summary_max_tokens / inp.factor):
@@ -138,6 +143,16 @@ def _fold_plan(
 ) -> FoldPlan | None:
     """The fold that brings `work` to the target (seed 000), with what its summariser
     needs; None when the planner refuses (nothing to fold, no room for a summary)."""
+    choice = _fold_choice(inp, work, limits)
+    if choice is None:
+        return None
+    return folding(inp, work, limits, before, blobs, reason, *choice)
+
+
+def _fold_choice(
+    inp: PlanInput, work: Working, limits: Limits
+) -> tuple[frozenset[str], int] | None:
+    """Which groups that fold folds and the room its summary has; None as `_fold_plan`."""
     if not inp.store_ok:
         return None
     turns = compaction_turns(work.groups)
@@ -145,32 +160,35 @@ def _fold_plan(
     planned = plan_compaction(turns, budget, inp.policy.keep_last)
     if planned is None or not planned[0]:
         return None
-    return folding(inp, work, limits, before, blobs, reason, frozenset(planned[0]), planned[2])
+    return frozenset(planned[0]), planned[2]
 
 
-def _prefix_keys(plan: FoldPlan) -> dict[str, frozenset[str]]:
-    """The summary key of every run of the fold's oldest groups, to the labels it folds."""
-    work = plan.work
-    folded = [g for g in work.groups if g.label in plan.fold]
-    keys: dict[str, frozenset[str]] = {}
-    parts: list[int] = []
-    for n, group in enumerate(folded):
-        parts.extend(group.members)
-        key = summary_key(work.segments, parts, plan.inp.digests)
-        keys[key] = frozenset(g.label for g in folded[: n + 1])
-    return keys
+def _prefix_labels(
+    prepared: PreparedSummary | None, work: Working, fold: frozenset[str], inp: PlanInput
+) -> frozenset[str] | None:
+    """The labels of the run of the fold's oldest groups that a summary made (or being
+    made) ahead folds, its `folds` being that run's summary key; None when it folds no
+    such run (it was made from what this history begins with: the planner is given no
+    other)."""
+    if prepared is None:
+        return None
+    folded = [g for g in work.groups if g.label in fold]
+    runs = (member_digests(work.segments, g.members, inp.digests) for g in folded)
+    for n, key in enumerate(chain_hashes(runs)):
+        if key == prepared.folds:
+            return frozenset(g.label for g in folded[: n + 1])
+    return None
 
 
 def _covers_a_prefix(prepared: PreparedSummary | None, plan: FoldPlan) -> bool:
-    """Whether a summary made (or being made) ahead folds some oldest groups of `plan`
-    (it was made from what this history begins with: the planner is given no other)."""
-    return prepared is not None and prepared.folds in _prefix_keys(plan)
+    """Whether a summary made (or being made) ahead folds some oldest groups of `plan`."""
+    return _prefix_labels(prepared, plan.work, plan.fold, plan.inp) is not None
 
 
 def _adopted(plan: FoldPlan, ready: PreparedSummary) -> Rewrite | Refuse | None:
     """The fold of the oldest groups a summary made ahead covers (fewer than `plan`
     would fold: the turns since stay verbatim), or None when it covers none of them."""
-    labels = _prefix_keys(plan).get(ready.folds)
+    labels = _prefix_labels(ready, plan.work, plan.fold, plan.inp)
     if labels is None or ready.text is None:
         return None
     return fold(replace(plan, key=ready.key, fold=labels), ready.text, summary="ahead")

@@ -131,14 +131,19 @@ def summary_key(
     """Where the summary of these folded segments is stored: a hash of the turns as the
     client sent them (and of an earlier summary's text), so the same turns give the same
     key whether or not some of their results were offloaded."""
-    parts: list[bytes] = []
-    for m in members:
-        seg = segments[m]
-        if isinstance(seg, (Verbatim, Stubbed)):
-            parts.append(digests[seg.index])
-        else:
-            parts.append(message_digest({"proxy": seg.text}))
-    return chain_hash(parts)
+    return chain_hash(member_digests(segments, members, digests))
+
+
+def member_digests(
+    segments: Sequence[Segment], members: Sequence[int], digests: Sequence[bytes]
+) -> list[bytes]:
+    """What `summary_key` hashes of each folded segment, in order."""
+    return [
+        digests[seg.index]
+        if isinstance(seg, (Verbatim, Stubbed))
+        else message_digest({"proxy": seg.text})
+        for seg in (segments[m] for m in members)
+    ]
 
 
 def seen_key(folds: str, digests: Sequence[bytes]) -> str:
