@@ -5,6 +5,8 @@ Before planning, the proxy needs each message's estimated tokens and its match d
 serialises the message once (digests.canonical) and looks its count up under an
 in-process key of that JSON (tokens.CountKey), so a history whose messages were seen
 before costs a dump and a cheap hash per message, and the digests one sha256 each.
+`count_tokens` is the same count without the digests, for what reads only the counts (a
+read round's fit, a budget's reservation, a summary's size).
 
 `cannot_cross` answers from the body's size alone when even that is enough to know the
 history is under the trigger and the window, so most small requests are not counted.
@@ -12,7 +14,7 @@ history is under the trigger and the window, so most small requests are not coun
 costs its cached count, a new one at most its JSON's bytes, so a request whose new
 messages cannot take the history past any threshold is forwarded without encoding them
 (counting fresh text with tiktoken was a fifth of a small request's CPU) and without its
-match digests (they serve checkpoints, lines and read rounds, which it does not reach).
+match digests (they serve checkpoints, lines and summary keys, which it does not reach).
 """
 
 from __future__ import annotations
@@ -92,6 +94,19 @@ def count_request(
     return counted
 
 
+def count_tokens(
+    wire: Request,
+    base: TokenCounter,
+    body: Mapping[str, Any],
+    messages: Sequence[Mapping[str, Any]],
+) -> Counted:
+    """`count_request`'s counts (the same keys, the same cache), with no match digests:
+    `digests` is empty."""
+    counted = _count(wire, base, body, messages, None, 1.0, digested=False)
+    assert counted is not None
+    return counted
+
+
 def count_unless_quiet(
     wire: Request,
     base: TokenCounter,
@@ -119,6 +134,8 @@ def _count(
     messages: Sequence[Mapping[str, Any]],
     policy: Policy | None,
     factor: float,
+    *,
+    digested: bool = True,
 ) -> Counted | None:
     counter = wire.counter(base)
     domains = [wire.name.encode() + b":" + form for form in _FORMS]
@@ -144,6 +161,7 @@ def _count(
     digests = [
         digest(shape.json) if made is None else made
         for shape, (_, made) in zip(shapes, keyed, strict=True)
+        if digested
     ]
     forms = bytes(shape.form for shape in shapes)
     breakpoints = sum(shape.breakpoints for shape in shapes)

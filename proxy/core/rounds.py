@@ -40,7 +40,7 @@ from proxy.core.commands import (
     ToppedUp,
     TopUp,
 )
-from proxy.core.counting import count_request
+from proxy.core.counting import count_tokens
 from proxy.core.offload import STOP_NOTES, ReadRequest, parse_read_args, read_slice, unknown_ref
 from proxy.core.policy import Policy
 from proxy.core.tokens import TokenCounter
@@ -185,7 +185,7 @@ def _fitted(
         following = wire.continue_messages(messages, round_, results)
         fields = wire.with_history(sent, following, None)
         payload = {**sent, **fields}
-        counted = count_request(wire, request.counter, payload, wire.messages(payload))
+        counted = count_tokens(wire, request.counter, payload, wire.messages(payload))
         real = math.ceil(counted.total * factor)
         if real <= limit:
             return following, fields, real

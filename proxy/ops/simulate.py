@@ -47,7 +47,7 @@ from proxy.core.commands import (
     TopUp,
     TouchLine,
 )
-from proxy.core.counting import count_request
+from proxy.core.counting import count_request, count_tokens
 from proxy.core.driver import CompactionRequest, compaction, run
 from proxy.core.lines import best_line
 from proxy.core.offload import ref_for
@@ -354,7 +354,7 @@ class Simulator:
         if asked is None:
             return None
         wire = self.format
-        prompt = count_request(wire, self.counter, asked.body, wire.messages(asked.body)).total
+        prompt = count_tokens(wire, self.counter, asked.body, wire.messages(asked.body)).total
         return Summarise(0, asked.summary_tokens, reused, prompt, asked.body)
 
     def _without_summary(

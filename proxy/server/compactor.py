@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any, assert_never
 
 from proxy import tracing
-from proxy.core.counting import Counted, cannot_cross, count_request, count_unless_quiet
+from proxy.core.counting import (
+    Counted,
+    cannot_cross,
+    count_request,
+    count_tokens,
+    count_unless_quiet,
+)
 from proxy.core.driver import CompactionRequest, Decision, compaction
 from proxy.core.errors import ContextTooLong, ProxyError
 from proxy.core.identity import identities, tenant_of
@@ -189,13 +195,18 @@ class Compactor:
                 )
         return found
 
-    async def count(self, wire: Request, body: Mapping[str, Any], size: int) -> Counted:
+    async def count(
+        self, wire: Request, body: Mapping[str, Any], size: int, *, digests: bool = True
+    ) -> Counted:
+        """The request counted (`count_request`; `digests=False`: `count_tokens`, the
+        counts alone)."""
         messages = wire.messages(body)
+        how = count_request if digests else count_tokens
         if size > COUNT_OFF_LOOP_BYTES:
             # A cold count of a big history takes tens of ms: keep the loop free meanwhile
             # (tiktoken encodes without the GIL).
-            return await asyncio.to_thread(count_request, wire, self.counter, body, messages)
-        return count_request(wire, self.counter, body, messages)
+            return await asyncio.to_thread(how, wire, self.counter, body, messages)
+        return how(wire, self.counter, body, messages)
 
     async def count_unless_quiet(
         self, wire: Request, body: Mapping[str, Any], size: int, policy: Policy, factor: float

@@ -231,7 +231,9 @@ async def reserve(
     assert sent is not None  # a body budgets cannot read was refused when read
     estimate = prepared.estimate
     if estimate == 0:  # not counted: the body's size proved it small; count it now
-        estimate = (await compactor.count(route.wire, sent, len(prepared.body))).total
+        estimate = (
+            await compactor.count(route.wire, sent, len(prepared.body), digests=False)
+        ).total
     factor = factor_of(compactor.calibration, route.wire, prepared, tenant_of_request(request))
     calibrated = int(estimate * max(1.0, factor) + 0.999)
     await budgets.reserve(request, calibrated, output, prepared.body)

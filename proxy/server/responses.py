@@ -34,7 +34,7 @@ import orjson
 from aiohttp import web
 
 from proxy.core.commands import GetSummary, SummaryReply
-from proxy.core.counting import count_request
+from proxy.core.counting import count_tokens
 from proxy.core.errors import StoreUnavailable, UpstreamError
 from proxy.core.identity import conversation_of
 from proxy.core.seal import open_sealed, seal
@@ -227,7 +227,7 @@ def _summary_need(
     tenant = tenant_of_request(request)
     factor = factor_of(compactor.calibration, RESPONSES, prepared, tenant)  # the planner's
     whole = whole_summary(
-        policy, factor, model, lambda: count_request(RESPONSES, counter, sent, units).total
+        policy, factor, model, lambda: count_tokens(RESPONSES, counter, sent, units).total
     )
     summary_tokens = whole.summary_tokens
     if whole.in_place:

@@ -11,6 +11,7 @@ salted cache returns the counts a fresh counter makes.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -22,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.core import counting
-from proxy.core.counting import Counted, count_request, count_unless_quiet
+from proxy.core.counting import Counted, count_request, count_tokens, count_unless_quiet
 from proxy.core.policy import Policy
 from proxy.core.tokens import MESSAGE_OVERHEAD, TEXT_DOMAIN, TOOLS_DOMAIN, TokenCounter
 from proxy.core.wire_format import Request
@@ -225,3 +226,19 @@ def test_a_large_message_is_keyed_by_its_digest() -> None:
     assert first == count_request(ANTHROPIC, TokenCounter(), body, messages)
     roomy = Policy(window=2_000_000, trigger=1_800_000, target=600_000, offload_trigger=500_000)
     assert count_unless_quiet(ANTHROPIC, counter, body, messages, roomy, 1.0) is None
+
+
+@pytest.mark.parametrize("fmt", ["messages", "chat"])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), warm=st.booleans())
+def test_count_tokens_is_count_request_without_the_digests(
+    fmt: str, data: st.DataObject, warm: bool
+) -> None:
+    wire, bodies = (ANTHROPIC, anthropic_bodies()) if fmt == "messages" else (CHAT, chat_bodies())
+    body = data.draw(bodies)
+    counter = TokenCounter()
+    if warm:  # from the cache, as from a fresh count
+        count_request(wire, counter, body, body["messages"])
+    counts = count_tokens(wire, counter, body, body["messages"])
+    exact = count_request(wire, TokenCounter(), body, body["messages"])
+    assert counts == dataclasses.replace(exact, digests=[])
