@@ -86,7 +86,9 @@ def decode_checkpoint(raw: object) -> Checkpoint | None:
         return None
     if not (tool is None or isinstance(tool, str)) or not isinstance(strategy, str):
         return None
-    if strategy not in STORED_STRATEGIES:
+    try:
+        kind = Strategy(strategy)  # a member's value is the word every release stored
+    except ValueError:
         return None  # not a word any release wrote
     if not (key is None or isinstance(key, str)) or not isinstance(after, int):
         return None
@@ -96,7 +98,7 @@ def decode_checkpoint(raw: object) -> Checkpoint | None:
         segments = decode_segments(raw.get("segments"))
     except SegmentError:
         return None
-    return Checkpoint(n, prefix, tuple(segments), tool, Strategy(strategy), key, after, renewed)
+    return Checkpoint(n, prefix, tuple(segments), tool, kind, key, after, renewed)
 
 
 def encode_segments(segments: Sequence[Segment]) -> list[list[Any]]:
@@ -162,7 +164,3 @@ def _stub(raw: object) -> Stub:
     ):
         return Stub(raw[0], raw[1], raw[2])
     raise SegmentError(f"bad stub {raw!r}")
-
-
-# The stored `strategy` is the member's value: every value a release has written.
-STORED_STRATEGIES = frozenset(s.value for s in Strategy)

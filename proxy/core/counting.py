@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core.digests import Canonical, canonical, digest
+from proxy.core.digests import FORMS, Canonical, canonical, digest
 from proxy.core.policy import Policy
 from proxy.core.tokens import MESSAGE_OVERHEAD, CountKey, TokenCounter
 from proxy.core.wire_format import Request
@@ -59,11 +59,11 @@ def cannot_cross(body: bytes, policy: Policy, factor: float) -> bool:
 class Counted:
     fixed: int  # system prompt + tools, estimated
     counts: list[int]  # each message, estimated
-    digests: list[bytes]  # each message's match digest
+    digests: list[bytes]  # each message's match digest ([] from count_tokens)
     breakpoints: int = 0  # cache_control breakpoints in the messages
-    # Per message, what its digest is of (digests.Canonical.form): 0 its exact bytes,
-    # 2 its string content as one text block; 3 and 4 with cache_control left out, which
-    # is not enough to rebuild it by digest (working.stubbed_message).
+    # Per message, what its digest is of (digests.Canonical.form: EXACT, STRING_AS_BLOCK,
+    # UNMARKED, UNMARKED_STRING), which says whether it can be rebuilt by digest
+    # (working.stubbed_message).
     forms: bytes = b""
 
     @property
@@ -168,7 +168,7 @@ def _count(
     return Counted(fixed, counts, digests, breakpoints, forms)
 
 
-_FORMS = [bytes([form]) for form in range(5)]  # digests.Canonical.form, as a key's byte
+_FORMS = [bytes([form]) for form in range(FORMS)]  # digests.Canonical.form, as a key's byte
 
 
 def _keyed(base: TokenCounter, shape: Canonical, domain: bytes) -> tuple[CountKey, bytes | None]:

@@ -23,9 +23,13 @@ import orjson
 
 DIGEST_BYTES = 16
 
-# Canonical.form: 0 the message's own bytes; 2 its string content as one text block;
-# 3 with cache_control left out; 4 both (working.REBUILDABLE_FORMS reads these).
-EXACT = 0
+# Canonical.form, how its json was made from the message's own bytes (in-process only: a
+# count key's byte, a stubbed message's memo key):
+EXACT = 0  # the message's own bytes
+STRING_AS_BLOCK = 2  # its string content read as one text block (pins it exactly still)
+UNMARKED = 3  # its cache_control left out (matches messages that place it elsewhere)
+UNMARKED_STRING = 4  # both
+FORMS = 5  # form values are below this
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +61,8 @@ def canonical(message: Mapping[str, Any]) -> Canonical:
         shape = _without_cache_control(shape)
     if string_form:
         shape = {**shape, "content": [{"type": "text", "text": content}]}
-    return Canonical(raw, orjson.dumps(shape), 1 + string_form + 2 * marked, breakpoints)
+    form = (UNMARKED_STRING if string_form else UNMARKED) if marked else STRING_AS_BLOCK
+    return Canonical(raw, orjson.dumps(shape), form, breakpoints)
 
 
 def message_digest(message: Mapping[str, Any]) -> bytes:

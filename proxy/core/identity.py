@@ -49,12 +49,11 @@ def conversation_of(headers: Mapping[str, str], view: IdentityView, tenant: str)
 
 
 def identities(
-    wire: Request, body: Mapping[str, Any], headers: Mapping[str, str], tenant: str | None
+    wire: Request, body: Mapping[str, Any], headers: Mapping[str, str], tenant: str
 ) -> tuple[str, str]:
-    """A request's tenant (`tenant`, a proxy key's, else its credential's) and its
+    """A request's tenant (a proxy key's, else `tenant_of` its credential) and its
     conversation, from the format's view of the body: asked for only when a request is
     to be compacted (a load or a summary needs them)."""
-    tenant = tenant or tenant_of(headers)
     return tenant, conversation_of(headers, wire.identity_view(body), tenant)
 
 

@@ -59,7 +59,7 @@ def folding(
         key=seen_key(folds, inp.digests),
         folds=folds,
         transcript=_transcript(work, members, inp, summary_tokens),
-        in_place=_in_place(work, members, inp, limits, summary_tokens),
+        in_place=_in_place(work, members, inp, summary_tokens),
         summary_tokens=max(summary_tokens - facts_budget, summary_tokens // 2),
         facts=Facts(tuple(_facts_sources(work, members, inp)), _call_ids(work, members)),
         facts_budget=facts_budget,
@@ -154,7 +154,7 @@ def seen_key(folds: str, digests: Sequence[bytes]) -> str:
 
 
 def _in_place(
-    work: Working, members: Sequence[int], inp: PlanInput, limits: Limits, summary_tokens: int
+    work: Working, members: Sequence[int], inp: PlanInput, summary_tokens: int
 ) -> InPlace:
     """The conversation's history as it would go without the fold, and a last message
     naming the messages to replace, with the originals of the results offloaded among
@@ -169,10 +169,9 @@ def _in_place(
             tokens.append(inp.counts[seg.index])
     # The originals are plain text, which counts about as estimated: a factor below 1
     # (learnt on requests whose sealed content the estimate overcounts) must not let them
-    # grow, so the window is taken in real tokens then.
+    # grow, so the window is taken in real tokens then (this is never over limits.limit).
     factor = max(1.0, inp.factor)
-    limit = min(limits.limit, math.floor(inp.policy.window / factor) - inp.fixed_tokens
-                - inp.tool_tokens)  # fmt: skip
+    limit = math.floor(inp.policy.window / factor) - inp.fixed_tokens - inp.tool_tokens
     room = limit - work.tokens - math.ceil(summary_tokens / factor) - IN_PLACE_OVERHEAD
     budget = min(room, _originals_cap(work, inp))
     # Each piece keeps a head and a tail when cut: past what the budget holds of those,

@@ -24,6 +24,7 @@ from typing import Any
 
 from proxy.core.checkpoint import Checkpoint
 from proxy.core.commands import PreparedSummary
+from proxy.core.digests import EXACT, STRING_AS_BLOCK
 from proxy.core.history import Group, Shape, group_history
 from proxy.core.lines import begins_with
 from proxy.core.policy import Policy, prepare_at
@@ -196,7 +197,7 @@ def stubbed_key(
     return digest + made.encode()
 
 
-# counting.Counted.forms whose digest pins the message exactly (digests.Canonical.form):
-# its own bytes (0), or its string content read as one block (2: Chat's tool messages),
-# never one taken without its cache_control (3, 4: it may sit elsewhere in the bytes).
-REBUILDABLE_FORMS = (0, 2)
+# counting.Counted.forms whose digest pins the message exactly: its own bytes, or its
+# string content read as one block (Chat's tool messages); never one taken without its
+# cache_control (it may sit elsewhere in the bytes).
+REBUILDABLE_FORMS = (EXACT, STRING_AS_BLOCK)

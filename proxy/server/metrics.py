@@ -12,8 +12,6 @@ budget or key check (`compaction_proxy_budget_rejections_total{reason}`).
 from __future__ import annotations
 
 import asyncio
-import os
-import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -26,7 +24,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from proxy.server import record as records
 from proxy.server.lifecycle import LIFECYCLE
 from proxy.server.logs import REQUEST_LOG
-from proxy.server.record import RequestRecord
+from proxy.server.record import RequestRecord, new_record_id
 from proxy.server.state import STORE
 from proxy.store import Store, StoreUnavailable
 
@@ -322,16 +320,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # The exemplar label of a traced request's trace id on the latency histograms (what
 # deploy/grafana/datasources.yaml links to the trace store).
 EXEMPLAR_LABEL = "trace_id"
-
-
-# A request's id only ties its log line, span and admin stats together: it need not be
-# unguessable, so it comes from a generator seeded once rather than a system call each.
-_IDS = random.Random(os.urandom(16))
-os.register_at_fork(after_in_child=lambda: _IDS.seed(os.urandom(16)))
-
-
-def new_record_id() -> str:
-    return f"{_IDS.getrandbits(64):016x}"
 
 
 @web.middleware

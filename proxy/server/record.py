@@ -11,6 +11,8 @@ never prompt text or credentials.
 
 from __future__ import annotations
 
+import os
+import random
 import time
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
@@ -92,6 +94,16 @@ class RequestRecord:
         if self.upstream_answered is None:
             self.upstream_answered = time.perf_counter()
             self.upstream_request_id = request_id[:64]
+
+
+# A request's id only ties its log line, span and admin stats together: it need not be
+# unguessable, so it comes from a generator seeded once rather than a system call each.
+_IDS = random.Random(os.urandom(16))
+os.register_at_fork(after_in_child=lambda: _IDS.seed(os.urandom(16)))
+
+
+def new_record_id() -> str:
+    return f"{_IDS.getrandbits(64):016x}"
 
 
 _current: ContextVar[RequestRecord | None] = ContextVar("compaction_proxy_request", default=None)

@@ -36,7 +36,7 @@ from aiohttp import web
 from proxy.core.commands import GetSummary, SummaryReply
 from proxy.core.counting import count_tokens
 from proxy.core.errors import StoreUnavailable, UpstreamError
-from proxy.core.identity import conversation_of
+from proxy.core.identity import identities
 from proxy.core.seal import open_sealed, seal
 from proxy.core.summariser_input import whole_key, whole_summary
 from proxy.core.summary import INSTRUCTION, in_place_prompt
@@ -266,8 +266,9 @@ async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web
     model = str(payload.get("model", ""))
     need, estimate = _summary_need(request, sent, model, prepared)
     await budgets.reserve(request, estimate, need.summary_tokens, b"")
-    tenant = tenant_of_request(request)
-    conversation = conversation_of(request.headers, RESPONSES.identity_view(payload), tenant)
+    tenant, conversation = identities(
+        RESPONSES, payload, request.headers, tenant_of_request(request)
+    )
     record = current_or_throwaway()
     made = len(record.meter.extra)
     reply = await _summary(request, need, store, tenant, conversation)

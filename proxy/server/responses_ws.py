@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 from typing import Any
 
@@ -51,7 +50,7 @@ from proxy.server.metrics import METRICS, REQUEST_ENDED
 from proxy.server.passthrough import handle_passthrough
 from proxy.server.pipeline import Incoming, admit, calibrate, prepare, reserve
 from proxy.server.read_rounds import ReadRounds
-from proxy.server.record import RequestRecord
+from proxy.server.record import RequestRecord, new_record_id
 from proxy.server.responses import RESPONSES_ROUTE, before
 from proxy.server.state import SETTINGS
 from proxy.server.traces import request_span
@@ -121,7 +120,7 @@ class Relay(SocketPair):
         return True
 
     async def _create(self, raw: str, frame: dict[str, Any]) -> None:
-        record = RequestRecord(secrets.token_hex(8), ROUTE, "WS")
+        record = RequestRecord(new_record_id(), ROUTE, "WS")
         record.reads_answers_as(RESPONSES)
         token = records.begin(record)
         status = 500
