@@ -2,8 +2,9 @@
 
 The driver (proxy/core/driver.py) and the read rounds (proxy/core/rounds.py) are
 generators: each yields one command at a time and is resumed with the reply. An executor
-carries the commands out: on Redis and the upstream in the server
-(proxy/server/executor.py), on dicts in the ops simulator (proxy/ops/simulate.py).
+carries the commands out: on Redis and the upstream in the server (the driver's in
+proxy/server/executor.py, the rounds' `RoundExecutor` in proxy/server/read_rounds.py), on
+dicts in the ops simulator (proxy/ops/simulate.py).
 Commands are plain data, so tests can assert the exact sequence a request produces.
 """
 

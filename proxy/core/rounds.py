@@ -11,7 +11,7 @@ the ops simulator's answers them from a script on dicts (proxy/ops/simulate.py).
                  ▲                                        ├─ rounds used up ──► limit
                  │                                        ▼
                  │                               ReadResults (the slices)
-                 │                        fit to the window (shortest first) ─► window
+                 │                         fit to the window (longest first) ─► window
                  │                                        ▼
                  └──────── SendRound n ◄── ToppedUp ◄── TopUp ──────── refused ► budget
     Failed (at any SendRound) ─────────────────────────────────────────────────► its outcome
@@ -57,7 +57,6 @@ class RoundsRequest:
     """One rewritten request whose answer may take read_result rounds."""
 
     wire: WireFormat
-    tool: str  # the name read_result was injected under
     sent: Mapping[str, Any]  # the rewritten request, parsed
     body: bytes  # ... as sent (round 1)
     refs: frozenset[str]  # the refs its history names: all it may read

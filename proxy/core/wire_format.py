@@ -161,8 +161,6 @@ class Dialect(Protocol):
     """The planner's view of a format: message shapes, tool results, and every message the
     proxy writes into a history, built in the format's own shape."""
 
-    name: str
-
     def message_shape(self, message: Message, tokens: int) -> Shape:
         """The message's role, the tool calls it makes and the calls it answers."""
         ...

@@ -342,7 +342,7 @@ class Simulator:
             raise ValueError("read_result was not offered in this step")
         wire, body = self.format, step.body
         request = RoundsRequest(
-            wire, step.tool, body, wire.encode(body, {}), step.refs, self.counter,
+            wire, body, wire.encode(body, {}), step.refs, self.counter,
             step.policy, self.factor,
         )  # fmt: skip
         rounds = RoundsExecutor(self.memory.blobs, wire, step.tool, model)

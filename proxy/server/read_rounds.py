@@ -140,7 +140,7 @@ class ReadRounds:
         self.record = current_or_throwaway()
         counter = request.app[COMPACTOR].counter
         self.plan = RoundsRequest(
-            wire, self.tool, prepared.sent, prepared.body, prepared.refs, counter,
+            wire, prepared.sent, prepared.body, prepared.refs, counter,
             prepared.policy, prepared.factor,
         )  # fmt: skip
 

@@ -199,8 +199,6 @@ class MessagesRequest:
 class MessagesDialect:
     """How the planner sees a Messages history and what it writes into one (`Dialect`)."""
 
-    name = "anthropic"
-
     message_shape = staticmethod(message_shape)
     stubbed_message = staticmethod(stubbed_message)
     render_transcript = staticmethod(render_transcript)

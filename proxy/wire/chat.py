@@ -31,7 +31,6 @@ from proxy.core.usage import LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.chat_rounds import ChatRounds, chat_usage
 from proxy.wire.common import (
-    BlockCounter,
     encode_request,
     head_text,
     max_output,
@@ -145,7 +144,7 @@ class ChatCounter:
     cache): a message costs its content, its tool calls' names and argument text, and a
     tool message its framing. Estimates, like the Anthropic ones; calibration corrects."""
 
-    def __init__(self, base: BlockCounter) -> None:
+    def __init__(self, base: TokenCounter) -> None:
         self.base = base
 
     def count_text(self, text: str) -> int:
@@ -246,8 +245,6 @@ class ChatRequest:
 
 class ChatDialect:
     """How the planner sees a Chat history and what it writes into one (`Dialect`)."""
-
-    name = "chat"
 
     message_shape = staticmethod(message_shape)
     render_transcript = staticmethod(render_transcript)

@@ -8,13 +8,12 @@ cap, the block counter every format's counter stands on, and OpenAI's error obje
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
 from proxy.core.errors import ProxyError
-
-JSON = dict[str, Any]
+from proxy.core.wire_format import JSON
 
 
 def request_messages(body: Mapping[str, Any]) -> list[JSON]:
@@ -47,17 +46,6 @@ def max_output(body: Mapping[str, Any]) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
-
-
-class BlockCounter(Protocol):
-    """The shared block counter (proxy/core/tokens.py) as a format's counter uses it."""
-
-    def count_text(self, text: str) -> int: ...
-    def count_json(self, value: object) -> int: ...
-    def count_block(self, block: object) -> int: ...
-    def count_content(self, content: object) -> int: ...
-    def count_tools(self, tools: object) -> int: ...
-    def count_result(self, content: object) -> int: ...
 
 
 # Anthropic's error types (the core's) that OpenAI's APIs spell otherwise.

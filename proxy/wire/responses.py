@@ -35,11 +35,12 @@ from proxy.core.errors import ProxyError
 from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
 from proxy.core.usage import LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
-from proxy.wire.common import BlockCounter, encode_request, head_text, openai_error
+from proxy.wire.common import encode_request, head_text, openai_error
 from proxy.wire.responses_rounds import ResponsesRounds, responses_usage
 from proxy.wire.responses_units import (
     ANSWER_TYPES,
     CALL_ANSWERS,
+    PINNED_ROLES,
     flatten,
     input_items,
     item_type,
@@ -86,7 +87,7 @@ def identity_view(body: Mapping[str, Any]) -> IdentityView:
     items = input_items(body)
     lead = 0
     while lead < len(items) and item_type(items[lead]) == "message":
-        if items[lead].get("role") not in ("developer", "system"):
+        if items[lead].get("role") not in PINNED_ROLES:
             break
         lead += 1
     first = items[lead] if lead < len(items) else None
@@ -103,7 +104,7 @@ class ResponsesCounter:
     (and its cache). Sealed content (reasoning, compaction) cannot be read: it is
     charged by its length, on the high side; calibration corrects the whole."""
 
-    def __init__(self, base: BlockCounter) -> None:
+    def __init__(self, base: TokenCounter) -> None:
         self.base = base
 
     def count_text(self, text: str) -> int:
@@ -261,8 +262,6 @@ class ResponsesRequest:
 
 class ResponsesDialect:
     """How the planner sees units of Responses items and what it writes (`Dialect`)."""
-
-    name = "responses"
 
     message_shape = staticmethod(unit_shape)
     tool_results = staticmethod(tool_results)

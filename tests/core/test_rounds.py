@@ -39,7 +39,7 @@ def request(**changes: Any) -> RoundsRequest:
     }
     policy = replace(Policy(), **{"max_read_rounds": 2, "read_length": 2_000, **changes})
     body = orjson.dumps(sent)
-    return RoundsRequest(ANTHROPIC, TOOL, sent, body, frozenset({REF}), default_counter(), policy)
+    return RoundsRequest(ANTHROPIC, sent, body, frozenset({REF}), default_counter(), policy)
 
 
 def reading(ref: str = REF, n: int = 0) -> Answered:
