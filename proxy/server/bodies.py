@@ -74,25 +74,22 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     # What has arrived with the headers (on loopback or a fast line, usually all of it)
     # is taken without a wait, so without a deadline to keep.
     content = request.content
-    first = content.read_nowait()
-    total = len(first)
+    chunks = [content.read_nowait()]
+    total = len(chunks[0])
     if total > limit:
         raise BodyTooLarge
-    if content.at_eof():
-        if length is not None and total < length:
-            raise asyncio.IncompleteReadError(first, length)
-        return first
-    clock = BodyClock(request.app[SETTINGS].server.body_timeout)
-    clock.received = total
-    chunks = [first]
-    while chunk := await clock.read(request):
-        total += len(chunk)
-        if total > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
+    if not content.at_eof():
+        clock = BodyClock(request.app[SETTINGS].server.body_timeout)
+        clock.received = total
+        while chunk := await clock.read(request):
+            total += len(chunk)
+            if total > limit:
+                raise BodyTooLarge
+            chunks.append(chunk)
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     if length is not None and total < length:
-        raise asyncio.IncompleteReadError(b"".join(chunks), length)
-    return b"".join(chunks)
+        raise asyncio.IncompleteReadError(body, length)
+    return body
 
 
 async def stream_body(request: web.Request, clock: BodyClock) -> AsyncIterator[bytes]:
@@ -101,15 +98,11 @@ async def stream_body(request: web.Request, clock: BodyClock) -> AsyncIterator[b
         yield chunk
 
 
-async def decoded(
-    request: web.Request, body: bytes, codings: list[str] | None = None
-) -> bytes | None:
-    """The body with its Content-Encoding undone, for inspection: the body itself when
-    it has none, None when it cannot be decoded (an unknown coding, corrupt data).
-    RequestTooLarge when it would decode past `server.max_body_bytes`. `codings`: the
-    request's, when the caller has read them already (`codings_of`)."""
-    if codings is None:
-        codings = codings_of(request)
+async def decoded(request: web.Request, body: bytes, codings: list[str]) -> bytes | None:
+    """The body with its Content-Encoding (`codings`, `codings_of` the request) undone,
+    for inspection: the body itself when it has none, None when it cannot be decoded (an
+    unknown coding, corrupt data). RequestTooLarge when it would decode past
+    `server.max_body_bytes`."""
     if not codings:
         return body
     limit = request.app[SETTINGS].server.max_body_bytes

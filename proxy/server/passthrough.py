@@ -33,6 +33,7 @@ from proxy.server.bodies import (
     BodyTooLarge,
     check_duplicates,
     check_model,
+    codings_of,
     decoded,
     invalid_field,
     output_tokens,
@@ -105,7 +106,7 @@ async def _reserved(request: web.Request, meter: str) -> bytes:
         raise too_large(limit) from None
     except asyncio.IncompleteReadError:
         raise InvalidRequest("The request body ended before its Content-Length.") from None
-    text = await decoded(request, body)
+    text = await decoded(request, body, codings_of(request))
     if text is None:
         raise InvalidRequest(
             "compaction-proxy cannot read this body's Content-Encoding, and this key's"
