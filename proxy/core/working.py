@@ -134,21 +134,27 @@ def working(segments: list[Segment], inp: PlanInput) -> Working:
     shapes = []
     tokens = 0
     for seg in segments:
-        if isinstance(seg, Verbatim):
-            message = dict(inp.messages[seg.index])
-            counted = inp.counts[seg.index]
-        elif isinstance(seg, Stubbed):
-            message, counted = stubbed_message(seg, inp)
-        else:
-            message = material(seg, inp.messages, inp.tool, inp.policy.read_length, inp.dialect)
-            counted = inp.counter.count_message(message)
+        message, shape = _built(seg, inp)
         messages.append(message)
-        shape = inp.dialect.message_shape(message, counted)
-        if made_here(seg):
-            shape = Shape(shape.role, shape.tokens, made_here=True)
         shapes.append(shape)
         tokens += shape.tokens
     return Working(segments, messages, shapes, group_history(shapes), tokens)
+
+
+def _built(seg: Segment, inp: PlanInput) -> tuple[dict[str, Any], Shape]:
+    """The message a segment stands for, and its shape."""
+    if isinstance(seg, Verbatim):
+        message = dict(inp.messages[seg.index])
+        counted = inp.counts[seg.index]
+    elif isinstance(seg, Stubbed):
+        message, counted = stubbed_message(seg, inp)
+    else:
+        message = material(seg, inp.messages, inp.tool, inp.policy.read_length, inp.dialect)
+        counted = inp.counter.count_message(message)
+    shape = inp.dialect.message_shape(message, counted)
+    if made_here(seg):
+        shape = Shape(shape.role, shape.tokens, made_here=True)
+    return message, shape
 
 
 def rebuilt(
@@ -160,9 +166,9 @@ def rebuilt(
     messages, shapes = list(work.messages), list(work.shapes)
     tokens = work.tokens
     for n in changed:
-        one = working([segments[n]], inp)
-        tokens += one.tokens - shapes[n].tokens
-        messages[n], shapes[n] = one.messages[0], one.shapes[0]
+        message, shape = _built(segments[n], inp)
+        tokens += shape.tokens - shapes[n].tokens
+        messages[n], shapes[n] = message, shape
     return Working(segments, messages, shapes, group_history(shapes), tokens)
 
 
