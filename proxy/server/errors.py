@@ -3,8 +3,9 @@
 Handlers and middlewares raise a `ProxyError`; `render_errors` (a middleware inside the
 metrics one, so the status is recorded) answers it in the shape of the API the request
 was for: OpenAI's on OpenAI routes, Anthropic's elsewhere (the wire format renders the
-body). Transport failures talking to the upstream are mapped to the tree in one place,
-`upstream_failure`. Upstream answers, errors included, never pass through here.
+body). Failures talking to the upstream are mapped to the tree in one place, the
+upstream's (proxy/server/upstream.py). Upstream answers, errors included, never pass
+through here.
 """
 
 from __future__ import annotations
@@ -12,21 +13,12 @@ from __future__ import annotations
 import secrets
 from collections.abc import Awaitable, Callable
 
-import aiohttp
 from aiohttp import web
 from multidict import MultiMapping
 
-from proxy.core.errors import (
-    InvalidRequest,
-    ProxyError,
-    UpstreamError,
-    UpstreamGarbage,
-    UpstreamTimeout,
-    UpstreamUnreachable,
-)
+from proxy.core.errors import InvalidRequest, ProxyError
 from proxy.core.wire_format import ErrorShapes, WireFormat
 from proxy.server.routing import upstream_for
-from proxy.server.upstream import AnswerTooLarge
 from proxy.wire import ANTHROPIC, CHAT, RESPONSES
 
 
@@ -70,33 +62,3 @@ def not_a_path(target: str) -> InvalidRequest:
     # An absolute-form target (`POST http://host/...`) would let a request pick the
     # upstream; the upstream comes only from the configuration.
     return InvalidRequest(f"The request target must be a path, got {target[:200]!r}.")
-
-
-def upstream_failure(exc: BaseException, upstream: str, read_timeout: float) -> UpstreamError:
-    """What the client is told when the upstream gave no usable response (nothing sent
-    to the client yet): 504 when it stayed silent past the read timeout, 502 otherwise."""
-    if isinstance(exc, AnswerTooLarge):
-        return UpstreamGarbage(f"compaction-proxy will not read the upstream's answer: {exc}")
-    if isinstance(exc, aiohttp.SocketTimeoutError):
-        return _timeout(upstream, read_timeout)
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return _unreachable(upstream, "connection timed out")
-    if isinstance(exc, TimeoutError):
-        return _timeout(upstream, read_timeout)
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return _unreachable(upstream, f"connection failed ({exc.os_error.strerror})")
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return _unreachable(upstream, "the connection closed before an answer")
-    return _unreachable(upstream, type(exc).__name__)
-
-
-def _unreachable(upstream: str, reason: str) -> UpstreamUnreachable:
-    return UpstreamUnreachable(
-        f"compaction-proxy could not reach the upstream {upstream}: {reason}"
-    )
-
-
-def _timeout(upstream: str, seconds: float) -> UpstreamTimeout:
-    return UpstreamTimeout(
-        f"compaction-proxy got no answer from the upstream {upstream} within {seconds:g} s"
-    )
