@@ -1,16 +1,14 @@
 """What several wire formats share, so that no format imports another.
 
-Reading a request's message list, encoding a body with some fields replaced, its output
-cap, the block counter every format's counter stands on, and OpenAI's error object
-(Chat Completions and Responses spell errors alike).
+Reading a request's message list, its output cap, the block counter every format's
+counter stands on, and OpenAI's error object (Chat Completions and Responses spell errors
+alike).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-
-import orjson
 
 from proxy.core.errors import ProxyError
 from proxy.core.wire_format import JSON
@@ -22,21 +20,6 @@ def request_messages(body: Mapping[str, Any]) -> list[JSON]:
     if not isinstance(messages, list):
         return []
     return [m for m in messages if isinstance(m, dict)]
-
-
-def encode_request(body: Mapping[str, Any], **replace: Any) -> bytes:
-    """The body with some top-level fields replaced (key order kept), as JSON bytes.
-
-    A field replaced with None is removed. New fields go at the end, so the same inputs
-    always give the same bytes.
-    """
-    out = dict(body)
-    for key, value in replace.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = value
-    return orjson.dumps(out)
 
 
 def max_output(body: Mapping[str, Any]) -> int | None:
