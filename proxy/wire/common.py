@@ -8,6 +8,7 @@ alike).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.core.errors import ProxyError
@@ -29,6 +30,16 @@ def max_output(body: Mapping[str, Any]) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
+
+
+@dataclass(frozen=True)
+class OpenAIInvalid:
+    """Why OpenAI's API refuses a request (its 400 `invalid_request_error`): the message,
+    and the `param` and `code` it names (Chat Completions and Responses alike)."""
+
+    message: str
+    param: str | None = None
+    code: str | None = None
 
 
 # Anthropic's error types (the core's) that OpenAI's APIs spell otherwise.

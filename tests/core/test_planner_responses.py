@@ -26,9 +26,9 @@ from proxy.core.tokens import TokenCounter
 from proxy.core.working import PlanInput
 from proxy.testing.responses_items import check_seals, seal
 from proxy.testing.responses_standin import ResponsesOptions
-from proxy.testing.responses_validate import validate_responses_request
 from proxy.wire.responses import RESPONSES, ResponsesCounter, read_result_tool
 from proxy.wire.responses_units import flatten, units_of
+from proxy.wire.responses_validation import validate_responses_request
 from tests.core.test_driver import Store
 from tests.core.test_planner_chat import policy, words
 
