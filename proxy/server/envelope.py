@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from proxy.core.wire_format import JSON
+from proxy.core.commands import GetSummary
 from proxy.server.compactor import betas_of
 
 
@@ -33,9 +33,11 @@ class Envelope(Protocol):
         """Whether the client asked for a stream."""
         ...
 
-    def summary(self, path: str, body: JSON) -> tuple[str, JSON]:
-        """The summariser's request (an API body the wire format made, `model` in it)
-        as this envelope sends it: its path and body. `path` is the request's."""
+    def summary(self, path: str, need: GetSummary) -> tuple[str, GetSummary]:
+        """The summariser's request (API bodies the wire format made, `model` in them:
+        `need.body`, its exact bytes `need.encoded` when made in place, and
+        `need.fallback`) as this envelope sends it: its path, and the ask with its
+        bodies rewrapped. `path` is the request's."""
         ...
 
 
@@ -51,8 +53,8 @@ class Plain:
     def stream(self, path: str, payload: Mapping[str, Any]) -> bool:
         return payload.get("stream") is True
 
-    def summary(self, path: str, body: JSON) -> tuple[str, JSON]:
-        return path, body
+    def summary(self, path: str, need: GetSummary) -> tuple[str, GetSummary]:
+        return path, need
 
 
 PLAIN = Plain()

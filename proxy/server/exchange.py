@@ -33,7 +33,7 @@ envelope and own step); between transports, the `Transport`.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from aiohttp import web
@@ -197,12 +197,9 @@ class SummaryCalls:
     seconds: float
 
     async def __call__(self, need: GetSummary) -> tuple[str, Usage | None]:
-        path, body = self.envelope.summary(self.path, need.body)
-        fallback = need.fallback
-        if fallback is not None:
-            fallback = self.envelope.summary(self.path, fallback)[1]
+        path, wrapped = self.envelope.summary(self.path, need)
         return await post_summary(
-            replace(need, body=body, fallback=fallback),
+            wrapped,
             upstream=self.upstream,
             path=path,
             headers=self.headers,
