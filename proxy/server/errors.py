@@ -2,10 +2,10 @@
 
 Handlers and middlewares raise a `ProxyError`; `render_errors` (a middleware inside the
 metrics one, so the status is recorded) answers it in the shape of the API the request
-was for: OpenAI's on OpenAI routes, Anthropic's elsewhere (the wire format renders the
-body). Failures talking to the upstream are mapped to the tree in one place, the
-upstream's (proxy/server/upstream.py). Upstream answers, errors included, never pass
-through here.
+was for: OpenAI's on OpenAI routes, Anthropic's elsewhere, a provider's own on the
+paths it registered (`register_error_shapes`); the wire format renders the body.
+Failures talking to the upstream are mapped to the tree in one place, the upstream's
+(proxy/server/upstream.py). Upstream answers, errors included, never pass through here.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from aiohttp import web
 from multidict import MultiMapping
 
 from proxy.core.errors import InvalidRequest, ProxyError
-from proxy.core.wire_format import ErrorShapes, WireFormat
+from proxy.core.wire_format import ErrorShapes
 from proxy.server.routing import upstream_for
 from proxy.wire import ANTHROPIC, CHAT, RESPONSES
 
@@ -26,8 +26,21 @@ def new_request_id() -> str:
     return "req_proxy_" + secrets.token_hex(12)
 
 
-def wire_for(path: str, headers: MultiMapping[str]) -> WireFormat:
+# (does this path speak it, its error shapes): a provider's routes, registered at import.
+_REGISTERED: list[tuple[Callable[[str], bool], ErrorShapes]] = []
+
+
+def register_error_shapes(speaks: Callable[[str], bool], shapes: ErrorShapes) -> None:
+    """The proxy's own answers (401, 413, 429, 502, ...) to a request whose path
+    `speaks(path)` are in `shapes` (one call, where a provider's routes are defined)."""
+    _REGISTERED.append((speaks, shapes))
+
+
+def wire_for(path: str, headers: MultiMapping[str]) -> ErrorShapes:
     """The API a request speaks, for the shape of the proxy's own answers to it."""
+    for speaks, shapes in _REGISTERED:
+        if speaks(path):
+            return shapes
     if path == "/v1/responses" or path.startswith("/v1/responses/"):
         return RESPONSES  # OpenAI's shape; inside a stream, Responses events
     return CHAT if upstream_for(path, headers) == "openai" else ANTHROPIC

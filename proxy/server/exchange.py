@@ -50,7 +50,7 @@ from proxy.server.headers import upstream_request_headers
 from proxy.server.read_rounds import RoundExecutor, answer_rounds
 from proxy.server.record import RequestRecord
 from proxy.server.summariser import post_summary
-from proxy.server.transport import Outgoing, Refused, Transport
+from proxy.server.transport import Codecs, Outgoing, Refused, Transport, codec_for
 from proxy.server.upstream import Upstream
 from proxy.store import Store
 
@@ -83,6 +83,9 @@ class ConversationRoute:
     bad_json: str = BAD_JSON
     before: Before | None = None  # the API's own step on the parsed request
     envelope: Envelope = PLAIN  # where the model, betas and stream flag are carried
+    # An HTTP answer's Content-Type to its stream framing (None: a whole answer); a
+    # route whose streams the Content-Type does not tell gives its own.
+    codecs: Codecs = codec_for
 
 
 class Exchange(Generic[A]):

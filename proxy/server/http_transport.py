@@ -16,7 +16,6 @@ stream does; one the upstream broke is cut.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -36,6 +35,7 @@ from proxy.server.headers import client_response_headers, upstream_request_heade
 from proxy.server.record import RequestRecord
 from proxy.server.relay import relay
 from proxy.server.transport import (
+    Codecs,
     Outgoing,
     Refused,
     StreamCodec,
@@ -46,8 +46,6 @@ from proxy.server.transport import (
 from proxy.server.upstream import AnswerTooLarge, Upstream, too_large, unreadable
 
 log = logging.getLogger(__name__)
-
-Codecs = Callable[[str], StreamCodec | None]  # an answer's Content-Type to its framing
 
 
 class HttpTransport:

@@ -75,6 +75,7 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
         must_read=budget.applies,
         key_checks=caller.key_id is not None,
         bad_json=route.bad_json,
+        codecs=route.codecs,
     )
     exchange = Exchange(
         route,

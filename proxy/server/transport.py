@@ -219,6 +219,9 @@ def register_codec(codec: StreamCodec) -> None:
     _CODECS[codec.content_type] = codec
 
 
+Codecs = Callable[[str], StreamCodec | None]  # an answer's Content-Type to its framing
+
+
 def codec_for(content_type: str) -> StreamCodec | None:
     """The framing of an answer of this Content-Type; None: not a stream."""
     return _CODECS.get(content_type.partition(";")[0].strip().lower())
