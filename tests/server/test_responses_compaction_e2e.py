@@ -19,8 +19,8 @@ import pytest
 from proxy.core.tokens import default_counter
 from proxy.server.app import RunningProxy
 from proxy.testing.agent_responses import ResponsesTurn, run_responses_agent
+from proxy.testing.api_responses import ResponsesOptions
 from proxy.testing.responses_items import ItemCounter
-from proxy.testing.responses_standin import ResponsesOptions
 from proxy.testing.responses_validate import input_items, validate_responses_request
 from proxy.testing.standin import RecordedRequest, StandInOptions
 from tests.plugins.responses import MakeResponsesStandIn
