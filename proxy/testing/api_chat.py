@@ -29,11 +29,12 @@ from proxy.core.tokens import TokenCounter
 from proxy.testing.answering import serve
 from proxy.testing.api import Api, Event, Refusal, event, json_pieces, text_pieces
 from proxy.testing.cache import Unit
-from proxy.testing.chat_validate import ChatError, validate_chat_request, window_error
 from proxy.testing.prompt import Entry, Part, Prompt, Result, Text
 from proxy.testing.reply import Call, Reply, Stop, Usage
 from proxy.testing.standin_http import COUNTER, credential
 from proxy.wire.chat import ChatCounter
+from proxy.wire.chat_validation import validate_chat_request, window_error
+from proxy.wire.common import OpenAIInvalid
 
 CREATED = 1_764_000_000  # a fixed `created`: the same request gets the same bytes
 FINGERPRINT = "fp_standin"
@@ -73,7 +74,7 @@ def openai_gate(headers: Mapping[str, str]) -> Refusal | None:
     return None
 
 
-def invalid(error: ChatError | None) -> Refusal | None:
+def invalid(error: OpenAIInvalid | None) -> Refusal | None:
     if error is None:
         return None
     return Refusal(400, "invalid_request_error", error.message, error.param, error.code)

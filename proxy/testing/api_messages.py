@@ -36,7 +36,7 @@ from proxy.testing.standin_http import (
     request_id,
     scaled,
 )
-from proxy.testing.validate import (
+from proxy.wire.anthropic_validation import (
     thinking_signature,
     validate_count_tokens_request,
     validate_messages_request,

@@ -68,8 +68,9 @@ from proxy.testing.responses_items import (
     seal,
     sealed_text,
 )
-from proxy.testing.responses_validate import input_items, validate_responses_request, window_error
 from proxy.testing.standin_http import COUNTER, request_digest
+from proxy.wire.responses_units import input_items
+from proxy.wire.responses_validation import validate_responses_request, window_error
 
 REASONS = {"thinking": True}
 HANDOFF = re.compile(r"checkpoint compaction|handoff summary", re.IGNORECASE)

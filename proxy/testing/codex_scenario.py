@@ -101,4 +101,3 @@ def big_log(lines: int) -> str:
             f" latency={i * 37 % 900}ms bytes={i * 104729 % 99000} user=u{i * 31 % 300}"
         )
     return "\n".join(rows) + "\n"
-

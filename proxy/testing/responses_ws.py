@@ -44,8 +44,8 @@ from proxy.testing.api_responses import (
     turn_state,
 )
 from proxy.testing.responses_events import CREATED_AT
-from proxy.testing.responses_validate import input_items
 from proxy.testing.standin_http import COUNTER, RecordedRequest, paced, recorded, request_digest
+from proxy.wire.responses_units import input_items
 
 # What an error frame carries of the headers an HTTP refusal would have had.
 ERROR_HEADERS = ("retry-after", "retry-after-ms", "x-request-id")
