@@ -39,7 +39,6 @@ from proxy.core.offload import Stub, ToolResult
 from proxy.core.tokens import TokenCounter
 from proxy.core.usage import LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
-from proxy.wire.common import encode_request
 from proxy.wire.gemini_parts import (
     GeminiCounter,
     call_key,
@@ -210,9 +209,6 @@ class GeminiRequest:
     messages = staticmethod(contents_of)
     max_output = staticmethod(max_output)
     identity_view = staticmethod(identity_view)
-
-    def encode(self, body: Mapping[str, Any], replace: Mapping[str, Any]) -> bytes:
-        return encode_request(body, **replace)
 
     def with_history(self, body: Mapping[str, Any], messages: list[JSON], tool: str | None) -> JSON:
         fields: JSON = {"contents": messages}

@@ -1,5 +1,5 @@
 """The rewrite planner on Gemini contents: the same guarantees through the dialect, every
-rewrite checked by the API's rules as the stand-in holds them (proxy/wire/gemini_rules)."""
+rewrite checked by the API's rules as the stand-in holds them (proxy/wire/gemini_validation)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from proxy.core.tokens import TokenCounter
 from proxy.core.working import PlanInput
 from proxy.wire.gemini import GEMINI, read_result_tool
 from proxy.wire.gemini_parts import GeminiCounter
-from proxy.wire.gemini_rules import check_request
+from proxy.wire.gemini_validation import check_request
 
 COUNTER = GeminiCounter(TokenCounter())
 TOOL_TOKENS = COUNTER.count_tools([read_result_tool("read_result")])

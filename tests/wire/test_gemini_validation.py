@@ -1,4 +1,4 @@
-"""The Gemini API's request rules (proxy/wire/gemini_rules.py), one by one, each with the
+"""The Gemini API's request rules (proxy/wire/gemini_validation.py), one by one, each with the
 level that says who acts on it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.wire.gemini_rules import (
+from proxy.wire.gemini_validation import (
     Level,
     check_request,
     current_turn,
