@@ -19,12 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
-from urllib.parse import quote, unquote
 
 import orjson
 
 from proxy.core.eventstream import Message, encode_message
 from proxy.core.usage import Usage
+from proxy.wire.common import percent_decode, percent_encode
 
 ANTHROPIC_VERSION = "bedrock-2023-05-31"
 EVENT_STREAM = "application/vnd.amazon.eventstream"
@@ -50,7 +50,7 @@ class RuntimeTarget:
     def path(self) -> str:
         """The path as botocore sends it (the id's `:` and `/` percent-encoded), which
         is the path the proxy signs and sends, whatever spelling the client used."""
-        return f"/model/{quote(self.model, safe='')}/{self.operation}"
+        return f"/model/{percent_encode(self.model)}/{self.operation}"
 
 
 _RUNTIME = re.compile(r"^/model/(?P<model>[^/]+)/(?P<operation>[a-z-]+)$")
@@ -69,7 +69,7 @@ def runtime_target(path: str) -> RuntimeTarget | None:
         operation = Operation(found["operation"])
     except ValueError:
         return None
-    model = unquote(found["model"])
+    model = percent_decode(found["model"])
     return RuntimeTarget(model, operation) if model else None
 
 

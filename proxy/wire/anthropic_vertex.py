@@ -15,9 +15,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
 import orjson
+
+from proxy.wire.common import percent_decode
 
 ANTHROPIC_VERSION = "vertex-2023-10-16"
 COUNT_TOKENS_MODEL = "count-tokens"
@@ -51,7 +52,7 @@ def vertex_target(path: str) -> VertexTarget | None:
     found = _PATH.match(path)
     if found is None:
         return None
-    model = unquote(found["model"])
+    model = percent_decode(found["model"])
     target = VertexTarget(found["project"], found["location"], model, found["method"])
     if target.counts_tokens and target.streams:
         return None

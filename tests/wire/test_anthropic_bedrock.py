@@ -8,6 +8,7 @@ import base64
 import json
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import botocore.session
 import orjson
@@ -15,6 +16,8 @@ import pytest
 from anthropic.lib.bedrock._stream_decoder import AWSEventStreamDecoder
 from botocore.awsrequest import AWSResponse
 from botocore.config import Config
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy.core.eventstream import EventStreamDecoder
 from proxy.core.usage import Usage
@@ -40,6 +43,7 @@ from proxy.wire.anthropic_bedrock import (
     runtime_target,
     stream_exception,
 )
+from proxy.wire.common import percent_decode, percent_encode
 
 MODEL = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
 
@@ -210,3 +214,9 @@ def test_invocation_metrics_tell_the_usage_given() -> None:
         "cacheWriteInputTokenCount": 5,
     }
     assert dict(metric_headers(usage, 900))["X-Amzn-Bedrock-Output-Token-Count"] == "3"
+
+
+@given(st.text())
+def test_a_model_id_is_escaped_as_urllib_quotes_it_and_read_back(model: str) -> None:
+    assert percent_encode(model) == quote(model, safe="")
+    assert percent_decode(percent_encode(model)) == model
