@@ -18,8 +18,9 @@ request gets the same completion (streamed or not).
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -96,28 +97,32 @@ def _arguments(text: Any) -> Any:
         return text
 
 
-def read(body: dict[str, Any]) -> Prompt:
-    """A Chat body as the script reads it: a tool message is a user entry of one result."""
-    entries = []
-    for message in body.get("messages") or ():
+def _entries(messages: list[Any]) -> Iterator[Entry]:
+    for message in messages:
         role = str(message.get("role"))
         if role == "tool":
             result = Result(str(message.get("tool_call_id")), _texts(message.get("content")))
-            entries.append(Entry("user", (result,)))
+            yield Entry("user", (result,))
             continue
         parts: list[Part] = [Text(t) for t in _texts(message.get("content"))]
         for call in message.get("tool_calls") or ():
             function = call.get("function") or {}
             given = _arguments(function.get("arguments"))
             parts.append(Call(str(function.get("name")), given, str(call.get("id"))))
-        entries.append(Entry("system" if role == "developer" else role, tuple(parts)))
+        yield Entry("system" if role == "developer" else role, tuple(parts))
+
+
+def read(body: dict[str, Any]) -> Prompt:
+    """A Chat body as the script reads it: a tool message is a user entry of one result."""
+    messages = body.get("messages") or []
     tools = tuple(
         str((t.get("function") or {}).get("name"))
         for t in body.get("tools") or ()
         if isinstance(t, dict)
     )
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
-    return Prompt(tuple(entries), tools, limit or DEFAULT_MAX_TOKENS, limit or 1024)
+    entries = functools.partial(_entries, messages)
+    return Prompt(entries, len(messages), tools, limit or DEFAULT_MAX_TOKENS, limit or 1024)
 
 
 def prompt_units(body: dict[str, Any], counter: ChatCounter) -> list[Unit]:

@@ -35,9 +35,10 @@ Options live in `app[RESPONSES]` (set before the app starts; defaults otherwise)
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,14 +149,21 @@ def _asks(body: dict[str, Any], items: list[Any]) -> str:
     return TURN
 
 
+def _entries(items: list[Any], key: bytes) -> Iterator[Entry]:
+    for item in items:
+        entry = _entry(item, key) if isinstance(item, dict) else None
+        if entry is not None:
+            yield entry
+
+
 def read(body: dict[str, Any], key: bytes) -> Prompt:
     """A Responses body as the script reads it: an item is an entry (sealed items as the
     text they stand for)."""
     items = input_items(body)
-    entries = (_entry(i, key) for i in items if isinstance(i, dict))
     limit = body.get("max_output_tokens")
     return Prompt(
-        tuple(e for e in entries if e),
+        functools.partial(_entries, items, key),
+        len(items),
         _tool_names(body.get("tools")),
         int(limit or DEFAULT_MAX_OUTPUT),
         int(limit or 1024),
