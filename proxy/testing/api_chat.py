@@ -19,7 +19,6 @@ request gets the same completion (streamed or not).
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -29,7 +28,7 @@ from aiohttp import web
 from proxy.core.tokens import TokenCounter
 from proxy.testing.answering import serve
 from proxy.testing.api import Api, Event, Refusal, event, json_pieces, text_pieces
-from proxy.testing.cache import Unit
+from proxy.testing.cache import Unit, prefix_units
 from proxy.testing.prompt import Entry, Part, Prompt, Result, Text
 from proxy.testing.reply import Call, Reply, Stop, Usage
 from proxy.testing.standin_http import COUNTER, credential
@@ -128,9 +127,7 @@ def read(body: dict[str, Any]) -> Prompt:
 def prompt_units(body: dict[str, Any], counter: ChatCounter) -> list[Unit]:
     """Tools, then messages, as cache units. OpenAI caches the longest prefix of a prompt
     it has seen before (in 128-token steps, from 1,024 tokens), not only whole prompts:
-    every message boundary is a breakpoint here, the closest whole-message model of it."""
-    digest = hashlib.sha256(b"chat-model\0" + str(body.get("model")).encode()).digest()
-    units: list[Unit] = []
+    every message boundary is a breakpoint here."""
     running = 0
     tools = body.get("tools") or []
     pieces: list[tuple[bytes, Any, int]] = []
@@ -140,11 +137,8 @@ def prompt_units(body: dict[str, Any], counter: ChatCounter) -> list[Unit]:
     for i, message in enumerate(body.get("messages") or []):
         running += counter.count_message(message)
         pieces.append((f"message\0{i}".encode(), message, running))
-    for tag, value, cumulative in pieces:
-        canonical = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
-        digest = hashlib.sha256(digest + tag + b"\0" + canonical).digest()
-        units.append(Unit(digest, cumulative, "5m", True))
-    return units
+    model = b"chat-model\0" + str(body.get("model")).encode()
+    return prefix_units(model, pieces, every_boundary=True)
 
 
 def usage_object(usage: Usage) -> dict[str, Any]:

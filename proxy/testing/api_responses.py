@@ -174,7 +174,7 @@ def read(body: dict[str, Any], key: bytes) -> Prompt:
 
 def _item_id(prefix: str, digest: str, n: int = 0) -> str:
     """An output item's id: its suffix is the response's, so the item a reasoning item led
-    to is known by it (responses_validate.py)."""
+    to is known by it (proxy/wire/responses_validation.py)."""
     return f"{prefix}{n if n else ''}_{digest[:32]}"
 
 
