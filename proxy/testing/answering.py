@@ -136,7 +136,7 @@ async def answer(
     if streams:
         events = api.events(body, whole, script.chunk_tokens)
         return Streamed(events, script, fault, api.stream_error(events))
-    return Whole(orjson.dumps(whole), script, fault)
+    return Whole(orjson.dumps(whole), script, fault, whole)
 
 
 def _analysis(
@@ -211,8 +211,11 @@ async def serve(request: web.Request, api: Api, framing: Framing = SSE) -> web.S
     out = refusal or await answer(
         request.app, api, request.headers, await request.read(), request[RECORD]
     )
+    extra = api.response_headers(request.headers, out.answer if isinstance(out, Whole) else None)
     if isinstance(out, Refusal):
-        return api.refuse(out, request_id(request))
+        response = api.refuse(out, request_id(request))
+        response.headers.update(extra)
+        return response
     if isinstance(out, Streamed):
-        return await send_stream(request, out, framing)
-    return await send_json(request, out.payload, out.script, out.fault)
+        return await send_stream(request, out, framing, extra)
+    return await send_json(request, out.payload, out.script, out.fault, extra)

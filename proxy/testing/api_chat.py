@@ -176,13 +176,13 @@ def message(reply: Reply) -> dict[str, Any]:
     return out
 
 
-def completion(body: dict[str, Any], reply: Reply, usage: Usage) -> dict[str, Any]:
+def completion(body: dict[str, Any], model: str, reply: Reply, usage: Usage) -> dict[str, Any]:
     """The whole answer: `n` alike choices."""
     return {
         "id": f"chatcmpl-{reply.digest[:24]}",
         "object": "chat.completion",
         "created": CREATED,
-        "model": body["model"],
+        "model": model,
         "choices": [
             {
                 "index": n,
@@ -278,7 +278,7 @@ class ChatApi(Api):
         return body.get("stream") is True
 
     def whole(self, body: Any, reply: Reply, usage: Usage) -> dict[str, Any]:
-        return completion(body, reply, usage)
+        return completion(body, self.model(body), reply, usage)
 
     def events(self, body: Any, whole: dict[str, Any], chunk_tokens: int) -> list[Event]:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -139,13 +139,13 @@ def usage_object(usage: Usage) -> dict[str, Any]:
     }
 
 
-def message(body: dict[str, Any], reply: Reply, usage: Usage) -> dict[str, Any]:
+def message(model: str, reply: Reply, usage: Usage) -> dict[str, Any]:
     """The whole answer."""
     return {
         "id": f"msg_{reply.digest[:24]}",
         "type": "message",
         "role": "assistant",
-        "model": body["model"],
+        "model": model,
         "content": content(reply),
         "stop_reason": STOP_REASONS[reply.stop],
         "stop_sequence": None,
@@ -261,7 +261,7 @@ class MessagesApi(Api):
         return bool(body.get("stream"))
 
     def whole(self, body: Any, reply: Reply, usage: Usage) -> dict[str, Any]:
-        return message(body, reply, usage)
+        return message(self.model(body), reply, usage)
 
     def events(self, body: Any, whole: dict[str, Any], chunk_tokens: int) -> list[Event]:
         return stream(whole, chunk_tokens)
