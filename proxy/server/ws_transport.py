@@ -28,7 +28,6 @@ from proxy.server.record import RequestRecord
 from proxy.server.transport import Outgoing, Refused
 from proxy.server.ws_pair import SocketPair, send_message
 from proxy.wire.responses import RESPONSES
-from proxy.wire.responses_rounds import ResponsesStreamMerger
 from proxy.wire.responses_ws import (
     Kept,
     as_event,
@@ -157,7 +156,7 @@ class FrameMerging:
         assert outgoing.tool is not None
         self.transport = transport
         self.outgoing = outgoing
-        self.merger = ResponsesStreamMerger(outgoing.tool)
+        self.merger = RESPONSES.merger(outgoing.tool)
         self.failed: End = None  # the event a round failed with
         transport.record.meter.seen_answer = True
 

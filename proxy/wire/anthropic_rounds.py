@@ -28,6 +28,7 @@ import orjson
 from proxy.core.sse import Event, encode_event
 from proxy.core.usage import Usage, call_tokens, count
 from proxy.core.wire_format import MergeState, ReadCall, Round
+from proxy.wire.common import RoundsMerger
 
 
 def anthropic_usage(raw: Mapping[str, Any]) -> Usage:
@@ -52,6 +53,17 @@ def client_usage(rounds: Sequence[object], held_tokens: int) -> dict[str, Any]:
     output = sum(u["output_tokens"] for u in usages if isinstance(u.get("output_tokens"), int))
     out["output_tokens"] = max(0, output - held_tokens)
     return out
+
+
+def is_read(block: object, tool: str) -> bool:
+    """A read_result call: held back from the client, whole or streamed."""
+    return isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == tool
+
+
+def told_stop(reason: Any, client_calls: bool) -> Any:
+    """The stop reason the client is told: tool_use only when a call of its own waits
+    (a held read_result call is not the client's to answer)."""
+    return "end_turn" if reason == "tool_use" and not client_calls else reason
 
 
 _INPUTS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
@@ -90,43 +102,26 @@ def note_block(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
 
 
-class StreamMerger:
+class StreamMerger(RoundsMerger):
     """Several streamed rounds, one client message (RoundMerger)."""
 
     def __init__(self, tool: str) -> None:
-        self._tool = tool
+        super().__init__(tool)
         self._next_index = 0
-        self._rounds = 0
         self._usages: list[dict[str, Any]] = []  # every finished round's usage, as given
-        self._held_tokens = 0  # output the client did not see (held read_result calls)
-        self._raw_usage: dict[str, Any] = {}  # this round's usage as the upstream gave it
         self._start_usage: dict[str, Any] = {}  # what the client's message_start told
-        self._round = Round()
+        self.reset()
+
+    def reset(self) -> None:
+        self._raw_usage: dict[str, Any] = {}  # this round's usage as the upstream gave it
         self._stop_sequence: Any = None
-        self._index_map: dict[int, int | None] = {}  # upstream index -> client index (None: held)
+        self._index_map: dict[int, int | None] = {}  # upstream index -> client (None: held)
         self._blocks: dict[int, dict[str, Any]] = {}
         self._partial: dict[int, str] = {}
         self._last_delta: Event | None = None
         self._last_stop: Event | None = None
-        self.state = MergeState.OPEN
 
-    def begin_round(self) -> None:
-        self._rounds += 1
-        self._round = Round()
-        self._raw_usage = {}
-        self._stop_sequence = None
-        self._index_map.clear()
-        self._blocks.clear()
-        self._partial.clear()
-        self._last_delta = self._last_stop = None
-        self.state = MergeState.OPEN
-
-    @property
-    def rounds(self) -> int:
-        return self._rounds
-
-    def feed(self, event: Event) -> list[bytes]:
-        """The bytes to send the client for one upstream event (often the event itself)."""
+    def read(self, event: Event) -> list[bytes]:
         name = event.name
         if name == "error":
             self.state = MergeState.FAILED
@@ -137,7 +132,7 @@ class StreamMerger:
             data = _loads(event.data)
             message = data.get("message") or {}
             self._raw_usage = dict(message.get("usage") or {})
-            if self._rounds == 1:
+            if self.rounds == 1:
                 self._start_usage = dict(self._raw_usage)
                 return [event.raw]
             return []
@@ -148,7 +143,7 @@ class StreamMerger:
         if name == "message_delta":
             data = _loads(event.data)
             delta = data.get("delta") or {}
-            self._round.stop_reason = delta.get("stop_reason")
+            self.round.stop_reason = delta.get("stop_reason")
             self._stop_sequence = delta.get("stop_sequence")
             self._raw_usage.update(data.get("usage") or {})
             self._last_delta = event
@@ -159,8 +154,7 @@ class StreamMerger:
             return []
         return [event.raw]  # an event type we do not know: pass it on as it came
 
-    def end_round(self) -> Round:
-        """The round just finished (after its message_stop, or after the stream ended)."""
+    def ended(self, round_: Round) -> Round:
         content: list[dict[str, Any]] = []
         for index in sorted(self._blocks):
             block = self._blocks[index]
@@ -169,40 +163,35 @@ class StreamMerger:
             content.append(block)
             if block.get("type") == "tool_use":
                 if self._index_map.get(index) is None:
-                    self._round.reads.append(ReadCall(str(block.get("id", "")), block.get("input")))
-                    self._held_tokens += call_tokens(len(self._partial.get(index, "")))
+                    round_.reads.append(ReadCall(str(block.get("id", "")), block.get("input")))
+                    self.held_tokens += call_tokens(len(self._partial.get(index, "")))
                 else:
-                    self._round.client_calls += 1
-        self._round.assistant = {"role": "assistant", "content": content}
-        self._round.usage = anthropic_usage(self._raw_usage)
-        self._round.asks_to_read = self._round.stop_reason == "tool_use"
+                    round_.client_calls += 1
+        round_.assistant = {"role": "assistant", "content": content}
+        round_.usage = anthropic_usage(self._raw_usage)
+        round_.asks_to_read = round_.stop_reason == "tool_use"
         self._usages.append(dict(self._raw_usage))
-        return self._round
+        return round_
 
-    def finish(self, note: str | None = None) -> list[bytes]:
-        """The closing events: the upstream's own when one round held nothing back.
-        `note`: a short text block the proxy adds at the end (why the rounds stopped)."""
-        last = self._round
-        if (
-            self._rounds == 1
-            and not last.reads
-            and note is None
-            and self._last_delta is not None
-            and self._last_stop is not None
-        ):
-            return [self._last_delta.raw, self._last_stop.raw]
+    def as_it_came(self) -> list[bytes] | None:
+        if self._last_delta is None or self._last_stop is None:
+            return None
+        return [self._last_delta.raw, self._last_stop.raw]
+
+    def ending(self, note: str | None) -> list[bytes]:
         out: list[bytes] = []
         if note is not None:
             out += _text_block_events(self._next_index, note)
             self._next_index += 1
-        reason = last.stop_reason
-        if reason == "tool_use" and not last.client_calls:
-            reason = "end_turn"  # the held read_result call is not the client's to answer
+        last = self.round
         delta = {
             "type": "message_delta",
-            "delta": {"stop_reason": reason, "stop_sequence": self._stop_sequence},
+            "delta": {
+                "stop_reason": told_stop(last.stop_reason, last.client_calls > 0),
+                "stop_sequence": self._stop_sequence,
+            },
             "usage": consistent_with_start(
-                client_usage(self._usages, self._held_tokens), self._start_usage
+                client_usage(self._usages, self.held_tokens), self._start_usage
             ),
         }
         stop = {"type": "message_stop"}
@@ -217,8 +206,9 @@ class StreamMerger:
         index = int(data.get("index", 0))
         block = dict(data.get("content_block") or {})
         self._blocks[index] = block
-        if block.get("type") == "tool_use" and block.get("name") == self._tool:
+        if is_read(block, self.tool):
             self._index_map[index] = None
+            self.held_any = True
             return []
         client = self._next_index
         self._next_index += 1
@@ -297,12 +287,8 @@ def _parse_input(partial: str) -> Any:
 
 def split_message(message: dict[str, Any], tool: str) -> Round:
     content = [b for b in message.get("content") or [] if isinstance(b, dict)]
-    reads = [
-        ReadCall(str(b.get("id", "")), b.get("input"))
-        for b in content
-        if b.get("type") == "tool_use" and b.get("name") == tool
-    ]
-    calls = sum(1 for b in content if b.get("type") == "tool_use" and b.get("name") != tool)
+    reads = [ReadCall(str(b.get("id", "")), b.get("input")) for b in content if is_read(b, tool)]
+    calls = sum(1 for b in content if b.get("type") == "tool_use" and not is_read(b, tool))
     usage = message.get("usage")
     return Round(
         assistant={"role": "assistant", "content": content},
@@ -325,20 +311,18 @@ def merge_messages(
     held = 0
     for m in messages:
         for b in m.get("content") or []:
-            if isinstance(b, dict) and b.get("type") == "tool_use" and b.get("name") == tool:
+            if is_read(b, tool):
                 held += call_tokens(len(orjson.dumps(b.get("input", {}))))
             else:
                 content.append(b)
     if note is not None:
         content.append(note_block(note))
     usage = client_usage([m.get("usage") for m in messages], held)
-    stop = last.get("stop_reason")
-    if stop == "tool_use" and not any(b.get("type") == "tool_use" for b in content):
-        stop = "end_turn"
+    calls = any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content)
     return {
         **first,
         "content": content,
-        "stop_reason": stop,
+        "stop_reason": told_stop(last.get("stop_reason"), calls),
         "stop_sequence": last.get("stop_sequence"),
         "usage": usage,
     }
@@ -356,11 +340,10 @@ def continue_messages(
 
 
 class MessagesRounds:
-    """The Messages format's `Rounds` (proxy/core/wire_format.py): this module's functions."""
+    """The Messages format's `Rounds` (proxy/core/wire_format.py): this module's
+    functions and its merger."""
 
     split = staticmethod(split_message)
     merge = staticmethod(merge_messages)
     continue_messages = staticmethod(continue_messages)
-
-    def merger(self, tool: str) -> StreamMerger:
-        return StreamMerger(tool)
+    merger = StreamMerger  # made per answer: StreamMerger(tool)

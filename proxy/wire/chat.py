@@ -31,6 +31,7 @@ from proxy.core.usage import LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.chat_rounds import ChatRounds, chat_usage
 from proxy.wire.common import (
+    FormatCounter,
     head_text,
     max_output,
     openai_error,
@@ -138,19 +139,10 @@ def identity_view(body: Mapping[str, Any]) -> IdentityView:
 # -- counting -----------------------------------------------------------------------------
 
 
-class ChatCounter:
+class ChatCounter(FormatCounter):
     """Token estimates for Chat messages, on top of the shared block counter (and its
     cache): a message costs its content, its tool calls' names and argument text, and a
     tool message its framing. Estimates, like the Anthropic ones; calibration corrects."""
-
-    def __init__(self, base: TokenCounter) -> None:
-        self.base = base
-
-    def count_text(self, text: str) -> int:
-        return self.base.count_text(text)
-
-    def count_content(self, content: object) -> int:
-        return self.base.count_content(content)
 
     def count_message(self, message: Mapping[str, Any]) -> int:
         if not isinstance(message, dict):
@@ -170,15 +162,6 @@ class ChatCounter:
             else:
                 total += self.base.count_json(arguments)
         return total
-
-    def count_block(self, block: object) -> int:
-        return self.base.count_block(block)
-
-    def count_tools(self, tools: object) -> int:
-        return self.base.count_tools(tools)
-
-    def count_result(self, content: object) -> int:
-        return self.base.count_result(content)
 
     def count_request(self, body: Mapping[str, Any]) -> int:
         return self.count_tools(body.get("tools")) + sum(

@@ -31,6 +31,7 @@ import orjson
 from proxy.core.sse import Event
 from proxy.core.usage import Usage, call_tokens, count
 from proxy.core.wire_format import MergeState, ReadCall, Round
+from proxy.wire.common import RoundsMerger
 
 DONE = "[DONE]"
 ROUND_SEPARATOR = "\n\n"  # between the text of two rounds, so sentences do not run on
@@ -79,11 +80,18 @@ def _read_call(call: dict[str, Any]) -> ReadCall:
     return ReadCall(str(call.get("id", "")), parsed)
 
 
-def _is_read(call: object, tool: str) -> bool:
+def is_read(call: object, tool: str) -> bool:
+    """A read_result call: held back from the client, whole or streamed."""
     if not isinstance(call, dict):
         return False
     function = call.get("function")
     return isinstance(function, dict) and function.get("name") == tool
+
+
+def told_stop(reason: Any, client_calls: bool) -> Any:
+    """The finish_reason the client is told: tool_calls only when a call of its own
+    waits (a held read_result call is not the client's to answer)."""
+    return "stop" if reason == "tool_calls" and not client_calls else reason
 
 
 # -- non-streaming ------------------------------------------------------------------------
@@ -100,7 +108,7 @@ def split_completion(completion: dict[str, Any], tool: str) -> Round:
     choice = _first_choice(completion)
     message = dict(choice.get("message") or {})
     calls = [c for c in message.get("tool_calls") or () if isinstance(c, dict)]
-    reads = [_read_call(c) for c in calls if _is_read(c, tool)]
+    reads = [_read_call(c) for c in calls if is_read(c, tool)]
     usage = completion.get("usage")
     return Round(
         assistant=_assistant(message),
@@ -137,7 +145,7 @@ def merge_completions(
         if isinstance(content, str) and content:
             texts.append(content)
         for call in message.get("tool_calls") or ():
-            if _is_read(call, tool):
+            if is_read(call, tool):
                 held += _held_tokens(call)
             else:
                 calls.append(call)
@@ -150,9 +158,7 @@ def merge_completions(
         message["tool_calls"] = calls
     else:
         message.pop("tool_calls", None)
-    reason = _first_choice(last).get("finish_reason")
-    if reason == "tool_calls" and not calls:
-        reason = "stop"  # the held read_result call is not the client's to answer
+    reason = told_stop(_first_choice(last).get("finish_reason"), bool(calls))
     choice.update(message=message, finish_reason=reason)
     out = {**first, "choices": [choice]}
     if any(isinstance(c.get("usage"), dict) for c in completions):
@@ -180,44 +186,28 @@ def encode_chunk(data: dict[str, Any]) -> bytes:
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
-class ChatStreamMerger:
+class ChatStreamMerger(RoundsMerger):
     """Several streamed rounds, one client completion (RoundMerger)."""
 
     def __init__(self, tool: str) -> None:
-        self._tool = tool
-        self._rounds = 0
-        self._raw_usage: dict[str, Any] = {}
+        super().__init__(tool)
         self._head: dict[str, Any] = {}  # id, object, created, model of the first chunk
         self._next_index = 0  # the next client tool_call index
         self._sent_text = False
         self._usages: list[dict[str, Any]] = []  # every finished round's usage, as given
-        self._held_tokens = 0  # completion the client did not see (held read_result calls)
         self._usage_seen = False
-        self._round = Round()
-        self.state = MergeState.OPEN
-        self._reset_round()
+        self.reset()
 
-    def _reset_round(self) -> None:
+    def reset(self) -> None:
+        self._raw_usage: dict[str, Any] = {}
         self._index_map: dict[int, int | None] = {}  # upstream index -> client (None: held)
         self._calls: dict[int, dict[str, Any]] = {}
         self._text: list[str] = []
         self._separated = False
         self._held: list[bytes] = []  # this round's finish chunk and usage chunk
         self._done: Event | None = None
-        self._raw_usage = {}
-        self.state = MergeState.OPEN
 
-    def begin_round(self) -> None:
-        self._rounds += 1
-        self._round = Round()
-        self._reset_round()
-
-    @property
-    def rounds(self) -> int:
-        return self._rounds
-
-    def feed(self, event: Event) -> list[bytes]:
-        """The bytes to send the client for one upstream event (often the event itself)."""
+    def read(self, event: Event) -> list[bytes]:
         data_text = event.data.strip()
         if event.name == "" or not data_text:
             return [event.raw]
@@ -259,7 +249,7 @@ class ChatStreamMerger:
             if choice.get("finish_reason") is not None:
                 # Held: only the last round's reason reaches the client. A chunk that also
                 # carries a delta sends the delta now and keeps a finish-only copy.
-                self._round.stop_reason = choice["finish_reason"]
+                self.round.stop_reason = choice["finish_reason"]
                 if _empty_delta(delta):
                     self._held.append(event.raw)
                 else:
@@ -267,12 +257,12 @@ class ChatStreamMerger:
                     self._held.append(encode_chunk({**data, "choices": [alone]}))
                 choice["finish_reason"] = None
                 changed = True
-            if self._rounds > 1 and "role" in delta:
+            if self.rounds > 1 and "role" in delta:
                 del delta["role"]  # the client saw the assistant message begin once
                 changed = True
             text = delta.get("content")
             if isinstance(text, str) and text:
-                if self._rounds > 1 and self._sent_text and not self._separated:
+                if self.rounds > 1 and self._sent_text and not self._separated:
                     delta["content"] = ROUND_SEPARATOR + text
                     changed = True
                 self._separated = True
@@ -288,7 +278,7 @@ class ChatStreamMerger:
             if _empty_delta(delta) and choice.get("finish_reason") is None and changed:
                 continue  # nothing left for the client in this choice
             kept.append(choice)
-        if self._rounds > 1 and self._head.get("id") != data.get("id"):
+        if self.rounds > 1 and self._head.get("id") != data.get("id"):
             data.update(self._head)
             changed = True
         if not changed:
@@ -325,8 +315,9 @@ class ChatStreamMerger:
             if function.get("arguments"):
                 call["function"]["arguments"] += function["arguments"]
             if index not in self._index_map:
-                if _is_read(call, self._tool):
+                if is_read(call, self.tool):
                     self._index_map[index] = None
+                    self.held_any = True
                 else:
                     self._index_map[index] = self._next_index
                     self._next_index += 1
@@ -340,9 +331,7 @@ class ChatStreamMerger:
             out.append(delta)
         return out, changed
 
-    def end_round(self) -> Round:
-        """The round just finished (after its [DONE], or after the stream ended)."""
-        round_ = self._round
+    def ended(self, round_: Round) -> Round:
         calls = []
         for index in sorted(self._calls):
             call = self._calls[index]
@@ -351,7 +340,7 @@ class ChatStreamMerger:
             calls.append(entry)
             if self._index_map.get(index) is None:
                 round_.reads.append(_read_call(entry))
-                self._held_tokens += _held_tokens(entry)
+                self.held_tokens += _held_tokens(entry)
             else:
                 round_.client_calls += 1
         text = "".join(self._text)
@@ -362,16 +351,12 @@ class ChatStreamMerger:
             self._usages.append(dict(self._raw_usage))
         return round_
 
-    def finish(self, note: str | None = None) -> list[bytes]:
-        """The closing chunks: the upstream's own when one round held nothing back.
-        `note`: a short line the proxy adds to the text (why the rounds stopped)."""
-        last = self._round
-        if self._rounds == 1 and not last.reads and note is None:
-            out = list(self._held)
-            return [*out, self._done.raw] if self._done is not None else out
-        reason = last.stop_reason
-        if reason == "tool_calls" and not last.client_calls:
-            reason = "stop"  # the held read_result call is not the client's to answer
+    def as_it_came(self) -> list[bytes]:
+        return [*self._held, self._done.raw] if self._done is not None else list(self._held)
+
+    def ending(self, note: str | None) -> list[bytes]:
+        last = self.round
+        reason = told_stop(last.stop_reason, last.client_calls > 0)
         head = {**self._head, "object": "chat.completion.chunk"}
         out = []
         if note is not None:
@@ -384,7 +369,7 @@ class ChatStreamMerger:
         }
         out.append(encode_chunk(final))
         if self._usage_seen:
-            usage = client_usage(self._usages, self._held_tokens)
+            usage = client_usage(self._usages, self.held_tokens)
             out.append(encode_chunk({**head, "choices": [], "usage": usage}))
         out.append(DONE_EVENT)
         return out
@@ -395,11 +380,10 @@ def _empty_delta(delta: dict[str, Any]) -> bool:
 
 
 class ChatRounds:
-    """The Chat format's `Rounds` (proxy/core/wire_format.py): this module's functions."""
+    """The Chat format's `Rounds` (proxy/core/wire_format.py): this module's
+    functions and its merger."""
 
     split = staticmethod(split_completion)
     merge = staticmethod(merge_completions)
     continue_messages = staticmethod(continue_messages)
-
-    def merger(self, tool: str) -> ChatStreamMerger:
-        return ChatStreamMerger(tool)
+    merger = ChatStreamMerger  # made per answer: ChatStreamMerger(tool)

@@ -1,8 +1,11 @@
 """What several wire formats share, so that no format imports another.
 
-Reading a request's message list, its output cap, the block counter every format's
-counter stands on, OpenAI's error object (Chat Completions and Responses spell errors
-alike), and percent-encoding a path segment (Bedrock's and Vertex's model ids).
+Reading a request's message list, its output cap, OpenAI's error object (Chat
+Completions and Responses spell errors alike), percent-encoding a path segment
+(Bedrock's and Vertex's model ids), the counter every format's stands on
+(`FormatCounter`: the shared TokenCounter and a `count_message`), and what every
+format's stream merger shares: the lifecycle of an answer's read_result rounds
+(`RoundsMerger`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.core.errors import ProxyError
-from proxy.core.wire_format import JSON
+from proxy.core.sse import Event
+from proxy.core.tokens import TokenCounter
+from proxy.core.wire_format import JSON, MergeState, Round
 
 
 def request_messages(body: Mapping[str, Any]) -> list[JSON]:
@@ -84,3 +89,103 @@ def percent_decode(segment: str) -> str:
     """A path segment with its %XX escapes decoded (invalid UTF-8 replaced)."""
     raw = _ESCAPE.sub(lambda m: bytes((int(m[1], 16),)), segment.encode())
     return raw.decode("utf-8", "replace")
+
+
+class FormatCounter:
+    """A format's `MessageCounter` (proxy/core/wire_format.py): the shared TokenCounter
+    (and its cache) for text, content, blocks, tools and results, and the format's own
+    `count_message` (what one message of its shape costs); a format whose blocks are
+    shaped otherwise counts those too."""
+
+    def __init__(self, base: TokenCounter) -> None:
+        self.base = base
+
+    def count_message(self, message: Mapping[str, Any]) -> int:
+        raise NotImplementedError
+
+    def count_text(self, text: str) -> int:
+        return self.base.count_text(text)
+
+    def count_content(self, content: object) -> int:
+        return self.base.count_content(content)
+
+    def count_block(self, block: object) -> int:
+        return self.base.count_block(block)
+
+    def count_tools(self, tools: object) -> int:
+        return self.base.count_tools(tools)
+
+    def count_result(self, content: object) -> int:
+        return self.base.count_result(content)
+
+
+# -- a streamed answer's rounds ---------------------------------------------------------
+
+
+class RoundsMerger:
+    """Several streamed rounds, one client answer (a `RoundMerger`, proxy/core/
+    wire_format.py): the lifecycle every format's merger shares. Rounds are counted, each
+    begun open and ended as a `Round`; the read_result calls held back are counted with
+    their output tokens; the answer ends as the upstream ended it when one round held
+    nothing back and no note is due (every event then went out as the very bytes that
+    came in), else as the format ends it, telling the client what its merge policy says
+    (the stop reason its own, the usage it acts on: the functions that merge the
+    format's whole answers too). A format gives:
+
+    - `read(event)`: the bytes for the client of one upstream event (setting `state`
+      when the round stops or fails);
+    - `reset()`: its per-round state afresh; `ended(round)`: the round just finished
+      (its assistant turn, reads, client calls, usage, asks_to_read), what it held back
+      counted;
+    - `as_it_came()`: the upstream's own ending (None: there is none to give);
+    - `ending(note)`: its own ending, `note` (why the rounds stopped) included.
+    """
+
+    def __init__(self, tool: str) -> None:
+        self.tool = tool  # read_result's name in this request
+        self.rounds = 0
+        self.round = Round()  # the round being read
+        self.state = MergeState.OPEN
+        self.held_any = False  # a read_result call was held back, in some round
+        self.held_tokens = 0  # output the client did not see (those calls)
+
+    def begin_round(self) -> None:
+        self.rounds += 1
+        self.round = Round()
+        self.state = MergeState.OPEN
+        self.reset()
+
+    def feed(self, event: Event) -> list[bytes]:
+        """The bytes to send the client for one upstream event (often the event itself)."""
+        return self.read(event)
+
+    def end_round(self) -> Round:
+        """The round just finished (after its last event, or after the stream ended)."""
+        self.round = self.ended(self.round)
+        return self.round
+
+    def finish(self, note: str | None = None) -> list[bytes]:
+        """The closing events: the upstream's own when one round held nothing back, else
+        the format's, ending with `note` when the proxy has one (why the rounds stopped)."""
+        if self.rounds == 1 and not self.held_any and note is None:
+            closing = self.as_it_came()
+            if closing is not None:
+                return closing
+        return self.ending(note)
+
+    # -- the format's part ----------------------------------------------------------------
+
+    def read(self, event: Event) -> list[bytes]:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def ended(self, round_: Round) -> Round:
+        raise NotImplementedError
+
+    def as_it_came(self) -> list[bytes] | None:
+        raise NotImplementedError
+
+    def ending(self, note: str | None) -> list[bytes]:
+        raise NotImplementedError

@@ -33,6 +33,7 @@ from proxy.core.tokens import (
     TokenCounter,
     pdf_tokens_from_base64,
 )
+from proxy.wire.common import FormatCounter
 
 Part = Mapping[str, Any]
 CONTENT_ROLES = ("user", "model")
@@ -283,16 +284,10 @@ def media_tokens(part: Part, blob: Mapping[str, Any], counter: TokenCounter) -> 
 _SIGNATURE_NAMES = ("thoughtSignature", "thought_signature")
 
 
-class GeminiCounter:
+class GeminiCounter(FormatCounter):
     """Token estimates for Gemini contents, on top of the shared counter (and its cache).
     Estimates, like the other formats': calibration against the usage the API reports
     corrects them. Thought signatures are not model input and cost nothing."""
-
-    def __init__(self, base: TokenCounter) -> None:
-        self.base = base
-
-    def count_text(self, text: str) -> int:
-        return self.base.count_text(text)
 
     def count_message(self, message: Mapping[str, Any]) -> int:
         if not isinstance(message, dict):
@@ -340,12 +335,6 @@ class GeminiCounter:
         if isinstance(media, list):
             body += self.count_content(media)
         return TOOL_FRAMING + named + body
-
-    def count_tools(self, tools: object) -> int:
-        return self.base.count_tools(tools)
-
-    def count_result(self, content: object) -> int:
-        return self.base.count_result(content)
 
     def count_system(self, system: object) -> int:
         return self.count_content(system) if isinstance(system, dict) else 0

@@ -35,7 +35,7 @@ from proxy.core.errors import ProxyError
 from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
 from proxy.core.usage import LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
-from proxy.wire.common import head_text, openai_error
+from proxy.wire.common import FormatCounter, head_text, openai_error
 from proxy.wire.responses_rounds import ResponsesRounds, responses_usage
 from proxy.wire.responses_units import (
     ANSWER_TYPES,
@@ -99,28 +99,10 @@ def identity_view(body: Mapping[str, Any]) -> IdentityView:
 # -- counting -----------------------------------------------------------------------------
 
 
-class ResponsesCounter:
+class ResponsesCounter(FormatCounter):
     """Token estimates for units of Responses items, on top of the shared block counter
     (and its cache). Sealed content (reasoning, compaction) cannot be read: it is
     charged by its length, on the high side; calibration corrects the whole."""
-
-    def __init__(self, base: TokenCounter) -> None:
-        self.base = base
-
-    def count_text(self, text: str) -> int:
-        return self.base.count_text(text)
-
-    def count_content(self, content: object) -> int:
-        return self.base.count_content(content)
-
-    def count_block(self, block: object) -> int:
-        return self.base.count_block(block)
-
-    def count_tools(self, tools: object) -> int:
-        return self.base.count_tools(tools)
-
-    def count_result(self, content: object) -> int:
-        return self.base.count_result(content)
 
     def count_message(self, message: Mapping[str, Any]) -> int:
         return sum(self.count_item(item) for item in unit_items(message))

@@ -36,6 +36,7 @@ import orjson
 from proxy.core.sse import Event, encode_event
 from proxy.core.usage import Usage, call_tokens, count
 from proxy.core.wire_format import MergeState, ReadCall, Round
+from proxy.wire.common import RoundsMerger
 from proxy.wire.responses_units import call_key, item_type
 
 _HEAD = ("response.created", "response.in_progress", "response.queued")
@@ -201,24 +202,19 @@ def continue_units(
 _HELD = -1  # a read_result call: its events never reach the client
 
 
-class ResponsesStreamMerger:
+class ResponsesStreamMerger(RoundsMerger):
     """Several streamed rounds, one client response (RoundMerger)."""
 
     def __init__(self, tool: str) -> None:
-        self._tool = tool
-        self._rounds = 0
+        super().__init__(tool)
         self._seq = 0  # the next sequence_number the client gets
         self._next_index = 0  # the next output_index the client gets
         self._head: dict[str, Any] = {}  # the first round's response (from created)
         self._shown: list[Any] = []  # items the client was shown, in its order
         self._shown_usage: list[object] = []  # usage of the rounds that showed something
-        self._held_tokens = 0  # ... of which read_result calls the client was not shown
-        self._held_any = False
-        self._round = Round()
-        self.state = MergeState.OPEN
-        self._reset_round()
+        self.reset()
 
-    def _reset_round(self) -> None:
+    def reset(self) -> None:
         self._map: dict[int, int] = {}  # upstream output_index -> client index or _HELD
         self._pending: dict[int, list[tuple[Event, dict[str, Any]]]] = {}  # reasoning
         self._items: dict[int, dict[str, Any]] = {}  # done items, by upstream index
@@ -226,21 +222,10 @@ class ResponsesStreamMerger:
         self._end_event: Event | None = None
         self._output: list[dict[str, Any]] = []  # the round's output items
         self._showed = False
-        self.state = MergeState.OPEN
-
-    def begin_round(self) -> None:
-        self._rounds += 1
-        self._round = Round()
-        self._reset_round()
-
-    @property
-    def rounds(self) -> int:
-        return self._rounds
 
     # -- events --------------------------------------------------------------------------
 
-    def feed(self, event: Event) -> list[bytes]:
-        """The bytes to send the client for one upstream event (often the event itself)."""
+    def read(self, event: Event) -> list[bytes]:
         if event.name == "" or not event.data.strip():
             return [event.raw]
         try:
@@ -251,7 +236,7 @@ class ResponsesStreamMerger:
             return [event.raw]
         kind = str(data.get("type") or event.name)
         if kind in _HEAD:
-            if self._rounds == 1:
+            if self.rounds == 1:
                 if kind == "response.created" and isinstance(data.get("response"), dict):
                     self._head = data["response"]
                 return [self._emit(event, data)]
@@ -272,9 +257,9 @@ class ResponsesStreamMerger:
 
     def _added(self, event: Event, data: dict[str, Any], index: int) -> list[bytes]:
         item = data.get("item")
-        if is_read(item, self._tool):
+        if is_read(item, self.tool):
             self._map[index] = _HELD
-            self._held_any = True
+            self.held_any = True
             return []
         if item_type(item) == "reasoning":
             self._pending[index] = [(event, data)]
@@ -336,25 +321,24 @@ class ResponsesStreamMerger:
 
     # -- rounds ---------------------------------------------------------------------------
 
-    def end_round(self) -> Round:
-        """The round just finished (after its end event, or after the stream ended)."""
+    def ended(self, round_: Round) -> Round:
         response = (self._end or {}).get("response")
         response = response if isinstance(response, dict) else {}
         output = _output(response) or [self._items[i] for i in sorted(self._items)]
-        self._round = round_of(output, response.get("status"), response.get("usage"), self._tool)
         self._output = output
         if self._showed:
             self._shown_usage.append(response.get("usage"))
-            self._held_tokens += held_tokens(output, self._tool)
-        return self._round
+            self.held_tokens += held_tokens(output, self.tool)
+        return round_of(output, response.get("status"), response.get("usage"), self.tool)
 
-    def finish(self, note: str | None = None) -> list[bytes]:
-        """The closing events: the upstream's own when one round held nothing back.
-        `note`: the rounds stopped while the model was still reading, and why."""
+    def as_it_came(self) -> list[bytes] | None:
+        if self._pending:
+            return None  # held reasoning: the format's own ending shows it
         end = self._end or {}
-        single = self._rounds == 1 and not self._held_any and not self._pending
-        if single and note is None:
-            return [self._emit(self._end_event, end)] if self._end_event is not None else []
+        return [self._emit(self._end_event, end)] if self._end_event is not None else []
+
+    def ending(self, note: str | None) -> list[bytes]:
+        end = self._end or {}
         reading = note is not None
         out: list[bytes] = []
         if reading:
@@ -364,7 +348,7 @@ class ResponsesStreamMerger:
             out.extend(self._flush_pending())
             if self._showed and not showed:
                 self._shown_usage.append((end.get("response") or {}).get("usage"))
-                self._held_tokens += held_tokens(self._output, self._tool)
+                self.held_tokens += held_tokens(self._output, self.tool)
         response = dict(end.get("response") or {})
         response_id = str(self._head.get("id") or response.get("id") or "resp_")
         if note is not None:
@@ -375,9 +359,7 @@ class ResponsesStreamMerger:
         response["output"] = list(self._shown)
         status = "completed" if reading else str(response.get("status") or "completed")
         response["status"] = status
-        response["usage"] = client_usage(
-            response.get("usage"), self._shown_usage, self._held_tokens
-        )
+        response["usage"] = client_usage(response.get("usage"), self._shown_usage, self.held_tokens)
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
         data = {"type": kind, "sequence_number": self._seq, "response": response}
         self._seq += 1
@@ -411,11 +393,10 @@ class ResponsesStreamMerger:
 
 
 class ResponsesRounds:
-    """The Responses format's `Rounds` (proxy/core/wire_format.py): this module's functions."""
+    """The Responses format's `Rounds` (proxy/core/wire_format.py): this module's
+    functions and its merger."""
 
     split = staticmethod(split_response)
     merge = staticmethod(merge_responses)
     continue_messages = staticmethod(continue_units)
-
-    def merger(self, tool: str) -> ResponsesStreamMerger:
-        return ResponsesStreamMerger(tool)
+    merger = ResponsesStreamMerger  # made per answer: ResponsesStreamMerger(tool)
