@@ -25,8 +25,9 @@ from typing import Any
 
 from proxy.core.digests import FORMS, Canonical, canonical, digest
 from proxy.core.policy import Policy
+from proxy.core.reuse import Known, Seen
 from proxy.core.tokens import MESSAGE_OVERHEAD, CountKey, TokenCounter
-from proxy.core.wire_format import Request
+from proxy.core.wire_format import MessageCounter, Request
 
 # Estimated tokens a body can hold beyond one per byte (the tools preamble and such).
 BYTE_BOUND_SLACK = 1024
@@ -88,8 +89,9 @@ def count_request(
     base: TokenCounter,
     body: Mapping[str, Any],
     messages: Sequence[Mapping[str, Any]],
+    seen: Seen | None = None,
 ) -> Counted:
-    counted = _count(wire, base, body, messages, None, 1.0)
+    counted = _count(wire, base, body, messages, None, 1.0, seen=seen)
     assert counted is not None  # without a policy there is no bound to stop at
     return counted
 
@@ -99,10 +101,11 @@ def count_tokens(
     base: TokenCounter,
     body: Mapping[str, Any],
     messages: Sequence[Mapping[str, Any]],
+    seen: Seen | None = None,
 ) -> Counted:
     """`count_request`'s counts (the same keys, the same cache), with no match digests:
     `digests` is empty."""
-    counted = _count(wire, base, body, messages, None, 1.0, digested=False)
+    counted = _count(wire, base, body, messages, None, 1.0, digested=False, seen=seen)
     assert counted is not None
     return counted
 
@@ -114,6 +117,7 @@ def count_unless_quiet(
     messages: Sequence[Mapping[str, Any]],
     policy: Policy,
     factor: float,
+    seen: Seen | None = None,
 ) -> Counted | None:
     """The request's counts, or None when an upper bound of them, made without encoding
     any text not counted before, proves `Counted.fits` (nothing to plan).
@@ -124,7 +128,7 @@ def count_unless_quiet(
     the JSON around them: tests/core/test_count_bound.py). A new message with a `source` (an
     image or document, charged per pixel or page) makes no bound: the request is
     counted. Messages and Chat only (BOUNDED_FORMATS)."""
-    return _count(wire, base, body, messages, policy, factor)
+    return _count(wire, base, body, messages, policy, factor, seen=seen)
 
 
 def _count(
@@ -136,39 +140,84 @@ def _count(
     factor: float,
     *,
     digested: bool = True,
+    seen: Seen | None = None,
 ) -> Counted | None:
+    """One pass per message (what `seen` kept for a message parsed before is reused: its
+    JSON is not made again, nor its key or its digest)."""
     counter = wire.counter(base)
     domains = [wire.name.encode() + b":" + form for form in _FORMS]
-    shapes = [canonical(message) for message in messages]
-    # Keyed as the digest is made (what the message is matched by, and its form): a
-    # message's count is found wherever its digest would match.
-    keyed = [_keyed(base, shape, domains[shape.form]) for shape in shapes]
-    keys = [key for key, _ in keyed]
-    found = [base.cached(key) for key in keys]
-    fixed = wire.fixed_tokens(counter, body)
+    facts = [_facts(base, seen, message, domains) for message in messages]
+    found = [base.cached(known.key) for known in facts]
+    fixed = _fixed_tokens(wire, counter, body, seen)
     if policy is not None and wire.name in BOUNDED_FORMATS:
         # The cached counts alone over a threshold (a crossing): no bound of the new
         # messages can make it fit, so their bytes are not summed for one.
         known = sum(count for count in found if count is not None)
         if Counted(fixed, [known], []).fits(policy, factor):
-            bound = _bound(shapes, found)
+            bound = _bound(facts, found)
             if bound is not None and Counted(fixed, [bound], []).fits(policy, factor):
                 return None  # quiet: no digest made (but a large message's key)
     counts = [
-        base.remember(key, counter.count_message(message)) if count is None else count
-        for key, count, message in zip(keys, found, messages, strict=True)
+        base.remember(known.key, counter.count_message(message)) if count is None else count
+        for known, count, message in zip(facts, found, messages, strict=True)
     ]
-    digests = [
-        digest(shape.json) if made is None else made
-        for shape, (_, made) in zip(shapes, keyed, strict=True)
-        if digested
-    ]
-    forms = bytes(shape.form for shape in shapes)
-    breakpoints = sum(shape.breakpoints for shape in shapes)
+    digests = [_digest(known) for known in facts] if digested else []
+    forms = bytes(known.form for known in facts)
+    breakpoints = sum(known.breakpoints for known in facts)
     return Counted(fixed, counts, digests, breakpoints, forms)
 
 
 _FORMS = [bytes([form]) for form in range(FORMS)]  # digests.Canonical.form, as a key's byte
+
+
+def _facts(
+    base: TokenCounter, seen: Seen | None, message: Mapping[str, Any], domains: list[bytes]
+) -> Known:
+    """What counting needs of a message: kept by `seen` when it parsed it before, else
+    made from its JSON (once)."""
+    known = seen.known_of(message) if seen is not None else Known(message)
+    if known.key is None:
+        shape = canonical(message, known.raw)
+        known.raw = None
+        known.size = len(shape.raw)  # the JSON as it came: what the bound is proved of
+        known.sourced = b'"source"' in shape.raw
+        known.form, known.breakpoints = shape.form, shape.breakpoints
+        known.key, known.digest = _keyed(base, shape, domains[shape.form])
+        if known.digest is None:
+            known.json = shape.json
+    return known
+
+
+def _digest(known: Known) -> bytes:
+    if known.digest is None:
+        assert known.json is not None
+        known.digest, known.json = digest(known.json), None
+    return known.digest
+
+
+def _fixed_tokens(
+    wire: Request, counter: MessageCounter, body: Mapping[str, Any], seen: Seen | None
+) -> int:
+    """The system prompt's and tools' tokens, kept while they are the same objects (a
+    deferred tool loaded by a message makes them depend on the messages: made each time)."""
+    parts = tuple(body.get(name) for name in FIXED_FIELDS)
+    if seen is None or _defers(body.get("tools")):
+        return wire.fixed_tokens(counter, body)
+    fixed = seen.fixed_value("fixed_tokens", parts)
+    if fixed is None:
+        fixed = wire.fixed_tokens(counter, body)
+        seen.keep_fixed("fixed_tokens", parts, fixed)
+    return int(fixed)
+
+
+# The top-level fields each format's fixed tokens are counted from.
+FIXED_FIELDS = ("system", "tools", "instructions")
+
+
+def _defers(tools: object) -> bool:
+    return isinstance(tools, list) and any(
+        isinstance(t, dict) and t.get("defer_loading") is True for t in tools
+    )
 
 
 def _keyed(base: TokenCounter, shape: Canonical, domain: bytes) -> tuple[CountKey, bytes | None]:
@@ -185,17 +234,20 @@ def history_bound(
     """An upper bound of the history's estimate: cached counts as they are, each other
     message its JSON's bytes plus the per-message overhead; None when a new message
     holds a `source`."""
-    return _bound([canonical(message) for message in messages], cached)
+    facts = []
+    for message in messages:
+        shape = canonical(message)
+        facts.append(Known(message, len(shape.raw), b'"source"' in shape.raw))
+    return _bound(facts, cached)
 
 
-def _bound(shapes: Sequence[Canonical], cached: Sequence[int | None]) -> int | None:
+def _bound(facts: Sequence[Known], cached: Sequence[int | None]) -> int | None:
     bound = 0
-    for shape, count in zip(shapes, cached, strict=True):
+    for known, count in zip(facts, cached, strict=True):
         if count is not None:
             bound += count
             continue
-        raw = shape.raw  # the JSON as it came: what the bound is proved of
-        if b'"source"' in raw:
+        if known.sourced:
             return None
-        bound += len(raw) + MESSAGE_OVERHEAD  # `{}` is 2 bytes and costs the overhead
+        bound += known.size + MESSAGE_OVERHEAD  # `{}` is 2 bytes and costs the overhead
     return bound

@@ -1,8 +1,10 @@
 """How many bytes two requests share at their start or at their end, at memcmp's speed.
 
 An agent's next request repeats its previous one up to its newest turns, so the shared
-start is most of a 1 MB body: compared a block at a time (one memcmp each), then the
-differing block halved down to the byte; about 0.2 ms for 1 MB.
+start is most of a 1 MB body: compared a block at a time, then the differing block halved
+down to the byte. Each comparison is `bytes.startswith`/`endswith` with a memoryview of
+the other (one memcmp, no copy; comparing two memoryviews is 100x slower): about 25 µs
+for 1 MB.
 """
 
 from __future__ import annotations
@@ -13,44 +15,40 @@ BLOCK = 64 * 1024
 def common_prefix(a: bytes, b: bytes) -> int:
     """The length of the longest start a and b share."""
     limit = min(len(a), len(b))
-    at = 0
-    view_a, view_b = memoryview(a), memoryview(b)
-    while at < limit:
+    view = memoryview(b)
+    at = 0  # a[:at] == b[:at]
+    while True:
+        if at == limit:
+            return limit
         end = min(at + BLOCK, limit)
-        if view_a[at:end] != view_b[at:end]:
-            return _first_difference(view_a, view_b, at, end)
+        if not a.startswith(view[at:end], at):
+            break
         at = end
-    return limit
+    while end - at > 1:  # they differ in [at, end)
+        mid = (at + end) // 2
+        if a.startswith(view[at:mid], at):
+            at = mid
+        else:
+            end = mid
+    return at
 
 
 def common_suffix(a: bytes, b: bytes, limit: int | None = None) -> int:
     """The length of the longest end a and b share, at most `limit` bytes."""
-    most = min(len(a), len(b)) if limit is None else min(len(a), len(b), limit)
-    view_a, view_b = memoryview(a), memoryview(b)
+    most = min(len(a), len(b)) if limit is None else max(0, min(len(a), len(b), limit))
+    view, size_a, size_b = memoryview(b), len(a), len(b)
     done = 0
-    while done < most:
-        size = min(BLOCK, most - done)
-        end_a, end_b = len(a) - done, len(b) - done
-        if view_a[end_a - size : end_a] != view_b[end_b - size : end_b]:
-            low, high = 0, size  # the shared part of this block is view[-low:] ... find it
-            while low < high:
-                mid = (low + high + 1) // 2
-                if view_a[end_a - mid : end_a] == view_b[end_b - mid : end_b]:
-                    low = mid
-                else:
-                    high = mid - 1
-            return done + low
-        done += size
-    return most
-
-
-def _first_difference(a: memoryview, b: memoryview, start: int, end: int) -> int:
-    """Where a[start:end] and b[start:end], which differ, first differ."""
-    low, high = start, end  # a[start:low] == b[start:low]; they differ before high
-    while high - low > 1:
-        mid = (low + high) // 2
-        if a[low:mid] == b[low:mid]:
-            low = mid
+    while True:
+        if done == most:
+            return most
+        end = min(done + BLOCK, most)
+        if not a.endswith(view[size_b - end : size_b - done], 0, size_a - done):
+            break
+        done = end
+    while end - done > 1:  # the last `done` bytes are equal, the last `end` are not
+        mid = (done + end) // 2
+        if a.endswith(view[size_b - mid : size_b - done], 0, size_a - done):
+            done = mid
         else:
-            high = mid
-    return low
+            end = mid
+    return done

@@ -209,8 +209,12 @@ def create_app(settings: Settings) -> web.Application:
     app[REQUEST_LOG] = RequestLog(settings.server.log_format)
     app[STORE] = StoreState()
     app[COMPACTOR] = Compactor(
-        settings.policies, counter=COUNTER, max_lines=settings.store.max_lines
+        settings.policies,
+        counter=COUNTER,
+        max_lines=settings.store.max_lines,
+        reuse_bytes=settings.server.reuse_max_bytes,
     )
+    app[METRICS].watch_reuse(app[COMPACTOR].reuse)
     app[COMPACTOR].on_background_summary = app[METRICS].summariser_call
     app[COMPACTOR].on_lines = app[METRICS].conversation_lines.observe
     app[COMPACTOR].on_evicted = app[METRICS].checkpoints_evicted.inc

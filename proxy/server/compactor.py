@@ -35,6 +35,7 @@ from proxy.core.lines import DEFAULT_MAX_LINES
 from proxy.core.model_facts import UNKNOWN_SOURCE, wants_1m
 from proxy.core.outcome import Refuse, Rewrite, Untouched
 from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies, policy_for
+from proxy.core.reuse import Reuse, Seen
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TokenCounter, default_counter
 from proxy.core.wire_format import Request, WireFormat
@@ -77,6 +78,9 @@ class Prepared:
 
 
 POLICY_MEMO_SIZE = 4096
+# Memory for what was computed for each conversation line's last request (its body
+# bytes counted PARSED_FACTOR times): 1.2 MB for a 500 KB history.
+DEFAULT_REUSE_BYTES = 256 * 1024 * 1024
 
 
 def calibrated_as(wire: Request, model: str) -> str:
@@ -117,6 +121,14 @@ def _ignore_number(value: float) -> None:
     return None
 
 
+def _new_bytes(seen: Seen | None, size: int) -> int:
+    """Bytes of a body not parsed before: all of it, unless its line's last request was
+    kept (then only what follows the messages it repeats is counted afresh)."""
+    if seen is None or seen.layout is None or not seen.reused:
+        return size
+    return size - seen.layout.ends[seen.reused - 1]
+
+
 SUMMARY_AHEAD = "compaction.summary_ahead"  # the span of background work's trace
 
 
@@ -130,8 +142,11 @@ class Compactor:
         counter: TokenCounter | None = None,
         summariser: SummariserSettings | None = None,
         max_lines: int = DEFAULT_MAX_LINES,
+        reuse_bytes: int = DEFAULT_REUSE_BYTES,
     ) -> None:
         self.max_lines = max_lines
+        # What was computed for each conversation line's last request (core/reuse.py).
+        self.reuse = Reuse(reuse_bytes)
         self.policies = [*parse_policies(raw_policies), *DEFAULT_POLICIES]
         self.counter = counter or default_counter()
         self.summariser = summariser or SummariserSettings()
@@ -196,25 +211,37 @@ class Compactor:
         return found
 
     async def count(
-        self, wire: Request, body: Mapping[str, Any], size: int, *, digests: bool = True
+        self,
+        wire: Request,
+        body: Mapping[str, Any],
+        size: int,
+        *,
+        digests: bool = True,
+        seen: Seen | None = None,
     ) -> Counted:
         """The request counted (`count_request`; `digests=False`: `count_tokens`, the
-        counts alone)."""
+        counts alone); `seen`: what was kept of the request's line (proxy/core/reuse.py)."""
         messages = wire.messages(body)
         how = count_request if digests else count_tokens
-        if size > COUNT_OFF_LOOP_BYTES:
+        if size > COUNT_OFF_LOOP_BYTES and _new_bytes(seen, size) > COUNT_OFF_LOOP_BYTES:
             # A cold count of a big history takes tens of ms: keep the loop free meanwhile
             # (tiktoken encodes without the GIL).
-            return await asyncio.to_thread(how, wire, self.counter, body, messages)
-        return how(wire, self.counter, body, messages)
+            return await asyncio.to_thread(how, wire, self.counter, body, messages, seen)
+        return how(wire, self.counter, body, messages, seen)
 
     async def count_unless_quiet(
-        self, wire: Request, body: Mapping[str, Any], size: int, policy: Policy, factor: float
+        self,
+        wire: Request,
+        body: Mapping[str, Any],
+        size: int,
+        policy: Policy,
+        factor: float,
+        seen: Seen | None = None,
     ) -> Counted | None:
         """`count`, or None when a bound proves the history quiet (counting.py)."""
         messages = wire.messages(body)
-        args = (wire, self.counter, body, messages, policy, factor)
-        if size > COUNT_OFF_LOOP_BYTES:
+        args = (wire, self.counter, body, messages, policy, factor, seen)
+        if size > COUNT_OFF_LOOP_BYTES and _new_bytes(seen, size) > COUNT_OFF_LOOP_BYTES:
             return await asyncio.to_thread(count_unless_quiet, *args)
         return count_unless_quiet(*args)
 
@@ -233,11 +260,14 @@ class Compactor:
         policy_override: Mapping[str, int] | None = None,
         spend: SummaryBudget = FREE_SUMMARIES,
         read_result: bool = True,
+        seen: Seen | None = None,
     ) -> Prepared:
         """`tenant` and `policy_override` come from a proxy key when keys are required
         (else the tenant is the hash of the forwarded credential); `spend` reserves the
         summaries made for the caller in its budgets; `read_result` False: the request
-        may not be offered read_result (the planner then writes no stub naming it)."""
+        may not be offered read_result (the planner then writes no stub naming it);
+        `seen`: what was kept of the request's line, when its body was parsed by
+        `Reuse.parse` (what was computed for its messages before is not made again)."""
         model = str(body.get("model", ""))
         messages = wire.messages(body)
         if not messages:
@@ -252,9 +282,11 @@ class Compactor:
         if not sample and cannot_cross(body_bytes, policy, factor):
             return Prepared(body_bytes, body, model, policy=policy, factor=factor)  # not counted
         if sample:  # calibration wants this request's counts
-            counted: Counted | None = await self.count(wire, body, len(body_bytes))
+            counted: Counted | None = await self.count(wire, body, len(body_bytes), seen=seen)
         else:
-            counted = await self.count_unless_quiet(wire, body, len(body_bytes), policy, factor)
+            counted = await self.count_unless_quiet(
+                wire, body, len(body_bytes), policy, factor, seen
+            )
         if counted is None:  # its new messages' bytes alone prove it under every threshold
             return Prepared(body_bytes, body, model, policy=policy, factor=factor)  # uncounted
         counter = wire.counter(self.counter)

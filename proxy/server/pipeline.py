@@ -33,8 +33,9 @@ from aiohttp import web
 
 from proxy.core.calibration import calibrates
 from proxy.core.errors import InvalidRequest, UnsupportedEncoding
-from proxy.core.identity import tenant_of
+from proxy.core.identity import header_id, tenant_of
 from proxy.core.policy import PolicyError
+from proxy.core.reuse import Seen, key_of
 from proxy.core.wire_format import WireFormat
 from proxy.server import budgets
 from proxy.server.bodies import (
@@ -100,6 +101,8 @@ class Incoming:
     # False: no read_result for this request (`Adjusted.read_result`): the one decision,
     # made before the planner, which then writes no stub naming it.
     read_result: bool = True
+    # What was computed for its conversation line's last request (proxy/core/reuse.py).
+    seen: Seen | None = None
 
 
 async def read(request: web.Request, route: ConversationRoute) -> Incoming:
@@ -125,7 +128,7 @@ async def read(request: web.Request, route: ConversationRoute) -> Incoming:
             raise unreadable_encoding(request)
         return Incoming(body, None, encoded)
     try:
-        parsed = orjson.loads(text)
+        parsed, seen = _parsed(request, route, text)
     except orjson.JSONDecodeError as e:
         if encoded and not budgets.applies(request):
             return Incoming(body, None, encoded)
@@ -138,7 +141,16 @@ async def read(request: web.Request, route: ConversationRoute) -> Incoming:
             await asyncio.to_thread(check_duplicates, text, parsed)
         else:
             check_duplicates(text, parsed)
-    return Incoming(body, parsed, encoded)
+    return Incoming(body, parsed, encoded, seen=seen)
+
+
+def _parsed(request: web.Request, route: ConversationRoute, text: bytes) -> tuple[Any, Seen | None]:
+    """The body parsed: as the continuation of its conversation line's last request when
+    it repeats its bytes (proxy/core/reuse.py: only what is new is parsed)."""
+    if not route.compacts:
+        return orjson.loads(text), None
+    key = key_of(tenant_of_request(request), header_id(request.headers), text)
+    return request.app[COMPACTOR].reuse.parse(key, text, route.wire.history_field)
 
 
 def unreadable_encoding(request: web.Request) -> UnsupportedEncoding:
@@ -196,6 +208,7 @@ async def prepare(
                 policy_override=override,
                 spend=budgets.summary_budget(request),
                 read_result=incoming.read_result,
+                seen=incoming.seen,
             )
         except PolicyError as e:
             # A key's or team's window/trigger/target that does not fit this model's
