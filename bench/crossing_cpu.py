@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -339,14 +340,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="crossing-cpu-"))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("REDIS_URL", None)
-    config = work / "proxy.toml"
-    # The shipped settings. The synthetic workload's model alone gets the claude-*
-    # defaults with an offload trigger low enough (--offload-trigger) that its 3-9 KB
-    # results are offloaded as they age from the first turns on, as at fleet_load.py's
-    # 10% of a 32k window.
-    config.write_text(
-        (ROOT / "config" / "proxy.toml").read_text()
-        + f'\n[[policy]]\nmatch = "{SYNTHETIC_MODEL}"\nwindow = 200000\ntrigger = 100000\n'
+    policy = (
+        f'\n[[policy]]\nmatch = "{SYNTHETIC_MODEL}"\nwindow = 200000\ntrigger = 100000\n'
         f"target = 80000\noffload_trigger = {args.offload_trigger}\n"
     )
     proxies = {"proxy": ROOT}
@@ -367,6 +362,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=300)
     with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, work, True)
         targets: dict[str, Target] = {}
         children: dict[str, Any] = {}
         for who, source in proxies.items():
@@ -375,6 +371,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             stack.callback(redis_server.stop_sync)
             store = Servers(redis_url, cluster=False)
             stack.callback(store.close)
+            config = work / f"{who}.toml"  # the tree's own shipped settings, and the policy
+            config.write_text((source / "config" / "proxy.toml").read_text() + policy)
             command = [
                 PYTHON, "-P", "-m", "proxy", "--log-level", "WARNING", "serve",
                 "--port", str(ports[who]), "--upstream", local(upstreams[who]),

@@ -56,6 +56,9 @@ class PlanInput:
     prepared: PreparedSummary | None = None  # a summary made ahead for this root
     forms: bytes = b""  # each message's digest form (Counted.forms); b"": nothing reused
     stubbed: StubbedMemo | None = None  # stubbed messages built by earlier requests
+    # Each message's estimated tokens (Counted.uncertain; 0: counted exactly; (): all
+    # exact): where they could decide, the planner asks for exact counts (`Recount`).
+    uncertain: Sequence[int] = ()
 
 
 @dataclass(frozen=True, slots=True)
