@@ -43,6 +43,7 @@ from proxy.core.checkpoint import decode_checkpoint, root_of  # noqa: E402
 from proxy.core.commands import Loaded  # noqa: E402
 from proxy.core.counting import count_request  # noqa: E402
 from proxy.core.driver import CompactionRequest, compaction, run  # noqa: E402
+from proxy.core.exact_json import ClientJSON  # noqa: E402
 from proxy.core.identity import conversation_of, tenant_of  # noqa: E402
 from proxy.core.sse import SSEDecoder, encode_event  # noqa: E402
 from proxy.server.app import RunningProxy, start  # noqa: E402
@@ -150,6 +151,7 @@ async def prepare_run(rounds: int, policy: dict[str, Any]) -> dict[str, Any]:
             ANTHROPIC.counter(counter),
             compactor.policy("claude-test-1"),
             compactor.calibration.factor("claude-test-1", app[STORE].store),
+            ClientJSON.written(body),
             stubbed=compactor.stubbed,  # as prepare plans: the stubs built once, reused
         )
         store = app[STORE].store

@@ -70,8 +70,10 @@ class GetSummary:
     reading the conversation's cached prefix, when the summariser is its model); `summary_tokens`
     is its output cap in tokens. `ahead`: it is the summary being made ahead, in the
     background: wait for that call (however long it takes), never give up on it early.
-    `fallback`: the transcript request to send when the in-place `body` is answered with a
-    tool call instead of notes (the tools it carries for the cache's sake tempt the model).
+    `encoded`: an in-place `body` as the bytes to send (what it keeps of the conversation's
+    request as the client's bytes; empty: `body` serialised). `fallback`: the transcript
+    request to send when the in-place `body` is answered with a tool call instead of notes
+    (the tools it carries for the cache's sake tempt the model).
     `facts`: the folded turns' identifiers the made summary must keep, within
     `facts_budget` tokens: `finished` is the one place they are applied, by every
     executor, to the text its summariser made (a stored summary has them already)."""
@@ -84,6 +86,7 @@ class GetSummary:
     fallback: dict[str, Any] | None = None
     facts: Facts = field(default_factory=Facts)
     facts_budget: int = 0
+    encoded: bytes = b""
 
     def finished(
         self, text: str, count: Callable[[str], int], ranked: Sequence[str] | None = None

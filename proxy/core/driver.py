@@ -50,6 +50,7 @@ from proxy.core.commands import (
 )
 from proxy.core.counting import Counted
 from proxy.core.digests import chain_hash
+from proxy.core.exact_json import ClientJSON
 from proxy.core.lines import (
     DEFAULT_MAX_LINES,
     best_line,
@@ -83,6 +84,7 @@ class CompactionRequest:
     counter: MessageCounter  # the wire's counter (wire.counter(base))
     policy: Policy
     factor: float  # calibration: real tokens / estimated
+    source: ClientJSON  # the body's bytes, written back exactly where a rewrite keeps them
     stubbed: StubbedMemo | None = None  # the shell's memo of stubbed messages (planner)
     # The shell's clock (seconds) and how often the TTLs of the refs a conversation names
     # are renewed at most; 0: at every crossing.
@@ -283,11 +285,16 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
             prompt=place.prompt,
             history=history,
         )
+        # What it keeps of the conversation's request goes as the client's bytes (and so
+        # reads the prompt cache the conversation's own requests wrote).
+        encoded = request.source.encode(body) if body is not None else b""
     facts, budget = fold.facts, fold.facts_budget  # applied by GetSummary.finished
     ask = GetSummary(
         fold.key, transcript, fold.summary_tokens, model, fold.ahead, None, facts, budget
     )
-    return ask if body is None else replace(ask, body=body, fallback=transcript)
+    if body is None:
+        return ask
+    return replace(ask, body=body, encoded=encoded, fallback=transcript)
 
 
 def _plan_input(
@@ -336,12 +343,9 @@ def _decision(
     messages = _with_proxy_breakpoint(request, outcome)
     fields = request.wire.with_history(request.body, messages, outcome.tool)
     estimate = inp.fixed_tokens + (inp.tool_tokens if outcome.tool else 0) + outcome.estimate
+    sent = {**request.body, **fields}
     return Decision(
-        outcome,
-        estimate,
-        sent={**request.body, **fields},
-        body=request.wire.encode(request.body, fields),
-        summary_failure=failure,
+        outcome, estimate, sent=sent, body=request.source.encode(sent), summary_failure=failure
     )
 
 

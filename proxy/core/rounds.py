@@ -41,6 +41,7 @@ from proxy.core.commands import (
     TopUp,
 )
 from proxy.core.counting import count_tokens
+from proxy.core.exact_json import ClientJSON
 from proxy.core.offload import STOP_NOTES, ReadRequest, parse_read_args, read_slice, unknown_ref
 from proxy.core.policy import Policy
 from proxy.core.tokens import TokenCounter
@@ -108,6 +109,9 @@ def read_rounds(request: RoundsRequest) -> Rounds:
     wire, sent = request.wire, dict(request.sent)
     messages: list[JSON] = list(wire.messages(sent))
     body, used = request.body, 0
+    # Round 1's bytes hold each part of `sent` as sent (what it kept of the client's
+    # request as the client's bytes): later rounds write those parts the same way.
+    source = ClientJSON(body, request.sent)
     while True:
         reply = yield SendRound(body, used + 1)
         if isinstance(reply, Failed):
@@ -128,7 +132,7 @@ def read_rounds(request: RoundsRequest) -> Rounds:
         if not topped.ok:
             return _stopped("budget", used, request)
         used += 1
-        body = wire.encode(sent, fields)
+        body = source.encode({**sent, **fields})
 
 
 def _stopped(why: str, used: int, request: RoundsRequest) -> Ended:

@@ -128,10 +128,6 @@ class Request(Protocol):
         """The request's history (every message a JSON object), or [] when absent."""
         ...
 
-    def encode(self, body: Mapping[str, Any], replace: Mapping[str, Any]) -> bytes:
-        """The body with some top-level fields replaced, key order kept, as JSON bytes."""
-        ...
-
     def with_history(self, body: Mapping[str, Any], messages: list[JSON], tool: str | None) -> JSON:
         """The top-level fields a rewrite replaces: the history, and the tools with
         read_result appended when `tool` names it."""

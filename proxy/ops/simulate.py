@@ -49,6 +49,7 @@ from proxy.core.commands import (
 )
 from proxy.core.counting import count_request, count_tokens
 from proxy.core.driver import CompactionRequest, compaction, run
+from proxy.core.exact_json import ClientJSON
 from proxy.core.lines import best_line
 from proxy.core.offload import ref_for
 from proxy.core.outcome import Refuse, Rewrite, Untouched
@@ -304,9 +305,11 @@ class Simulator:
         policy = policy_for(model, self.policies, betas=self.betas)
         counted = count_request(wire, self.counter, body, messages, seen)
         counter = wire.counter(self.counter)
+        source = ClientJSON.written(body)
         request = CompactionRequest(
-            wire, body, messages, counted, counter, policy, self.factor, stubbed=self.stubbed
-        )
+            wire, body, messages, counted, counter, policy, self.factor, source,
+            stubbed=self.stubbed,
+        )  # fmt: skip
         memory = self.memory
         memory.asked = memory.ahead = None
         known = set(memory.summaries)
@@ -345,7 +348,7 @@ class Simulator:
             raise ValueError("read_result was not offered in this step")
         wire, body = self.format, step.body
         request = RoundsRequest(
-            wire, body, wire.encode(body, {}), step.refs, self.counter,
+            wire, body, orjson.dumps(body), step.refs, self.counter,
             step.policy, self.factor,
         )  # fmt: skip
         rounds = RoundsExecutor(self.memory.blobs, wire, step.tool, model)

@@ -30,6 +30,7 @@ from proxy.core.counting import (
 )
 from proxy.core.driver import CompactionRequest, Decision, compaction
 from proxy.core.errors import ContextTooLong, ProxyError
+from proxy.core.exact_json import ClientJSON
 from proxy.core.identity import identities, tenant_of
 from proxy.core.lines import DEFAULT_MAX_LINES
 from proxy.core.model_facts import UNKNOWN_SOURCE, wants_1m
@@ -298,6 +299,7 @@ class Compactor:
             counter,
             policy,
             factor,
+            ClientJSON(body_bytes, body),
             stubbed=self.stubbed,
             now=int(time.time()),
             renew_every=renew_every(store),

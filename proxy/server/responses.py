@@ -36,6 +36,7 @@ from aiohttp import web
 from proxy.core.commands import GetSummary, SummaryReply
 from proxy.core.counting import count_tokens
 from proxy.core.errors import StoreUnavailable, UpstreamError
+from proxy.core.exact_json import ClientJSON
 from proxy.core.identity import identities
 from proxy.core.seal import open_sealed, seal
 from proxy.core.summariser_input import whole_key, whole_summary
@@ -92,8 +93,11 @@ async def before(request: web.Request, body: bytes, payload: dict[str, Any]) -> 
     if b'"cpx1.' in body or is_encoded(request):  # (compressed bytes hide the mark)
         found = sealed_items(payload)
         if found:
-            payload = await _expand(request, payload, found)
-            body = orjson.dumps(payload)
+            opened = await _expand(request, payload, found)
+            # The rest of the request as the client wrote it (compressed: as parsed).
+            source = None if is_encoded(request) else ClientJSON(body, payload)
+            body = source.encode(opened) if source is not None else orjson.dumps(opened)
+            payload = opened
     if is_trigger(payload):
         return await _trigger(request, body, payload)
     if asks_for_summary(payload):

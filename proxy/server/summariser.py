@@ -185,7 +185,7 @@ async def finished(need: GetSummary, text: str, count: Callable[[str], int]) -> 
 def summary_input(need: GetSummary) -> int:
     """What a summariser call is reserved for as input before it is made: its body's
     bytes over 3 (errs high for text and code; settled to what the upstream reports)."""
-    return len(orjson.dumps(need.body)) // 3 + 1
+    return len(need.encoded or orjson.dumps(need.body)) // 3 + 1
 
 
 class SummariserFailed(Exception):
@@ -218,13 +218,14 @@ async def post_summary(
         (PURPOSE_HEADER, "summary"),
     ]
     async with asyncio.timeout(seconds):
-        answer = await _ask(upstream, path, sent, need.body)
+        body = need.encoded or orjson.dumps(need.body)
+        answer = await _ask(upstream, path, sent, body, need.model)
         usage = wire.body_usage(answer)
         if calls_tool(answer):
             if need.fallback is None:
                 raise SummariserFailed("the summariser called a tool")
             log.info("the summary made in place called a tool: asking with the transcript")
-            again = await _ask(upstream, path, sent, need.fallback)
+            again = await _ask(upstream, path, sent, orjson.dumps(need.fallback), need.model)
             more = wire.body_usage(again)
             if calls_tool(again):
                 raise SummariserFailed("the summariser called a tool")
@@ -234,16 +235,10 @@ async def post_summary(
 
 
 async def _ask(
-    upstream: Upstream, path: str, headers: list[tuple[str, str]], body: dict[str, Any]
+    upstream: Upstream, path: str, headers: list[tuple[str, str]], body: bytes, model: str
 ) -> dict[str, Any]:
     response = await upstream.send(
-        "POST",
-        path,
-        headers,
-        orjson.dumps(body),
-        stream=False,
-        purpose="summary",
-        model=str(body.get("model", "")),
+        "POST", path, headers, body, stream=False, purpose="summary", model=model
     )
     try:
         raw = await upstream.read(response)  # within upstream.max_answer_bytes

@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 
 from proxy.core.tokens import TokenCounter, loaded_tools
-from proxy.testing.validate import cache_control_count
+from proxy.wire.anthropic_validation import cache_control_count
 
 LOOKBACK_UNITS = 20
 ONE_HOUR = 3600.0

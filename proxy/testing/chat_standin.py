@@ -33,7 +33,6 @@ from aiohttp import web
 
 from proxy.core.tokens import TokenCounter
 from proxy.testing.cache import Unit
-from proxy.testing.chat_validate import ChatError, validate_chat_request, window_error
 from proxy.testing.script import (
     READ_RESULT,
     STATUS_FAULTS,
@@ -64,6 +63,8 @@ from proxy.testing.standin_http import (
 )
 from proxy.testing.summary import summarise
 from proxy.wire.chat import ChatCounter
+from proxy.wire.chat_validation import validate_chat_request, window_error
+from proxy.wire.common import OpenAIInvalid
 
 ARGUMENT_PIECE_CHARS = 24
 CREATED = 1_764_000_000  # a fixed `created`: the same request gets the same bytes
@@ -90,7 +91,7 @@ def chat_error(
     )
 
 
-def _invalid(error: ChatError) -> web.Response:
+def _invalid(error: OpenAIInvalid) -> web.Response:
     return chat_error(400, error.message, param=error.param, code=error.code)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from proxy.testing.responses_items import part_texts, sealed_text
-from proxy.testing.responses_validate import input_items
+from proxy.wire.responses_units import input_items
 
 STEP = re.compile(r"SCENARIO-STEP=(\d+)")
 DONE_TEXT = "SCENARIO-DONE: all chunks printed"

@@ -25,8 +25,8 @@ import orjson
 
 from proxy.core.tokens import TokenCounter
 from proxy.testing.cache import Unit
-from proxy.testing.responses_validate import input_items
 from proxy.testing.script import READ_RESULT, STUB_REF
+from proxy.wire.responses_units import input_items
 
 SEAL_PREFIX = "sti1."
 ITEM_OVERHEAD = 4

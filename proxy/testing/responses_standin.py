@@ -48,7 +48,6 @@ from aiohttp import web
 
 from proxy.core.tokens import TokenCounter
 from proxy.testing.chat_standin import _FAULT_STATUS, chat_error
-from proxy.testing.chat_validate import ChatError
 from proxy.testing.codex_scenario import Scenario
 from proxy.testing.responses_events import (
     Answer,
@@ -69,7 +68,6 @@ from proxy.testing.responses_items import (
     part_texts,
     seal,
 )
-from proxy.testing.responses_validate import input_items, validate_responses_request, window_error
 from proxy.testing.script import (
     STATUS_FAULTS,
     Script,
@@ -94,6 +92,9 @@ from proxy.testing.standin_http import (
     send_stream,
 )
 from proxy.testing.summary import summarise
+from proxy.wire.common import OpenAIInvalid
+from proxy.wire.responses_units import input_items
+from proxy.wire.responses_validation import validate_responses_request, window_error
 
 HANDOFF = re.compile(r"checkpoint compaction|handoff summary", re.IGNORECASE)
 SUMMARY_TOKENS = 1000  # a summary's budget when the request sets no max_output_tokens
@@ -132,7 +133,7 @@ def _unauthorized() -> web.Response:
     )
 
 
-def _invalid(error: ChatError) -> web.Response:
+def _invalid(error: OpenAIInvalid) -> web.Response:
     return chat_error(400, error.message, param=error.param, code=error.code)
 
 
@@ -320,7 +321,7 @@ def answer(
     unverified = check_seals(body, options.seal_key, options.accept_foreign_encrypted)
     if unverified:
         message = f"The encrypted content for item {unverified} could not be verified."
-        return _invalid(ChatError(message, "input", "invalid_encrypted_content"))
+        return _invalid(OpenAIInvalid(message, "input", "invalid_encrypted_content"))
     counter = ItemCounter(app[COUNTER], options.seal_key)
     raw_total = counter.count_request(body)
     total = _scaled(raw_total, app[OPTIONS])

@@ -44,7 +44,6 @@ from proxy.testing.responses_standin import (
     handle_responses_get,
     turn_state,
 )
-from proxy.testing.responses_validate import input_items
 from proxy.testing.standin_http import (
     OPTIONS,
     RECORDED,
@@ -53,6 +52,7 @@ from proxy.testing.standin_http import (
     _tenant,
     request_digest,
 )
+from proxy.wire.responses_units import input_items
 
 # What an error frame carries of the headers an HTTP refusal would have had.
 ERROR_HEADERS = ("retry-after", "retry-after-ms", "x-request-id")

@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from proxy.core.tokens import TokenCounter
-from proxy.testing.validate import thinking_signature
+from proxy.wire.anthropic_validation import thinking_signature
 
 STATUS_FAULTS = ("429", "529", "500")
 STREAM_FAULTS = ("stream_error", "eof", "stall")

@@ -76,7 +76,7 @@ from proxy.testing.standin_http import (
     summariser_pace,
 )
 from proxy.testing.summary import summarise
-from proxy.testing.validate import (
+from proxy.wire.anthropic_validation import (
     validate_count_tokens_request,
     validate_messages_request,
     window_error,

@@ -25,7 +25,7 @@ from proxy.core.tokens import TokenCounter, loaded_tools
 from proxy.core.usage import LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.anthropic_rounds import MessagesRounds, anthropic_usage
-from proxy.wire.common import encode_request, head_text, max_output, request_messages
+from proxy.wire.common import head_text, max_output, request_messages
 
 Message = Mapping[str, Any]
 
@@ -160,9 +160,6 @@ class MessagesRequest:
 
     messages = staticmethod(request_messages)
     max_output = staticmethod(max_output)
-
-    def encode(self, body: Mapping[str, Any], replace: Mapping[str, Any]) -> bytes:
-        return encode_request(body, **replace)
 
     def with_history(self, body: Mapping[str, Any], messages: list[JSON], tool: str | None) -> JSON:
         fields: JSON = {"messages": messages}

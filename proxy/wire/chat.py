@@ -31,7 +31,6 @@ from proxy.core.usage import LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.chat_rounds import ChatRounds, chat_usage
 from proxy.wire.common import (
-    encode_request,
     head_text,
     max_output,
     openai_error,
@@ -216,9 +215,6 @@ class ChatRequest:
     messages = staticmethod(request_messages)
     max_output = staticmethod(max_output)
     identity_view = staticmethod(identity_view)
-
-    def encode(self, body: Mapping[str, Any], replace: Mapping[str, Any]) -> bytes:
-        return encode_request(body, **replace)
 
     def with_history(self, body: Mapping[str, Any], messages: list[JSON], tool: str | None) -> JSON:
         fields: JSON = {"messages": messages}

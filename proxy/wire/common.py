@@ -1,16 +1,15 @@
 """What several wire formats share, so that no format imports another.
 
-Reading a request's message list, encoding a body with some fields replaced, its output
-cap, the block counter every format's counter stands on, and OpenAI's error object
-(Chat Completions and Responses spell errors alike).
+Reading a request's message list, its output cap, the block counter every format's
+counter stands on, and OpenAI's error object (Chat Completions and Responses spell errors
+alike).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
-
-import orjson
 
 from proxy.core.errors import ProxyError
 from proxy.core.wire_format import JSON
@@ -24,21 +23,6 @@ def request_messages(body: Mapping[str, Any]) -> list[JSON]:
     return [m for m in messages if isinstance(m, dict)]
 
 
-def encode_request(body: Mapping[str, Any], **replace: Any) -> bytes:
-    """The body with some top-level fields replaced (key order kept), as JSON bytes.
-
-    A field replaced with None is removed. New fields go at the end, so the same inputs
-    always give the same bytes.
-    """
-    out = dict(body)
-    for key, value in replace.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = value
-    return orjson.dumps(out)
-
-
 def max_output(body: Mapping[str, Any]) -> int | None:
     """The request's output cap, under any of the names the APIs give it."""
     for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
@@ -46,6 +30,16 @@ def max_output(body: Mapping[str, Any]) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
+
+
+@dataclass(frozen=True)
+class OpenAIInvalid:
+    """Why OpenAI's API refuses a request (its 400 `invalid_request_error`): the message,
+    and the `param` and `code` it names (Chat Completions and Responses alike)."""
+
+    message: str
+    param: str | None = None
+    code: str | None = None
 
 
 # Anthropic's error types (the core's) that OpenAI's APIs spell otherwise.

@@ -35,7 +35,7 @@ from proxy.core.errors import ProxyError
 from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
 from proxy.core.usage import LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
-from proxy.wire.common import encode_request, head_text, openai_error
+from proxy.wire.common import head_text, openai_error
 from proxy.wire.responses_rounds import ResponsesRounds, responses_usage
 from proxy.wire.responses_units import (
     ANSWER_TYPES,
@@ -226,9 +226,6 @@ class ResponsesRequest:
 
     def messages(self, body: Mapping[str, Any]) -> list[JSON]:
         return units_of(input_items(body))
-
-    def encode(self, body: Mapping[str, Any], replace: Mapping[str, Any]) -> bytes:
-        return encode_request(body, **replace)
 
     def with_history(self, body: Mapping[str, Any], messages: list[JSON], tool: str | None) -> JSON:
         fields: JSON = {"input": flatten(messages)}

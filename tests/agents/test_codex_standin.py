@@ -33,8 +33,8 @@ from proxy.testing.codex_cli import CodexConfig, CodexRun, run_codex
 from proxy.testing.codex_scenario import DONE_TEXT, ShellChunks, big_log
 from proxy.testing.responses_items import ItemCounter, unseal
 from proxy.testing.responses_standin import HANDOFF, ResponsesOptions
-from proxy.testing.responses_validate import input_items
 from proxy.testing.standin import RecordedRequest, StandInOptions
+from proxy.wire.responses_units import input_items
 from tests.plugins.responses import MakeResponsesStandIn
 from tests.plugins.standin import RunningStandIn
 

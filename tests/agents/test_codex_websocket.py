@@ -22,8 +22,8 @@ from proxy.core.tokens import default_counter
 from proxy.server.metrics import METRICS
 from proxy.testing.responses_items import ItemCounter
 from proxy.testing.responses_standin import ResponsesOptions
-from proxy.testing.responses_validate import input_items
 from proxy.testing.standin import RecordedRequest
+from proxy.wire.responses_units import input_items
 from tests.agents.test_codex_standin import (
     COMPACT_AT,
     LATE_POLICY,

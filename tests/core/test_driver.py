@@ -32,6 +32,7 @@ from proxy.core.driver import (
     commands_of,
     compaction,
 )
+from proxy.core.exact_json import ClientJSON
 from proxy.core.outcome import Refuse, Rewrite, Untouched
 from proxy.core.policy import Policy
 from proxy.core.segments import StubbedMemo, refs_of
@@ -48,7 +49,14 @@ def request(messages: list[dict[str, Any]], limits: Policy | None = None) -> Com
     body = {"model": "claude-test", "max_tokens": 100, "messages": messages}
     counted = count_request(ANTHROPIC, COUNTER, body, messages)
     return CompactionRequest(
-        ANTHROPIC, body, messages, counted, ANTHROPIC.counter(COUNTER), limits or policy(), 1.0
+        ANTHROPIC,
+        body,
+        messages,
+        counted,
+        ANTHROPIC.counter(COUNTER),
+        limits or policy(),
+        1.0,
+        ClientJSON.written(body),
     )
 
 
@@ -190,7 +198,14 @@ def test_a_request_that_cannot_offer_read_result_leaves_the_rewrite_alone() -> N
     body = {"model": "claude-test", "max_tokens": 100, "tools": taken, "messages": messages}
     counted = count_request(ANTHROPIC, COUNTER, body, messages)
     alone = CompactionRequest(
-        ANTHROPIC, body, messages, counted, ANTHROPIC.counter(COUNTER), policy(target=5_000), 1.0
+        ANTHROPIC,
+        body,
+        messages,
+        counted,
+        ANTHROPIC.counter(COUNTER),
+        policy(target=5_000),
+        1.0,
+        ClientJSON.written(body),
     )
     commands, decision = commands_of(compaction(alone), store)
     assert kinds(commands) == ["LoadConversation"], "nothing is written over the rewrite"
@@ -404,7 +419,16 @@ def test_chat_tool_messages_with_string_content_are_reused_from_the_memo(
     def chat_request(history: list[dict[str, Any]], memo: StubbedMemo | None) -> CompactionRequest:
         body = {"model": "gpt-test", "messages": history}
         counted = count_request(CHAT, COUNTER, body, history)
-        made = CompactionRequest(CHAT, body, history, counted, CHAT.counter(COUNTER), limits, 1.0)
+        made = CompactionRequest(
+            CHAT,
+            body,
+            history,
+            counted,
+            CHAT.counter(COUNTER),
+            limits,
+            1.0,
+            ClientJSON.written(body),
+        )
         return dataclasses.replace(made, stubbed=memo) if memo is not None else made
 
     memo: StubbedMemo = {}

@@ -16,8 +16,8 @@ from proxy.core.policy import Policy
 from proxy.core.rewrites import fold
 from proxy.core.tokens import TokenCounter
 from proxy.core.working import PlanInput
-from proxy.testing.chat_validate import validate_chat_request
 from proxy.wire.chat import CHAT, ChatCounter, read_result_tool
+from proxy.wire.chat_validation import validate_chat_request
 
 COUNTER = ChatCounter(TokenCounter())
 TOOL_TOKENS = COUNTER.count_tools([read_result_tool("read_result")])

@@ -18,6 +18,7 @@ from proxy.core.commands import LoadConversation, SaveCrossing
 from proxy.core.counting import count_request
 from proxy.core.digests import message_digest
 from proxy.core.driver import CompactionRequest, commands_of, compaction
+from proxy.core.exact_json import ClientJSON
 from proxy.core.outcome import FoldPlan, Refuse, Rewrite, Untouched
 from proxy.core.planner import plan
 from proxy.core.rewrites import fold
@@ -25,9 +26,9 @@ from proxy.core.tokens import TokenCounter
 from proxy.core.working import PlanInput
 from proxy.testing.responses_items import check_seals, seal
 from proxy.testing.responses_standin import ResponsesOptions
-from proxy.testing.responses_validate import validate_responses_request
 from proxy.wire.responses import RESPONSES, ResponsesCounter, read_result_tool
 from proxy.wire.responses_units import flatten, units_of
+from proxy.wire.responses_validation import validate_responses_request
 from tests.core.test_driver import Store
 from tests.core.test_planner_chat import policy, words
 
@@ -309,7 +310,8 @@ def test_after_codex_compacts_the_old_checkpoint_stops_matching_at_no_cost() -> 
         body = {"model": "gpt-test", "input": items, "tools": TOOLS}
         units = RESPONSES.messages(body)
         counted = count_request(RESPONSES, TokenCounter(), body, units)
-        return CompactionRequest(RESPONSES, body, units, counted, COUNTER, policy(), 1.0)
+        source = ClientJSON.written(body)
+        return CompactionRequest(RESPONSES, body, units, counted, COUNTER, policy(), 1.0, source)
 
     store = Store()
     before = conversation(12)

@@ -8,9 +8,9 @@ from typing import Any
 
 from proxy.core.tokens import TokenCounter
 from proxy.ops.simulate import Simulator
-from proxy.testing.chat_validate import validate_chat_request
 from proxy.wire import CHAT, chat
 from proxy.wire.chat import ChatCounter
+from proxy.wire.chat_validation import validate_chat_request
 from tests.core.test_planner_chat import conversation, policy, words
 
 POLICY = policy()

@@ -25,9 +25,9 @@ from proxy.server.app import RunningProxy
 from proxy.server.state import COMPACTOR
 from proxy.testing.agent import tool_output
 from proxy.testing.agent_openai import run_openai_agent
-from proxy.testing.chat_validate import validate_chat_request
 from proxy.testing.standin import RecordedRequest, StandInOptions
 from proxy.wire.chat import ChatCounter
+from proxy.wire.chat_validation import validate_chat_request
 from tests.server.compaction_checks import (
     assert_prefix_stable_between_crossings,
     assert_stubs_frozen_between_folds,

@@ -21,8 +21,9 @@ from proxy.server.app import RunningProxy
 from proxy.testing.agent_responses import ResponsesTurn, run_responses_agent
 from proxy.testing.responses_items import ItemCounter
 from proxy.testing.responses_standin import ResponsesOptions
-from proxy.testing.responses_validate import input_items, validate_responses_request
 from proxy.testing.standin import RecordedRequest, StandInOptions
+from proxy.wire.responses_units import input_items
+from proxy.wire.responses_validation import validate_responses_request
 from tests.plugins.responses import MakeResponsesStandIn
 from tests.server.conftest import SMALL_WINDOW, MakeProxy
 

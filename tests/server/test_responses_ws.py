@@ -24,8 +24,8 @@ from proxy.testing.agent import tool_output
 from proxy.testing.agent_responses import INSTRUCTIONS, TOOLS, message
 from proxy.testing.responses_items import ItemCounter
 from proxy.testing.responses_standin import ResponsesOptions
-from proxy.testing.responses_validate import input_items
 from proxy.testing.standin import RecordedRequest, StandInOptions
+from proxy.wire.responses_units import input_items
 from tests.plugins.responses import MakeResponsesStandIn
 from tests.plugins.standin import RunningStandIn
 from tests.server.conftest import SMALL_WINDOW, SMALL_WINDOW_POLICY, MakeProxy, proxy_settings

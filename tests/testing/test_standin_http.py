@@ -16,7 +16,7 @@ from multidict import CIMultiDict
 
 from proxy.core.tokens import default_counter
 from proxy.testing.standin import StandInOptions
-from proxy.testing.validate import NON_EMPTY
+from proxy.wire.anthropic_validation import NON_EMPTY
 from tests.plugins.standin import RunningStandIn
 
 # The Messages requests (Claude Code); the Codex ones are test_responses_*.py's.

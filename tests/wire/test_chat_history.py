@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from proxy.core.history import GroupKind, Shape, group_history, pack_messages
 from proxy.core.pack import pack_context
 from proxy.core.tokens import TokenCounter
-from proxy.testing.chat_validate import validate_chat_request
 from proxy.wire.chat import (
     CHAT,
     ChatCounter,
@@ -21,6 +20,7 @@ from proxy.wire.chat import (
     read_result_tool,
     render_transcript,
 )
+from proxy.wire.chat_validation import validate_chat_request
 
 COUNTER = ChatCounter(TokenCounter())
 

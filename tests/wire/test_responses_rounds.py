@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from proxy.core.sse import SSEDecoder
 from proxy.core.wire_format import MergeState
 from proxy.testing.responses_events import Answer, response_object, stream_events, usage_object
-from proxy.testing.responses_validate import validate_responses_request
 from proxy.testing.script import Script
 from proxy.wire.responses_rounds import (
     ResponsesStreamMerger,
@@ -26,6 +25,7 @@ from proxy.wire.responses_rounds import (
     split_response,
 )
 from proxy.wire.responses_units import flatten, units_of
+from proxy.wire.responses_validation import validate_responses_request
 
 TOOL = "read_result"
 BODY = {"model": "gpt-test", "reasoning": {"effort": "low"}, "tools": []}

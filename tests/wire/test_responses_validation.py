@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.testing.chat_validate import ChatError
-from proxy.testing.responses_validate import validate_responses_request, window_error
+from proxy.wire.common import OpenAIInvalid
+from proxy.wire.responses_validation import validate_responses_request, window_error
 
 EXEC = {"type": "function", "name": "exec_command", "parameters": {"type": "object"}}
 PATCH = {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}}
@@ -170,7 +170,7 @@ def test_the_real_codex_requests_pass_and_only_openai_knows_compaction(fixtures_
 def test_window_wording_is_openais() -> None:
     assert window_error(40_000, 40_000) is None
     error = window_error(40_001, 40_000)
-    assert error == ChatError(
+    assert error == OpenAIInvalid(
         "Your input exceeds the context window of this model. Please adjust your input and"
         " try again.",
         "input",

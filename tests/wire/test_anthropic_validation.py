@@ -11,7 +11,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from proxy.testing.validate import (
+from proxy.wire.anthropic_validation import (
     thinking_signature,
     validate_count_tokens_request,
     validate_messages_request,

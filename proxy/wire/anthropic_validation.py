@@ -1,4 +1,6 @@
-"""Request validation of the stand-in upstream, strict like the Messages API.
+"""The Messages API's request rules, strict like the API: the stand-in upstream
+(proxy/testing/standin.py) answers a 400 with them, and the proxy rewrites only a request
+that keeps them (docs/compaction.md, "Invalid requests").
 
 Every check is a pure function of the decoded body: it returns the message the real API
 would put in its 400 `invalid_request_error`, or None when the request is acceptable.

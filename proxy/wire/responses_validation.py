@@ -1,6 +1,9 @@
-"""Request validation of the stand-in's Responses route, strict like OpenAI's API.
+"""The Responses API's request rules, strict like OpenAI's API: the stand-in's Responses
+route (proxy/testing/responses_standin.py) answers a 400 with them, and the proxy rewrites
+only a request that keeps them (docs/compaction.md, "Invalid requests"; the proxy reads
+`compaction` items as OpenAI does, `openai=True`: only OpenAI's server makes them).
 
-Each check is a pure function of the decoded body returning a `ChatError` (the message,
+Each check is a pure function of the decoded body returning a `OpenAIInvalid` (the message,
 `param` and `code` OpenAI puts in its 400 `invalid_request_error`) or None. Wordings are
 OpenAI's where they were seen in public reports ("No tool call found for function call
 output with call_id ...", "No tool output found for function call ...", "Duplicate item
@@ -32,7 +35,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from proxy.testing.chat_validate import ChatError
+from proxy.wire.common import OpenAIInvalid
+from proxy.wire.responses_units import input_items
 
 ROLES = ("user", "assistant", "system", "developer")
 # The input item and tool types of OpenAI's published schema (the openai SDK's, 3.x).
@@ -94,38 +98,32 @@ TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 STANDIN_REASONING = re.compile(r"^rs_([0-9a-f]{32})$")
 
 
-def input_items(body: dict[str, Any]) -> list[Any]:
-    """The input as a list of items: a string input is one user message."""
-    value = body.get("input")
-    if isinstance(value, str):
-        return [{"type": "message", "role": "user", "content": value}]
-    return value if isinstance(value, list) else []
-
-
 def _supported(values: tuple[str, ...]) -> str:
     quoted = [f"'{v}'" for v in values]
     return ", ".join(quoted[:-1]) + ", and " + quoted[-1]
 
 
-def _invalid_value(value: Any, values: tuple[str, ...], param: str) -> ChatError:
-    return ChatError(
+def _invalid_value(value: Any, values: tuple[str, ...], param: str) -> OpenAIInvalid:
+    return OpenAIInvalid(
         f"Invalid value: '{value}'. Supported values are: {_supported(values)}.",
         param,
         "invalid_value",
     )
 
 
-def validate_responses_request(body: Any, *, openai: bool) -> ChatError | None:
+def validate_responses_request(body: Any, *, openai: bool) -> OpenAIInvalid | None:
     if not isinstance(body, dict):
-        return ChatError("The request body must be a JSON object.")
+        return OpenAIInvalid("The request body must be a JSON object.")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         return _missing_top("model")
     if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
-        return ChatError("Invalid type for 'stream': expected a boolean.", "stream", "invalid_type")
+        return OpenAIInvalid(
+            "Invalid type for 'stream': expected a boolean.", "stream", "invalid_type"
+        )
     limit = body.get("max_output_tokens")
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 16):
-        return ChatError(
+        return OpenAIInvalid(
             "Invalid 'max_output_tokens': integer below minimum value."
             f" Expected a value >= 16, but got {limit} instead.",
             "max_output_tokens",
@@ -133,32 +131,32 @@ def validate_responses_request(body: Any, *, openai: bool) -> ChatError | None:
         )
     previous = body.get("previous_response_id")
     if previous is not None:
-        return ChatError(
+        return OpenAIInvalid(
             f"Previous response with id '{previous}' not found.",
             "previous_response_id",
             "previous_response_not_found",
         )
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
-        return ChatError("Invalid type for 'instructions': expected a string.", "instructions")
+        return OpenAIInvalid("Invalid type for 'instructions': expected a string.", "instructions")
     value = body.get("input")
     if value is None:
         return _missing_top("input")
     if not isinstance(value, (str, list)):
-        return ChatError("Invalid type for 'input': expected a string or an array.", "input")
+        return OpenAIInvalid("Invalid type for 'input': expected a string or an array.", "input")
     tools, error = _check_tools(body.get("tools"))
     if error:
         return error
     return _check_items(input_items(body), tools, openai)
 
 
-def _check_tools(tools: Any) -> tuple[dict[str, set[str]], ChatError | None]:
+def _check_tools(tools: Any) -> tuple[dict[str, set[str]], OpenAIInvalid | None]:
     """Names offered per call kind ("function_call", "custom_tool_call"), or the error."""
     names: dict[str, set[str]] = {"function_call": set(), "custom_tool_call": set()}
     if tools is None:
         return names, None
     if not isinstance(tools, list):
-        return names, ChatError("Invalid type for 'tools': expected an array.", "tools")
+        return names, OpenAIInvalid("Invalid type for 'tools': expected an array.", "tools")
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict) or tool.get("type") not in TOOL_TYPES:
@@ -171,14 +169,14 @@ def _check_tools(tools: Any) -> tuple[dict[str, set[str]], ChatError | None]:
                 continue
             name = member.get("name")
             if not isinstance(name, str) or not TOOL_NAME.match(name):
-                return names, ChatError(
+                return names, OpenAIInvalid(
                     f"Invalid '{where}.name': string does not match pattern. Expected a"
                     " string that matches the pattern '^[a-zA-Z0-9_-]+$'.",
                     f"{where}.name",
                     "invalid_value",
                 )
             if name in names["function_call"] | names["custom_tool_call"]:
-                return names, ChatError(f"Duplicate tool name: '{name}'.", f"{where}.name")
+                return names, OpenAIInvalid(f"Duplicate tool name: '{name}'.", f"{where}.name")
             names["function_call" if kind == "function" else "custom_tool_call"].add(name)
     return names, None
 
@@ -193,7 +191,9 @@ def _searched_tools(items: list[Any]) -> Iterator[str]:
                         yield member["name"]
 
 
-def _check_items(items: list[Any], tools: dict[str, set[str]], openai: bool) -> ChatError | None:
+def _check_items(
+    items: list[Any], tools: dict[str, set[str]], openai: bool
+) -> OpenAIInvalid | None:
     known = ITEM_TYPES + OPENAI_ONLY_ITEM_TYPES if openai else ITEM_TYPES
     offered = bool(tools["function_call"] or tools["custom_tool_call"])
     searched = set(_searched_tools(items))
@@ -203,19 +203,19 @@ def _check_items(items: list[Any], tools: dict[str, set[str]], openai: bool) -> 
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
-            return ChatError(f"Invalid type for '{where}': expected an object.", where)
+            return OpenAIInvalid(f"Invalid type for '{where}': expected an object.", where)
         kind = item.get("type", "message" if "role" in item else None)
         if kind not in known:
             return _invalid_value(kind, known, f"{where}.type")
         if kind == "compaction_trigger" and i != len(items) - 1:
-            return ChatError(
+            return OpenAIInvalid(
                 "'compaction_trigger' must be the last input item.",
                 where,  # stand-in
             )
         item_id = item.get("id")
         if item_id is not None:
             if item_id in ids:
-                return ChatError(
+                return OpenAIInvalid(
                     f"Duplicate item found with id {item_id}. Remove duplicate items from"
                     " your input and try again.",
                     "input",
@@ -227,7 +227,7 @@ def _check_items(items: list[Any], tools: dict[str, set[str]], openai: bool) -> 
         if kind in CALLS:
             call_id = item["call_id"]
             if call_id in calls:
-                return ChatError(  # stand-in
+                return OpenAIInvalid(  # stand-in
                     f"Duplicate call_id {call_id} in input. Each call needs its own call_id.",
                     "input",
                 )
@@ -238,7 +238,7 @@ def _check_items(items: list[Any], tools: dict[str, set[str]], openai: bool) -> 
                 and name not in tools[kind]
                 and not (kind == "function_call" and name in searched)
             ):
-                return ChatError(  # stand-in
+                return OpenAIInvalid(  # stand-in
                     f"Invalid '{where}.name': '{name}' is not the name of a"
                     f" {'function' if kind == 'function_call' else 'custom'} tool in 'tools'.",
                     f"{where}.name",
@@ -248,22 +248,22 @@ def _check_items(items: list[Any], tools: dict[str, set[str]], openai: bool) -> 
             call_id = item["call_id"]
             if calls.get(call_id) != OUTPUTS[kind]:
                 noun = "function call" if kind == "function_call_output" else "custom tool call"
-                return ChatError(
+                return OpenAIInvalid(
                     f"No tool call found for {noun} output with call_id {call_id}.", "input"
                 )
             if call_id in answered:
-                return ChatError(  # stand-in
+                return OpenAIInvalid(  # stand-in
                     f"Duplicate output for call_id {call_id} in input.", "input"
                 )
             answered.add(call_id)
     for call_id, kind in calls.items():
         if call_id not in answered:
             noun = "function call" if kind == "function_call" else "custom tool call"
-            return ChatError(f"No tool output found for {noun} {call_id}.", "input")
+            return OpenAIInvalid(f"No tool output found for {noun} {call_id}.", "input")
     return None
 
 
-def _check_following(items: list[Any], i: int) -> ChatError | None:
+def _check_following(items: list[Any], i: int) -> OpenAIInvalid | None:
     item = items[i]
     if item.get("type") != "reasoning":
         return None
@@ -273,26 +273,28 @@ def _check_following(items: list[Any], i: int) -> ChatError | None:
     after = items[i + 1] if i + 1 < len(items) else None
     if isinstance(after, dict) and str(after.get("id", "")).endswith("_" + match.group(1)):
         return None
-    return ChatError(
+    return OpenAIInvalid(
         f"Item '{item['id']}' of type 'reasoning' was provided without its required"
         " following item.",
         "input",
     )
 
 
-def _missing_top(field: str) -> ChatError:
-    return ChatError(f"Missing required parameter: '{field}'.", field, "missing_required_parameter")
+def _missing_top(field: str) -> OpenAIInvalid:
+    return OpenAIInvalid(
+        f"Missing required parameter: '{field}'.", field, "missing_required_parameter"
+    )
 
 
-def _missing(field: str, where: str) -> ChatError:
-    return ChatError(
+def _missing(field: str, where: str) -> OpenAIInvalid:
+    return OpenAIInvalid(
         f"Missing required parameter: '{where}.{field}'.",
         f"{where}.{field}",
         "missing_required_parameter",
     )
 
 
-def _check_item(item: dict[str, Any], kind: str, where: str) -> ChatError | None:
+def _check_item(item: dict[str, Any], kind: str, where: str) -> OpenAIInvalid | None:
     if kind == "message":
         role = item.get("role")
         if role not in ROLES:
@@ -302,7 +304,7 @@ def _check_item(item: dict[str, Any], kind: str, where: str) -> ChatError | None
             return _missing("content", where)
         for k, part in enumerate(content if isinstance(content, list) else ()):
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                return ChatError(
+                return OpenAIInvalid(
                     f"Invalid value for '{where}.content[{k}]': expected an object with a type.",
                     f"{where}.content[{k}]",
                 )
@@ -316,7 +318,7 @@ def _check_item(item: dict[str, Any], kind: str, where: str) -> ChatError | None
         if not isinstance(call_id, str):
             return _missing("call_id", where)
         if not call_id:
-            return ChatError(
+            return OpenAIInvalid(
                 f"Invalid '{where}.call_id': empty string. Expected a string with minimum"
                 " length 1, but got an empty string instead.",
                 f"{where}.call_id",
@@ -332,7 +334,7 @@ def _check_item(item: dict[str, Any], kind: str, where: str) -> ChatError | None
         return _missing("output", where)
     content = item.get("encrypted_content")
     if kind in ("reasoning", "compaction") and content is not None and not isinstance(content, str):
-        return ChatError(
+        return OpenAIInvalid(
             f"Invalid type for '{where}.encrypted_content': expected a string.",
             f"{where}.encrypted_content",
         )
@@ -341,11 +343,11 @@ def _check_item(item: dict[str, Any], kind: str, where: str) -> ChatError | None
     return None
 
 
-def window_error(tokens: int, window: int) -> ChatError | None:
+def window_error(tokens: int, window: int) -> OpenAIInvalid | None:
     """OpenAI's Responses wording: it names neither number."""
     if tokens <= window:
         return None
-    return ChatError(
+    return OpenAIInvalid(
         "Your input exceeds the context window of this model. Please adjust your input and"
         " try again.",
         "input",

@@ -1,6 +1,8 @@
-"""Request validation of the stand-in's Chat Completions route, strict like OpenAI's API.
+"""Chat Completions' request rules, strict like OpenAI's API: the stand-in's Chat route
+(proxy/testing/chat_standin.py) answers a 400 with them, and the proxy rewrites only a
+request that keeps them (docs/compaction.md, "Invalid requests").
 
-Each check is a pure function of the decoded body returning a `ChatError` (the message,
+Each check is a pure function of the decoded body returning a `OpenAIInvalid` (the message,
 `param` and `code` OpenAI puts in its 400 `invalid_request_error`) or None. Wordings are
 OpenAI's where they are known, typos included ("preceeding").
 
@@ -13,90 +15,84 @@ run of tool messages.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
+
+from proxy.wire.common import OpenAIInvalid
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
-@dataclass(frozen=True)
-class ChatError:
-    message: str
-    param: str | None = None
-    code: str | None = None
-
-
-def validate_chat_request(body: Any) -> ChatError | None:
+def validate_chat_request(body: Any) -> OpenAIInvalid | None:
     if not isinstance(body, dict):
-        return ChatError("The request body must be a JSON object.")
+        return OpenAIInvalid("The request body must be a JSON object.")
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        return ChatError("you must provide a model parameter", "model")
+        return OpenAIInvalid("you must provide a model parameter", "model")
     for name in ("max_tokens", "max_completion_tokens"):
         value = body.get(name)
         if value is None:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            return ChatError(
+            return OpenAIInvalid(
                 f"Invalid '{name}': integer below minimum value. Expected a value >= 1.",
                 name,
                 "integer_below_min_value",
             )
     if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
-        return ChatError("Invalid type for 'stream': expected a boolean.", "stream")
+        return OpenAIInvalid("Invalid type for 'stream': expected a boolean.", "stream")
     if body.get("stream_options") is not None and body.get("stream") is not True:
-        return ChatError(
+        return OpenAIInvalid(
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
             "stream_options",
         )
     n = body.get("n")
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 128):
-        return ChatError("Invalid 'n': expected a value between 1 and 128.", "n")
+        return OpenAIInvalid("Invalid 'n': expected a value between 1 and 128.", "n")
     return _check_tools(body.get("tools")) or _check_messages(body.get("messages"))
 
 
-def _check_tools(tools: Any) -> ChatError | None:
+def _check_tools(tools: Any) -> OpenAIInvalid | None:
     if tools is None:
         return None
     if not isinstance(tools, list):
-        return ChatError("Invalid type for 'tools': expected an array.", "tools")
+        return OpenAIInvalid("Invalid type for 'tools': expected an array.", "tools")
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict) or tool.get("type") != "function":
-            return ChatError(f"Invalid value for '{where}.type': expected 'function'.", where)
+            return OpenAIInvalid(f"Invalid value for '{where}.type': expected 'function'.", where)
         function = tool.get("function")
         name = function.get("name") if isinstance(function, dict) else None
         if not isinstance(name, str) or not TOOL_NAME.match(name):
-            return ChatError(
+            return OpenAIInvalid(
                 f"Invalid '{where}.function.name': string does not match pattern."
                 " Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.",
                 f"{where}.function.name",
                 "invalid_value",
             )
         if name in seen:
-            return ChatError(f"Duplicate tool name: '{name}'.", f"{where}.function.name")
+            return OpenAIInvalid(f"Duplicate tool name: '{name}'.", f"{where}.function.name")
         seen.add(name)
     return None
 
 
-def _content_error(message: dict[str, Any], i: int) -> ChatError | None:
+def _content_error(message: dict[str, Any], i: int) -> OpenAIInvalid | None:
     role = message["role"]
     content = message.get("content")
     where = f"messages.[{i}].content"
     if content is None:
         if role == "assistant" and (message.get("tool_calls") or message.get("function_call")):
             return None
-        return ChatError(
+        return OpenAIInvalid(
             "Invalid value for 'content': expected a string, got null.", where, "invalid_type"
         )
     if isinstance(content, str):
         return None
     if not isinstance(content, list):
-        return ChatError("Invalid type for 'content': expected a string or an array.", where)
+        return OpenAIInvalid("Invalid type for 'content': expected a string or an array.", where)
     if not content:
-        return ChatError(
+        return OpenAIInvalid(
             f"Invalid '{where}': empty array. Expected an array with minimum length 1,"
             " but got an empty array instead.",
             where,
@@ -104,17 +100,19 @@ def _content_error(message: dict[str, Any], i: int) -> ChatError | None:
         )
     for k, part in enumerate(content):
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-            return ChatError(f"Invalid value for '{where}[{k}]': expected an object with a type.")
+            return OpenAIInvalid(
+                f"Invalid value for '{where}[{k}]': expected an object with a type."
+            )
         if part["type"] == "text" and not isinstance(part.get("text"), str):
-            return ChatError(f"Missing required parameter: '{where}[{k}].text'.", where)
+            return OpenAIInvalid(f"Missing required parameter: '{where}[{k}].text'.", where)
     return None
 
 
-def _check_messages(messages: Any) -> ChatError | None:
+def _check_messages(messages: Any) -> OpenAIInvalid | None:
     if not isinstance(messages, list):
-        return ChatError("Missing required parameter: 'messages'.", "messages")
+        return OpenAIInvalid("Missing required parameter: 'messages'.", "messages")
     if not messages:
-        return ChatError(
+        return OpenAIInvalid(
             "Invalid 'messages': empty array. Expected an array with minimum length 1,"
             " but got an empty array instead.",
             "messages",
@@ -124,11 +122,11 @@ def _check_messages(messages: Any) -> ChatError | None:
     calls_of_last: set[str] = set()  # every id the last assistant message made
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            return ChatError(f"Invalid type for 'messages[{i}]': expected an object.")
+            return OpenAIInvalid(f"Invalid type for 'messages[{i}]': expected an object.")
         role = message.get("role")
         if role not in ROLES:
             supported = "'system', 'assistant', 'user', 'function', 'tool', and 'developer'"
-            return ChatError(
+            return OpenAIInvalid(
                 f"Invalid value: '{role}'. Supported values are: {supported}.",
                 f"messages[{i}].role",
                 "invalid_value",
@@ -139,13 +137,13 @@ def _check_messages(messages: Any) -> ChatError | None:
         if role == "tool":
             call_id = message.get("tool_call_id")
             if not calls_of_last:
-                return ChatError(
+                return OpenAIInvalid(
                     "Invalid parameter: messages with role 'tool' must be a response to a"
                     " preceeding message with 'tool_calls'.",
                     f"messages.[{i}].role",
                 )
             if call_id not in calls_of_last:
-                return ChatError(
+                return OpenAIInvalid(
                     f"Invalid parameter: 'tool_call_id' of '{call_id}' not found in"
                     " 'tool_calls' of previous message.",
                     f"messages.[{i}].tool_call_id",
@@ -166,12 +164,12 @@ def _check_messages(messages: Any) -> ChatError | None:
     return None
 
 
-def _tool_call_ids(message: dict[str, Any], i: int) -> tuple[list[str], ChatError | None]:
+def _tool_call_ids(message: dict[str, Any], i: int) -> tuple[list[str], OpenAIInvalid | None]:
     calls = message.get("tool_calls")
     if calls is None:
         return [], None
     if not isinstance(calls, list):
-        return [], ChatError("Invalid type for 'tool_calls': expected an array.")
+        return [], OpenAIInvalid("Invalid type for 'tool_calls': expected an array.")
     ids = []
     for k, call in enumerate(calls):
         where = f"messages.[{i}].tool_calls.[{k}]"
@@ -183,13 +181,13 @@ def _tool_call_ids(message: dict[str, Any], i: int) -> tuple[list[str], ChatErro
             or not isinstance(function.get("name"), str)
             or not isinstance(function.get("arguments"), str)
         ):
-            return [], ChatError(f"Invalid value for '{where}'.", where)
+            return [], OpenAIInvalid(f"Invalid value for '{where}'.", where)
         ids.append(call["id"])
     return ids, None
 
 
-def _unanswered(ids: list[str], i: int) -> ChatError:
-    return ChatError(
+def _unanswered(ids: list[str], i: int) -> OpenAIInvalid:
+    return OpenAIInvalid(
         "An assistant message with 'tool_calls' must be followed by tool messages responding"
         " to each 'tool_call_id'. The following tool_call_ids did not have response"
         f" messages: {', '.join(ids)}",
@@ -197,10 +195,10 @@ def _unanswered(ids: list[str], i: int) -> ChatError:
     )
 
 
-def window_error(tokens: int, window: int) -> ChatError | None:
+def window_error(tokens: int, window: int) -> OpenAIInvalid | None:
     if tokens <= window:
         return None
-    return ChatError(
+    return OpenAIInvalid(
         f"This model's maximum context length is {window} tokens. However, your messages"
         f" resulted in {tokens} tokens. Please reduce the length of the messages.",
         "messages",
