@@ -122,6 +122,12 @@ def _ignore_number(value: float) -> None:
     return None
 
 
+def _written_by_orjson(seen: Seen | None, body: Mapping[str, Any]) -> bool | None:
+    """True when the reuse cache knows the body is orjson's writing of what it parsed
+    (where each message lies: `Seen.layout`); None: not known, to be found if needed."""
+    return True if seen is not None and seen.payload is body and seen.layout else None
+
+
 def _new_bytes(seen: Seen | None, size: int) -> int:
     """Bytes of a body not parsed before: all of it, unless its line's last request was
     kept (then only what follows the messages it repeats is counted afresh)."""
@@ -299,7 +305,7 @@ class Compactor:
             counter,
             policy,
             factor,
-            ClientJSON(body_bytes, body),
+            ClientJSON(body_bytes, body, _written_by_orjson(seen, body)),
             stubbed=self.stubbed,
             now=int(time.time()),
             renew_every=renew_every(store),
