@@ -18,6 +18,7 @@ from proxy.core import estimate
 from proxy.core.counting import count_request
 from proxy.core.digests import canonical
 from proxy.core.driver import CompactionRequest, compaction, run
+from proxy.core.exact_json import ClientJSON
 from proxy.core.outcome import Recount
 from proxy.core.policy import Policy
 from proxy.core.tokens import TokenCounter
@@ -96,7 +97,8 @@ def _decide(messages: list[dict[str, Any]], exact: bool, executor: MemoryExecuto
     counted = count_request(ANTHROPIC, counter, body, messages)
     if exact:
         counted = counted.exactly(counted.estimated)
-    request = CompactionRequest(ANTHROPIC, body, messages, counted, counter, POLICY, 1.0)
+    source = ClientJSON.written(body)
+    request = CompactionRequest(ANTHROPIC, body, messages, counted, counter, POLICY, 1.0, source)
     decision = run(compaction(request), executor)
     return decision.body or orjson.dumps(body)
 
