@@ -187,7 +187,7 @@ def _count(
     counter = wire.counter(base)
     domains = [wire.name.encode() + b":" + form for form in _FORMS]
     facts = [_facts(base, seen, message, domains) for message in messages]
-    found = [base.cached(known.key) for known in facts]
+    found = [_exact(base, known) for known in facts]
     guesses = [
         _guess(base, known) if count is None and estimating else None
         for known, count in zip(facts, found, strict=True)
@@ -209,7 +209,7 @@ def _count(
         if count is None and guess is not None:
             count = uncertain[n] = guess
         elif count is None:
-            count = base.remember(known.key, counter.count_message(message))
+            count = known.exact = base.remember(known.key, counter.count_message(message))
         counts.append(count)
     digests = [_digest(known) for known in facts] if digested else []
     forms = bytes(known.form for known in facts)
@@ -263,6 +263,13 @@ def _facts(
         known.key, known.digest = _keyed(base, shape, domains[shape.form])
         known.json = shape.json
     return known
+
+
+def _exact(base: TokenCounter, known: Known) -> int | None:
+    """A message's exact count: kept with what `seen` kept of it, else from the cache."""
+    if known.exact is None:
+        known.exact = base.cached(known.key)
+    return known.exact
 
 
 def _guess(base: TokenCounter, known: Known) -> int | None:

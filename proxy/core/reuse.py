@@ -36,7 +36,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.unchanged import common_prefix, common_suffix
+from proxy.core.unchanged import common_prefix
 
 # Bytes a parsed body and its per-message facts take, per byte of JSON (measured on the
 # recorded Claude Code session: 1.27 for the parsed body alone).
@@ -56,6 +56,7 @@ class Known:
     form: int = 0  # digests.Canonical.form
     breakpoints: int = 0
     key: Any = None  # its count key (tokens.CountKey), None until made
+    exact: int | None = None  # its exact count, once made or found
     digest: bytes | None = None  # its match digest, None until made
     json: bytes | None = None  # what the digest is of, kept until the digest is made
     raw: bytes | None = None  # its JSON when made while parsing, until counting takes it
@@ -183,8 +184,9 @@ def _continued(before: Seen, shared: int, raw: bytes) -> Seen | None:
     layout = _layout_of(before)
     if layout is None or shared < layout.head:
         return None
-    if common_suffix(before.raw, raw, len(before.raw) - shared) < layout.tail:
-        return None
+    old = before.raw
+    if not raw.endswith(memoryview(old)[len(old) - layout.tail :]):
+        return None  # the fields after the history changed
     messages = before.payload.get(before.list_key)
     if not isinstance(messages, list) or len(messages) != len(layout.ends):
         return None

@@ -66,6 +66,17 @@ def test_kept_messages_are_the_same_objects_and_keep_what_was_computed() -> None
     assert later.known_of(later.payload["messages"][0]).digest == b"d"
 
 
+def test_a_resend_is_parsed_as_it_was() -> None:
+    """A retry sends the same bytes: every message is kept, nothing parsed again."""
+    reuse = Reuse(1 << 30)
+    raw = _body([_message(n) for n in range(6)])
+    reuse.parse("k", raw, "messages")
+    reuse.parse("k", raw, "messages")  # (the layout is found at the second request)
+    payload, seen = reuse.parse("k", raw, "messages")
+    assert seen is not None and seen.reused == 6
+    assert payload == orjson.loads(raw)
+
+
 def test_rewinds_forks_and_other_layouts() -> None:
     reuse = Reuse(1 << 30)
     line = [_message(n) for n in range(12)]
