@@ -67,7 +67,7 @@ from proxy.core.rewrites import fold, recovered_blobs
 from proxy.core.segments import StubbedMemo, vouched_refs
 from proxy.core.tokens import TOOLS_PREAMBLE
 from proxy.core.wire_format import MessageCounter, WireFormat
-from proxy.core.working import PlanInput, real
+from proxy.core.working import BuiltMemo, PlanInput, real
 
 Message = Mapping[str, Any]
 T = TypeVar("T")
@@ -86,6 +86,7 @@ class CompactionRequest:
     factor: float  # calibration: real tokens / estimated
     source: ClientJSON  # the body's bytes, written back exactly where a rewrite keeps them
     stubbed: StubbedMemo | None = None  # the shell's memo of stubbed messages (planner)
+    built: BuiltMemo | None = None  # what the line's earlier requests built (planner)
     # The shell's clock (seconds) and how often the TTLs of the refs a conversation names
     # are renewed at most; 0: at every crossing.
     now: int = 0
@@ -329,6 +330,7 @@ def _plan_input(
         forms=request.counted.forms,
         stubbed=request.stubbed,
         uncertain=request.counted.uncertain,
+        built=request.built,
     )
 
 

@@ -84,6 +84,8 @@ class Seen:
     # Values computed from parts that stay the same objects between requests (the system
     # prompt, the tools): name -> (those objects, the value).
     fixed: dict[str, tuple[tuple[object, ...], Any]] = field(default_factory=dict)
+    # What the planner built of the line's segments (working.BuiltMemo).
+    built: dict[int, Any] = field(default_factory=dict)
     reused: int = 0  # messages this request took from the one before
 
     @property
@@ -215,6 +217,7 @@ def _continued(before: Seen, shared: int, raw: bytes) -> Seen | None:
         if found is not None:
             seen.known[id(message)] = found
     seen.fixed = before.fixed
+    seen.built = _still_built(before.built, {id(m) for m in messages[:kept]})
     seen.layout_tried = True
     try:
         written = [orjson.dumps(m) for m in fresh]
@@ -224,6 +227,18 @@ def _continued(before: Seen, shared: int, raw: bytes) -> Seen | None:
     for message, made in zip(fresh, written, strict=True):
         seen.known_of(message).raw = made  # counting would make it again
     return seen
+
+
+def _still_built(built: dict[int, Any], kept: set[int]) -> dict[int, Any]:
+    """What was built of the kept messages and of segments over them (or over none)."""
+    out = {}
+    for key, entry in built.items():
+        anchor, source = entry[0], entry[1]
+        if id(source if source is not None else anchor) in kept or (
+            source is None and not isinstance(anchor, dict)
+        ):
+            out[key] = entry
+    return out
 
 
 def _extended(

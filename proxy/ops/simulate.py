@@ -309,6 +309,7 @@ class Simulator:
         request = CompactionRequest(
             wire, body, messages, counted, counter, policy, self.factor, source,
             stubbed=self.stubbed,
+            built=seen.built if seen is not None else None,
         )  # fmt: skip
         memory = self.memory
         memory.asked = memory.ahead = None

@@ -307,6 +307,7 @@ class Compactor:
             factor,
             ClientJSON(body_bytes, body, _written_by_orjson(seen, body)),
             stubbed=self.stubbed,
+            built=seen.built if seen is not None else None,
             now=int(time.time()),
             renew_every=renew_every(store),
             max_lines=self.max_lines,
