@@ -187,11 +187,11 @@ def _count(
     counter = wire.counter(base)
     domains = [wire.name.encode() + b":" + form for form in _FORMS]
     facts = [_facts(base, seen, message, domains) for message in messages]
+    # A large message is planned with its estimate, whatever was counted before: the
+    # counts a request is planned with depend on it alone, never on what this process
+    # happened to count (the planner has them counted exactly where that could decide).
+    guesses = [_guess(base, known) if estimating else None for known in facts]
     found = [_exact(base, known) for known in facts]
-    guesses = [
-        _guess(base, known) if count is None and estimating else None
-        for known, count in zip(facts, found, strict=True)
-    ]
     fixed = _fixed_tokens(wire, counter, body, seen)
     if policy is not None and wire.name in BOUNDED_FORMATS:
         # The cached counts alone over a threshold (a crossing): no bound of the new
@@ -206,7 +206,7 @@ def _count(
     for n, (known, count, guess, message) in enumerate(
         zip(facts, found, guesses, messages, strict=True)
     ):
-        if count is None and guess is not None:
+        if guess is not None:
             count = uncertain[n] = guess
         elif count is None:
             count = known.exact = base.remember(known.key, counter.count_message(message))
@@ -218,8 +218,8 @@ def _count(
         breakpoints += _outside(wire, body, seen)
     keys = [known.key for known in facts] if uncertain else []
     for fact in facts:
-        if fact.digest is not None:
-            fact.json = None  # kept for the digest, or an estimate, until now
+        if fact.digest is not None and fact.guessed:
+            fact.json = None  # kept for the digest and the estimate until both were made
     recount = partial(recounted, wire, base, messages) if uncertain else None
     return Counted(fixed, counts, digests, breakpoints, forms, uncertain, keys, recount)
 
@@ -273,14 +273,18 @@ def _exact(base: TokenCounter, known: Known) -> int | None:
 
 
 def _guess(base: TokenCounter, known: Known) -> int | None:
-    """A message's estimate (made once, kept under its own key), or None when it is to be
-    counted exactly (small, an image or document, or an odd mix of bytes)."""
+    """A message's estimate (made once, kept with it and under its own key), or None when
+    it is counted exactly (small, an image or document, or an odd mix of bytes)."""
+    if known.guessed:
+        return known.guess
     key = estimate_key(known.key)
     guess = base.cached(key)
-    if guess is None and known.json is not None and not known.sourced:
-        made = estimate_tokens(known.json)
-        if made is not None:
-            guess = base.remember(key, made)
+    if guess is None and not known.sourced:
+        assert known.json is not None  # kept until the estimate is made
+        guess = estimate_tokens(known.json)
+        if guess is not None:
+            base.remember(key, guess)
+    known.guess, known.guessed = guess, True
     return guess
 
 

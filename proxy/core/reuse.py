@@ -57,6 +57,8 @@ class Known:
     breakpoints: int = 0
     key: Any = None  # its count key (tokens.CountKey), None until made
     exact: int | None = None  # its exact count, once made or found
+    guess: int | None = None  # its estimate (proxy/core/estimate.py), once made
+    guessed: bool = False  # whether `guess` was made (None then: it is not estimated)
     digest: bytes | None = None  # its match digest, None until made
     json: bytes | None = None  # what the digest is of, kept until the digest is made
     raw: bytes | None = None  # its JSON when made while parsing, until counting takes it

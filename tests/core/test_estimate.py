@@ -65,7 +65,7 @@ def test_small_and_odd_text_is_counted_exactly() -> None:
         assert estimate.estimate_tokens(canonical(_result(0, text)[1]).json) is None
 
 
-def test_estimated_counts_are_counted_exactly_once_asked() -> None:
+def test_estimated_counts_are_counted_exactly_once_when_asked() -> None:
     counter = TokenCounter()
     messages = [{"role": "user", "content": "Go."}, *_result(1, tool_output(1, 20_000))]
     body = {"model": "m", "messages": messages}
@@ -75,8 +75,13 @@ def test_estimated_counts_are_counted_exactly_once_asked() -> None:
     exact = counted.exactly([2])
     assert exact.uncertain == [] and exact.counts[2] == counter.count_message(messages[2])
     assert counter.cache_info().encode_calls > calls
-    again = count_request(ANTHROPIC, counter, body, messages)  # counted once: kept exact
-    assert again.uncertain == [] and again.counts == exact.counts
+    # The next request is planned with the same estimate (what a request is planned with
+    # depends on it alone), and its exact count, when asked, is not made again.
+    again = count_request(ANTHROPIC, counter, body, messages)
+    assert again.counts == counted.counts and again.estimated == [2]
+    calls = counter.cache_info().encode_calls
+    assert again.exactly([2]).counts == exact.counts
+    assert counter.cache_info().encode_calls == calls
 
 
 def test_result_bounds_agree_with_the_count() -> None:
