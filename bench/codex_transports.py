@@ -51,9 +51,9 @@ from aiohttp import web  # noqa: E402
 
 from proxy.config import load_settings  # noqa: E402
 from proxy.server.app import start  # noqa: E402
+from proxy.testing.api_responses import RESPONSES, ResponsesOptions  # noqa: E402
 from proxy.testing.codex_cli import CodexConfig, run_codex  # noqa: E402
 from proxy.testing.codex_scenario import ShellChunks, big_log  # noqa: E402
-from proxy.testing.responses_standin import RESPONSES, ResponsesOptions  # noqa: E402
 from proxy.testing.standin import RECORDED, RecordedRequest, StandInOptions, create_app  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"

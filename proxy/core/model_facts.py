@@ -3,11 +3,12 @@ vendored snapshot of the maintained tables (proxy/core/model_snapshot.py, made b
 `compaction-proxy models refresh`), never typed into the code.
 
 A model is looked up as requests name it: exactly, then without a provider prefix
-(`anthropic/`, `openai/`), a date suffix (`-20250929`, `-2025-08-07`) or `-latest`. Some
-Claude models reach 1,000,000 input tokens only with an `anthropic-beta: context-1m-...`
-header: with it their beta window applies. A model the table does not know gets a stated
-conservative default (UNKNOWN_WINDOWS: the smallest window of its family). `[[policy]]`
-`window` and `[[price]]` tables override all of this.
+(`anthropic/`, `openai/`, `gemini/`, the Gemini API's `models/`), a date suffix
+(`-20250929`, `-2025-08-07`) or `-latest`. Some Claude models reach 1,000,000 input
+tokens only with an `anthropic-beta: context-1m-...` header: with it their beta window
+applies. A model the table does not know gets a stated conservative default
+(UNKNOWN_WINDOWS: the smallest window of its family). `[[policy]]` `window` and
+`[[price]]` tables override all of this.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from fnmatch import fnmatchcase
 from proxy.core import model_snapshot
 
 # The window of a model the table does not know: every Claude model has at least 200,000
-# input tokens; for any other, OpenAI's smallest current chat window.
-UNKNOWN_WINDOWS = (("claude*", 200_000), ("*", 128_000))
+# input tokens, and every Gemini text model (flash, flash-lite, pro) at least 1,000,000;
+# for any other, OpenAI's smallest current chat window.
+UNKNOWN_WINDOWS = (("claude*", 200_000), ("gemini-*", 1_000_000), ("*", 128_000))
 BETA_PREFIX = "context-1m-"
 UNKNOWN_SOURCE = "default for a model not in the model table"
-_PREFIX = re.compile(r"^(anthropic|openai)/")
+# A provider's prefix (LiteLLM's), or the Gemini API's resource name (`models/gemini-...`).
+_PREFIX = re.compile(r"^(anthropic|openai|gemini|models)/")
 _DATE = re.compile(r"-(\d{8}|\d{4}-\d{2}-\d{2})$")
 
 Price = tuple[float | None, float | None, float | None, float | None, float | None]

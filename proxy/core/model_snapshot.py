@@ -9,8 +9,8 @@ read, 5-minute cache write, 1-hour cache write; None where the table gives no pr
 from __future__ import annotations
 
 SOURCE = "LiteLLM's model_prices_and_context_window.json (litellm 1.110.2 wheel)"
-SECOND = "genai-prices 0.2.3"
-MADE = "2026-12-01"
+SECOND = "genai-prices 0.2.5"
+MADE = "2026-12-05"
 
 Price = float | None
 ROWS: dict[str, tuple[int, int, int, Price, Price, Price, Price, Price]] = {
@@ -41,6 +41,48 @@ ROWS: dict[str, tuple[int, int, int, Price, Price, Price, Price, Price]] = {
     "computer-use-preview-2025-03-11": (8_192, 1_024, 0, 3.0, 12.0, None, None, None),
     "daybreak-blue-latest": (922_000, 128_000, 0, 4.0, 20.0, 0.4, 5.0, None),
     "daybreak-red-latest": (272_000, 128_000, 0, 12.5, 75.0, 1.25, 15.625, None),
+    "gemini-exp-1206": (1_048_576, 65_535, 0, 0.3, 2.5, 0.03, None, None),
+    "gemini-flash-latest": (1_048_576, 65_536, 0, 0.75, 3.75, 0.075, None, None),
+    "gemini-flash-lite-latest": (1_048_576, 65_536, 0, 0.3, 2.5, 0.03, None, None),
+    "gemini-pro-latest": (1_048_576, 65_536, 0, 2.0, 12.0, 0.2, None, None),
+    "deep-research-max-preview-04-2026": (1_048_576, 65_536, 0, 2.0, 12.0, None, None, None),
+    "deep-research-preview-04-2026": (1_048_576, 65_536, 0, 2.0, 12.0, None, None, None),
+    "deep-research-pro-preview-12-2025": (1_048_576, 65_536, 0, 2.0, 12.0, None, None, None),
+    "gemini-2.5-computer-use-preview-10-2025": (128_000, 64_000, 0, 1.25, 10.0, None, None, None),
+    "gemini-2.5-flash": (1_048_576, 65_536, 0, 0.3, 2.5, 0.03, None, None),
+    "gemini-2.5-flash-lite": (1_000_000, 65_536, 0, 0.1, 0.4, 0.01, None, None),
+    "gemini-2.5-pro": (1_048_576, 65_536, 0, 1.25, 10.0, 0.125, None, None),
+    "gemini-2.5-pro-preview-tts": (8_192, 16_384, 0, 1.0, 20.0, 0.125, None, None),
+    "gemini-3-flash-preview": (1_000_000, 65_536, 0, 0.5, 3.0, 0.05, None, None),
+    "gemini-3.1-flash-lite": (1_000_000, 65_536, 0, 0.25, 1.5, 0.025, None, None),
+    "gemini-3.1-flash-lite-preview": (1_048_576, 65_536, 0, 0.25, 1.5, 0.025, None, None),
+    "gemini-3.1-pro-preview": (1_048_576, 65_536, 0, 2.0, 12.0, 0.2, None, None),
+    "gemini-3.1-pro-preview-customtools": (1_048_576, 65_536, 0, 2.0, 12.0, 0.2, None, None),
+    "gemini-3.5-flash": (1_000_000, 65_536, 0, 1.5, 9.0, 0.15, None, None),
+    "gemini-3.5-flash-lite": (1_000_000, 65_536, 0, 0.3, 2.5, 0.03, None, None),
+    "gemini-3.6-flash": (1_000_000, 65_536, 0, 0.75, 3.75, 0.075, None, None),
+    "gemini-3.7-flash": (1_000_000, 65_536, 0, 0.75, 3.75, 0.075, None, None),
+    "gemini-3.8-flash": (1_000_000, 65_536, 0, 0.75, 3.75, 0.075, None, None),
+    "gemini-4-argon": (1_048_576, 1_048_576, 0, 2.0, 10.0, 0.1, None, None),
+    "gemini-4-hydrogen": (1_048_576, 1_048_576, 0, 1.5, 7.5, 0.075, None, None),
+    "gemini-exp-1114": (1_048_576, 8_192, 0, 0.0, 0.0, None, None, None),
+    "gemini-gemma-2-27b-it": (8_192, 8_192, 0, 0.35, 1.05, None, None, None),
+    "gemini-gemma-2-9b-it": (8_192, 8_192, 0, 0.35, 1.05, None, None, None),
+    "gemini-omni-1.1-flash": (131_072, 65_536, 0, 1.5, 9.0, None, None, None),
+    "gemini-omni-1.2-flash": (131_072, 65_536, 0, 1.5, 9.0, None, None, None),
+    "gemini-omni-flash-preview": (131_072, 65_536, 0, 1.5, 9.0, None, None, None),
+    "gemini-robotics-er-2-preview": (131_072, 65_536, 0, 1.0, 5.0, 0.1, None, None),
+    "gemini-robotics-er-2-streaming-preview": (131_072, 65_536, 0, 1.0, 5.0, None, None, None),
+    "gemma-3-27b-it": (131_072, 8_192, 0, 0.0, 0.0, None, None, None),
+    "gemma-4-26b-a4b-it": (262_144, 32_768, 0, 0.0, 0.0, None, None, None),
+    "gemma-4-31b-it": (262_144, 32_768, 0, 0.0, 0.0, None, None, None),
+    "learnlm-1.5-pro-experimental": (32_767, 8_192, 0, 0.0, 0.0, None, None, None),
+    "lyria-3-clip-preview": (131_072, 8_192, 0, 0.0, 0.0, None, None, None),
+    "lyria-3-pro-preview": (131_072, 8_192, 0, 0.0, 0.0, None, None, None),
+    "lyria-3.5": (131_072, 65_536, 0, 0.0, 0.0, None, None, None),
+    "lyria-3.5-clip-preview": (131_072, 8_192, 0, 0.0, 0.0, None, None, None),
+    "lyria-3.5-pro-preview": (131_072, 8_192, 0, 0.0, 0.0, None, None, None),
+    "lyria-realtime-exp": (1_048_576, 65_536, 0, 0.0, 0.0, None, None, None),
     "gpt-3.5-turbo": (16_385, 4_096, 0, 0.5, 1.5, None, None, None),
     "gpt-3.5-turbo-0125": (16_385, 4_096, 0, 0.5, 1.5, None, None, None),
     "gpt-3.5-turbo-1106": (16_385, 4_096, 0, 1.0, 2.0, None, None, None),

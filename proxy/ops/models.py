@@ -5,8 +5,9 @@ The table the proxy reads its windows, output limits and prices from
 
 - LiteLLM's `model_prices_and_context_window.json` (shipped in the `litellm` wheel as
   `litellm/model_prices_and_context_window_backup.json`): `max_input_tokens`,
-  `max_output_tokens` and the per-token prices of each Anthropic and OpenAI chat or
-  responses model;
+  `max_output_tokens` and the per-token prices of each Anthropic, OpenAI and Gemini API
+  chat or responses model (LiteLLM lists the Gemini API's as `gemini/<model>`: they are
+  kept under the name requests give them);
 - pydantic's `genai-prices` (a dependency): a second opinion on each window (where it lists
   a smaller one, the smaller is taken: a window too large gets requests refused) and the
   models whose price has a tier from 200,000 input tokens, i.e. that reach 1,000,000 with
@@ -29,7 +30,11 @@ from typing import Any
 from proxy.console import fail
 
 SNAPSHOT = Path(__file__).parents[1] / "core" / "model_snapshot.py"
-PROVIDERS = {"anthropic": "anthropic", "openai": "openai"}
+# The providers kept, by LiteLLM's name for them and by genai-prices'. Google's (the
+# Gemini API's models; genai-prices lists Claude on Vertex there too) gives Gemini only.
+PROVIDERS = ("anthropic", "openai", "gemini")
+SECOND_PROVIDERS = ("anthropic", "openai", "google")
+GEMINI_PREFIX = "gemini/"
 MODES = ("chat", "responses")
 ONE_MILLION = 1_000_000
 BETA_WINDOW = 1_000_000  # what `context-1m` gives
@@ -120,7 +125,8 @@ def build(raw: Mapping[str, Any], second: Mapping[str, tuple[int | None, bool]])
         k for k, v in raw.items() if "claude" in k and isinstance(v, dict) and _above_200k(v)
     ]
     rows: dict[str, Row] = {}
-    for name, entry in sorted(raw.items()):
+    for key, entry in sorted(raw.items()):
+        name = key.removeprefix(GEMINI_PREFIX)
         if not isinstance(entry, dict) or "/" in name or ":" in name:
             continue
         if entry.get("litellm_provider") not in PROVIDERS or entry.get("mode") not in MODES:
@@ -132,8 +138,11 @@ def build(raw: Mapping[str, Any], second: Mapping[str, tuple[int | None, bool]])
         other, tiered = second.get(name, (None, False))
         if other is not None and other < max_input:
             max_input = other  # the tables disagree: the smaller window is the safe one
+        if name in rows and rows[name][0] < max_input:
+            continue  # listed twice (Gemini's, with and without its prefix): the same
         beta = 0
-        if max_input < BETA_WINDOW and (tiered or _named_in(name, beta_priced)):
+        claude = name.startswith("claude")
+        if claude and max_input < BETA_WINDOW and (tiered or _named_in(name, beta_priced)):
             beta = BETA_WINDOW
         rows[name] = (
             max_input,
@@ -166,7 +175,7 @@ def _per_million(value: object) -> float | None:
 
 
 def genai_windows() -> dict[str, tuple[int | None, bool]]:
-    """genai-prices' context window of each Anthropic and OpenAI model, and whether its
+    """genai-prices' context window of each Anthropic, OpenAI and Gemini model, and whether its
     price has a tier from 200,000 input tokens (a 200k Claude model then reaches 1M with
     the beta). For OpenAI models it is the whole window (input and output): only where it is
     below LiteLLM's max input does it change anything."""
@@ -176,9 +185,11 @@ def genai_windows() -> dict[str, tuple[int | None, bool]]:
         return {}
     out: dict[str, tuple[int | None, bool]] = {}
     for provider in data.providers:
-        if provider.id not in PROVIDERS:
+        if provider.id not in SECOND_PROVIDERS:
             continue
         for model in provider.models:
+            if provider.id == "google" and not model.id.startswith("gemini"):
+                continue
             prices = model.prices
             chosen = prices[-1].prices if isinstance(prices, list) else prices
             tiers = getattr(chosen.input_mtok, "tiers", None) or []

@@ -4,7 +4,7 @@ Each request of the trace goes two ways, in memory: as the client sent it, and a
 proxy would send it (proxy/ops/simulate.py: the pure planner, checkpoints kept between
 requests, a placeholder summary of the summary's cap in size), in the trace's wire format (given,
 or its first request's: proxy/ops/formats.py). Both are counted with the prompt-cache
-model of that format's stand-in (proxy/testing/cache.py; chat_standin.prompt_units for
+model of that format's stand-in (proxy/testing/cache.py; api_chat.prompt_units for
 Chat Completions, responses_items.ItemCounter for Responses), each with its own cache, on
 a clock that advances a fixed time per turn, and priced by proxy/core/pricing.py: in a
 currency when `[[price]]` tables price every model involved, else in the cache model's
@@ -37,8 +37,8 @@ from proxy.core.wire_format import WireFormat
 from proxy.ops.formats import format_for
 from proxy.ops.progress import Progress
 from proxy.ops.simulate import Simulator, Step, Summarise
+from proxy.testing.api_chat import prompt_units as chat_prompt_units
 from proxy.testing.cache import CacheUsage, PromptCache, Unit, prompt_units
-from proxy.testing.chat_standin import prompt_units as chat_prompt_units
 from proxy.testing.responses_items import ItemCounter
 from proxy.wire import ANTHROPIC, CHAT, RESPONSES
 from proxy.wire.chat import ChatCounter

@@ -288,7 +288,7 @@ class Fleet:
                 if self._watch_began is not None and self._watch_ended is None:
                     self._watch_ended = time.monotonic()
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
                 with contextlib.suppress(Exception):
                     await client.aclose()
             await asyncio.sleep(WATCH_RETRY)

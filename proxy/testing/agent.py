@@ -1,29 +1,28 @@
-"""A scripted tool-using agent, driven through the real anthropic SDK.
+"""The scripted coding agent (agent_loop.py) on the Messages API, through the anthropic SDK.
 
-It behaves like a coding agent: one task, then turn after turn the model (the stand-in,
-scripted by the `x-stand-in` header) calls a client tool and the agent answers with a
-large, log-like tool result. Like Claude Code it marks the system prompt and its newest
-message with `cache_control`, moving that breakpoint forward every turn. Tests and
-benchmarks use it to replay the same long conversation with and without the proxy.
+Like Claude Code it marks the system prompt and its newest message with `cache_control`,
+moving that breakpoint forward every turn, and calls its `Bash` tool.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anthropic
-import orjson
 
-TASK = "The build fails in src/build/pipeline.py; find out why and fix it."
-SYSTEM = [
-    {
-        "type": "text",
-        "text": "You are a careful coding agent. " + "Follow the repository rules. " * 200,
-        "cache_control": {"type": "ephemeral"},
-    },
-]
+from proxy.testing import agent_loop
+from proxy.testing.agent_loop import (
+    RULES,
+    TASK,
+    proxy_headers,
+    script_headers,
+    tool_output,
+    turn_script,
+)
+
+SYSTEM = [{"type": "text", "text": RULES, "cache_control": {"type": "ephemeral"}}]
 TOOLS = [
     {
         "name": "Bash",
@@ -35,23 +34,7 @@ TOOLS = [
         },
     }
 ]
-
-
-def tool_output(turn: int, chars: int) -> str:
-    """A deterministic build log of about `chars` characters, full of identifiers."""
-    lines = []
-    size = 0
-    i = 0
-    while size < chars:
-        line = (
-            f"2026-11-29T10:{turn % 60:02d}:{i % 60:02d}Z INFO step={i} turn={turn}"
-            f" src/build/module_{turn}_{i % 17}.py:{i * 7 + 3} elapsed_ms={i * 13 % 997}"
-            f" cache_key=k{turn:03d}{i:05d}\n"
-        )
-        lines.append(line)
-        size += len(line)
-        i += 1
-    return "".join(lines)[:chars]
+__all__ = ["TASK", "TOOLS", "Turn", "run_agent", "tool_output"]
 
 
 @dataclass
@@ -74,25 +57,50 @@ def _with_breakpoint(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def turn_headers(
-    turn: int, read_every: int, conversation: str | None, text: str | None = None
-) -> dict[str, str]:
-    """The request headers of a turn: the stand-in calls Bash (after `text`, when given),
-    and every `read_every`-th turn read_result first (when the proxy offers it)."""
-    script: dict[str, Any] = {"tool": {"name": "Bash", "input": {"command": f"make step-{turn}"}}}
-    if text is not None:
-        script["text"] = text
-    if read_every and turn % read_every == read_every - 1:
-        script["read_result"] = True
-    headers = {"x-stand-in": orjson.dumps(script).decode()}
-    if conversation:
-        headers["x-conversation-id"] = conversation
-    return headers
+@dataclass
+class MessagesAgent:
+    client: anthropic.AsyncAnthropic
+    model: str
+    stream: bool
+    read_every: int
+    conversation: str | None
+    max_tokens: int
+    result_chars: int
+    output: Callable[[int, int], str]
+    text: Callable[[int], str] | None
 
+    def opening(self) -> list[dict[str, Any]]:
+        return [self.user(TASK)]
 
-def proxy_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The proxy's x-compaction-* response headers."""
-    return {k: v for k, v in headers.items() if k.startswith("x-compaction")}
+    async def ask(self, turn: int, history: list[dict[str, Any]]) -> Turn:
+        said = self.text(turn) if self.text else None
+        script = turn_script(turn, self.read_every, "Bash", "command", said)
+        headers = script_headers(script, self.conversation)
+        request: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "system": SYSTEM,
+            "tools": TOOLS,
+            "messages": _with_breakpoint(history),
+        }
+        if self.stream:
+            async with self.client.messages.stream(**request, extra_headers=headers) as s:
+                return Turn(await s.get_final_message(), proxy_headers(s.response.headers))
+        raw = await self.client.messages.with_raw_response.create(**request, extra_headers=headers)
+        return Turn(await raw.parse(), proxy_headers(raw.headers))
+
+    def said(self, answer: Turn) -> tuple[list[dict[str, Any]], list[str]]:
+        content = [b.model_dump(exclude_none=True) for b in answer.message.content]
+        calls = [b.id for b in answer.message.content if b.type == "tool_use"]
+        return [{"role": "assistant", "content": content}], calls
+
+    def results(self, turn: int, call_ids: list[str]) -> list[dict[str, Any]]:
+        output = self.output(turn, self.result_chars)
+        results = [{"type": "tool_result", "tool_use_id": c, "content": output} for c in call_ids]
+        return [{"role": "user", "content": results}]
+
+    def user(self, text: str) -> dict[str, Any]:
+        return {"role": "user", "content": text}
 
 
 async def run_agent(
@@ -111,46 +119,7 @@ async def run_agent(
 ) -> list[Turn]:
     """`output(turn, chars)`: the tool result of a turn (a build log by default);
     `text(turn)`: the text the model writes before its tool call (none by default)."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
-    done: list[Turn] = []
-    for t in range(turns):
-        headers = turn_headers(t, read_every, conversation, text(t) if text else None)
-        request: dict[str, Any] = {
-            "model": model,
-            "max_tokens": max_tokens,
-            "system": SYSTEM,
-            "tools": TOOLS,
-            "messages": _with_breakpoint(messages),
-        }
-        if stream:
-            async with client.messages.stream(**request, extra_headers=headers) as s:
-                message = await s.get_final_message()
-                raw_headers = s.response.headers
-        else:
-            raw = await client.messages.with_raw_response.create(**request, extra_headers=headers)
-            message = await raw.parse()
-            raw_headers = raw.headers
-        turn = Turn(message, proxy_headers(raw_headers))
-        done.append(turn)
-        if on_turn is not None:
-            await on_turn(t, turn)
-        content = [b.model_dump(exclude_none=True) for b in message.content]
-        messages.append({"role": "assistant", "content": content})
-        calls = [b for b in message.content if b.type == "tool_use"]
-        if not calls:
-            messages.append({"role": "user", "content": "Go on."})
-            continue
-        messages.append(
-            {
-                "role": "user",
-                "content": [
-                    {
-                        "type": "tool_result",
-                        "tool_use_id": c.id,
-                        "content": output(t, result_chars),
-                    }
-                    for c in calls
-                ],
-            }
-        )
-    return done
+    agent = MessagesAgent(
+        client, model, stream, read_every, conversation, max_tokens, result_chars, output, text
+    )
+    return await agent_loop.run(agent, turns, on_turn)

@@ -1,8 +1,7 @@
-"""The scripted tool-using agent of agent.py, in OpenAI Chat format, through the openai SDK.
+"""The scripted coding agent (agent_loop.py) on Chat Completions, through the openai SDK.
 
-One task, then turn after turn the model (the stand-in, scripted by `x-stand-in`) calls
-the client's Bash function and the agent answers with a large log-like tool message, as
-an OpenAI-format coding agent would. No cache_control: OpenAI caches prefixes itself.
+It calls the client's Bash function and answers with one tool message per call, as an
+OpenAI-format coding agent would. No cache_control: OpenAI caches prefixes itself.
 """
 
 from __future__ import annotations
@@ -14,9 +13,17 @@ from typing import Any
 import openai
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from proxy.testing.agent import TASK, proxy_headers, tool_output, turn_headers
+from proxy.testing import agent_loop
+from proxy.testing.agent_loop import (
+    RULES,
+    TASK,
+    proxy_headers,
+    script_headers,
+    tool_output,
+    turn_script,
+)
 
-SYSTEM = "You are a careful coding agent. " + "Follow the repository rules. " * 200
+SYSTEM = RULES
 TOOLS = [
     {
         "type": "function",
@@ -40,20 +47,58 @@ class ChatTurn:
     chunks: list[Any] = field(default_factory=list)  # a streamed turn's chunks, as parsed
 
 
-async def _streamed(
-    client: openai.AsyncOpenAI, request: dict[str, Any], headers: dict[str, str]
-) -> tuple[Any, dict[str, str], list[Any]]:
-    """A streamed completion, its response headers and its chunks; the SDK's own
-    accumulator assembles the completion."""
-    raw = await client.chat.completions.with_raw_response.create(
-        **request, stream=True, extra_headers=headers
-    )
-    state: ChatCompletionStreamState[Any] = ChatCompletionStreamState(input_tools=request["tools"])
-    chunks = []
-    async for chunk in raw.parse():
-        chunks.append(chunk)
-        state.handle_chunk(chunk)
-    return state.get_final_completion(), dict(raw.headers), chunks
+@dataclass
+class ChatAgent:
+    client: openai.AsyncOpenAI
+    model: str
+    stream: bool
+    read_every: int
+    conversation: str | None
+    max_tokens: int
+    result_chars: int
+
+    def opening(self) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": SYSTEM}, self.user(TASK)]
+
+    async def ask(self, turn: int, history: list[dict[str, Any]]) -> ChatTurn:
+        script = turn_script(turn, self.read_every, "Bash", "command")
+        headers = script_headers(script, self.conversation)
+        request: dict[str, Any] = {
+            "model": self.model,
+            "max_completion_tokens": self.max_tokens,
+            "tools": TOOLS,
+            "messages": [dict(m) for m in history],
+        }
+        create = self.client.chat.completions.with_raw_response.create
+        if not self.stream:
+            raw = await create(**request, extra_headers=headers)
+            return ChatTurn(raw.parse(), proxy_headers(raw.headers))
+        # Streamed: the SDK's own accumulator assembles the completion from the chunks.
+        request["stream_options"] = {"include_usage": True}
+        raw = await create(**request, stream=True, extra_headers=headers)
+        state: ChatCompletionStreamState[Any] = ChatCompletionStreamState(
+            input_tools=request["tools"]
+        )
+        chunks = []
+        async for chunk in raw.parse():
+            chunks.append(chunk)
+            state.handle_chunk(chunk)
+        return ChatTurn(state.get_final_completion(), proxy_headers(raw.headers), chunks)
+
+    def said(self, answer: ChatTurn) -> tuple[list[dict[str, Any]], list[str]]:
+        message = answer.completion.choices[0].message
+        calls = message.tool_calls or []
+        assistant: dict[str, Any] = {"role": "assistant", "content": message.content}
+        if calls:
+            assistant["tool_calls"] = [c.model_dump(exclude_none=True) for c in calls]
+        return [assistant], [c.id for c in calls]
+
+    def results(self, turn: int, call_ids: list[str]) -> list[dict[str, Any]]:
+        output = tool_output(turn, self.result_chars)
+        return [{"role": "tool", "tool_call_id": c, "content": output} for c in call_ids]
+
+    def user(self, text: str) -> dict[str, Any]:
+        return {"role": "user", "content": text}
 
 
 async def run_openai_agent(
@@ -68,42 +113,5 @@ async def run_openai_agent(
     max_tokens: int = 1024,
     on_turn: Callable[[int, ChatTurn], Awaitable[None]] | None = None,
 ) -> list[ChatTurn]:
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": TASK},
-    ]
-    done: list[ChatTurn] = []
-    for t in range(turns):
-        headers = turn_headers(t, read_every, conversation)
-        request: dict[str, Any] = {
-            "model": model,
-            "max_completion_tokens": max_tokens,
-            "tools": TOOLS,
-            "messages": [dict(m) for m in messages],
-        }
-        if stream:
-            request["stream_options"] = {"include_usage": True}
-            completion, raw_headers, chunks = await _streamed(client, request, headers)
-        else:
-            raw = await client.chat.completions.with_raw_response.create(
-                **request, extra_headers=headers
-            )
-            completion, raw_headers, chunks = raw.parse(), dict(raw.headers), []
-        turn = ChatTurn(completion, proxy_headers(raw_headers), chunks)
-        done.append(turn)
-        if on_turn is not None:
-            await on_turn(t, turn)
-        message = completion.choices[0].message
-        calls = message.tool_calls or []
-        assistant: dict[str, Any] = {"role": "assistant", "content": message.content}
-        if calls:
-            assistant["tool_calls"] = [c.model_dump(exclude_none=True) for c in calls]
-        messages.append(assistant)
-        if not calls:
-            messages.append({"role": "user", "content": "Go on."})
-            continue
-        for c in calls:
-            messages.append(
-                {"role": "tool", "tool_call_id": c.id, "content": tool_output(t, result_chars)}
-            )
-    return done
+    agent = ChatAgent(client, model, stream, read_every, conversation, max_tokens, result_chars)
+    return await agent_loop.run(agent, turns, on_turn)

@@ -1,4 +1,4 @@
-"""The scripted tool-using agent of agent.py, on the Responses API, through the openai SDK.
+"""The scripted coding agent (agent_loop.py) on the Responses API, through the openai SDK.
 
 It sends what Codex sends: developer instructions and the task as input messages,
 `reasoning` with `include: ["reasoning.encrypted_content"]`, `store: false`, a
@@ -13,11 +13,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import openai
-import orjson
 
-from proxy.testing.agent import TASK, proxy_headers, tool_output
+from proxy.testing import agent_loop
+from proxy.testing.agent_loop import (
+    RULES,
+    TASK,
+    proxy_headers,
+    script_headers,
+    tool_output,
+    turn_script,
+)
 
-INSTRUCTIONS = "You are a careful coding agent. " + "Follow the repository rules. " * 200
+INSTRUCTIONS = RULES
 TOOLS = [
     {
         "type": "function",
@@ -45,35 +52,55 @@ class ResponsesTurn:
     events: list[Any] = field(default_factory=list)  # a streamed turn's events, parsed
 
 
-def turn_script(turn: int, read_every: int) -> dict[str, str]:
-    script: dict[str, Any] = {
-        "text": f"Running step {turn}.",
-        "tool": {"name": "exec_command", "input": {"cmd": f"make step-{turn}"}},
-    }
-    if read_every and turn % read_every == read_every - 1:
-        script["read_result"] = True
-    return {"x-stand-in": orjson.dumps(script).decode()}
+@dataclass
+class ResponsesAgent:
+    client: openai.AsyncOpenAI
+    model: str
+    stream: bool
+    read_every: int
+    thread: str
+    result_chars: int
 
+    def opening(self) -> list[dict[str, Any]]:
+        return [message("developer", INSTRUCTIONS), self.user(TASK)]
 
-async def ask(
-    client: openai.AsyncOpenAI, request: dict[str, Any], headers: dict[str, str], stream: bool
-) -> ResponsesTurn:
-    if not stream:
-        raw = await client.responses.with_raw_response.create(**request, extra_headers=headers)
-        return ResponsesTurn(raw.parse(), proxy_headers(raw.headers))
-    raw = await client.responses.with_raw_response.create(
-        **request, stream=True, extra_headers=headers
-    )
-    events = [event async for event in raw.parse()]
-    completed = [e for e in events if e.type in ("response.completed", "response.incomplete")]
-    response = completed[-1].response if completed else None
-    return ResponsesTurn(response, proxy_headers(raw.headers), events)
+    async def ask(self, turn: int, history: list[dict[str, Any]]) -> ResponsesTurn:
+        script = turn_script(turn, self.read_every, "exec_command", "cmd", f"Running step {turn}.")
+        request: dict[str, Any] = {
+            "model": self.model,
+            "input": [dict(i) for i in history],
+            "tools": TOOLS,
+            "tool_choice": "auto",
+            "parallel_tool_calls": True,
+            "reasoning": {"effort": "low"},
+            "include": ["reasoning.encrypted_content"],
+            "store": False,
+            "prompt_cache_key": self.thread,
+            "max_output_tokens": 1024,
+        }
+        create = self.client.responses.with_raw_response.create
+        headers = script_headers(script)
+        if not self.stream:
+            raw = await create(**request, extra_headers=headers)
+            return ResponsesTurn(raw.parse(), proxy_headers(raw.headers))
+        raw = await create(**request, stream=True, extra_headers=headers)
+        events = [event async for event in raw.parse()]
+        ends = [e for e in events if e.type in ("response.completed", "response.incomplete")]
+        return ResponsesTurn(
+            ends[-1].response if ends else None, proxy_headers(raw.headers), events
+        )
 
+    def said(self, answer: ResponsesTurn) -> tuple[list[dict[str, Any]], list[str]]:
+        output = answer.response.output
+        calls = [item.call_id for item in output if item.type == "function_call"]
+        return [item.model_dump(exclude_none=True) for item in output], calls
 
-def as_input(item: Any) -> dict[str, Any]:
-    """An output item as the client sends it back."""
-    data: dict[str, Any] = item.model_dump(exclude_none=True)
-    return data
+    def results(self, turn: int, call_ids: list[str]) -> list[dict[str, Any]]:
+        output = tool_output(turn, self.result_chars)
+        return [{"type": "function_call_output", "call_id": c, "output": output} for c in call_ids]
+
+    def user(self, text: str) -> dict[str, Any]:
+        return message("user", text)
 
 
 async def run_responses_agent(
@@ -87,36 +114,5 @@ async def run_responses_agent(
     thread: str = "thread-1",
     on_turn: Callable[[int, ResponsesTurn], Awaitable[None]] | None = None,
 ) -> list[ResponsesTurn]:
-    items: list[dict[str, Any]] = [message("developer", INSTRUCTIONS), message("user", TASK)]
-    done: list[ResponsesTurn] = []
-    for t in range(turns):
-        request: dict[str, Any] = {
-            "model": model,
-            "input": [dict(i) for i in items],
-            "tools": TOOLS,
-            "tool_choice": "auto",
-            "parallel_tool_calls": True,
-            "reasoning": {"effort": "low"},
-            "include": ["reasoning.encrypted_content"],
-            "store": False,
-            "prompt_cache_key": thread,
-            "max_output_tokens": 1024,
-        }
-        turn = await ask(client, request, turn_script(t, read_every), stream)
-        done.append(turn)
-        if on_turn is not None:
-            await on_turn(t, turn)
-        output = turn.response.output
-        items.extend(as_input(item) for item in output)
-        calls = [item for item in output if item.type == "function_call"]
-        if not calls:
-            items.append(message("user", "Go on."))
-        for call in calls:
-            items.append(
-                {
-                    "type": "function_call_output",
-                    "call_id": call.call_id,
-                    "output": tool_output(t, result_chars),
-                }
-            )
-    return done
+    agent = ResponsesAgent(client, model, stream, read_every, thread, result_chars)
+    return await agent_loop.run(agent, turns, on_turn)

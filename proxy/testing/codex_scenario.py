@@ -20,8 +20,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from proxy.testing.responses_items import part_texts, sealed_text
-from proxy.wire.responses_units import input_items
+import orjson
+
+from proxy.testing.prompt import Prompt, texts
+from proxy.testing.reply import Call
 
 STEP = re.compile(r"SCENARIO-STEP=(\d+)")
 DONE_TEXT = "SCENARIO-DONE: all chunks printed"
@@ -31,38 +33,27 @@ class Scenario(Protocol):
     @property
     def name(self) -> str: ...
 
-    def script(self, body: dict[str, Any], key: bytes) -> dict[str, Any]:
+    def script(self, prompt: Prompt) -> dict[str, Any]:
         """`x-stand-in` keys for the answer to this request."""
         ...
 
-    def summary_note(self, body: dict[str, Any], key: bytes) -> str:
+    def summary_note(self, prompt: Prompt) -> str:
         """A line the stand-in adds to a summary of this request's history ("" for none)."""
         ...
 
 
-def _texts(item: dict[str, Any], key: bytes) -> list[str]:
-    kind = item.get("type", "message")
-    if kind == "message":
-        return part_texts(item.get("content"))
-    if kind in ("function_call", "custom_tool_call"):
-        payload = item.get("arguments", item.get("input"))
-        return [payload] if isinstance(payload, str) else []
-    if kind.endswith("_output"):
-        return part_texts(item.get("output"))
-    if kind in ("reasoning", "compaction"):
-        sealed = sealed_text(item, key)
-        return [sealed] if sealed else []
-    return []
-
-
-def steps_done(body: dict[str, Any], key: bytes) -> int:
-    """The highest step marker anywhere in the input (0 when none)."""
+def steps_done(prompt: Prompt) -> int:
+    """The highest step marker anywhere in the request: texts, results, calls' inputs."""
     best = 0
-    for item in input_items(body):
-        if isinstance(item, dict):
-            for text in _texts(item, key):
-                for match in STEP.finditer(text):
-                    best = max(best, int(match.group(1)))
+    for entry in prompt.entries:
+        said = [*texts(entry)]
+        for part in entry.parts:
+            if isinstance(part, Call):
+                given = part.input
+                said.append(given if isinstance(given, str) else orjson.dumps(given).decode())
+        for text in said:
+            for match in STEP.finditer(text):
+                best = max(best, int(match.group(1)))
     return best
 
 
@@ -80,8 +71,8 @@ class ShellChunks:
         last = step * self.lines
         return f"echo SCENARIO-STEP={step}; sed -n '{first},{last}p' {self.file}"
 
-    def script(self, body: dict[str, Any], key: bytes) -> dict[str, Any]:
-        done = steps_done(body, key)
+    def script(self, prompt: Prompt) -> dict[str, Any]:
+        done = steps_done(prompt)
         if done >= self.calls:
             return {"text": f"{DONE_TEXT} ({done} of {self.calls})."}
         step = done + 1
@@ -91,8 +82,8 @@ class ShellChunks:
             "tool": {"name": "exec_command", "input": arguments},
         }
 
-    def summary_note(self, body: dict[str, Any], key: bytes) -> str:
-        done = steps_done(body, key)
+    def summary_note(self, prompt: Prompt) -> str:
+        done = steps_done(prompt)
         return (
             f"Task: print {self.file} in chunks of {self.lines} lines with exec_command;"
             f" SCENARIO-STEP={done} of {self.calls} done, go on with the next chunk."
@@ -110,6 +101,3 @@ def big_log(lines: int) -> str:
             f" latency={i * 37 % 900}ms bytes={i * 104729 % 99000} user=u{i * 31 % 300}"
         )
     return "\n".join(rows) + "\n"
-
-
-SCENARIOS: dict[str, type[ShellChunks]] = {ShellChunks.name: ShellChunks}

@@ -16,23 +16,14 @@ whole response and its usage. Every event has `type` and a `sequence_number` cou
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from proxy.testing.script import Script
+from proxy.testing.api import Event, json_pieces, text_pieces
+from proxy.testing.reply import Usage
 
 CREATED_AT = 1_764_000_000  # fixed: the same request gets the same bytes
-PIECE_CHARS = 24  # characters of arguments / custom input per delta
-
-
-@dataclass(frozen=True)
-class Answer:
-    items: list[dict[str, Any]]  # the output items, completed
-    output_tokens: int
-    reasoning_tokens: int = 0
-    incomplete: str | None = None  # "max_output_tokens" when cut short
 
 
 def response_object(
@@ -80,35 +71,26 @@ def response_object(
     }
 
 
-def usage_object(input_tokens: int, cached: int, answer: Answer) -> dict[str, Any]:
+def usage_object(usage: Usage) -> dict[str, Any]:
     return {
-        "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": cached},
-        "output_tokens": answer.output_tokens,
-        "output_tokens_details": {"reasoning_tokens": answer.reasoning_tokens},
-        "total_tokens": input_tokens + answer.output_tokens,
+        "input_tokens": usage.prompt,
+        "input_tokens_details": {"cached_tokens": usage.cache_read},
+        "output_tokens": usage.output,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning},
+        "total_tokens": usage.prompt + usage.output,
     }
 
 
-def final_status(answer: Answer) -> str:
-    return "incomplete" if answer.incomplete else "completed"
-
-
 class _Sequence:
+    """Events numbered from 0, as the API numbers them."""
+
     def __init__(self) -> None:
         self.n = 0
 
-    def event(self, kind: str, **fields: Any) -> bytes:
+    def event(self, where: str, kind: str, **fields: Any) -> Event:
         data = {"type": kind, "sequence_number": self.n, **fields}
         self.n += 1
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
-
-
-def _pieces(text: str, words: int) -> Iterator[str]:
-    parts = text.split(" ")
-    for i in range(0, len(parts), words):
-        piece = " ".join(parts[i : i + words])
-        yield piece if i + words >= len(parts) else piece + " "
+        return Event(where, orjson.dumps(data), kind)
 
 
 def _started(item: dict[str, Any]) -> dict[str, Any]:
@@ -125,40 +107,28 @@ def _started(item: dict[str, Any]) -> dict[str, Any]:
     return dict(item)
 
 
-def _item_events(
-    seq: _Sequence, index: int, item: dict[str, Any], script: Script
-) -> Iterator[tuple[str, bytes]]:
+def _item_events(seq: _Sequence, index: int, item: dict[str, Any], words: int) -> Iterator[Event]:
     kind, item_id = item["type"], item["id"]
     at = {"output_index": index, "item_id": item_id}
-    yield "block", seq.event("response.output_item.added", output_index=index, item=_started(item))
+    yield seq.event("block", "response.output_item.added", output_index=index, item=_started(item))
     if kind == "compaction":
-        yield "block", seq.event("response.compaction.compacting", **at)
+        yield seq.event("block", "response.compaction.compacting", **at)
     elif kind == "message":
         for c, part in enumerate(item["content"]):
             text = part["text"]
             empty = {**part, "text": ""}
-            yield (
-                "block",
-                seq.event("response.content_part.added", **at, content_index=c, part=empty),
+            yield seq.event(
+                "block", "response.content_part.added", **at, content_index=c, part=empty
             )
-            for piece in _pieces(text, script.chunk_tokens):
-                yield (
-                    "delta",
-                    seq.event(
-                        "response.output_text.delta",
-                        **at,
-                        content_index=c,
-                        delta=piece,
-                        logprobs=[],
-                    ),
-                )
-            yield (
-                "block",
-                seq.event(
-                    "response.output_text.done", **at, content_index=c, text=text, logprobs=[]
-                ),
+            for piece in text_pieces(text, words):
+                yield seq.event(
+                    "delta", "response.output_text.delta", **at, content_index=c, delta=piece,
+                    logprobs=[],
+                )  # fmt: skip
+            yield seq.event(
+                "block", "response.output_text.done", **at, content_index=c, text=text, logprobs=[]
             )
-            yield "block", seq.event("response.content_part.done", **at, content_index=c, part=part)
+            yield seq.event("block", "response.content_part.done", **at, content_index=c, part=part)
     elif kind in ("function_call", "custom_tool_call"):
         field, name = (
             ("arguments", "function_call_arguments")
@@ -166,68 +136,62 @@ def _item_events(
             else ("input", "custom_tool_call_input")
         )
         payload = item[field]
-        for i in range(0, len(payload), PIECE_CHARS):
-            delta = payload[i : i + PIECE_CHARS]
-            yield "delta", seq.event(f"response.{name}.delta", **at, delta=delta)
-        yield "block", seq.event(f"response.{name}.done", **at, **{field: payload})
-    yield "block", seq.event("response.output_item.done", output_index=index, item=item)
+        for piece in json_pieces(payload):
+            yield seq.event("delta", f"response.{name}.delta", **at, delta=piece)
+        yield seq.event("block", f"response.{name}.done", **at, **{field: payload})
+    yield seq.event("block", "response.output_item.done", output_index=index, item=item)
 
 
-def stream_events(
-    head: dict[str, Any],
-    body: dict[str, Any],
-    answer: Answer,
-    usage: dict[str, Any],
-    script: Script,
-) -> list[tuple[str, bytes]]:
-    """(kind, bytes) of the stream; kind marks where faults and delays apply."""
+def _in_progress(response: dict[str, Any]) -> dict[str, Any]:
+    """The response as it starts: no output, no usage yet."""
+    return {**response, "status": "in_progress", "incomplete_details": None, "output": [],
+            "usage": None}  # fmt: skip
+
+
+def stream_events(response: dict[str, Any], words: int) -> list[Event]:
+    """The whole response as the API streams it (`words` per text delta)."""
     seq = _Sequence()
-    started = response_object(head, body, [], "in_progress", None)
+    started = _in_progress(response)
     events = [
-        ("start", seq.event("response.created", response=started)),
-        ("block", seq.event("response.in_progress", response=started)),
+        seq.event("start", "response.created", response=started),
+        seq.event("block", "response.in_progress", response=started),
     ]
-    for index, item in enumerate(answer.items):
-        events.extend(_item_events(seq, index, item, script))
-    status = final_status(answer)
-    done = response_object(head, body, answer.items, status, usage, answer.incomplete)
-    events.append(("end", seq.event(f"response.{status}", response=done)))
+    for index, item in enumerate(response["output"]):
+        events.extend(_item_events(seq, index, item, words))
+    events.append(seq.event("end", f"response.{response['status']}", response=response))
     return events
 
 
-def error_event(sequence_number: int, error: dict[str, Any]) -> bytes:
+def error_event(sequence_number: int, error: dict[str, Any]) -> Event:
     """The `error` event: flat as OpenAI's schema has it (code, message, param), with the
     nested `error` object streams have been seen carrying too (Codex reads either)."""
     flat = {k: error.get(k) for k in ("code", "message", "param")}
     data = {"type": "error", "sequence_number": sequence_number, **flat, "error": error}
-    return b"event: error\ndata: " + orjson.dumps(data) + b"\n\n"
+    return Event("end", orjson.dumps(data), "error")
 
 
-def failed_events(
-    head: dict[str, Any], body: dict[str, Any], error: dict[str, Any]
-) -> list[tuple[str, bytes]]:
+def failed_events(response: dict[str, Any], error: dict[str, Any]) -> list[Event]:
     """A stream that fails before any output: created, in_progress, `error`, then
     `response.failed` (how the API reports a window exceeded on a stream)."""
     seq = _Sequence()
-    started = response_object(head, body, [], "in_progress", None)
-    failed = response_object(head, body, [], "failed", None)
+    started = _in_progress(response)
+    failed = {**started, "status": "failed"}
     failed["error"] = {"code": error.get("code"), "message": error.get("message")}
     events = [
-        ("start", seq.event("response.created", response=started)),
-        ("block", seq.event("response.in_progress", response=started)),
+        seq.event("start", "response.created", response=started),
+        seq.event("block", "response.in_progress", response=started),
+        error_event(seq.n, error),
     ]
-    events.append(("block", error_event(seq.n, error)))
     seq.n += 1
-    events.append(("end", seq.event("response.failed", response=failed)))
-    return events
+    return [*events, seq.event("end", "response.failed", response=failed)]
 
 
-def stream_error_position(events: list[tuple[str, bytes]]) -> int:
-    """The sequence number a mid-stream `error` fault gets: send_stream writes the events up
-    to the first delta (or up to the first end event, when there is no delta)."""
-    for n, (kind, _) in enumerate(events):
-        if kind == "delta":
+def stream_error_position(events: list[Event]) -> int:
+    """The sequence number a mid-stream `error` fault gets: the stream is sent up to the
+    first delta (or up to the first end event, when there is no delta)."""
+    for n, sent in enumerate(events):
+        if sent.kind == "delta":
             return n + 1
-        if kind == "end":
+        if sent.kind == "end":
             return n
     return len(events)

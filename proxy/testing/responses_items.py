@@ -1,5 +1,5 @@
 """What the stand-in's Responses route reads from input items: sealed content, token
-counts, prompt-cache units, the text a summary is made from, refs to read.
+counts, prompt-cache units, the tools offered.
 
 Sealed content: the `encrypted_content` the stand-in writes on its reasoning and
 compaction items is `sti1.<base64url JSON>.<hmac>`: readable, but any change breaks the
@@ -25,7 +25,6 @@ import orjson
 
 from proxy.core.tokens import TokenCounter
 from proxy.testing.cache import Unit
-from proxy.testing.script import READ_RESULT, STUB_REF
 from proxy.wire.responses_units import input_items
 
 SEAL_PREFIX = "sti1."
@@ -186,79 +185,8 @@ class ItemCounter:
         return units
 
 
-def as_messages(items: list[Any], key: bytes) -> list[dict[str, Any]]:
-    """The items as Messages-style messages of text, for the stand-in's summariser: calls
-    as the command they ran, outputs as their text, sealed items as what they stand for."""
-    messages: list[dict[str, Any]] = []
-    for item in items:
-        if not isinstance(item, dict):
-            continue
-        kind = item.get("type", "message")
-        if kind == "message":
-            texts = part_texts(item.get("content"))
-            role = "assistant" if item.get("role") == "assistant" else "user"
-        elif kind in ("function_call", "custom_tool_call"):
-            payload = item.get("arguments", item.get("input"))
-            texts = [f"called {item.get('name')} ({item.get('call_id')}) with {payload}"]
-            role = "assistant"
-        elif kind in ("function_call_output", "custom_tool_call_output"):
-            texts, role = part_texts(item.get("output")), "user"
-        elif kind in ("reasoning", "compaction"):
-            sealed = sealed_text(item, key)
-            texts, role = ([sealed] if sealed else []), "assistant"
-        else:
-            continue
-        if any(t.strip() for t in texts):
-            messages.append({"role": role, "content": [{"type": "text", "text": t} for t in texts]})
-    return messages
-
-
-def offered_function(body: dict[str, Any], name: str) -> bool:
-    for tool in body.get("tools") or ():
-        if not isinstance(tool, dict):
-            continue
-        members = tool.get("tools") if tool.get("type") == "namespace" else [tool]
-        for member in members if isinstance(members, list) else ():
-            if (
-                isinstance(member, dict)
-                and member.get("type") == "function"
-                and member.get("name") == name
-            ):
-                return True
-    return False
-
-
 def offered_custom(body: dict[str, Any], name: str) -> bool:
     return any(
         isinstance(t, dict) and t.get("type") == "custom" and t.get("name") == name
         for t in body.get("tools") or ()
     )
-
-
-def next_ref_to_read(body: dict[str, Any], keep_reading: bool = False) -> str | None:
-    """The first stub ref not read yet, when read_result is offered as a function tool and
-    the request is not itself answering a read (the Responses twin of the other routes')."""
-    if not offered_function(body, READ_RESULT):
-        return None
-    items = [i for i in input_items(body) if isinstance(i, dict)]
-    read_calls: dict[str, str] = {}  # call_id -> ref
-    refs: list[str] = []
-    for item in items:
-        kind = item.get("type", "message")
-        if kind == "function_call" and item.get("name") == READ_RESULT:
-            try:
-                ref = orjson.loads(item.get("arguments") or "{}").get("ref")
-            except (orjson.JSONDecodeError, AttributeError):
-                ref = None
-            read_calls[str(item.get("call_id"))] = str(ref)
-        texts = part_texts(item.get("output")) if kind.endswith("_output") else []
-        if kind == "message":
-            texts = part_texts(item.get("content"))
-        for text in texts:
-            refs.extend(STUB_REF.findall(text))
-    last = items[-1] if items else {}
-    answering = last.get("type") == "function_call_output" and last.get("call_id") in read_calls
-    if not keep_reading and answering:
-        return None
-    already = set(read_calls.values())
-    return next((ref for ref in refs if ref not in already), None)

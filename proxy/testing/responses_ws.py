@@ -34,24 +34,17 @@ from typing import Any
 import orjson
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from proxy.testing.responses_events import CREATED_AT
-from proxy.testing.responses_standin import (
+from proxy.testing.answering import answer
+from proxy.testing.api import Refusal, Streamed, Whole
+from proxy.testing.api_chat import openai_error, openai_gate
+from proxy.testing.api_responses import (
     RESPONSES,
-    JsonFault,
-    Streamed,
-    _unauthorized,
-    answer,
+    ResponsesApi,
     handle_responses_get,
     turn_state,
 )
-from proxy.testing.standin_http import (
-    OPTIONS,
-    RECORDED,
-    RecordedRequest,
-    _credential,
-    _tenant,
-    request_digest,
-)
+from proxy.testing.responses_events import CREATED_AT
+from proxy.testing.standin_http import COUNTER, RecordedRequest, paced, recorded, request_digest
 from proxy.wire.responses_units import input_items
 
 # What an error frame carries of the headers an HTTP refusal would have had.
@@ -70,31 +63,19 @@ def wants_websocket(request: web.Request) -> bool:
     return request.headers.get("upgrade", "").lower() == "websocket"
 
 
-def error_frame(status: int, error: dict[str, Any], headers: dict[str, str] | None = None) -> bytes:
-    frame: dict[str, Any] = {"type": "error", "status": status, "error": error}
+def _refusal(refusal: Refusal) -> bytes:
+    """A refusal as the error frame the WebSocket sends instead of an HTTP error."""
+    error = {"type": refusal.kind, "message": refusal.message, "param": refusal.param,
+             "code": refusal.code}  # fmt: skip
+    frame: dict[str, Any] = {"type": "error", "status": refusal.status, "error": error}
+    headers = {n: refusal.headers[n] for n in ERROR_HEADERS if n in refusal.headers}
     if headers:
         frame["headers"] = headers
     return orjson.dumps(frame)
 
 
-def _refusal(response: web.Response) -> bytes:
-    """An HTTP refusal as the error frame the WebSocket sends instead."""
-    raw = response.body
-    assert isinstance(raw, bytes)
-    error = orjson.loads(raw).get("error") or {}
-    headers = {n: response.headers[n] for n in ERROR_HEADERS if n in response.headers}
-    return error_frame(response.status, error, headers)
-
-
 def _invalid(message: str, param: str | None = None, code: str | None = None) -> bytes:
-    error = {"type": "invalid_request_error", "message": message, "param": param, "code": code}
-    return error_frame(400, error)
-
-
-def _event_json(event: bytes) -> bytes:
-    """The JSON of one SSE event (`event: X\\ndata: JSON\\n\\n`)."""
-    start = event.index(b"\ndata: ") + len(b"\ndata: ")
-    return event[start:].rstrip(b"\n")
+    return _refusal(Refusal(400, "invalid_request_error", message, param, code))
 
 
 def _prewarm_events(response_id: str, body: dict[str, Any]) -> list[bytes]:
@@ -126,10 +107,10 @@ def add_routes(app: web.Application) -> None:
 
 
 async def serve_websocket(request: web.Request) -> web.StreamResponse:
-    app = request.app
-    options = app[RESPONSES]
-    if _credential(request) is None:
-        return _unauthorized()
+    options = request.app[RESPONSES]
+    refusal = openai_gate(request.headers)
+    if refusal is not None:
+        return openai_error(refusal)
     ws = web.WebSocketResponse(
         compress=True,
         max_msg_size=options.websocket_max_frame,
@@ -154,21 +135,12 @@ class _Session:
         self.request = request
         self.ws = ws
         self.kept: _Kept | None = None
-        self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.raw_headers}
-
-    def _record(self, raw: str) -> RecordedRequest:
-        record = RecordedRequest("WS", self.request.path_qs, self.headers, raw.encode())
-        record.transport = "websocket"
-        recorded = self.request.app[RECORDED]
-        recorded.append(record)
-        limit = self.request.app[OPTIONS].max_recorded
-        if limit is not None and len(recorded) > limit:
-            del recorded[: len(recorded) - limit]
-        return record
+        self.api = ResponsesApi(request.app[RESPONSES], request.app[COUNTER])
 
     async def frame(self, raw: str) -> bool:
         """Answer one client frame; False: the connection is gone."""
-        record = self._record(raw)
+        record = recorded(self.request, "WS", raw.encode())
+        record.transport = "websocket"
         try:
             return await self._answer(raw, record)
         except (asyncio.CancelledError, ConnectionResetError):
@@ -211,47 +183,35 @@ class _Session:
             self.kept = _Kept(response_id, input_items(body))
             record.status, record.kind = 200, "prewarm"
             return True
-        app = self.request.app
-        out = answer(app, self.headers, _tenant(self.request), body, streaming=True)
-        if isinstance(out, web.Response):
+        headers = self.request.headers
+        out = await answer(
+            self.request.app, self.api, headers, record.resolved, record, streaming=True
+        )
+        if isinstance(out, Refusal):
             return await self._refuse(record, _refusal(out))
-        assert not isinstance(out, JsonFault)  # streams only
+        assert not isinstance(out, Whole)  # streams only
         record.status = 200
         return await self._stream(out, body, record)
 
     async def _stream(self, out: Streamed, body: dict[str, Any], record: RecordedRequest) -> bool:
-        script, fault = out.script, out.fault
-        deltas = 0
         last: dict[str, Any] = {}
-        for kind, event in out.events:
-            if kind == "delta":
-                if deltas and script.token_delay:
-                    await asyncio.sleep(script.token_delay)
-                deltas += 1
-            elif kind == "end" and fault in ("stream_error", "eof"):
-                break
-            data = _event_json(event)
-            await self.ws.send_str(data.decode())
-            if kind == "end":
-                last = orjson.loads(data)
-            if kind == "start" and fault == "stall":
-                await asyncio.sleep(script.stall_seconds)
-            if kind == "delta" and deltas == 1 and fault in ("stream_error", "eof"):
-                break
-        if fault == "stream_error":
-            await self.ws.send_str(_event_json(out.fault_event).decode())
+        async for event in paced(out.events, out.script, out.fault, asyncio.sleep):
+            await self.ws.send_str(event.data.decode())
+            if event.kind == "end":
+                last = orjson.loads(event.data)
+        if out.fault == "stream_error" and out.fault_event is not None:
+            await self.ws.send_str(out.fault_event.data.decode())
             self.kept = None
             return True
-        if fault == "eof":
+        if out.fault == "eof":
             record.outcome = "cut"
             if self.request.transport is not None:
                 self.request.transport.close()
             return False
         response = last.get("response") or {}
-        record.usage = response.get("usage") or {}
-        record.content = list(response.get("output") or [])
         if last.get("type") == "response.failed":
             self.kept = None
         else:
-            self.kept = _Kept(str(response.get("id")), [*input_items(body), *record.content])
+            output = list(response.get("output") or [])
+            self.kept = _Kept(str(response.get("id")), [*input_items(body), *output])
         return True

@@ -1,22 +1,21 @@
 """What every route of the stand-in upstream shares: options, the record of requests,
-the API shell (request ids, routing errors in the API's shape), credentials, scripts and
-faults, and sending JSON or event streams with the script's delays and faults.
+the HTTP shell (request ids, routing errors), credentials, faults, and sending a JSON
+answer or an event stream with the script's delays and faults.
 
-The routes themselves: proxy/testing/standin.py (Messages, and the app), chat_standin.py
-(Chat Completions), responses_standin.py (Responses). They all build on this module, and
-none on another route's.
+The routes themselves are each API's (api_*.py); they all answer through answering.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import fnmatch
+import functools
 import hashlib
 import math
 import secrets
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,13 +23,10 @@ import orjson
 from aiohttp import web
 
 from proxy.core.tokens import TokenCounter
+from proxy.testing.api import Event, Streamed
 from proxy.testing.cache import PromptCache
 from proxy.testing.scenario import Scenario
-from proxy.testing.script import (
-    Script,
-    ScriptError,
-    parse_script,
-)
+from proxy.testing.script import Script
 
 SUMMARY_PURPOSE = "summary"
 
@@ -123,28 +119,18 @@ def api_error(
     )
 
 
-def _request_id(request: web.Request) -> str:
+def request_id(request: web.Request) -> str:
     rid = request.get(REQUEST_ID)
     if rid is None:
         rid = request[REQUEST_ID] = "req_" + secrets.token_hex(12)
     return rid
 
 
-def _invalid(request: web.Request, message: str) -> web.Response:
-    return api_error(400, "invalid_request_error", message, _request_id(request))
-
-
 @web.middleware
-async def _api_shell(request: web.Request, handler: Any) -> web.StreamResponse:
+async def api_shell(request: web.Request, handler: Any) -> web.StreamResponse:
     """Records the request, maps routing errors to the API's shape, notes the outcome."""
-    rid = _request_id(request)
-    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.raw_headers}
-    record = RecordedRequest(request.method, request.path_qs, headers, b"")
-    recorded = request.app[RECORDED]
-    recorded.append(record)
-    limit = request.app[OPTIONS].max_recorded
-    if limit is not None and len(recorded) > limit:
-        del recorded[: len(recorded) - limit]
+    rid = request_id(request)
+    record = recorded(request, request.method, b"")
     request[RECORD] = record
     try:
         try:
@@ -172,33 +158,36 @@ async def _api_shell(request: web.Request, handler: Any) -> web.StreamResponse:
         record.ended_at = time.monotonic()
 
 
-async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
-    response.headers.setdefault("request-id", _request_id(request))
+def recorded(request: web.Request, method: str, body: bytes) -> RecordedRequest:
+    """A new record of a request (or a WebSocket frame), the oldest dropped past the limit."""
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.raw_headers}
+    record = RecordedRequest(method, request.path_qs, headers, body)
+    kept = request.app[RECORDED]
+    kept.append(record)
+    limit = request.app[OPTIONS].max_recorded
+    if limit is not None and len(kept) > limit:
+        del kept[: len(kept) - limit]
+    return record
 
 
-def _credential(request: web.Request) -> str | None:
-    key = request.headers.get("x-api-key", "").strip()
+async def add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.setdefault("request-id", request_id(request))
+
+
+def credential(headers: Mapping[str, str]) -> str | None:
+    """The API key (`x-api-key`) or Bearer token a request carries."""
+    key = headers.get("x-api-key", "").strip()
     if key:
         return key
-    auth = request.headers.get("authorization", "")
+    auth = headers.get("authorization", "")
     if auth[:7].lower() == "bearer " and auth[7:].strip():
         return auth[7:].strip()
     return None
 
 
-def _gate(request: web.Request) -> web.Response | None:
-    """The header checks every route makes before anything else."""
-    if _credential(request) is None:
-        return api_error(
-            401, "authentication_error", "x-api-key header is required", _request_id(request)
-        )
-    if not request.headers.get("anthropic-version"):
-        return _invalid(request, "anthropic-version: header is required")
-    return None
-
-
-def _tenant(request: web.Request) -> str:
-    return hashlib.sha256((_credential(request) or "").encode()).hexdigest()[:32]
+def tenant_of(headers: Mapping[str, str]) -> str:
+    """Whose prompt cache a request reads: a hash of its credential."""
+    return hashlib.sha256((credential(headers) or "").encode()).hexdigest()[:32]
 
 
 def request_digest(body: dict[str, Any], ignored: tuple[str, ...]) -> str:
@@ -207,28 +196,13 @@ def request_digest(body: dict[str, Any], ignored: tuple[str, ...]) -> str:
     return hashlib.sha256(orjson.dumps(same, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def script_for(request: web.Request) -> Script:
-    """The stand-in's default script with the request's `x-stand-in` laid over it."""
-    try:
-        return parse_script(request.app[OPTIONS].script, request.headers.get("x-stand-in"))
-    except TypeError as exc:  # a key of the wrong type
-        raise ScriptError(str(exc)) from None
-
-
 def retry_headers(script: Script) -> dict[str, str]:
     """What a 429 fault says about when to come back."""
     seconds = max(1, -(-int(script.retry_after_ms) // 1000))
     return {"retry-after": str(seconds), "retry-after-ms": f"{script.retry_after_ms:g}"}
 
 
-async def _json_body(request: web.Request) -> tuple[Any, web.Response | None]:
-    try:
-        return orjson.loads(await request.read()), None
-    except orjson.JSONDecodeError as exc:
-        return None, _invalid(request, f"There was an error parsing the body: {exc}")
-
-
-def _take_fault(app: web.Application, script: Script, kinds: tuple[str, ...]) -> str | None:
+def take_fault(app: web.Application, script: Script, kinds: tuple[str, ...]) -> str | None:
     """The script's fault if it is of these kinds and its `fault_times` is not used up."""
     fault = script.fault
     if fault not in kinds:
@@ -245,7 +219,7 @@ def answer_faults(streaming: bool) -> tuple[str, ...]:
     return ("stream_error", "eof", "stall") if streaming else ("eof", "stall")
 
 
-def _scaled(tokens: int, options: StandInOptions) -> int:
+def scaled(tokens: int, options: StandInOptions) -> int:
     return tokens if options.token_scale == 1.0 else math.ceil(tokens * options.token_scale)
 
 
@@ -260,15 +234,15 @@ async def send_json(
     await response.prepare(request)
     if fault == "eof":
         await response.write(payload[: len(payload) // 2])
-        _cut(request)
+        cut(request)
         return response
-    await _stall(request, script.stall_seconds)
+    await stall(request, script.stall_seconds)
     await response.write(payload)
     await response.write_eof()
     return response
 
 
-def _cut(request: web.Request) -> None:
+def cut(request: web.Request) -> None:
     """End the connection mid-body (what a dropped upstream looks like)."""
     record = request.get(RECORD)
     if record is not None:
@@ -277,7 +251,7 @@ def _cut(request: web.Request) -> None:
         request.transport.close()
 
 
-async def _stall(request: web.Request, seconds: float) -> None:
+async def stall(request: web.Request, seconds: float) -> None:
     """Send nothing for a while; stop early if the client has gone."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -290,47 +264,56 @@ async def _stall(request: web.Request, seconds: float) -> None:
         await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
 
-def _sse(event: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
-
-
-def _text_pieces(text: str, words_per_piece: int) -> Iterator[str]:
-    words = text.split(" ")
-    for i in range(0, len(words), words_per_piece):
-        piece = " ".join(words[i : i + words_per_piece])
-        yield piece if i + words_per_piece >= len(words) else piece + " "
-
-
-async def send_stream(
-    request: web.Request,
-    events: Iterable[tuple[str, bytes]],
+async def paced(
+    events: Iterable[Event],
     script: Script,
     fault: str | None,
-    error_event: bytes,
-) -> web.StreamResponse:
-    """Write (kind, bytes) events with the script's delays; a `stall` holds back after the
-    start, `stream_error` (then `error_event`) or `eof` strikes after the first delta."""
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-    )
-    await response.prepare(request)
+    stall: Callable[[float], Awaitable[None]],
+) -> AsyncIterator[Event]:
+    """The events to send, when to send them: the script's delay between deltas, a `stall`
+    after the start; a `stream_error` or `eof` fault stops them after the first delta (or
+    before the end, when there is none). The caller sends what follows the fault."""
     deltas = 0
-    for kind, event in events:
-        if kind == "delta":
+    for event in events:
+        if event.kind == "delta":
             if deltas and script.token_delay:
                 await asyncio.sleep(script.token_delay)
             deltas += 1
-        elif kind == "end" and fault in ("stream_error", "eof"):
-            break  # the answer had no delta to cut after
-        await response.write(event)
-        if kind == "start" and fault == "stall":
-            await _stall(request, script.stall_seconds)
-        if kind == "delta" and deltas == 1 and fault in ("stream_error", "eof"):
-            break
-    if fault == "stream_error":
-        await response.write(error_event)
+        elif event.kind == "end" and fault in ("stream_error", "eof"):
+            return  # the answer had no delta to cut after
+        yield event
+        if event.kind == "start" and fault == "stall":
+            await stall(script.stall_seconds)
+        if event.kind == "delta" and deltas == 1 and fault in ("stream_error", "eof"):
+            return
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How a transport writes events: SSE here; AWS's event stream is another."""
+
+    content_type: str
+    frame: Callable[[Event], bytes]
+
+
+SSE = Framing("text/event-stream; charset=utf-8", Event.sse)
+
+
+async def send_stream(
+    request: web.Request, out: Streamed, framing: Framing = SSE
+) -> web.StreamResponse:
+    """The events, framed and paced; then a `stream_error` fault's event, or an `eof` cut."""
+    response = web.StreamResponse(
+        headers={"Content-Type": framing.content_type, "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    fault = out.fault
+    async for event in paced(out.events, out.script, fault, functools.partial(stall, request)):
+        await response.write(framing.frame(event))
+    if fault == "stream_error" and out.fault_event is not None:
+        await response.write(framing.frame(out.fault_event))
     elif fault == "eof":
-        _cut(request)
+        cut(request)
         return response
     await response.write_eof()
     return response

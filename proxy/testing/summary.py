@@ -5,8 +5,9 @@ ways the proxy's tests can check: the same request gives the same summary, ident
 (paths, numbers, CamelCase and snake_case names, ids) from the folded conversation appear
 verbatim, and the answer stays within `max_tokens` as counted by the project's counter.
 
-The text read is that of the messages (text blocks, tool calls' inputs, tool results),
-not the system prompt, which holds the summariser's instruction. Like a real model asked
+The text read is that of the prompt's entries (texts, tool calls' inputs, tool results),
+whatever the API (prompt.py), not the system prompt, which holds the summariser's
+instruction. Like a real model asked
 what the user is "currently trying to do", it notes the newest message it was shown
 first (in place, the whole history is shown: the newest turn too, not only the messages
 the notes replace).
@@ -15,11 +16,13 @@ the notes replace).
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Sequence
 
 import orjson
 
 from proxy.core.tokens import TokenCounter
+from proxy.testing.prompt import Entry, Text
+from proxy.testing.reply import Call
 
 IDENTIFIER = re.compile(
     r"""
@@ -36,22 +39,19 @@ IDENTIFIER = re.compile(
 NOTE_CHARS = 200
 
 
-def _texts(content: Any) -> list[str]:
-    if isinstance(content, str):
-        return [content]
+def _said(entry: Entry) -> str:
+    """The entry as one line of text: its texts, calls and results in order."""
     out: list[str] = []
-    for block in content if isinstance(content, list) else []:
-        if not isinstance(block, dict):
-            continue
-        kind = block.get("type")
-        if kind == "text" and isinstance(block.get("text"), str):
-            out.append(block["text"])
-        elif kind == "tool_use":
-            call = orjson.dumps(block.get("input")).decode()
-            out.append(f"called {block.get('name')} ({block.get('id')}) with {call}")
-        elif kind == "tool_result":
-            out.extend(_texts(block.get("content")))
-    return out
+    for part in entry.parts:
+        if isinstance(part, Text):
+            out.append(part.text)
+        elif isinstance(part, Call):
+            given = part.input if isinstance(part.input, str) else orjson.dumps(part.input)
+            arguments = given if isinstance(given, str) else given.decode()
+            out.append(f"called {part.name} ({part.id}) with {arguments}")
+        else:
+            out.extend(part.texts)
+    return " ".join(" ".join(out).split())
 
 
 def identifiers(text: str) -> list[str]:
@@ -62,30 +62,28 @@ def identifiers(text: str) -> list[str]:
     return [s for s in seen if s]
 
 
-def summarise(body: dict[str, Any], counter: TokenCounter, loss: int = 0) -> str:
-    """A summary of the request's messages, at most max_tokens tokens long. `loss` > 0
-    plays a lossy model: every `loss`-th identifier it finds is left out, notes included
-    (5: a fifth of them)."""
+def summarise(entries: Sequence[Entry], budget: int, counter: TokenCounter, loss: int = 0) -> str:
+    """A summary of the entries, at most `budget` tokens long. `loss` > 0 plays a lossy
+    model: every `loss`-th identifier it finds is left out, notes included (5: a fifth of
+    them)."""
     notes: list[str] = []
     found: dict[str, None] = {}
-    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
-    for message in messages:
-        text = " ".join(" ".join(_texts(message.get("content"))).split())
+    for entry in entries:
+        text = _said(entry)
         if not text:
             continue
         for name in identifiers(text):
             found.setdefault(name, None)
         head = text if len(text) <= NOTE_CHARS else text[:NOTE_CHARS].rstrip() + " ..."
-        notes.append(f"- {message.get('role')}: {head}")
+        notes.append(f"- {entry.role}: {head}")
     names = list(found)
     if loss > 0:
         lost = set(names[loss - 1 :: loss])
         names = [n for n in names if n not in lost]
         notes = [_without(note, lost) for note in notes]
 
-    budget = int(body.get("max_tokens") or 1024)
-    lines = [f"Summary of {len(messages)} earlier messages."]
-    current = _currently(messages)
+    lines = [f"Summary of {len(entries)} earlier messages."]
+    current = _currently(entries)
     if current:
         # What a real model notes first: what the user is currently doing, from the
         # newest message it was shown (in place, the one before the proxy's prompt).
@@ -97,15 +95,15 @@ def summarise(body: dict[str, Any], counter: TokenCounter, loss: int = 0) -> str
     return _fit(lines, budget, counter)
 
 
-def _currently(messages: list[dict[str, Any]]) -> str:
+def _currently(entries: Sequence[Entry]) -> str:
     """The tail of the newest user message the summariser was shown, other than the
     proxy's own request for notes (the last message of a summary made in place)."""
-    users = [m for m in messages if m.get("role") == "user"]
-    if users and " ".join(_texts(users[-1].get("content"))).startswith("[compaction-proxy]"):
+    users = [e for e in entries if e.role == "user"]
+    if users and _said(users[-1]).startswith("[compaction-proxy]"):
         users = users[:-1]
     if not users:
         return ""
-    text = " ".join(" ".join(_texts(users[-1].get("content"))).split())
+    text = _said(users[-1])
     return text if len(text) <= NOTE_CHARS else "... " + text[-NOTE_CHARS:].lstrip()
 
 

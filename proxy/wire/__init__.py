@@ -4,6 +4,16 @@ proxy/core/wire_format.py (`Request`, `Dialect`, `Summaries`, `Rounds`, `UsageRe
 
 from proxy.wire.anthropic import ANTHROPIC, AnthropicMessages
 from proxy.wire.chat import CHAT, ChatCompletions
+from proxy.wire.gemini import GEMINI, GeminiAPI
 from proxy.wire.responses import RESPONSES, ResponsesAPI
 
-__all__ = ["ANTHROPIC", "CHAT", "RESPONSES", "AnthropicMessages", "ChatCompletions", "ResponsesAPI"]
+__all__ = [
+    "ANTHROPIC",
+    "CHAT",
+    "GEMINI",
+    "RESPONSES",
+    "AnthropicMessages",
+    "ChatCompletions",
+    "GeminiAPI",
+    "ResponsesAPI",
+]

@@ -14,6 +14,8 @@ from typing import Any
 import orjson
 
 from proxy.testing.agent import tool_output
+from proxy.testing.api_messages import read
+from proxy.testing.prompt import READ_RESULT, stub_refs
 from proxy.testing.scenario import (
     COMPACTION,
     READ,
@@ -23,10 +25,7 @@ from proxy.testing.scenario import (
     Step,
     cleared_results,
     continues_after_compaction,
-    offers,
-    stub_refs,
 )
-from proxy.testing.script import READ_RESULT
 from proxy.testing.standin import RecordedRequest, StandInOptions
 from proxy.testing.tap import Exchange, input_total, told_usage
 
@@ -124,9 +123,9 @@ def session_failures(
     seen.kinds = Counter(r.kind for r in upstream)
     for r in upstream:
         total = input_total(r.usage)
-        body = orjson.loads(r.body)
-        offered = "+" if offers(body, READ_RESULT) else "-"
-        seen.requests.append(f"{r.kind}:{total}:{len(stub_refs(body))}{offered}")
+        prompt = read(orjson.loads(r.body))
+        offered = "+" if READ_RESULT in prompt.tools else "-"
+        seen.requests.append(f"{r.kind}:{total}:{len(stub_refs(prompt))}{offered}")
         seen.largest_upstream = max(seen.largest_upstream, total)
         if r.status != 200:
             failures.append(f"upstream request #{upstream.index(r)} got {r.status}: {r.error}")
@@ -136,10 +135,10 @@ def session_failures(
 
     if seen.kinds[COMPACTION]:
         failures.append(f"the agent compacted its history by itself {seen.kinds[COMPACTION]} times")
-    continued = sum(continues_after_compaction(orjson.loads(r.body)) for r in upstream)
+    continued = sum(continues_after_compaction(read(orjson.loads(r.body))) for r in upstream)
     if continued:
         failures.append(f"{continued} upstream requests continue from an agent's own summary")
-    cleared = max((cleared_results(orjson.loads(r.body)) for r in upstream), default=0)
+    cleared = max((cleared_results(read(orjson.loads(r.body))) for r in upstream), default=0)
     if cleared:
         failures.append(f"the agent cleared {cleared} of its own tool results (microcompact)")
     if seen.kinds[READ] < min_reads:

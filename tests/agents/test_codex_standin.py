@@ -29,10 +29,10 @@ from proxy.config import load_settings
 from proxy.core.tokens import default_counter
 from proxy.server.app import RunningProxy, start
 from proxy.server.metrics import METRICS
+from proxy.testing.api_responses import HANDOFF, ResponsesOptions
 from proxy.testing.codex_cli import CodexConfig, CodexRun, run_codex
 from proxy.testing.codex_scenario import DONE_TEXT, ShellChunks, big_log
 from proxy.testing.responses_items import ItemCounter, unseal
-from proxy.testing.responses_standin import HANDOFF, ResponsesOptions
 from proxy.testing.standin import RecordedRequest, StandInOptions
 from proxy.wire.responses_units import input_items
 from tests.plugins.responses import MakeResponsesStandIn

@@ -20,8 +20,8 @@ import pytest
 
 from proxy.core.tokens import default_counter
 from proxy.server.metrics import METRICS
+from proxy.testing.api_responses import ResponsesOptions
 from proxy.testing.responses_items import ItemCounter
-from proxy.testing.responses_standin import ResponsesOptions
 from proxy.testing.standin import RecordedRequest
 from proxy.wire.responses_units import input_items
 from tests.agents.test_codex_standin import (

@@ -26,6 +26,10 @@ from proxy.core.pricing import PER_MILLION, PriceTable, parse_price_table
         ("gpt-4.1", 1_000_000),  # 1,047,576 in LiteLLM's table: the smaller is taken
         ("gpt-4o", 128_000),
         ("openai/gpt-4o", 128_000),
+        ("gemini-2.5-pro", 1_048_576),
+        ("models/gemini-2.5-pro", 1_048_576),  # the Gemini API's resource name
+        ("gemini-3.8-flash", 1_000_000),  # 1,048,576 in LiteLLM's table, 1M in genai-prices'
+        ("gemini-3.1-pro-preview", 1_048_576),
     ],
 )
 def test_the_window_is_the_model_tables_max_input(model: str, window: int) -> None:

@@ -24,8 +24,8 @@ from proxy.core.planner import plan
 from proxy.core.rewrites import fold
 from proxy.core.tokens import TokenCounter
 from proxy.core.working import PlanInput
+from proxy.testing.api_responses import ResponsesOptions
 from proxy.testing.responses_items import check_seals, seal
-from proxy.testing.responses_standin import ResponsesOptions
 from proxy.wire.responses import RESPONSES, ResponsesCounter, read_result_tool
 from proxy.wire.responses_units import flatten, units_of
 from proxy.wire.responses_validation import validate_responses_request

@@ -44,14 +44,33 @@ LITELLM = {
         "input_cost_per_token": 5e-06,
         "output_cost_per_token": 3e-05,
     },
+    # The Gemini API's models, under LiteLLM's `gemini/` prefix (and once without it).
+    "gemini/gemini-9-flash": {
+        "litellm_provider": "gemini",
+        "mode": "chat",
+        "max_input_tokens": 1_048_576,
+        "max_output_tokens": 65_536,
+        "input_cost_per_token": 5e-07,
+        "output_cost_per_token": 3e-06,
+        "cache_read_input_token_cost": 5e-08,
+        "input_cost_per_token_above_200k_tokens": 1e-06,
+    },
+    "gemini-9-flash": {"litellm_provider": "gemini", "mode": "chat", "max_input_tokens": 2_097_152},
+    "gemini-9-flash-vertex": {
+        "litellm_provider": "vertex_ai-language-models",
+        "mode": "chat",
+        "max_input_tokens": 5,
+    },
     "text-embedding-9": {"litellm_provider": "openai", "mode": "embedding", "max_input_tokens": 8},
     "azure/gpt-9": {"litellm_provider": "azure", "mode": "chat", "max_input_tokens": 5},
 }
 
 
 def test_the_snapshot_is_built_from_the_tables() -> None:
-    rows = build(LITELLM, {"gpt-9": (400_000, False)})
-    assert set(rows) == {"claude-wide-9", "claude-narrow-9", "gpt-9"}
+    rows = build(LITELLM, {"gpt-9": (400_000, False), "gemini-9-flash": (1_000_000, True)})
+    assert set(rows) == {"claude-wide-9", "claude-narrow-9", "gpt-9", "gemini-9-flash"}
+    # The second opinion's smaller window; a price tier is no beta outside Claude.
+    assert rows["gemini-9-flash"] == (1_000_000, 65_536, 0, 0.5, 3.0, 0.05, None, None)
     assert rows["claude-wide-9"] == (1_000_000, 128_000, 0, 3.0, 15.0, 0.3, 3.75, None)
     assert rows["claude-narrow-9"][:3] == (200_000, 64_000, 1_000_000)
     assert rows["gpt-9"][0] == 400_000  # the tables disagree: the smaller window
@@ -71,7 +90,7 @@ def test_models_refresh_writes_a_snapshot_and_models_show_reads_the_vendored_one
         cli_env(tmp_path),
     )
     assert done.returncode == 0, done.stderr
-    assert "wrote 3 models" in done.stdout
+    assert "wrote 4 models" in done.stdout
     text = out.read_text()
     assert "(test 1.0)" in text and '"claude-narrow-9": (200_000, 64_000, 1_000_000,' in text
     shown = run_cli(["models", "show", "claude-opus-5-5", "claude-test-1"], cli_env(tmp_path))

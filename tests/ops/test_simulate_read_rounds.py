@@ -20,7 +20,9 @@ from proxy.core.policy import DEFAULT_POLICIES, parse_policies
 from proxy.core.tokens import default_counter
 from proxy.ops.simulate import Simulator
 from proxy.server.app import start
-from proxy.testing.script import parse_script, plan_answer
+from proxy.testing.api_messages import message, read
+from proxy.testing.reply import Usage
+from proxy.testing.script import decide, parse_script
 from proxy.testing.standin import StandInOptions
 from proxy.testing.standin_http import request_digest
 from tests.plugins.standin import RunningStandIn
@@ -43,15 +45,9 @@ def scripted_model(header: str) -> Any:
 
     def answer(body: dict[str, Any]) -> dict[str, Any]:
         digest = request_digest(body, ("stream",))
-        planned = plan_answer(body, script, counter, digest[24:])
+        planned = decide(read(body), script, counter, digest)
         return {
-            "id": f"msg_{digest[:24]}",
-            "type": "message",
-            "role": "assistant",
-            "model": body["model"],
-            "content": planned.content,
-            "stop_reason": planned.stop_reason,
-            "stop_sequence": None,
+            **message(body, planned, Usage(1)),
             "usage": {"input_tokens": 1, "output_tokens": planned.output_tokens},
         }
 

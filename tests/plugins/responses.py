@@ -2,7 +2,7 @@
 
 `make_responses_standin(options, responses)` starts the stand-in on a loopback port in the
 test's own event loop with `app[RESPONSES] = responses` (see proxy/testing/
-responses_standin.py), and yields a `RunningStandIn` (`.url`, `.app`, `.recorded`).
+api_responses.py), and yields a `RunningStandIn` (`.url`, `.app`, `.recorded`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from proxy.testing.responses_standin import RESPONSES, ResponsesOptions
+from proxy.testing.api_responses import RESPONSES, ResponsesOptions
 from proxy.testing.standin import StandInOptions, create_app
 from tests.plugins.standin import RunningStandIn
 

@@ -19,8 +19,8 @@ import pytest
 from proxy.core.tokens import default_counter
 from proxy.server.app import RunningProxy
 from proxy.testing.agent_responses import ResponsesTurn, run_responses_agent
+from proxy.testing.api_responses import ResponsesOptions
 from proxy.testing.responses_items import ItemCounter
-from proxy.testing.responses_standin import ResponsesOptions
 from proxy.testing.standin import RecordedRequest, StandInOptions
 from proxy.wire.responses_units import input_items
 from proxy.wire.responses_validation import validate_responses_request

@@ -15,7 +15,7 @@ import pytest
 from proxy.server.app import RunningProxy
 from proxy.testing.agent import tool_output
 from proxy.testing.agent_responses import INSTRUCTIONS, TOOLS, message
-from proxy.testing.responses_standin import ResponsesOptions
+from proxy.testing.api_responses import ResponsesOptions
 from proxy.testing.standin import RecordedRequest, StandInOptions
 from proxy.wire.responses_compaction import MISSING_NOTE, SUMMARY_HEADER
 from tests.plugins.responses import MakeResponsesStandIn

@@ -22,8 +22,8 @@ from proxy.server.logs import REQUEST_LOGGER
 from proxy.store.accounts import Accounts, Scope
 from proxy.testing.agent import tool_output
 from proxy.testing.agent_responses import INSTRUCTIONS, TOOLS, message
+from proxy.testing.api_responses import ResponsesOptions
 from proxy.testing.responses_items import ItemCounter
-from proxy.testing.responses_standin import ResponsesOptions
 from proxy.testing.standin import RecordedRequest, StandInOptions
 from proxy.wire.responses_units import input_items
 from tests.plugins.responses import MakeResponsesStandIn

@@ -49,7 +49,8 @@ def test_the_startup_line_says_what_the_proxy_does(
     # Which window applies, and where it comes from.
     assert line.endswith(
         ", windows 64,000 for 'gpt-small' (its [[policy]]), others from the model table"
-        f" ({BUILTIN.described}); a model not in it: 200,000 for claude*, 128,000 for *\n"
+        f" ({BUILTIN.described}); a model not in it: 200,000 for claude*, 1,000,000 for gemini-*,"
+        " 128,000 for *\n"
     )
     assert child.returncode == 0
 

@@ -581,7 +581,7 @@ async def test_every_websocket_frame_has_its_own_server_span(
     redis_url: str,
     redis_key_prefix: str,
 ) -> None:
-    from proxy.testing.responses_standin import ResponsesOptions
+    from proxy.testing.api_responses import ResponsesOptions
 
     standin = await make_responses_standin(StandInOptions(), ResponsesOptions(websocket_status=101))
     trace_id, span_id, parent = client_context()

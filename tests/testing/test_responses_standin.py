@@ -12,8 +12,8 @@ import openai
 import orjson
 import pytest
 
+from proxy.testing.api_responses import ResponsesOptions
 from proxy.testing.responses_items import unseal
-from proxy.testing.responses_standin import ResponsesOptions
 from proxy.testing.standin import StandInOptions
 from tests.plugins.responses import MakeResponsesStandIn
 from tests.plugins.standin import RunningStandIn

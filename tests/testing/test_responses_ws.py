@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.testing.responses_standin import ResponsesOptions
+from proxy.testing.api_responses import ResponsesOptions
 from proxy.testing.standin import StandInOptions
 from tests.plugins.responses import MakeResponsesStandIn
 from tests.plugins.standin import RunningStandIn

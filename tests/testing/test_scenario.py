@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -10,6 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.core.tokens import TokenCounter
+from proxy.testing import scenario as scripted
+from proxy.testing.api_messages import content, message, read
+from proxy.testing.reply import Reply, Usage
 from proxy.testing.scenario import (
     CLEARED,
     COMPACTION,
@@ -21,16 +25,44 @@ from proxy.testing.scenario import (
     TOOL,
     Scenario,
     Step,
-    choose,
-    cleared_results,
-    continues_after_compaction,
-    scenario_answer,
+    scenario_reply,
 )
 from proxy.testing.standin import StandInOptions
 from proxy.testing.tap import Exchange, sse_events, told_usage
 from tests.plugins.standin import RunningStandIn
 
 COUNTER = TokenCounter()
+
+
+@dataclass(frozen=True)
+class Answered:
+    content: list[dict[str, Any]]
+    stop_reason: str
+
+
+def scenario_answer(
+    scenario: Scenario, body: dict[str, Any], counter: TokenCounter, request_hash: str
+) -> tuple[str, Answered]:
+    """The scenario's answer to a Messages body, as the stand-in renders it."""
+    reply = scenario_reply(scenario, read(body), counter, "0" * 24 + request_hash)
+    whole = message(body, reply, Usage(1))
+    return reply.kind, Answered(whole["content"], whole["stop_reason"])
+
+
+def choose(scenario: Scenario, body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """The scenario's choice for a Messages body, as content blocks (ids unfinished)."""
+    choice = scripted.choose(scenario, read(body))
+    return choice.kind, content(Reply("0" * 64, choice.text, choice.calls))
+
+
+def continues_after_compaction(body: dict[str, Any]) -> bool:
+    return scripted.continues_after_compaction(read(body))
+
+
+def cleared_results(body: dict[str, Any]) -> int:
+    return scripted.cleared_results(read(body))
+
+
 BASH = {"name": "Bash", "input_schema": {"type": "object"}}
 READ_TOOL = {"name": "read_result", "input_schema": {"type": "object"}}
 

@@ -9,10 +9,26 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.core.tokens import TokenCounter
-from proxy.testing.script import ScriptError, next_ref_to_read, parse_script, plan_answer
-from proxy.testing.summary import identifiers, summarise
+from proxy.testing.api_messages import message, read
+from proxy.testing.prompt import next_ref_to_read
+from proxy.testing.reply import Usage
+from proxy.testing.script import Script, ScriptError, decide, parse_script
+from proxy.testing.summary import identifiers
+from proxy.testing.summary import summarise as summarise_entries
 
 COUNTER = TokenCounter()
+
+
+def summarise(body: dict[str, Any], counter: TokenCounter) -> str:
+    """The summary of a Messages body's history, within its max_tokens."""
+    return summarise_entries(read(body).entries, body["max_tokens"], counter)
+
+
+def plan_answer(body: dict[str, Any], script: Script, digest: str) -> dict[str, Any]:
+    """The stand-in's whole Messages answer to the body."""
+    return message(body, decide(read(body), script, COUNTER, digest), Usage(1))
+
+
 REF_A = "r_0123456789abcdef"
 REF_B = "r_fedcba9876543210aa"
 
@@ -119,7 +135,7 @@ def offloaded(*extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_read_result_reads_the_first_unread_ref() -> None:
-    assert next_ref_to_read(offloaded()) == REF_A
+    assert next_ref_to_read(read(offloaded())) == REF_A
     read_a = [
         {
             "role": "assistant",
@@ -138,29 +154,29 @@ def test_read_result_reads_the_first_unread_ref() -> None:
         },
     ]
     # The last user message answers a read_result call: the model goes on, it reads no more.
-    assert next_ref_to_read(offloaded(*read_a)) is None
+    assert next_ref_to_read(read(offloaded(*read_a))) is None
     later = [*read_a, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and?"}]
-    assert next_ref_to_read(offloaded(*later)) == REF_B
+    assert next_ref_to_read(read(offloaded(*later))) == REF_B
 
 
 def test_read_result_needs_the_tool_and_a_stub() -> None:
     without_tool = offloaded()
     del without_tool["tools"]
-    assert next_ref_to_read(without_tool) is None
+    assert next_ref_to_read(read(without_tool)) is None
     no_stub = {
         "model": "m",
         "max_tokens": 100,
         "tools": [READ_TOOL],
         "messages": [{"role": "user", "content": 'read_result(ref="r_short")'}],
     }
-    assert next_ref_to_read(no_stub) is None
+    assert next_ref_to_read(read(no_stub)) is None
 
 
 def test_read_result_answer_is_a_tool_call() -> None:
     script = parse_script({"read_result": True}, None)
-    answer = plan_answer(offloaded(), script, COUNTER, "ab" * 20)
-    assert answer.stop_reason == "tool_use"
-    assert answer.content == [
+    answer = plan_answer(offloaded(), script, "0" * 24 + "ab" * 20)
+    assert answer["stop_reason"] == "tool_use"
+    assert answer["content"] == [
         {
             "type": "tool_use",
             "id": "toolu_" + ("ab" * 12),
@@ -173,7 +189,7 @@ def test_read_result_answer_is_a_tool_call() -> None:
 def test_long_text_stops_at_max_tokens() -> None:
     script = parse_script({"text": "word " * 500, "tool": {"name": "Bash", "input": {}}}, None)
     body = {"model": "m", "max_tokens": 20, "messages": [{"role": "user", "content": "go"}]}
-    answer = plan_answer(body, script, COUNTER, "0" * 40)
-    assert answer.stop_reason == "max_tokens"
-    assert [b["type"] for b in answer.content] == ["text"]
-    assert COUNTER.count_text(answer.content[0]["text"]) <= 20
+    answer = plan_answer(body, script, "0" * 64)
+    assert answer["stop_reason"] == "max_tokens"
+    assert [b["type"] for b in answer["content"]] == ["text"]
+    assert COUNTER.count_text(answer["content"][0]["text"]) <= 20

@@ -7,6 +7,7 @@ relies on and against merge_completions of the same rounds.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -15,8 +16,7 @@ from hypothesis import strategies as st
 
 from proxy.core.sse import SSEDecoder
 from proxy.core.wire_format import MergeState, ReadCall
-from proxy.testing.chat_standin import ChatAnswer, _chunks
-from proxy.testing.script import Script
+from proxy.testing.api_chat import chunks
 from proxy.wire.chat_rounds import (
     ROUND_SEPARATOR,
     ChatStreamMerger,
@@ -26,6 +26,16 @@ from proxy.wire.chat_rounds import (
 )
 
 TOOL = "read_result"
+
+
+@dataclass(frozen=True)
+class ChatAnswer:
+    """One round's answer: its text, tool_calls, finish_reason and completion tokens."""
+
+    text: str | None
+    calls: list[dict[str, Any]]
+    finish_reason: str
+    completion_tokens: int
 
 
 def call(n: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -64,9 +74,7 @@ def completion(k: int, answer: ChatAnswer, use: dict[str, Any]) -> dict[str, Any
 
 
 def stream_bytes(k: int, answer: ChatAnswer, use: dict[str, Any], include_usage: bool) -> bytes:
-    head = {"id": f"chatcmpl-{k}", "created": 1, "model": "gpt-test"}
-    script = Script(chunk_tokens=3)
-    return b"".join(data for _, data in _chunks(head, use, answer, 1, script, include_usage))
+    return b"".join(e.sse() for e in chunks(completion(k, answer, use), 3, include_usage))
 
 
 @st.composite

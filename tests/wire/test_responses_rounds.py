@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from proxy.core.sse import SSEDecoder
 from proxy.core.wire_format import MergeState
-from proxy.testing.responses_events import Answer, response_object, stream_events, usage_object
-from proxy.testing.script import Script
+from proxy.testing.reply import Usage
+from proxy.testing.responses_events import response_object, stream_events, usage_object
 from proxy.wire.responses_rounds import (
     ResponsesStreamMerger,
     continue_units,
@@ -61,22 +61,17 @@ def read(k: int, n: int = 0) -> dict[str, Any]:
     return call(k, TOOL, {"ref": "r_" + "0" * 16, "start": 100 * k}, n)
 
 
-def answer(k: int, items: list[dict[str, Any]], input_tokens: int) -> tuple[Answer, dict[str, Any]]:
-    done = Answer(items, output_tokens=10 + k, reasoning_tokens=3)
-    return done, usage_object(input_tokens, input_tokens // 2, done)
+def usage(k: int, input_tokens: int) -> dict[str, Any]:
+    return usage_object(Usage(input_tokens, input_tokens // 2, output=10 + k, reasoning=3))
 
 
 def stream_of(k: int, items: list[dict[str, Any]], input_tokens: int) -> bytes:
-    done, use = answer(k, items, input_tokens)
-    head = {"id": f"resp_{k:032x}", "model": "gpt-test"}
-    events = stream_events(head, BODY, done, use, Script(chunk_tokens=2))
-    return b"".join(data for _, data in events)
+    return b"".join(e.sse() for e in stream_events(whole_of(k, items, input_tokens), 2))
 
 
 def whole_of(k: int, items: list[dict[str, Any]], input_tokens: int) -> dict[str, Any]:
-    _, use = answer(k, items, input_tokens)
     head = {"id": f"resp_{k:032x}", "model": "gpt-test"}
-    return response_object(head, BODY, items, "completed", use)
+    return response_object(head, BODY, items, "completed", usage(k, input_tokens))
 
 
 STOPPED = "[compaction-proxy: still reading when the limit of 4 read rounds was reached.]"

@@ -1,6 +1,7 @@
 """No wire format imports another: each imports the core, its own modules (anthropic,
-anthropic_rounds; chat, chat_rounds; responses, responses_*) and proxy/wire/common.py,
-where what they share lives. Only the package's __init__ names them all."""
+anthropic_rounds; chat, chat_rounds; responses, responses_*; gemini, gemini_*) and
+proxy/wire/common.py, where what they share lives. Only the package's __init__ names them
+all."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from tests.core.test_purity import KNOWN, ROOT, _modules, _name
 
 WIRE = sorted(p for p in (ROOT / "wire").glob("*.py") if p.name != "__init__.py")
-FORMATS = ("anthropic", "chat", "responses")
+FORMATS = ("anthropic", "chat", "responses", "gemini")
 SHARED = "proxy.wire.common"
 
 
