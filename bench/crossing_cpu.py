@@ -238,6 +238,10 @@ async def measured(
             after = target.store.commands()
             calls = {k: v - commands.get(k, 0) for k, v in after.items()}
             out[f"{who}_commands"] = sum(calls.values()) / requests
+            # A crossing writes a new rewrite (every strategy but a checkpoint reapplied).
+            crossings = sum(n for k, n in strategies.items() if k and k != "checkpoint")
+            out[f"{who}_crossings"] = crossings
+            out[f"{who}_per_crossing"] = sum(calls.values()) / max(1, crossings)
             top = sorted(calls.items(), key=lambda kv: -kv[1])  # every command, most first
             out[f"{who}_top"] = {k: round(v / requests, 2) for k, v in top if v}
     out["requests"] = requests
@@ -265,6 +269,8 @@ async def halves(
             merged[key] = dict(Counter(first[key]) + Counter(second[key]))
             merged[f"{who}_commands_early"] = first[f"{who}_commands"]
             merged[f"{who}_commands_late"] = second[f"{who}_commands"]
+            merged[f"{who}_per_crossing_early"] = first[f"{who}_per_crossing"]
+            merged[f"{who}_per_crossing_late"] = second[f"{who}_per_crossing"]
             merged[f"{who}_top_early"] = first[f"{who}_top"]
             merged[f"{who}_top"] = second[f"{who}_top"]
     merged["bytes"] = (
@@ -432,7 +438,8 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         "",
         "| repeat | load | line | requests | mean body | relay CPU µs/req "
         + ("| before: proxy µs/req | before / relay " if before else "")
-        + "| proxy CPU µs/req | proxy / relay | strategies | Redis commands/req |",
+        + "| proxy CPU µs/req | proxy / relay | strategies "
+        + "| Redis commands per request; per crossing |",
         "|---:|---:|---|---:|---:|---:|" + ("---:|---:|" if before else "") + "---:|---:|---|---:|",
     ]
     for i, r in enumerate(results):
@@ -443,6 +450,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             )
             commands = " (before: ".join(
                 f"{w[f'{who}_commands_early']:.2f} / {w[f'{who}_commands_late']:.2f}"
+                f"; {w[f'{who}_per_crossing_early']:.2f} / {w[f'{who}_per_crossing_late']:.2f}"
                 if name.endswith("crossing")
                 else f"{w[f'{who}_commands']:.2f}"
                 for who in (("proxy", "before") if before else ("proxy",))
@@ -459,8 +467,9 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(
-        "Redis commands per request of the crossing lines: the first half of the turns /"
-        " the second half. Load: the 1-minute load average after the repeat."
+        "Redis commands of the crossing lines, per request and per crossing (a request"
+        " that writes a new rewrite): the first half of the turns / the second half. Load:"
+        " the 1-minute load average after the repeat."
     )
     return "\n".join(lines)
 
