@@ -2,13 +2,13 @@
 vendored snapshot of the maintained tables (proxy/core/model_snapshot.py, made by
 `compaction-proxy models refresh`), never typed into the code.
 
-A model is looked up as requests name it: exactly, then without a provider prefix
-(`anthropic/`, `openai/`, `gemini/`, the Gemini API's `models/`), a date suffix
-(`-20250929`, `-2025-08-07`) or `-latest`. Some Claude models reach 1,000,000 input
-tokens only with an `anthropic-beta: context-1m-...` header: with it their beta window
-applies. A model the table does not know gets a stated conservative default
-(UNKNOWN_WINDOWS: the smallest window of its family). `[[policy]]` `window` and
-`[[price]]` tables override all of this.
+A model is looked up as requests name it (a Bedrock or Vertex id by its Anthropic name,
+proxy/core/model_names.py): exactly, then without a provider prefix (`anthropic/`,
+`openai/`, `gemini/`, the Gemini API's `models/`), a date suffix (`-20250929`,
+`-2025-08-07`) or `-latest`. Some Claude models reach 1,000,000 input tokens only with an
+`anthropic-beta: context-1m-...` header: with it their beta window applies. A model the
+table does not know gets a stated conservative default (UNKNOWN_WINDOWS: the smallest
+window of its family). `[[policy]]` `window` and `[[price]]` tables override all of this.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 from proxy.core import model_snapshot
+from proxy.core.model_names import anthropic_name
 
 # The window of a model the table does not know: every Claude model has at least 200,000
 # input tokens, and every Gemini text model (flash, flash-lite, pro) at least 1,000,000;
@@ -72,7 +73,7 @@ class ModelTable:
 
 def candidates(model: str) -> list[str]:
     """The names a model may be listed under, the most specific first."""
-    name = _PREFIX.sub("", model.strip().lower())
+    name = _PREFIX.sub("", anthropic_name(model).strip().lower())
     out = [name]
     for stripped in (_DATE.sub("", name), name.removesuffix("-latest")):
         if stripped not in out:
@@ -81,7 +82,8 @@ def candidates(model: str) -> list[str]:
 
 
 def default_window(model: str) -> int:
-    return next(tokens for glob, tokens in UNKNOWN_WINDOWS if fnmatchcase(model.lower(), glob))
+    name = anthropic_name(model).lower()
+    return next(tokens for glob, tokens in UNKNOWN_WINDOWS if fnmatchcase(name, glob))
 
 
 def wants_1m(betas: str) -> bool:

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from difflib import get_close_matches
-from fnmatch import fnmatchcase
 from typing import Any
 
 from proxy.core.model_facts import ModelTable, window_for
+from proxy.core.model_names import model_matches
 
 # The fold trigger and target are economic and fidelity choices in tokens of history,
 # chosen by bench/sweep.py over the long-tool and chat-heavy traces (bench/RESULTS.md,
@@ -163,7 +163,7 @@ def policy_for(
 
     `override` (a key's or team's own window/trigger/target) replaces fields of it.
     """
-    chosen = next((p for p in policies if fnmatchcase(model, p.match)), DEFAULT_POLICIES[-1])
+    chosen = next((p for p in policies if model_matches(model, p.match)), DEFAULT_POLICIES[-1])
     if override:
         chosen = replace(chosen, **override)
     if chosen.window:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import Any
 
 from proxy.core.model_facts import BUILTIN
+from proxy.core.model_names import model_matches
 
 PER_MILLION = 1_000_000
 
@@ -79,7 +79,7 @@ class PriceTable:
     def rates_for(self, model: str) -> Rates | None:
         """The first matching table's rates, else the model table's (USD), or None when
         the model has no price."""
-        found = next((p.rates for p in self.prices if fnmatchcase(model, p.match)), None)
+        found = next((p.rates for p in self.prices if model_matches(model, p.match)), None)
         if found is None and self.from_model_table:
             return table_rates(model)
         return found

@@ -1,12 +1,13 @@
 """What several wire formats share, so that no format imports another.
 
 Reading a request's message list, its output cap, the block counter every format's
-counter stands on, and OpenAI's error object (Chat Completions and Responses spell errors
-alike).
+counter stands on, OpenAI's error object (Chat Completions and Responses spell errors
+alike), and percent-encoding a path segment (Bedrock's and Vertex's model ids).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,3 +68,19 @@ def head_text(message: Mapping[str, Any], render: Callable[[Sequence[Any]], str]
                     return value
     lines = render([message]).splitlines()
     return lines[1] if len(lines) > 1 else str(message.get("role", ""))
+
+
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.~")
+_ESCAPE = re.compile(rb"%([0-9A-Fa-f]{2})")
+
+
+def percent_encode(segment: str) -> str:
+    """A path segment with everything but RFC 3986's unreserved characters escaped (as
+    botocore writes a URI label, `:` and `/` included)."""
+    return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in segment.encode())
+
+
+def percent_decode(segment: str) -> str:
+    """A path segment with its %XX escapes decoded (invalid UTF-8 replaced)."""
+    raw = _ESCAPE.sub(lambda m: bytes((int(m[1], 16),)), segment.encode())
+    return raw.decode("utf-8", "replace")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.core.model_facts import BUILTIN, UNKNOWN_SOURCE, candidates, wants_1m, window_for
+from proxy.core.model_names import anthropic_name, model_matches
 from proxy.core.policy import DEFAULT_POLICIES, parse_policies, policy_for
 from proxy.core.pricing import PER_MILLION, PriceTable, parse_price_table
 
@@ -134,3 +135,68 @@ def test_a_summary_made_in_place_never_asks_for_more_than_the_models_max_output(
         history=history,
     )
     assert small is not None and small["max_tokens"] == 10_000
+
+
+@pytest.mark.parametrize(
+    ("model", "name"),
+    [
+        ("anthropic.claude-sonnet-4-5-20250929-v1:0", "claude-sonnet-4-5-20250929"),
+        ("us.anthropic.claude-sonnet-4-5-20250929-v1:0", "claude-sonnet-4-5-20250929"),
+        ("eu.anthropic.claude-haiku-4-5-20251001-v1:0", "claude-haiku-4-5-20251001"),
+        ("apac.anthropic.claude-sonnet-4-5-20250929-v1:0", "claude-sonnet-4-5-20250929"),
+        ("us-gov.anthropic.claude-sonnet-4-5-20250929-v1:0", "claude-sonnet-4-5-20250929"),
+        ("global.anthropic.claude-opus-4-6-v1", "claude-opus-4-6"),
+        ("anthropic.claude-3-5-sonnet-20241022-v2:0", "claude-3-5-sonnet-20241022"),
+        (
+            "arn:aws:bedrock:us-east-1::foundation-model/anthropic.claude-opus-4-5-20251101-v1:0",
+            "claude-opus-4-5-20251101",
+        ),
+        ("claude-sonnet-4-5@20250929", "claude-sonnet-4-5-20250929"),
+        ("claude-haiku-4-5@20251001", "claude-haiku-4-5-20251001"),
+        ("claude-opus-4-6", "claude-opus-4-6"),
+        ("gpt-4o", "gpt-4o"),
+        ("anthropic/claude-sonnet-4-6", "anthropic/claude-sonnet-4-6"),
+        ("my-app-profile-abc123", "my-app-profile-abc123"),
+    ],
+)
+def test_bedrock_and_vertex_ids_have_their_anthropic_names(model: str, name: str) -> None:
+    assert anthropic_name(model) == name
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        "us.anthropic.claude-sonnet-4-5-20250929-v1:0",
+        "global.anthropic.claude-sonnet-4-5-20250929-v1:0",
+        "claude-sonnet-4-5@20250929",
+    ],
+)
+def test_bedrock_and_vertex_ids_get_the_same_facts_as_their_anthropic_names(model: str) -> None:
+    anthropic = "claude-sonnet-4-5-20250929"
+    assert BUILTIN.lookup(model) == BUILTIN.lookup(anthropic) is not None
+    beta = "context-1m-2025-08-07"
+    assert window_for(model, beta) == window_for(anthropic, beta)
+    assert policy_for(model, DEFAULT_POLICIES) == policy_for(anthropic, DEFAULT_POLICIES)
+    assert PriceTable().rates_for(model) == PriceTable().rates_for(anthropic)
+
+
+def test_an_unknown_claude_on_bedrock_gets_claudes_default_window() -> None:
+    assert window_for("us.anthropic.claude-test-9-v1:0").tokens == 200_000
+    assert window_for("claude-test-9@20990101").tokens == 200_000
+
+
+def test_policy_and_price_globs_cover_bedrock_and_vertex_ids_by_either_name() -> None:
+    own = parse_policies([{"match": "claude-sonnet-4-5*", "window": 150_000}])
+    assert policy_for("us.anthropic.claude-sonnet-4-5-20250929-v1:0", own).window == 150_000
+    assert policy_for("claude-sonnet-4-5@20250929", own).window == 150_000
+    only_bedrock = parse_policies([{"match": "us.anthropic.*", "window": 120_000}])
+    assert (
+        policy_for("us.anthropic.claude-sonnet-4-5-20250929-v1:0", only_bedrock).window == 120_000
+    )
+    assert policy_for("claude-sonnet-4-5-20250929", only_bedrock).window != 120_000
+    prices = parse_price_table([{"match": "claude-haiku-4-5*", "input": 1, "output": 2}])
+    assert prices.rates_for("eu.anthropic.claude-haiku-4-5-20251001-v1:0") == prices.rates_for(
+        "claude-haiku-4-5"
+    )
+    assert model_matches("claude-haiku-4-5@20251001", "claude-haiku-*")
+    assert not model_matches("gpt-4o", "claude-*")
