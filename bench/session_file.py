@@ -25,8 +25,6 @@ from typing import Any
 import orjson
 import zstandard
 
-from proxy.core.unchanged import common_prefix, common_suffix
-
 FORMAT = "compaction-proxy recorded session 1"
 LEVEL = 19
 # How far back a request looks for the earlier request it shares the most bytes with
@@ -45,6 +43,9 @@ class Recorded:
 
 def _shared(base: bytes, body: bytes) -> tuple[int, int]:
     """Bytes body shares with base at its start, then at its end (not overlapping)."""
+    # (Imported here: reading a session needs no proxy tree, e.g. under another version's.)
+    from proxy.core.unchanged import common_prefix, common_suffix
+
     head = common_prefix(base, body)
     return head, common_suffix(base, body, min(len(base), len(body)) - head)
 

@@ -31,11 +31,11 @@ from functools import partial
 from typing import Any
 
 from proxy.core.digests import FORMS, Canonical, canonical, digest
-from proxy.core.estimate import estimate_tokens, margin
+from proxy.core.estimate import ESTIMATE_MIN_BYTES, estimate_tokens, margin
 from proxy.core.policy import Policy
 from proxy.core.reuse import Known, Seen
 from proxy.core.tokens import MESSAGE_OVERHEAD, CountKey, TokenCounter
-from proxy.core.wire_format import MessageCounter, Request
+from proxy.core.wire_format import MessageCounter, Request, WireFormat
 
 # Estimated tokens a body can hold beyond one per byte (the tools preamble and such).
 BYTE_BOUND_SLACK = 1024
@@ -121,7 +121,7 @@ class Counted:
 
 
 def count_request(
-    wire: Request,
+    wire: WireFormat,
     base: TokenCounter,
     body: Mapping[str, Any],
     messages: Sequence[Mapping[str, Any]],
@@ -133,7 +133,7 @@ def count_request(
 
 
 def count_tokens(
-    wire: Request,
+    wire: WireFormat,
     base: TokenCounter,
     body: Mapping[str, Any],
     messages: Sequence[Mapping[str, Any]],
@@ -147,7 +147,7 @@ def count_tokens(
 
 
 def count_unless_quiet(
-    wire: Request,
+    wire: WireFormat,
     base: TokenCounter,
     body: Mapping[str, Any],
     messages: Sequence[Mapping[str, Any]],
@@ -169,7 +169,7 @@ def count_unless_quiet(
 
 
 def _count(
-    wire: Request,
+    wire: WireFormat,
     base: TokenCounter,
     body: Mapping[str, Any],
     messages: Sequence[Mapping[str, Any]],
@@ -190,7 +190,10 @@ def _count(
     # A large message is planned with its estimate, whatever was counted before: the
     # counts a request is planned with depend on it alone, never on what this process
     # happened to count (the planner has them counted exactly where that could decide).
-    guesses = [_guess(base, known) if estimating else None for known in facts]
+    guesses = [
+        _guess(base, known, wire, message) if estimating else None
+        for known, message in zip(facts, messages, strict=True)
+    ]
     found = [_exact(base, known) for known in facts]
     fixed = _fixed_tokens(wire, counter, body, seen)
     if policy is not None and wire.name in BOUNDED_FORMATS:
@@ -225,7 +228,7 @@ def _count(
 
 
 def recounted(
-    wire: Request,
+    wire: WireFormat,
     base: TokenCounter,
     messages: Sequence[Mapping[str, Any]],
     counted: Counted,
@@ -272,14 +275,22 @@ def _exact(base: TokenCounter, known: Known) -> int | None:
     return known.exact
 
 
-def _guess(base: TokenCounter, known: Known) -> int | None:
-    """A message's estimate (made once, kept with it and under its own key), or None when
-    it is counted exactly (small, an image or document, or an odd mix of bytes)."""
+def _guess(
+    base: TokenCounter, known: Known, wire: WireFormat, message: Mapping[str, Any]
+) -> int | None:
+    """A tool result's estimate (made once, kept with it and under its own key), or None
+    when the message is counted exactly: it gives no tool result (what stays in the
+    history, a prompt or a reminder, is counted once, exactly, and adds no uncertainty to
+    later requests; results are what the proxy offloads as they age), or it is small, an
+    image or document, or of an odd mix of bytes."""
     if known.guessed:
         return known.guess
     key = estimate_key(known.key)
     guess = base.cached(key)
-    if guess is None and not known.sourced:
+    if guess is None and not known.sourced and known.size >= ESTIMATE_MIN_BYTES:
+        if not wire.tool_results(message):
+            known.guess, known.guessed = None, True
+            return None
         assert known.json is not None  # kept until the estimate is made
         guess = estimate_tokens(known.json)
         if guess is not None:
