@@ -234,15 +234,18 @@ def recounted(
     counted: Counted,
     indices: Sequence[int],
 ) -> Counted:
-    """`counted` with the messages at `indices` counted exactly (and that count kept, so
-    they are never estimated again): the planner asks for it where an estimate could
+    """`counted` with the messages at `indices` counted exactly (each once: that count is
+    kept, and found when asked again): the planner asks for it where an estimate could
     decide otherwise than the exact count (proxy/core/estimate.py)."""
     counter = wire.counter(base)
     counts, uncertain = list(counted.counts), list(counted.uncertain)
     for n in indices:
         if uncertain and uncertain[n]:
-            counts[n] = base.remember(counted.keys[n], counter.count_message(messages[n]))
-            uncertain[n] = 0
+            key = counted.keys[n]
+            exact = base.cached(key)
+            if exact is None:
+                exact = base.remember(key, counter.count_message(messages[n]))
+            counts[n], uncertain[n] = exact, 0
     if not any(uncertain):
         uncertain = []
     return replace(counted, counts=counts, uncertain=uncertain)
