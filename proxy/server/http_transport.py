@@ -75,8 +75,7 @@ class HttpTransport:
         self.bad_json = bad_json
         self.codecs = codecs
         self.parse = parse  # how its body is parsed (Compactor.parser: the reuse cache)
-        # What goes upstream of the client's headers: theirs alone.
-        self.headers = upstream_request_headers(request.headers)
+        self.headers: list[tuple[str, str]] | None = None  # once sent: what goes upstream
 
     async def read(self) -> Incoming:
         if self.request.raw_path[:1] != "/":
@@ -100,6 +99,8 @@ class HttpTransport:
         Content-Encoding once the bytes are not the client's, asking for an uncompressed
         answer when the proxy reads it."""
         headers = self.headers
+        if headers is None:  # of the client's headers, what goes upstream: theirs alone
+            headers = self.headers = upstream_request_headers(self.request.headers)
         if outgoing.rewritten:
             headers = [(n, v) for n, v in headers if n.lower() != "content-encoding"]
         if outgoing.reads_answer:
@@ -185,8 +186,13 @@ class HttpMerging:
             self.headers = response.headers
             self.meter.seen_answer = True  # with no usage read, it costs the reservation
             self.codec = transport.codecs(response.headers.get("Content-Type", ""))
-            if self.codec is not None:
-                await self._start(response)
+            if self.codec is not None:  # a stream: the client's starts now
+                headers = client_response_headers(response.headers)
+                for name, value in self.outgoing.headers:
+                    headers.add(name, value)
+                self.out = web.StreamResponse(status=200, headers=headers)
+                await self.out.prepare(transport.request)
+                self.merger = self.wire.merger(self.tool)
         if self.out is None:
             return self._whole_round(await transport.upstream.read(response))
         return await self._stream_round(response)
@@ -227,14 +233,6 @@ class HttpMerging:
 
     # -- a stream ---------------------------------------------------------------------
 
-    async def _start(self, response: aiohttp.ClientResponse) -> None:
-        headers = client_response_headers(response.headers)
-        for name, value in self.outgoing.headers:
-            headers.add(name, value)
-        self.out = web.StreamResponse(status=200, headers=headers)
-        await self.out.prepare(self.transport.request)
-        self.merger = self.wire.merger(self.tool)
-
     async def _stream_round(self, response: aiohttp.ClientResponse) -> Answered | Failed:
         out, codec, merger = self.out, self.codec, self.merger
         assert out is not None and codec is not None and merger is not None
@@ -242,6 +240,7 @@ class HttpMerging:
         merger.begin_round()
         decoder = codec.decoder()
         cap = transport.upstream.settings.max_line_bytes
+        encode = codec.encode
         try:
             async with aclosing(transport.upstream.chunks(response)) as chunks:
                 async for chunk in chunks:
@@ -262,14 +261,15 @@ class HttpMerging:
                         except Exception as e:
                             # Too late for a 502: end the stream with the API's error event.
                             log.warning("unreadable upstream event (%s); ending the stream", e)
-                            await _write(out, codec, batch)
+                            await out.write(b"".join(map(encode, batch)))
                             await end_with_error(out, codec, self.wire, unreadable(e))
                             return Failed("upstream_error")
                         if merger.state is MergeState.FAILED:  # the upstream's error event
-                            await _write(out, codec, batch)
+                            await out.write(b"".join(map(encode, batch)))
                             await out.write_eof()
                             return Failed("upstream_error")
-                    await _write(out, codec, batch)
+                    if batch:
+                        await out.write(b"".join(map(encode, batch)))
         except UpstreamTimeout as silent:
             log.warning("upstream stream idle too long; ending the client stream")
             await end_with_error(out, codec, self.wire, silent)
@@ -290,7 +290,8 @@ class HttpMerging:
             return answer
         if self.out is not None:
             assert self.merger is not None and self.codec is not None
-            await _write(self.out, self.codec, self.merger.finish(ended.note))
+            ending = self.merger.finish(ended.note)
+            await self.out.write(b"".join(map(self.codec.encode, ending)))
             self.meter.complete = True
             await self.out.write_eof()
             return self.out
@@ -305,9 +306,3 @@ class HttpMerging:
             out.add(name, value)
         out["x-compaction-read-rounds"] = str(ended.rounds)
         return web.Response(status=200, body=orjson.dumps(merged), headers=out)
-
-
-async def _write(out: web.StreamResponse, codec: StreamCodec, events: list[bytes]) -> None:
-    """A merger's events to the client, in the codec's framing, in one write."""
-    if events:
-        await out.write(b"".join(map(codec.encode, events)))
