@@ -57,6 +57,9 @@ class ServerSettings:
     max_connections: int = 2048
     # The event loop: "auto" (uvloop when installed, else asyncio's), "asyncio" or "uvloop".
     event_loop: str = "auto"
+    # Bytes of a body past which the pure work on it (decoding, checking, counting,
+    # planning) runs in a worker thread, so one huge request does not stall the others.
+    off_loop_bytes: int = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +305,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "server.body_timeout": _positive,
     "server.max_connections": _positive,
     "server.event_loop": _one_of("auto", "asyncio", "uvloop"),
+    "server.off_loop_bytes": _non_negative,
     "upstream.url": _upstream_url,
     "upstream.openai_url": _optional_upstream_url,
     "upstream.connect_timeout": _positive,

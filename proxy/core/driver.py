@@ -95,6 +95,9 @@ class CompactionRequest:
     # False: the shell answers no read_result for this request (its answer is a summary:
     # nothing of it may be held back), so the planner writes no stub naming it.
     read_result: bool = True
+    # The model asked for; "": the body's `model` (an envelope may carry it elsewhere,
+    # as Bedrock's and Vertex's URL paths do).
+    model: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +245,7 @@ def _renewal(
 def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
     """In place when the summariser is the conversation's own model (its prefix is then
     read from the prompt cache), else a request of its own holding the transcript."""
-    own = str(request.body.get("model", ""))
+    own = request.model or str(request.body.get("model", ""))
     model = fold.model or own
     body = None
     transcript = request.wire.summary_request(

@@ -208,12 +208,16 @@ def create_app(settings: Settings) -> web.Application:
     app[LIFECYCLE] = Lifecycle()
     app[REQUEST_LOG] = RequestLog(settings.server.log_format)
     app[STORE] = StoreState()
+    metrics = app[METRICS]
     app[COMPACTOR] = Compactor(
-        settings.policies, counter=COUNTER, max_lines=settings.store.max_lines
+        settings.policies,
+        counter=COUNTER,
+        max_lines=settings.store.max_lines,
+        off_loop_bytes=settings.server.off_loop_bytes,
+        on_background_summary=metrics.summariser_call,
+        on_lines=metrics.conversation_lines.observe,
+        on_evicted=metrics.checkpoints_evicted.inc,
     )
-    app[COMPACTOR].on_background_summary = app[METRICS].summariser_call
-    app[COMPACTOR].on_lines = app[METRICS].conversation_lines.observe
-    app[COMPACTOR].on_evicted = app[METRICS].checkpoints_evicted.inc
     app[RESPONSES_STATE] = ResponsesState()
     # Started in this order, stopped in the reverse: nothing outlives what it uses.
     if traced is not None:  # first: the upstream client's spans need it; flushed last

@@ -1,5 +1,6 @@
 """Reading request bodies: bounded in size and in time, decoded for inspection, and the
-fields budgets read checked.
+fields budgets read checked; `read_request` is the one read step (a conversation's
+exchange over HTTP and a metered pass-through call both read their body with it).
 
 A body must arrive within `server.body_timeout` seconds plus one second per 64 KiB
 received: a client that trickles a few bytes now and then (or sends nothing) is answered
@@ -7,24 +8,107 @@ received: a client that trickles a few bytes now and then (or sends nothing) is 
 large upload on a slow line still gets through. A body sent with `Content-Encoding` is
 decoded (proxy/core/content_encoding.py, never past `server.max_body_bytes`) only so
 budgets can read it; what goes upstream is the body as sent.
+
+Pure work on a body larger than `server.off_loop_bytes` (decoding it, checking its
+fields, counting it, planning its compaction) runs in a worker thread (`off_loop`), so
+one huge request does not stall every other request of the replica: one setting, read
+by every step that does such work.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
+import orjson
 from aiohttp import web
 
+from proxy.config import ServerSettings
 from proxy.core import content_encoding
 from proxy.core.budget import BadRequestField, output_reservation
 from proxy.core.duplicate_keys import duplicate_field
-from proxy.core.errors import InvalidRequest, RequestTimeout, RequestTooLarge
+from proxy.core.errors import (
+    InvalidRequest,
+    RequestTimeout,
+    RequestTooLarge,
+    UnsupportedEncoding,
+)
 from proxy.core.model_names import model_problem
-from proxy.server.state import SETTINGS
 
 MIN_RATE = 64 * 1024  # bytes a second a body must keep up, past its grace
-DECODE_OFF_LOOP = 1024 * 1024  # compressed bodies larger than this inflate in a thread
+BAD_JSON = "The request body is not valid JSON"
+T = TypeVar("T")
+
+
+async def off_loop(size: int, threshold: int, work: Callable[..., T], *args: Any) -> T:
+    """`work(*args)` over a body of `size` bytes: in a worker thread past `threshold`
+    (server.off_loop_bytes, the one setting), else here."""
+    if size > threshold:
+        return await asyncio.to_thread(work, *args)
+    return work(*args)
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """A request as read, and what its API's own step said of it."""
+
+    body: bytes  # as sent: what goes upstream unless compaction rewrites it
+    payload: dict[str, Any] | None  # parsed (decoded first when encoded); None: unread
+    encoded: bool = False  # sent with a Content-Encoding: inspected only, never rewritten
+    # False: no read_result for this request (an API's own step decided it, before the
+    # planner, which then writes no stub naming it).
+    read_result: bool = True
+
+
+async def read_request(
+    request: web.Request,
+    settings: ServerSettings,
+    *,
+    must_read: bool,
+    key_checks: bool,
+    bad_json: str = BAD_JSON,
+) -> Incoming:
+    """The read step: the body within its limit and time, decoded and parsed when it can
+    be, its model name and (`key_checks`: a proxy key's, the operator pays) its
+    duplicate fields checked. A body that cannot be decoded or parsed goes through
+    unread, unless `must_read` (budgets must read it): then it is refused, as a body
+    sent uncompressed that is not JSON always is."""
+    limit = settings.max_body_bytes
+    try:
+        body = await read_body(request, settings)
+    except BodyTooLarge:
+        raise too_large(limit) from None
+    except asyncio.IncompleteReadError:
+        raise InvalidRequest("The request body ended before its Content-Length.") from None
+    codings = codings_of(request)  # read once: whether encoded, and how to decode
+    encoded = bool(codings)
+    text = await decoded(body, codings, settings)
+    if text is None:
+        if must_read:
+            raise unreadable_encoding(request)
+        return Incoming(body, None, encoded)
+    try:
+        parsed = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        if encoded and not must_read:
+            return Incoming(body, None, encoded)
+        raise InvalidRequest(f"{bad_json}: {e}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    check_model(parsed)
+    if key_checks:
+        await off_loop(len(text), settings.off_loop_bytes, check_duplicates, text, parsed)
+    return Incoming(body, parsed, encoded)
+
+
+def unreadable_encoding(request: web.Request) -> UnsupportedEncoding:
+    coding = ", ".join(request.headers.getall("Content-Encoding", []))
+    return UnsupportedEncoding(
+        f"compaction-proxy cannot read a body sent with Content-Encoding: {coding}, and"
+        " this key's budgets must: send it uncompressed, or gzip or deflate."
+    )
 
 
 class BodyTooLarge(Exception):
@@ -64,10 +148,11 @@ def too_large(limit: int) -> RequestTooLarge:
     return RequestTooLarge(f"Request exceeds the maximum allowed number of bytes ({limit}).")
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The whole body, refusing early once it is over `limit` (BodyTooLarge): by
-    Content-Length before reading anything, else by counting while reading; and
-    RequestTimeout when it does not arrive in time."""
+async def read_body(request: web.Request, settings: ServerSettings) -> bytes:
+    """The whole body, refusing early once it is over server.max_body_bytes
+    (BodyTooLarge): by Content-Length before reading anything, else by counting while
+    reading; and RequestTimeout when it does not arrive in time."""
+    limit = settings.max_body_bytes
     length = request.content_length
     if length is not None and length > limit:
         raise BodyTooLarge
@@ -79,7 +164,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     if total > limit:
         raise BodyTooLarge
     if not content.at_eof():
-        clock = BodyClock(request.app[SETTINGS].server.body_timeout)
+        clock = BodyClock(settings.body_timeout)
         clock.received = total
         while chunk := await clock.read(request):
             total += len(chunk)
@@ -98,18 +183,18 @@ async def stream_body(request: web.Request, clock: BodyClock) -> AsyncIterator[b
         yield chunk
 
 
-async def decoded(request: web.Request, body: bytes, codings: list[str]) -> bytes | None:
+async def decoded(body: bytes, codings: list[str], settings: ServerSettings) -> bytes | None:
     """The body with its Content-Encoding (`codings`, `codings_of` the request) undone,
     for inspection: the body itself when it has none, None when it cannot be decoded (an
     unknown coding, corrupt data). RequestTooLarge when it would decode past
     `server.max_body_bytes`."""
     if not codings:
         return body
-    limit = request.app[SETTINGS].server.max_body_bytes
+    limit = settings.max_body_bytes
     try:
-        if len(body) > DECODE_OFF_LOOP:
-            return await asyncio.to_thread(content_encoding.decode, body, codings, limit)
-        return content_encoding.decode(body, codings, limit)
+        return await off_loop(
+            len(body), settings.off_loop_bytes, content_encoding.decode, body, codings, limit
+        )
     except content_encoding.TooLarge:
         raise RequestTooLarge(
             f"The request body decodes to more than the maximum allowed number of bytes ({limit})."

@@ -1,13 +1,14 @@
 """Budget admission for one request: reserve before forwarding, settle after.
 
 The key-check middleware (proxy/server/auth.py) wraps every handler of a key's request
-in a `Ticket`. Every route that makes the upstream spend tokens makes one call after it
-has read the request and before forwarding, which raises `BudgetRefused` (429) or
-`StoreUnavailable` (503, failing closed) when the request may not go:
+in a `Ticket`; a request's `Budget` (`budget_of`) is what its exchange is given. Every
+route that makes the upstream spend tokens makes one call after it has read the request
+and before forwarding, which raises `BudgetRefused` (429) or `StoreUnavailable` (503,
+failing closed) when the request may not go:
 
-    await budgets.reserve(request, estimated_input, output_tokens, sent)
+    await budget.reserve(estimated_input, output_tokens, sent)
 
-The conversation routes (proxy/server/routes.py) call it after compaction; the metered
+The conversation routes (proxy/server/exchange.py) call it after compaction; the metered
 pass-through calls (proxy/server/passthrough.py: /v1/complete, /v1/completions,
 /v1/embeddings, /v1/responses while it passes through, message batches) call it with an
 estimate of their body. `output_tokens` comes from `output_reservation` (the request's
@@ -291,23 +292,15 @@ class KeySummaryBudget:
     summariser's usage on the request's meter); made ahead, a reservation of its own,
     settled when the call returns. A refusal means no summary (the crossing packs)."""
 
-    def __init__(self, request: web.Request, ticket: Ticket) -> None:
-        self.request = request
-        self.ticket = ticket
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
 
     async def at_crossing(self, estimated_input: int, max_tokens: int) -> bool:
-        return await top_up(self.request, estimated_input, max_tokens)
+        return await self.budget.top_up(estimated_input, max_tokens)
 
     async def ahead(self, estimated_input: int, max_tokens: int) -> Apart | None:
-        return await self.ticket.hold_apart(estimated_input, max_tokens)
-
-
-def summary_budget(request: web.Request) -> SummaryBudget:
-    """The summary budget of a request: free for callers without budgets."""
-    ticket: Ticket | None = request.get(TICKET)
-    if ticket is None or not applies(request):
-        return FREE_SUMMARIES
-    return KeySummaryBudget(request, ticket)
+        assert self.budget.ticket is not None
+        return await self.budget.ticket.hold_apart(estimated_input, max_tokens)
 
 
 _ONE_HOUR = re.compile(rb'"ttl"\s*:\s*"1h"')
@@ -317,53 +310,68 @@ def admission(request: web.Request, caller: Caller) -> Ticket:
     return Ticket(request, caller)
 
 
-def applies(request: web.Request) -> bool:
-    """Whether the request's caller has budgets to reserve against."""
-    ticket: Ticket | None = request.get(TICKET)
-    return ticket is not None and bool(ticket.caller.scopes or ticket.caller.limits_unknown)
+class Budget:
+    """A request's budgets as its exchange uses them (its ticket's, given in): the gate,
+    the reservation, read rounds' top-ups and what summaries may spend. Everything is
+    free for a caller without budgets."""
+
+    __slots__ = ("ticket",)
+
+    def __init__(self, ticket: Ticket | None) -> None:
+        has = ticket is not None and bool(ticket.caller.scopes or ticket.caller.limits_unknown)
+        self.ticket = ticket if has else None
+
+    @property
+    def applies(self) -> bool:
+        """Whether the caller has budgets to reserve against (they must read the body)."""
+        return self.ticket is not None
+
+    async def admit(self, output_tokens: int, sent: bytes) -> None:
+        """The gate of a metered route, before any work for the request that costs the
+        upstream money (compaction's summaries among them): raises the refusal when the
+        caller's budgets cannot take even what the request is sure to cost; the later
+        `reserve` of the same request holds only what this did not."""
+        if self.ticket is not None:
+            await self.ticket.admit(output_tokens, one_hour_cache=_one_hour(sent))
+
+    async def reserve(
+        self,
+        estimated_input: int,
+        output_tokens: int,
+        sent: bytes,
+        *,
+        charge_reserved: bool = False,
+    ) -> None:
+        """Every metered route's one budget hook, before forwarding: returns to go on,
+        raises the refusal otherwise. `estimated_input` is the calibrated estimate of what
+        goes upstream, `output_tokens` what it may generate (proxy/core/budget.py
+        `output_reservation`), `sent` its bytes (1-hour cache writes are weighted 2x).
+        `charge_reserved`: the call's usage will not be reported in its answer (a batch):
+        charge the whole reservation once it succeeds."""
+        if self.ticket is not None:
+            self.ticket.charge_reserved = charge_reserved
+            await self.ticket.reserve(
+                estimated_input, output_tokens, one_hour_cache=_one_hour(sent)
+            )
+
+    async def top_up(self, estimated_input: int, max_tokens: int | None) -> bool:
+        """Before a read_result round goes upstream: hold its input (the whole body it
+        sends) and its output cap too, so the rounds stay inside the caller's budgets.
+        False when a budget refuses it: the rounds must stop there."""
+        if self.ticket is None:
+            return True
+        return await self.ticket.top_up(estimated_input, max_tokens or DEFAULT_MAX_OUTPUT)
+
+    def summaries(self) -> SummaryBudget:
+        """What the summaries made for the request may spend."""
+        if self.ticket is None:
+            return FREE_SUMMARIES
+        return KeySummaryBudget(self)
 
 
-async def admit(request: web.Request, output_tokens: int, sent: bytes) -> None:
-    """The gate of a metered route, before any work for the request that costs the
-    upstream money (compaction's summaries among them): raises the refusal when the
-    caller's budgets cannot take even what the request is sure to cost; the later
-    `reserve` of the same request holds only what this did not. Free for callers
-    without budgets."""
-    ticket: Ticket | None = request.get(TICKET)
-    if ticket is None or not applies(request):
-        return
-    await ticket.admit(output_tokens, one_hour_cache=_ONE_HOUR.search(sent) is not None)
+def _one_hour(sent: bytes) -> bool:
+    return _ONE_HOUR.search(sent) is not None
 
 
-async def reserve(
-    request: web.Request,
-    estimated_input: int,
-    output_tokens: int,
-    sent: bytes,
-    *,
-    charge_reserved: bool = False,
-) -> None:
-    """Every metered route's one budget hook, before forwarding: returns to go on,
-    raises the refusal otherwise. Free for callers without budgets.
-    `estimated_input` is the calibrated estimate of what goes upstream, `output_tokens`
-    what it may generate (proxy/core/budget.py `output_reservation`), `sent` its bytes
-    (1-hour cache writes are weighted 2x). `charge_reserved`: the call's usage will not
-    be reported in its answer (a batch): charge the whole reservation once it succeeds."""
-    ticket: Ticket | None = request.get(TICKET)
-    if ticket is None or not applies(request):
-        return
-    ticket.charge_reserved = charge_reserved
-    await ticket.reserve(
-        estimated_input, output_tokens, one_hour_cache=_ONE_HOUR.search(sent) is not None
-    )
-
-
-async def top_up(request: web.Request, estimated_input: int, max_tokens: int | None) -> bool:
-    """Before a read_result round goes upstream: hold its input (the whole body it
-    sends) and its output cap too, so the rounds stay inside the caller's budgets.
-    False when a budget refuses it: the rounds must stop there. Free for callers
-    without budgets."""
-    ticket: Ticket | None = request.get(TICKET)
-    if ticket is None or not applies(request):
-        return True
-    return await ticket.top_up(estimated_input, max_tokens or DEFAULT_MAX_OUTPUT)
+def budget_of(request: web.Request) -> Budget:
+    return Budget(request.get(TICKET))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from proxy.core.identity import tenant_of
 from proxy.server.metrics import count_budget_rejection
 from proxy.server.record import current_or_throwaway
 from proxy.store.accounts import Scope
@@ -38,6 +39,11 @@ CALLER = web.RequestKey("compaction_proxy_caller", Caller)
 def caller_of(request: web.Request) -> Caller:
     caller: Caller = request.get(CALLER, ANONYMOUS)
     return caller
+
+
+def tenant_of_request(request: web.Request) -> str:
+    """The tenant calibration and budgets are kept for: the key's, or the credential's."""
+    return caller_of(request).tenant or tenant_of(request.headers)
 
 
 def count_rejection(app: web.Application, reason: str) -> None:

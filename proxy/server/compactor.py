@@ -17,10 +17,12 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, assert_never
 
 from proxy import tracing
+from proxy.core.calibration import calibrates
+from proxy.core.commands import GetSummary
 from proxy.core.counting import (
     Counted,
     cannot_cross,
@@ -35,26 +37,34 @@ from proxy.core.identity import identities, tenant_of
 from proxy.core.lines import DEFAULT_MAX_LINES
 from proxy.core.model_facts import UNKNOWN_SOURCE, wants_1m
 from proxy.core.outcome import Refuse, Rewrite, Untouched
-from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies, policy_for
+from proxy.core.policy import DEFAULT_POLICIES, Policy, PolicyError, parse_policies, policy_for
+from proxy.core.rounds import RoundsRequest
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TokenCounter, default_counter
+from proxy.core.usage import Usage
 from proxy.core.wire_format import Request, WireFormat
+from proxy.server.bodies import Incoming, off_loop
 from proxy.server.calibration import Calibration
 from proxy.server.executor import StoreExecutor, drive
-from proxy.server.record import RequestRecord, current_or_throwaway
-from proxy.server.summariser import FREE_SUMMARIES, SummariserSettings, SummaryBudget, post_summary
+from proxy.server.record import RequestRecord
+from proxy.server.summariser import (
+    FREE_SUMMARIES,
+    SummariserFailed,
+    SummariserSettings,
+    SummaryBudget,
+    SummaryCall,
+)
 from proxy.server.tasks import stop_tasks
-from proxy.server.upstream import Upstream
 from proxy.store import Store
 
 log = logging.getLogger(__name__)
 
-COUNT_OFF_LOOP_BYTES = 256 * 1024
+DEFAULT_OFF_LOOP_BYTES = 256 * 1024
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Prepared:
-    """What goes upstream for one request, and what the rest of its handling needs."""
+    """What goes upstream for one request, and what the rest of its exchange needs."""
 
     body: bytes  # the bytes to send
     sent: Mapping[str, Any] | None  # ... parsed (the client's payload when untouched)
@@ -63,18 +73,14 @@ class Prepared:
     headers: tuple[tuple[str, str], ...] = ()  # x-compaction-* for the client
     refusal: ProxyError | None = None  # answer with this, send nothing
     tool: str | None = None  # read_result was injected under this name
-    refs: frozenset[str] = frozenset()  # the refs the history sent names: all it may read
+    rounds: RoundsRequest | None = None  # ... and its answer's read rounds start from this
     tenant: str = ""
     conversation: str = ""
     policy: Policy = field(default_factory=Policy)
     sample: bool = False  # feed calibration with the first round's usage
     # Calibration (real / estimated), looked up once for the request and carried to its
-    # budget reservation and its read rounds; None: not looked up (nothing was counted).
-    factor: float | None = None
-
-    @property
-    def intercepts(self) -> bool:
-        return self.tool is not None
+    # budget reservation and its read rounds (1.0 for a body never read).
+    factor: float = 1.0
 
 
 POLICY_MEMO_SIZE = 4096
@@ -84,14 +90,6 @@ def calibrated_as(wire: Request, model: str) -> str:
     """The name a model's calibration factor is kept under: per format as well (the
     same model's Chat and Responses requests are counted with different errors)."""
     return f"{wire.name}:{model}"
-
-
-def factor_of(calibration: Calibration, wire: WireFormat, prepared: Prepared, tenant: str) -> float:
-    """The request's calibration factor: the one its preparation looked up, else looked
-    up now (a request compaction never counted), so a request looks it up once."""
-    if prepared.factor is None:
-        prepared.factor = calibration.factor(calibrated_as(wire, prepared.model), None, tenant)
-    return prepared.factor
 
 
 def _ignore(ok: bool) -> None:
@@ -121,8 +119,28 @@ def _ignore_number(value: float) -> None:
 SUMMARY_AHEAD = "compaction.summary_ahead"  # the span of background work's trace
 
 
+async def _no_summariser(need: GetSummary) -> tuple[str, Usage | None]:
+    raise SummariserFailed("no summariser given for this request")
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """Who asks for a request's compaction, and with what: what an exchange knows of its
+    caller and its upstream when it asks."""
+
+    headers: Mapping[str, str]  # the client's (conversation ids, the credential)
+    model: str  # the model asked for (its envelope's: in the body, or in the path)
+    betas: str = ""  # its betas, one comma list
+    tenant: str | None = None  # a proxy key's; None: the hash of the forwarded credential
+    policy_override: Mapping[str, int] | None = None  # a key's or team's numbers
+    spend: SummaryBudget = FREE_SUMMARIES  # what summaries made for it may spend
+    summarise: SummaryCall = _no_summariser  # the summariser call, through its upstream
+
+
 class Compactor:
-    """Per-process compaction state: policies, the counter, calibration."""
+    """Per-process compaction state: policies, the counter, calibration. `on_*`: told of
+    each summariser call made in the background (True: it answered), of how many lines
+    each load found, and of how many lines a crossing evicted (metrics count them)."""
 
     def __init__(
         self,
@@ -131,8 +149,13 @@ class Compactor:
         counter: TokenCounter | None = None,
         summariser: SummariserSettings | None = None,
         max_lines: int = DEFAULT_MAX_LINES,
+        off_loop_bytes: int = DEFAULT_OFF_LOOP_BYTES,
+        on_background_summary: Callable[[bool], None] = _ignore,
+        on_lines: Callable[[float], None] = _ignore_number,
+        on_evicted: Callable[[float], None] = _ignore_number,
     ) -> None:
         self.max_lines = max_lines
+        self.off_loop_bytes = off_loop_bytes
         self.policies = [*parse_policies(raw_policies), *DEFAULT_POLICIES]
         self.counter = counter or default_counter()
         self.summariser = summariser or SummariserSettings()
@@ -142,11 +165,9 @@ class Compactor:
         self._policy_of: dict[tuple[str, bool], Policy] = {}
         self._warned: set[str] = set()  # models not in the model table, warned of once
         self.stubbed: StubbedMemo = {}  # stubbed messages built, shared by all requests
-        # Told of each summariser call made in the background (metrics count them).
-        self.on_background_summary: Callable[[bool], None] = _ignore
-        # Told how many lines each load found, and how many lines a crossing evicted.
-        self.on_lines: Callable[[float], None] = _ignore_number
-        self.on_evicted: Callable[[float], None] = _ignore_number
+        self.on_background_summary = on_background_summary
+        self.on_lines = on_lines
+        self.on_evicted = on_evicted
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Work that outlives the request that started it (a summary made ahead), in a
@@ -196,75 +217,137 @@ class Compactor:
                 )
         return found
 
+    def factor(self, wire: Request, model: str, store: Store | None, tenant: str) -> float:
+        """The tenant's calibration factor for the model, in this format."""
+        return self.calibration.factor(calibrated_as(wire, model), store, tenant)
+
     async def count(
         self, wire: Request, body: Mapping[str, Any], size: int, *, digests: bool = True
     ) -> Counted:
         """The request counted (`count_request`; `digests=False`: `count_tokens`, the
-        counts alone)."""
-        messages = wire.messages(body)
+        counts alone); a cold count of a big history takes tens of ms: off the loop then
+        (tiktoken encodes without the GIL)."""
         how = count_request if digests else count_tokens
-        if size > COUNT_OFF_LOOP_BYTES:
-            # A cold count of a big history takes tens of ms: keep the loop free meanwhile
-            # (tiktoken encodes without the GIL).
-            return await asyncio.to_thread(how, wire, self.counter, body, messages)
-        return how(wire, self.counter, body, messages)
+        return await off_loop(
+            size, self.off_loop_bytes, how, wire, self.counter, body, wire.messages(body)
+        )
 
-    async def count_unless_quiet(
-        self, wire: Request, body: Mapping[str, Any], size: int, policy: Policy, factor: float
-    ) -> Counted | None:
-        """`count`, or None when a bound proves the history quiet (counting.py)."""
-        messages = wire.messages(body)
-        args = (wire, self.counter, body, messages, policy, factor)
-        if size > COUNT_OFF_LOOP_BYTES:
-            return await asyncio.to_thread(count_unless_quiet, *args)
-        return count_unless_quiet(*args)
+    async def reservation(self, wire: Request, prepared: Prepared) -> int:
+        """The calibrated estimate of what is sent, for budgets (counted now when the
+        body's size proved it small and nothing was counted)."""
+        sent = prepared.sent
+        assert sent is not None  # a body budgets cannot read was refused when read
+        estimate = prepared.estimate
+        if estimate == 0:
+            estimate = (await self.count(wire, sent, len(prepared.body), digests=False)).total
+        return int(estimate * max(1.0, prepared.factor) + 0.999)
+
+    def calibrate(
+        self,
+        wire: Request,
+        prepared: Prepared,
+        reported: Usage | None,
+        store: Store | None,
+        tenant: str,
+    ) -> None:
+        """Feed the tenant's calibration with what the upstream `reported` for the first
+        round against the estimate of what was sent (not from requests with media
+        blocks, whose estimate is a flat guess)."""
+        if not prepared.sample or prepared.estimate <= 0 or not prepared.model:
+            return
+        if reported is None or reported.total_input <= 0:
+            return
+        if prepared.sent is None or not calibrates(prepared.sent):
+            return
+        self.calibration.record(
+            calibrated_as(wire, prepared.model),
+            prepared.estimate,
+            reported.total_input,
+            store,
+            tenant,
+        )
 
     async def prepare(
         self,
-        body_bytes: bytes,
-        body: Mapping[str, Any],
-        headers: Mapping[str, str],
-        *,
+        incoming: Incoming,
         wire: WireFormat,
         store: Store | None,
-        upstream: Upstream,
-        path: str,
-        upstream_headers: Sequence[tuple[str, str]],
-        tenant: str | None = None,
-        policy_override: Mapping[str, int] | None = None,
-        spend: SummaryBudget = FREE_SUMMARIES,
-        read_result: bool = True,
+        asked: Asked,
+        record: RequestRecord,
     ) -> Prepared:
-        """`tenant` and `policy_override` come from a proxy key when keys are required
-        (else the tenant is the hash of the forwarded credential); `spend` reserves the
-        summaries made for the caller in its budgets; `read_result` False: the request
-        may not be offered read_result (the planner then writes no stub naming it)."""
-        model = str(body.get("model", ""))
+        """What goes upstream for `incoming`: rewritten over its trigger, else as it came.
+        Never raises for the proxy's own parts: on any failure of compaction the request
+        goes out untouched (degrade, never fail); a key's policy override that does not
+        fit the model (the config may have changed since it was set) gives way to the
+        model's own policy."""
+        payload = incoming.payload
+        if payload is None:
+            return Prepared(incoming.body, None)
+        model = asked.model
+        tenant = asked.tenant or tenant_of(asked.headers)
+        factor = self.factor(wire, model, store, tenant)
+        untouched = Prepared(incoming.body, payload, model, factor=factor)
+        if incoming.encoded:
+            return untouched
+        override = asked.policy_override
+        for attempt in (1, 2):
+            try:
+                return await self._prepare(
+                    incoming, payload, wire, store, asked, override, tenant, factor, record
+                )
+            except PolicyError as e:
+                if override is None or attempt == 2:
+                    log.exception("compaction failed; forwarding the request untouched")
+                    return untouched
+                log.warning("the key's policy override does not fit this model (%s); ignored", e)
+                override = None
+            except Exception:
+                log.exception("compaction failed; forwarding the request untouched")
+                return untouched
+        return untouched
+
+    async def _prepare(
+        self,
+        incoming: Incoming,
+        body: Mapping[str, Any],
+        wire: WireFormat,
+        store: Store | None,
+        asked: Asked,
+        override: Mapping[str, int] | None,
+        tenant: str,
+        factor: float,
+        record: RequestRecord,
+    ) -> Prepared:
+        body_bytes = incoming.body
+        model = asked.model
         messages = wire.messages(body)
         if not messages:
-            return Prepared(body_bytes, body, model)
-        policy = self.policy(model, policy_override, betas_of(headers))
-        # Calibration is per tenant: one tenant's requests never skew another's counts.
-        calibrated_for = tenant or tenant_of(headers)
-        # ... and per format: each format's counting errs its own way.
-        calibrated = calibrated_as(wire, model)
-        factor = self.calibration.factor(calibrated, store, calibrated_for)
-        sample = self.calibration.wants_sample(calibrated, calibrated_for)
+            return Prepared(body_bytes, body, model, factor=factor)
+        policy = self.policy(model, override, asked.betas)
+        # Calibration is per tenant (one tenant's requests never skew another's counts),
+        # and per format: each format's counting errs its own way.
+        sample = self.calibration.wants_sample(calibrated_as(wire, model), tenant)
+        uncounted = Prepared(body_bytes, body, model, policy=policy, factor=factor)
         if not sample and cannot_cross(body_bytes, policy, factor):
-            return Prepared(body_bytes, body, model, policy=policy, factor=factor)  # not counted
+            return uncounted
+        size = len(body_bytes)
+        args = (wire, self.counter, body, messages)
         if sample:  # calibration wants this request's counts
-            counted: Counted | None = await self.count(wire, body, len(body_bytes))
+            counted: Counted | None = await off_loop(
+                size, self.off_loop_bytes, count_request, *args
+            )
         else:
-            counted = await self.count_unless_quiet(wire, body, len(body_bytes), policy, factor)
+            counted = await off_loop(
+                size, self.off_loop_bytes, count_unless_quiet, *args, policy, factor
+            )
         if counted is None:  # its new messages' bytes alone prove it under every threshold
-            return Prepared(body_bytes, body, model, policy=policy, factor=factor)  # uncounted
-        counter = wire.counter(self.counter)
+            return uncounted
         request = CompactionRequest(
             wire,
             body,
             messages,
             counted,
-            counter,
+            wire.counter(self.counter),
             policy,
             factor,
             ClientJSON(body_bytes, body),
@@ -272,65 +355,86 @@ class Compactor:
             now=int(time.time()),
             renew_every=renew_every(store),
             max_lines=self.max_lines,
-            read_result=read_result,
+            read_result=incoming.read_result,
+            model=model,
         )
         executor = StoreExecutor(
             store,
-            functools.partial(identities, wire, body, headers, calibrated_for),  # tenant known
+            functools.partial(identities, wire, body, asked.headers, tenant),  # tenant known
             summariser=self.summariser,
-            summarise=functools.partial(
-                post_summary,
-                upstream=upstream,
-                path=path,
-                headers=upstream_headers,
-                wire=wire,
-                seconds=self.summariser.timeout,
-            ),
+            summarise=asked.summarise,
             background=self.spawn,
             count=self.counter.count_text,
-            spend=spend,
+            spend=asked.spend,
             on_background_call=self.on_background_summary,
             on_lines=self.on_lines,
             on_evicted=self.on_evicted,
         )
         # Planning a huge history takes seconds of pure work: off the event loop.
-        off_loop = len(body_bytes) > COUNT_OFF_LOOP_BYTES
+        off = size > self.off_loop_bytes
         try:
-            decision = await drive(compaction(request), executor, off_loop=off_loop)
+            decision = await drive(compaction(request), executor, off_loop=off)
         finally:
             await executor.close()
         prepared = Prepared(
-            body_bytes, body, model, decision.estimate, policy=policy, sample=sample, factor=factor
+            body_bytes,
+            body,
+            model,
+            decision.estimate,
+            policy=policy,
+            sample=sample,
+            factor=factor,
+            tenant=executor.tenant if executor.identified else "",
+            conversation=executor.conversation if executor.identified else "",
         )
         if executor.identified:
-            prepared.tenant, prepared.conversation = executor.identity
-            current_or_throwaway().conversation = prepared.conversation  # for the admin stats
-        return self._finish(prepared, decision, policy)
+            record.conversation = prepared.conversation  # for the admin stats
+        return self._finish(prepared, decision, wire, record)
 
-    def _finish(self, prepared: Prepared, decision: Decision, policy: Policy) -> Prepared:
-        record = current_or_throwaway()
+    def _finish(
+        self, prepared: Prepared, decision: Decision, wire: WireFormat, record: RequestRecord
+    ) -> Prepared:
         if decision.summary_failure:
             log.info("no summary (%s); packing instead", decision.summary_failure)
         outcome = decision.outcome
         match outcome:
             case Refuse():
                 record.refused, record.reason = True, outcome.reason
-                prepared.refusal = ContextTooLong(outcome.message)
+                return replace(prepared, refusal=ContextTooLong(outcome.message))
             case Untouched():
-                if outcome.reason:  # over the trigger, its summary still being made ahead
-                    record.reason = outcome.reason
-                    prepared.headers = (("x-compaction-reason", outcome.reason),)
+                if not outcome.reason:
+                    return prepared
+                # Over the trigger, its summary still being made ahead.
+                record.reason = outcome.reason
+                return replace(prepared, headers=(("x-compaction-reason", outcome.reason),))
             case Rewrite():
                 assert decision.body is not None and decision.sent is not None
-                prepared.body, prepared.sent = decision.body, decision.sent
-                _rewritten(prepared, outcome, policy, record)
+                _recorded(outcome, prepared.policy, record)
+                rounds = None
+                if outcome.tool is not None:
+                    rounds = RoundsRequest(
+                        wire,
+                        decision.sent,
+                        decision.body,
+                        frozenset(outcome.refs),
+                        self.counter,
+                        prepared.policy,
+                        prepared.factor,
+                    )
+                return replace(
+                    prepared,
+                    body=decision.body,
+                    sent=decision.sent,
+                    headers=_told(outcome),
+                    tool=outcome.tool,
+                    rounds=rounds,
+                )
             case _:
                 assert_never(outcome)
-        return prepared
 
 
-def _rewritten(prepared: Prepared, rewrite: Rewrite, policy: Policy, record: RequestRecord) -> None:
-    """Say what a rewrite did: on the record, in a trace event, in the client's headers."""
+def _recorded(rewrite: Rewrite, policy: Policy, record: RequestRecord) -> None:
+    """Say what a rewrite did: on the record and in a trace event."""
     strategy = rewrite.strategy
     record.strategy = strategy
     record.reason = rewrite.reason
@@ -355,8 +459,12 @@ def _rewritten(prepared: Prepared, rewrite: Rewrite, policy: Policy, record: Req
             policy.trigger_tokens,
             rewrite.reason or "target_unreachable",
         )
+
+
+def _told(rewrite: Rewrite) -> tuple[tuple[str, str], ...]:
+    """What the client's headers say of a rewrite."""
     headers = [
-        ("x-compaction-strategy", strategy.value),
+        ("x-compaction-strategy", rewrite.strategy.value),
         ("x-compaction-tokens-before", str(rewrite.tokens_before)),
         ("x-compaction-tokens-after", str(rewrite.tokens_after)),
         ("x-compaction-offloaded", str(len(rewrite.refs))),
@@ -364,6 +472,4 @@ def _rewritten(prepared: Prepared, rewrite: Rewrite, policy: Policy, record: Req
     ]
     if rewrite.reason:
         headers.append(("x-compaction-reason", rewrite.reason))
-    prepared.headers = tuple(headers)
-    prepared.tool = rewrite.tool
-    prepared.refs = frozenset(rewrite.refs)
+    return tuple(headers)

@@ -2,9 +2,10 @@
 
 Handlers and middlewares raise a `ProxyError`; `render_errors` (a middleware inside the
 metrics one, so the status is recorded) answers it in the shape of the API the request
-was for: OpenAI's on OpenAI routes, Anthropic's elsewhere (the wire format renders the
-body). Transport failures talking to the upstream are mapped to the tree in one place,
-`upstream_failure`. Upstream answers, errors included, never pass through here.
+was for: OpenAI's on OpenAI routes, Anthropic's elsewhere, a provider's own on the
+paths it registered (`register_error_shapes`); the wire format renders the body.
+Failures talking to the upstream are mapped to the tree in one place, the upstream's
+(proxy/server/upstream.py). Upstream answers, errors included, never pass through here.
 """
 
 from __future__ import annotations
@@ -12,21 +13,12 @@ from __future__ import annotations
 import secrets
 from collections.abc import Awaitable, Callable
 
-import aiohttp
 from aiohttp import web
 from multidict import MultiMapping
 
-from proxy.core.errors import (
-    InvalidRequest,
-    ProxyError,
-    UpstreamError,
-    UpstreamGarbage,
-    UpstreamTimeout,
-    UpstreamUnreachable,
-)
-from proxy.core.wire_format import ErrorShapes, WireFormat
+from proxy.core.errors import InvalidRequest, ProxyError
+from proxy.core.wire_format import ErrorShapes
 from proxy.server.routing import upstream_for
-from proxy.server.upstream import AnswerTooLarge
 from proxy.wire import ANTHROPIC, CHAT, RESPONSES
 
 
@@ -34,8 +26,21 @@ def new_request_id() -> str:
     return "req_proxy_" + secrets.token_hex(12)
 
 
-def wire_for(path: str, headers: MultiMapping[str]) -> WireFormat:
+# (does this path speak it, its error shapes): a provider's routes, registered at import.
+_REGISTERED: list[tuple[Callable[[str], bool], ErrorShapes]] = []
+
+
+def register_error_shapes(speaks: Callable[[str], bool], shapes: ErrorShapes) -> None:
+    """The proxy's own answers (401, 413, 429, 502, ...) to a request whose path
+    `speaks(path)` are in `shapes` (one call, where a provider's routes are defined)."""
+    _REGISTERED.append((speaks, shapes))
+
+
+def wire_for(path: str, headers: MultiMapping[str]) -> ErrorShapes:
     """The API a request speaks, for the shape of the proxy's own answers to it."""
+    for speaks, shapes in _REGISTERED:
+        if speaks(path):
+            return shapes
     if path == "/v1/responses" or path.startswith("/v1/responses/"):
         return RESPONSES  # OpenAI's shape; inside a stream, Responses events
     return CHAT if upstream_for(path, headers) == "openai" else ANTHROPIC
@@ -70,33 +75,3 @@ def not_a_path(target: str) -> InvalidRequest:
     # An absolute-form target (`POST http://host/...`) would let a request pick the
     # upstream; the upstream comes only from the configuration.
     return InvalidRequest(f"The request target must be a path, got {target[:200]!r}.")
-
-
-def upstream_failure(exc: BaseException, upstream: str, read_timeout: float) -> UpstreamError:
-    """What the client is told when the upstream gave no usable response (nothing sent
-    to the client yet): 504 when it stayed silent past the read timeout, 502 otherwise."""
-    if isinstance(exc, AnswerTooLarge):
-        return UpstreamGarbage(f"compaction-proxy will not read the upstream's answer: {exc}")
-    if isinstance(exc, aiohttp.SocketTimeoutError):
-        return _timeout(upstream, read_timeout)
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return _unreachable(upstream, "connection timed out")
-    if isinstance(exc, TimeoutError):
-        return _timeout(upstream, read_timeout)
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return _unreachable(upstream, f"connection failed ({exc.os_error.strerror})")
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return _unreachable(upstream, "the connection closed before an answer")
-    return _unreachable(upstream, type(exc).__name__)
-
-
-def _unreachable(upstream: str, reason: str) -> UpstreamUnreachable:
-    return UpstreamUnreachable(
-        f"compaction-proxy could not reach the upstream {upstream}: {reason}"
-    )
-
-
-def _timeout(upstream: str, seconds: float) -> UpstreamTimeout:
-    return UpstreamTimeout(
-        f"compaction-proxy got no answer from the upstream {upstream} within {seconds:g} s"
-    )

@@ -15,35 +15,28 @@ whose cost cannot be estimated (an OpenAI batch of an uploaded file, image gener
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 
 from proxy.core.budget import BadRequestField, batch_reservation
-from proxy.core.errors import Forbidden, InvalidRequest, NotFound
+from proxy.core.errors import Forbidden, NotFound, UpstreamError
 from proxy.core.proxy_keys import BATCH, FREE, UNMETERED, passthrough_rule
 from proxy.core.usage import LineKind, Usage
-from proxy.server import budgets
 from proxy.server.bodies import (
     BodyClock,
-    BodyTooLarge,
-    check_duplicates,
-    check_model,
-    codings_of,
-    decoded,
     invalid_field,
+    off_loop,
     output_tokens,
-    read_body,
+    read_request,
     stream_body,
-    too_large,
     too_slow,
 )
+from proxy.server.budgets import Budget, budget_of
 from proxy.server.caller import caller_of, count_rejection
-from proxy.server.errors import not_a_path, upstream_failure
+from proxy.server.errors import not_a_path, wire_for
 from proxy.server.headers import upstream_request_headers
 from proxy.server.record import current_or_throwaway
 from proxy.server.relay import relay
@@ -51,7 +44,6 @@ from proxy.server.routing import OPENAI_UPSTREAM, upstream_for
 from proxy.server.state import COMPACTOR, SETTINGS, UPSTREAM
 from proxy.wire import ANTHROPIC, CHAT
 
-COUNT_OFF_LOOP_BYTES = 256 * 1024
 API_PREFIX = "/v1/"
 NO_OUTPUT = frozenset({"/v1/embeddings"})
 
@@ -70,8 +62,9 @@ async def handle_passthrough(request: web.Request) -> web.StreamResponse:
     clock = BodyClock(request.app[SETTINGS].server.body_timeout)
     data: Any = None
     rule = passthrough_rule(request.method, request.path)
-    if rule.meter != FREE and budgets.applies(request):
-        data = await _reserved(request, rule.meter)
+    budget = budget_of(request)
+    if rule.meter != FREE and budget.applies:
+        data = await _reserved(request, rule.meter, budget)
         headers.append(("Content-Length", str(len(data))))
     elif request.body_exists:
         # Streamed as it arrives (on the body's clock); a known length goes on as is.
@@ -82,69 +75,44 @@ async def handle_passthrough(request: web.Request) -> web.StreamResponse:
         response = await upstream.send(
             request.method, request.raw_path, headers, data, stream=False
         )
-    except (aiohttp.ClientError, TimeoutError) as e:
+    except UpstreamError:
         if clock.expired:
             raise too_slow(clock.grace) from None
-        raise upstream_failure(e, upstream.shown_url, upstream.timeout_for(False)) from None
-    return await relay(
-        request, response, base_url=upstream.shown_url, read_timeout=upstream.timeout_for(False)
-    )
+        raise
+    wire = wire_for(request.path, request.headers)
+    return await relay(request, response, upstream, wire, current_or_throwaway().meter)
 
 
-async def _reserved(request: web.Request, meter: str) -> bytes:
-    """Read a metered call whole, reserve what it may cost, and return its bytes."""
+async def _reserved(request: web.Request, meter: str, budget: Budget) -> bytes:
+    """Read a metered call whole (the read step every request with budgets is read by),
+    reserve what it may cost, and return its bytes."""
     if meter == UNMETERED:
         count_rejection(request.app, "unmetered")
         raise Forbidden(
             f"compaction-proxy cannot estimate what {request.method} {request.path} costs,"
             " so a key with budgets may not use it."
         )
-    limit = request.app[SETTINGS].server.max_body_bytes
-    try:
-        body = await read_body(request, limit)
-    except BodyTooLarge:
-        raise too_large(limit) from None
-    except asyncio.IncompleteReadError:
-        raise InvalidRequest("The request body ended before its Content-Length.") from None
-    text = await decoded(request, body, codings_of(request))
-    if text is None:
-        raise InvalidRequest(
-            "compaction-proxy cannot read this body's Content-Encoding, and this key's"
-            " budgets must: send it uncompressed, or gzip or deflate."
-        )
-    try:
-        payload = orjson.loads(text)
-    except orjson.JSONDecodeError as e:
-        raise InvalidRequest(f"The request body is not valid JSON: {e}") from None
-    if not isinstance(payload, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    check_model(payload)
-    if len(text) > COUNT_OFF_LOOP_BYTES:
-        await asyncio.to_thread(check_duplicates, text, payload)
-    else:
-        check_duplicates(text, payload)
+    settings = request.app[SETTINGS].server
+    key_checks = caller_of(request).key_id is not None
+    incoming = await read_request(request, settings, must_read=True, key_checks=key_checks)
+    payload = incoming.payload
+    assert payload is not None  # must_read: a body that cannot be read was refused
     counter = request.app[COMPACTOR].counter
-    if meter == BATCH:
-
-        def count() -> tuple[int, int]:
-            return batch_reservation(payload, counter.count_request)
-
-    else:
-        output = 0 if request.path in NO_OUTPUT else output_tokens(payload)
-
-        def count() -> tuple[int, int]:
-            return counter.count_json(payload), output
-
+    size, threshold = len(incoming.body), settings.off_loop_bytes
     try:
-        if len(text) > COUNT_OFF_LOOP_BYTES:
-            estimate, output = await asyncio.to_thread(count)
+        if meter == BATCH:
+            count = counter.count_request
+            estimate, output = await off_loop(size, threshold, batch_reservation, payload, count)
         else:
-            estimate, output = count()
+            output = 0 if request.path in NO_OUTPUT else output_tokens(payload)
+            estimate = await off_loop(size, threshold, counter.count_json, payload)
     except BadRequestField as e:
         raise invalid_field(e.param, str(e)) from None
-    await budgets.reserve(request, estimate, output, text, charge_reserved=meter == BATCH)
+    # What budgets read (a 1-hour cache write is weighted 2x): the body as decoded.
+    sent = orjson.dumps(payload) if incoming.encoded else incoming.body
+    await budget.reserve(estimate, output, sent, charge_reserved=meter == BATCH)
     current_or_throwaway().reads_answers_as(ANY_USAGE)
-    return body
+    return incoming.body
 
 
 class AnyUsage:

@@ -9,7 +9,7 @@ route's own step first (`before`):
 - a request that asks for a summary (Codex's `compaction_trigger`, or a request with
   `tools: []` like Codex's handoff-summary request) is compacted like any other but gets
   no read_result: nothing of its answer is held back, and the planner, told so first,
-  writes no stub naming it (`Adjusted.read_result`, proxy/server/pipeline.py);
+  writes no stub naming it (`Adjusted.read_result`, proxy/server/exchange.py);
 - Codex's `compaction_trigger` is forwarded, or answered by the proxy itself, as
   `[responses] codex_compaction` says: `pass-through`, `serve`, or `auto` (forward it;
   once the upstream refuses one, as a server that is not OpenAI does, serve them). The
@@ -18,13 +18,12 @@ route's own step first (`before`):
   conversation.
 
 GET (a WebSocket, Codex's first choice, or a plain one): proxy/server/responses_ws.py,
-which drives each `response.create` frame through `before` and the shared request path
-(proxy/server/pipeline.py).
+which runs each `response.create` frame as an exchange (proxy/server/exchange.py), with
+`before` as its own step.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -41,26 +40,19 @@ from proxy.core.identity import identities
 from proxy.core.seal import open_sealed, seal
 from proxy.core.summariser_input import whole_key, whole_summary
 from proxy.core.summary import INSTRUCTION, in_place_prompt
-from proxy.server import budgets
-from proxy.server.bodies import is_encoded
-from proxy.server.caller import caller_of
-from proxy.server.compactor import Prepared, factor_of
+from proxy.server.bodies import Incoming, is_encoded
+from proxy.server.budgets import budget_of
+from proxy.server.caller import caller_of, tenant_of_request
+from proxy.server.compactor import Prepared
 from proxy.server.errors import new_request_id
+from proxy.server.exchange import Adjusted, ConversationRoute, asked_for
 from proxy.server.executor import StoreExecutor
-from proxy.server.headers import upstream_request_headers
-from proxy.server.pipeline import (
-    Adjusted,
-    ConversationRoute,
-    Incoming,
-    prepare,
-    tenant_of_request,
-)
 from proxy.server.record import current_or_throwaway
 from proxy.server.routes import expect_for, handle_conversation
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.seal_key import SealKey
 from proxy.server.state import COMPACTOR, SETTINGS, STORE
-from proxy.server.summariser import FREE_SUMMARIES, post_summary
+from proxy.server.summariser import FREE_SUMMARIES, SummaryCall
 from proxy.store import Store
 from proxy.wire.responses import RESPONSES, asks_for_summary
 from proxy.wire.responses_compaction import (
@@ -180,20 +172,16 @@ async def _trigger(request: web.Request, body: bytes, payload: dict[str, Any]) -
 
 
 async def _summary(
-    request: web.Request, need: GetSummary, store: Store, tenant: str, conversation: str
+    request: web.Request,
+    need: GetSummary,
+    store: Store,
+    tenant: str,
+    conversation: str,
+    call: SummaryCall,
 ) -> SummaryReply:
     """The conversation's summary for `need`: the stored one, or made once for the fleet
     and stored before a sealed reference names it."""
-    app = request.app
-    compactor = app[COMPACTOR]
-    call = functools.partial(
-        post_summary,
-        upstream=app[OPENAI_UPSTREAM],
-        path=request.raw_path,
-        headers=upstream_request_headers(request.headers),
-        wire=RESPONSES,
-        seconds=compactor.summariser.timeout,
-    )
+    compactor = request.app[COMPACTOR]
     # The executor's own way with a summary: obtained (its lock held), kept, then the
     # lock released (a crossing keeps it in its writes; a served one, alone: keep_summary).
     executor = StoreExecutor(
@@ -228,10 +216,8 @@ def _summary_need(
     counter = compactor.counter
     units = RESPONSES.messages(sent)
     key = whole_key(units)
-    tenant = tenant_of_request(request)
-    factor = factor_of(compactor.calibration, RESPONSES, prepared, tenant)  # the planner's
     whole = whole_summary(
-        policy, factor, model, lambda: count_tokens(RESPONSES, counter, sent, units).total
+        policy, prepared.factor, model, lambda: count_tokens(RESPONSES, counter, sent, units).total
     )
     summary_tokens = whole.summary_tokens
     if whole.in_place:
@@ -264,18 +250,28 @@ async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web
         raise StoreUnavailable("compaction-proxy cannot compact without its store; try again")
     history = {**payload, "input": input_items(payload)[:-1]}
     incoming = Incoming(orjson.dumps(history), history)
-    forwarded = upstream_request_headers(request.headers)
-    prepared = await prepare(request, RESPONSES_ROUTE, incoming, forwarded)
+    budget = budget_of(request)
+    compactor = app[COMPACTOR]
+    asked = asked_for(
+        RESPONSES_ROUTE,
+        request,
+        history,
+        caller=caller_of(request),
+        budget=budget,
+        upstream=app[OPENAI_UPSTREAM],
+        seconds=compactor.summariser.timeout,
+    )
+    record = current_or_throwaway()
+    prepared = await compactor.prepare(incoming, RESPONSES, store, asked, record)
     sent = dict(prepared.sent) if prepared.sent and prepared.refusal is None else history
     model = str(payload.get("model", ""))
     need, estimate = _summary_need(request, sent, model, prepared)
-    await budgets.reserve(request, estimate, need.summary_tokens, b"")
+    await budget.reserve(estimate, need.summary_tokens, b"")
     tenant, conversation = identities(
         RESPONSES, payload, request.headers, tenant_of_request(request)
     )
-    record = current_or_throwaway()
     made = len(record.meter.extra)
-    reply = await _summary(request, need, store, tenant, conversation)
+    reply = await _summary(request, need, store, tenant, conversation, asked.summarise)
     if reply.text is None:
         raise UpstreamError(f"compaction-proxy could not summarise the history ({reply.failure})")
     record.summary = "reused" if reply.reused else "made"

@@ -5,18 +5,17 @@ and refusals (426 when the upstream has no WebSocket), frames in order, close co
 heartbeat, frame size and idle timeouts); `[responses] websocket = "refuse"` answers 426
 without asking the upstream.
 
-Each `response.create` goes through the pipeline of an HTTP Responses request
-(proxy/server/pipeline.py `admit`, `prepare`, `reserve` and `calibrate`, with
-proxy/server/responses.py `before` as its own step): resolved to the
-whole request first against what this socket saw (proxy/wire/responses_ws.py), counted,
-offloaded, folded, refused when nothing fits, Codex's compaction_trigger served or passed
-through, the caller's budgets reserved and settled per frame (its own Ticket), usage
-metered from the events; upstream, only the new items go while the rewrite of the prefix
-is unchanged. A rewritten request's read_result rounds are answered on the socket (the
-read rounds' generator, proxy/core/rounds.py, with the socket as its transport) and
-merged into the one response the client sees (the Responses stream merger). Refusals are
-error frames `{"type": "error", "status": N, "error": {...}}`, as the API sends them. Each
-frame is a request of its own for metrics and the request log (method WS).
+Each `response.create` is the exchange of an HTTP Responses request (proxy/server/
+exchange.py, with proxy/server/responses.py `before` as its own step), over the socket's
+transport (proxy/server/ws_transport.py): resolved to the whole request first against
+what this socket saw (proxy/wire/responses_ws.py), counted, offloaded, folded, refused
+when nothing fits, Codex's compaction_trigger served or passed through, the caller's
+budgets reserved and settled per frame (its own Ticket), usage metered from the events;
+upstream, only the new items go while the rewrite of the prefix is unchanged. A
+rewritten request's read_result rounds are answered on the socket and merged into the
+one response the client sees. Refusals are error frames `{"type": "error", "status": N,
+"error": {...}}`, as the API sends them. Each frame is a request of its own for metrics
+and the request log (method WS).
 
 A frame of any other type passes to the upstream unchanged, and what comes back between
 responses passes to the client unchanged.
@@ -31,46 +30,36 @@ import time
 from typing import Any
 
 import orjson
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.core.commands import Answered, Failed, SendRound
 from proxy.core.errors import NotAuthenticated, ProxyError, UpgradeRequired
 from proxy.core.errors import StoreUnavailable as CannotCheck
-from proxy.core.usage import Usage
 from proxy.server import record as records
-from proxy.server.bodies import check_duplicates
-from proxy.server.budgets import STORE_DOWN_RETRY_AFTER, TICKET, Ticket
+from proxy.server.budgets import STORE_DOWN_RETRY_AFTER, TICKET, Ticket, budget_of
 from proxy.server.caller import CALLER, caller_of, count_rejection
-from proxy.server.compactor import Prepared
 from proxy.server.errors import render
+from proxy.server.exchange import Exchange
 from proxy.server.fleet import FLEET
 from proxy.server.logs import REQUEST_LOG
 from proxy.server.metrics import METRICS, REQUEST_ENDED
 from proxy.server.passthrough import handle_passthrough
-from proxy.server.pipeline import Incoming, admit, calibrate, prepare, reserve
-from proxy.server.read_rounds import ReadRounds
 from proxy.server.record import RequestRecord, new_record_id
-from proxy.server.responses import RESPONSES_ROUTE, before
-from proxy.server.state import SETTINGS
+from proxy.server.responses import RESPONSES_ROUTE
+from proxy.server.state import COMPACTOR, SETTINGS, STORE
 from proxy.server.traces import request_span
-from proxy.server.ws_pair import HANDSHAKE, Gone, SocketPair, send_message
+from proxy.server.ws_pair import HANDSHAKE, Gone, SocketPair
+from proxy.server.ws_transport import FrameTransport, KeptResponses, relay_response
 from proxy.store import StoreUnavailable
 from proxy.wire.responses import RESPONSES
 from proxy.wire.responses_ws import (
     CREATE,
-    Kept,
-    as_event,
-    ends_response,
     error_frame,
     error_frame_of,
-    frame_of,
-    frames_of_sse,
     input_list,
     is_error_frame,
     kept_after,
     resolve,
-    upstream_frame,
 )
 
 log = logging.getLogger(__name__)
@@ -101,8 +90,7 @@ class Relay(SocketPair):
 
     def __init__(self, request: web.Request) -> None:
         super().__init__(request)
-        self.client_kept: Kept | None = None  # what the client may name next
-        self.upstream_kept: Kept | None = None  # ... and what the upstream keeps
+        self.kept = KeptResponses()  # what each side keeps of the last response
         # What each frame is handled as: the upgrade request without its handshake
         # headers (the summariser's POSTs must not carry Sec-WebSocket-Key), the caller's.
         kept = [(n, v) for n, v in request.headers.items() if n.lower() not in HANDSHAKE]
@@ -200,188 +188,35 @@ class Relay(SocketPair):
     async def _drive(self, raw: str, frame: dict[str, Any], record: RequestRecord) -> int:
         request = self.frames_request
         await self._key_still_good()
-        payload = resolve(self.client_kept, frame)
+        kept = self.kept
+        payload = resolve(kept.client, frame)
         if payload is None:
             # A response this socket does not keep: the upstream's to resolve or refuse.
             log.info("previous_response_id not kept on this socket; passed through")
-            self.client_kept = self.upstream_kept = None
+            kept.client = kept.upstream = None
             record.sending()
             assert self.up is not None
             await self.up.send_str(raw)
-            await self._relay(record, None)
+            await relay_response(self, kept, record, None)
             return 200
-        record.model = str(payload.get("model", ""))[:128]
-        client_input = input_list(payload)
-        body = orjson.dumps(payload)
-        if caller_of(request).key_id is not None:  # as over HTTP: one reading of a field
-            check_duplicates(raw.encode(), frame)
-        # The gate, as over HTTP: nothing that costs the upstream money (a summary made
-        # for this frame) before the budget says yes.
-        output = await admit(request, RESPONSES_ROUTE, payload, body)
-        adjusted = await before(request, body, payload)
-        if adjusted.answer is not None:  # the proxy answered it (a compaction_trigger)
-            end = await self._send_answer(adjusted.answer)
-            self.client_kept = kept_after(client_input, end) if end else None
-            return adjusted.answer.status
-        incoming = Incoming(adjusted.body, adjusted.payload, read_result=adjusted.read_result)
-        prepared = await prepare(request, RESPONSES_ROUTE, incoming, self.headers)
-        if prepared.refusal is not None:
-            raise prepared.refusal
-        await reserve(request, RESPONSES_ROUTE, prepared, output)
-        sent = dict(prepared.sent) if prepared.sent is not None else adjusted.payload
-        up_frame, reused = upstream_frame(self.upstream_kept, sent)
-        record.sending()
-        # Fits means untouched: when the frame the proxy would send says what the client's
-        # says (the same request, the same previous response, the same new items), the
-        # client's bytes go.
-        same = (
-            prepared.body is body
-            and frame.get("previous_response_id") == up_frame.get("previous_response_id")
-            and len(input_list(frame)) == len(input_list(up_frame))
+        app, caller = self.app, caller_of(request)
+        transport = FrameTransport(
+            self, kept, record, raw, frame, payload, key_checks=caller.key_id is not None
         )
-        await self.to_upstream(raw if same else up_frame, reused)
-        if prepared.intercepts:
-            end = await self._merged(record, prepared, sent)
-        else:
-            end = await self._relay(record, adjusted.on_refusal, sent)
-        self.client_kept = kept_after(client_input, end) if end is not None else None
-        calibrate(request, RESPONSES, prepared)
+        exchange = Exchange(
+            RESPONSES_ROUTE,
+            transport,
+            request,
+            caller=caller,
+            compactor=app[COMPACTOR],
+            store=app[STORE].store,
+            upstream=self.upstream,
+            budget=budget_of(request),
+            record=record,
+        )
+        end = await exchange.run()
+        kept.client = kept_after(input_list(payload), end) if end is not None else None
         return _status_of(end)
-
-    async def _relay(
-        self,
-        record: RequestRecord,
-        on_refusal: Any,
-        sent: dict[str, Any] | None = None,
-    ) -> dict[str, Any] | None:
-        """Relay one response's frames as they come; its end event (or error frame)."""
-        first = True
-        while True:
-            message = await self.upstream_message()
-            if first:
-                record.answered()
-                first = False
-            if message.type != WSMsgType.TEXT:
-                assert self.client is not None
-                await send_message(self.client, message)  # (a binary frame: Codex's error to read)
-                continue
-            event = _parsed(message.data)
-            if event is None:
-                await self.to_client(message.data)
-                continue
-            if on_refusal is not None and is_error_frame(event) and event["status"] in (400, 422):
-                answer = await on_refusal(message.data.encode())
-                if answer is not None:
-                    self.upstream_kept = None  # after an error, whole again (whatever it kept)
-                    return await self._send_answer(answer)
-            await self.to_client(message.data)
-            if ends_response(event):
-                self._ended(record, event, sent)
-                return event
-
-    def _ended(
-        self, record: RequestRecord, event: dict[str, Any], sent: dict[str, Any] | None
-    ) -> None:
-        response = event.get("response")
-        usage = response.get("usage") if isinstance(response, dict) else None
-        if isinstance(usage, dict):
-            record.meter.round(RESPONSES.usage(usage))
-            record.meter.complete = True
-        elif event.get("type") in ("response.completed", "response.incomplete"):
-            if sent is not None and sent.get("generate") is False:
-                record.meter.round(Usage())  # a prewarm: nothing generated, nothing told
-            record.meter.seen_answer = True  # (else: the reservation, nothing better known)
-            record.meter.complete = True
-        self.upstream_kept = kept_after(input_list(sent), event) if sent is not None else None
-
-    async def _merged(
-        self, record: RequestRecord, prepared: Prepared, sent: dict[str, Any]
-    ) -> dict[str, Any] | None:
-        """The read_result rounds of one response, answered on the socket: the client
-        sees one response (read_result held back, later rounds continuing it)."""
-        assert prepared.tool is not None
-        rounds = ReadRounds(self.frames_request, prepared, RESPONSES, self.upstream, self.headers)
-        merger = RESPONSES.merger(prepared.tool)
-        meter = record.meter
-        meter.seen_answer = True
-        round_input = input_list(sent)
-        first = True
-        failed: dict[str, Any] | None = None  # the event a round failed with
-
-        async def send(command: SendRound) -> Answered | Failed:
-            nonlocal round_input, first, failed
-            if not command.first:  # round 1 is the frame the turn sent
-                payload = orjson.loads(command.body)
-                round_input = input_list(payload)
-                up_frame, reused = upstream_frame(self.upstream_kept, payload)
-                await self.to_upstream(up_frame, reused)
-            merger.begin_round()
-            end: dict[str, Any] | None = None
-            while end is None:
-                message = await self.upstream_message()
-                if first:
-                    record.answered()
-                    first = False
-                if message.type != WSMsgType.TEXT:
-                    continue  # nothing of a response: not the client's to see mid-merge
-                event = _parsed(message.data)
-                if event is None:
-                    continue
-                if is_error_frame(event):
-                    await self.to_client(message.data)
-                    self.upstream_kept = None
-                    failed = event
-                    return Failed("upstream_error" if merger.rounds > 1 else "")
-                kind = str(event.get("type", ""))
-                for piece in merger.feed(as_event(message.data, kind)):
-                    await self.to_client(frame_of(piece))
-                if kind == "response.failed":
-                    self.upstream_kept = None
-                    failed = event
-                    return Failed("upstream_error")
-                if kind in ("response.completed", "response.incomplete"):
-                    end = event
-            self.upstream_kept = kept_after(round_input, end)
-            return Answered(merger.end_round())
-
-        ended = await rounds.run(send)
-        if ended.failed:
-            return failed
-        final: dict[str, Any] | None = None
-        for piece in merger.finish(ended.note):
-            text = frame_of(piece)
-            await self.to_client(text)
-            final = _parsed(text)
-        meter.complete = True
-        return final
-
-    async def _send_answer(self, answer: web.StreamResponse) -> dict[str, Any] | None:
-        """An answer the proxy made itself (HTTP-shaped) as frames: its events, or its
-        JSON response as created and completed; an error status as an error frame."""
-        body = answer.body if isinstance(answer, web.Response) else None
-        raw = body if isinstance(body, bytes) else b""
-        if answer.status != 200:
-            await self.to_client(error_frame_of(answer.status, raw, answer.headers))
-            return None
-        if answer.content_type == "text/event-stream":
-            frames = frames_of_sse(raw)
-        else:
-            response = orjson.loads(raw)
-            created = {**response, "status": "in_progress", "output": [], "usage": None}
-            frames = [
-                orjson.dumps({"type": "response.created", "response": created}).decode(),
-                orjson.dumps({"type": "response.completed", "response": response}).decode(),
-            ]
-        end = None
-        for text in frames:
-            await self.to_client(text)
-            event = _parsed(text)
-            if event is not None and ends_response(event):
-                end = event
-        current = records.current()
-        if current is not None:
-            current.meter.complete = True
-        return end
 
 
 def _parsed(text: str) -> dict[str, Any] | None:

@@ -17,11 +17,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import aiohttp
 import orjson
 
 from proxy import tracing
 from proxy.core.commands import GetSummary, PreparedSummary, PrepareSummary, SummaryReply
+from proxy.core.errors import UpstreamError
 from proxy.core.usage import Usage
 from proxy.core.wire_format import WireFormat
 from proxy.server.record import current_or_throwaway
@@ -122,7 +122,7 @@ async def obtain_summary(
             await lock.release()
             return Obtained(SummaryReply(None, failure="the summariser answered with no text"))
         return Obtained(SummaryReply(text), lock)
-    except (SummariserFailed, aiohttp.ClientError, TimeoutError) as e:
+    except (SummariserFailed, UpstreamError, TimeoutError) as e:
         record.summariser_failures += 1
         log.warning("summariser call failed: %s (%s)", type(e).__name__, e)
         await lock.release()
@@ -240,10 +240,7 @@ async def _ask(
     response = await upstream.send(
         "POST", path, headers, body, stream=False, purpose="summary", model=model
     )
-    try:
-        raw = await upstream.read(response)  # within upstream.max_answer_bytes
-    finally:
-        response.release()
+    raw = await upstream.read(response)  # within upstream.max_answer_bytes
     if response.status != 200:
         raise SummariserFailed(f"upstream answered {response.status}")
     try:
@@ -360,7 +357,7 @@ async def _make_ahead(
             await keep(note_record(note), command.evict_notes)
         try:
             text, usage = await call(command.ask)
-        except (SummariserFailed, aiohttp.ClientError, TimeoutError) as e:
+        except (SummariserFailed, UpstreamError, TimeoutError) as e:
             on_call(False)
             log.warning("summary made ahead failed: %s (%s)", type(e).__name__, e)
             text, usage = "", None

@@ -1,21 +1,33 @@
-"""The one upstream HTTP client of the process.
+"""An upstream: where requests go, the one HTTP client that sends them, and what its
+failures mean to the client.
 
 Bytes pass unchanged both ways: no automatic decompression, no default headers added
 (Accept, Accept-Encoding, User-Agent, Content-Type come only from the client), no cookie
 jar (cookies would leak between tenants), no redirects followed. Timeouts: connect, and
 an idle read timeout; never a total timeout, so long streams are not cut.
+
+aiohttp's errors are mapped here once, into the proxy's error tree (proxy/core/errors.py):
+`send`, `read`, `chunks` and `connect_ws` raise an `UpstreamError` and nothing else of
+the road behind the proxy. Before a stream started it is the client's answer (502, or
+504 for silence); once one started, a transport ends it (proxy/server/transport.py): an
+`UpstreamTimeout` (the upstream went silent) with a clean error event, any other with a
+cut, as the upstream's own broken stream would have reached the client.
+
+A `Signer` (upstream auth over the exact bytes sent: SigV4, a refreshed OAuth token) is
+applied to every request an upstream sends: an exchange's rounds and its summaries alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 from yarl import URL
 
 from proxy import tracing
 from proxy.config import UpstreamSettings
+from proxy.core.errors import UpstreamError, UpstreamGarbage, UpstreamTimeout, UpstreamUnreachable
 from proxy.server import record as records
 from proxy.server.logs import redacted_url
 
@@ -33,6 +45,17 @@ _GENAI_PATHS = (
     ("/v1/chat/completions", ("openai", "chat")),
     ("/v1/responses", ("openai", "chat")),
 )
+
+Headers = list[tuple[str, str]]
+
+
+class Signer(Protocol):
+    """Upstream auth that covers the exact request sent (SigV4 over method, path, query,
+    headers and the body's hash; or a bearer token refreshed before it expires): the
+    headers to send instead of `headers`. Given every request of an upstream, so the
+    credential is the proxy's and never the client's; it is never logged."""
+
+    async def sign(self, method: str, url: URL, headers: Headers, body: bytes) -> Headers: ...
 
 
 class TracedResponse(aiohttp.ClientResponse):
@@ -71,6 +94,19 @@ class AnswerTooLarge(aiohttp.ClientPayloadError):
         self.limit = limit
 
 
+def too_large(error: AnswerTooLarge | str) -> UpstreamGarbage:
+    return UpstreamGarbage(f"compaction-proxy will not read the upstream's answer: {error}")
+
+
+def unreadable(error: Exception) -> UpstreamGarbage:
+    """An answer the upstream said was one (200) that is none of this API's."""
+    if isinstance(error, AnswerTooLarge):
+        return too_large(error)
+    return UpstreamGarbage(
+        f"compaction-proxy could not read the upstream's answer ({type(error).__name__})"
+    )
+
+
 async def read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
     """A whole answer, never more than `limit` bytes of it held (raises AnswerTooLarge
     as soon as it is known to be longer: its Content-Length, or what has arrived)."""
@@ -97,10 +133,12 @@ class Upstream:
         "session",
         "settings",
         "shown_url",
+        "signer",
     )
 
-    def __init__(self, settings: UpstreamSettings) -> None:
+    def __init__(self, settings: UpstreamSettings, *, signer: Signer | None = None) -> None:
         self.settings = settings
+        self.signer = signer
         self._base = settings.url.rstrip("/")
         # For answers, logs and /readyz: any password in the URL masked.
         self.shown_url = redacted_url(self._base)
@@ -148,48 +186,82 @@ class Upstream:
         # encoded=True: the path and query go on exactly as the client wrote them.
         return URL(self._base + path_qs, encoded=True)
 
+    # -- what a failure means to the client (the one mapping of aiohttp's errors) -------
+
+    def failure(self, error: BaseException, *, stream: bool) -> UpstreamError:
+        """What the client is told when the upstream gave no usable answer: 504 when it
+        stayed silent past its read timeout, 502 otherwise."""
+        if isinstance(error, UpstreamError):
+            return error
+        if isinstance(error, AnswerTooLarge):
+            return too_large(error)
+        shown = self.shown_url
+        if isinstance(error, aiohttp.ConnectionTimeoutError):
+            return _unreachable(shown, "connection timed out")
+        if isinstance(error, TimeoutError):  # aiohttp's SocketTimeoutError is one too
+            seconds = self.timeout_for(stream)
+            return UpstreamTimeout(
+                f"compaction-proxy got no answer from the upstream {shown} within {seconds:g} s"
+            )
+        if isinstance(error, aiohttp.ClientConnectorError):
+            return _unreachable(shown, f"connection failed ({error.os_error.strerror})")
+        if isinstance(error, aiohttp.ServerDisconnectedError):
+            return _unreachable(shown, "the connection closed before an answer")
+        return _unreachable(shown, type(error).__name__)
+
+    # -- sending and reading ------------------------------------------------------------
+
     async def send(
         self,
         method: str,
         path_qs: str,
         headers: Sequence[tuple[str, str]],
-        data: bytes | aiohttp.StreamReader | None,
+        data: bytes | AsyncIterator[bytes] | None,
         *,
         stream: bool,
         purpose: str = "request",
         model: str = "",
     ) -> aiohttp.ClientResponse:
-        """Send a request; returns once the response headers are in. The caller must
-        release() or close() the response. With tracing on the call has its own CLIENT
-        span (`purpose`: request, read_round, summary; `model`: the one asked for, else
-        the request's), whose context the upstream gets as its `traceparent`."""
-        active = tracing.ACTIVE
-        if active is not None:
-            return await self._traced(
-                active, method, path_qs, headers, data, stream=stream, purpose=purpose, model=model
+        """Send a request; returns once the response headers are in (an UpstreamError
+        when none came). The caller must release() or close() the response. With tracing
+        on the call has its own CLIENT span (`purpose`: request, read_round, summary;
+        `model`: the one asked for, else the request's), whose context the upstream gets
+        as its `traceparent`."""
+        url = self.url(path_qs)
+        sent = list(headers)
+        try:
+            if self.signer is not None:
+                # Signed over the very bytes sent: a streamed body cannot be.
+                assert data is None or isinstance(data, bytes), "a signed body is whole"
+                sent = await self.signer.sign(method, url, sent, data or b"")
+            active = tracing.ACTIVE
+            if active is not None:
+                return await self._traced(
+                    active, method, url, sent, data, stream=stream, purpose=purpose, model=model
+                )
+            return await self.session.request(
+                method,
+                url,
+                headers=sent,
+                data=data,
+                allow_redirects=False,
+                timeout=self._stream_timeout if stream else self._response_timeout,
             )
-        return await self.session.request(
-            method,
-            self.url(path_qs),
-            headers=headers,
-            data=data,
-            allow_redirects=False,
-            timeout=self._stream_timeout if stream else self._response_timeout,
-        )
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise self.failure(e, stream=stream) from None
 
     async def _traced(
         self,
         active: tracing.Tracing,
         method: str,
-        path_qs: str,
-        headers: Sequence[tuple[str, str]],
-        data: bytes | aiohttp.StreamReader | None,
+        url: URL,
+        headers: Headers,
+        data: bytes | AsyncIterator[bytes] | None,
         *,
         stream: bool,
         purpose: str,
         model: str,
     ) -> aiohttp.ClientResponse:
-        url = self.url(path_qs)
         path = url.raw_path
         attributes: dict[str, Any] = {
             "http.request.method": method,
@@ -231,9 +303,54 @@ class Upstream:
             span.end()
         return response
 
-    async def read(self, response: aiohttp.ClientResponse) -> bytes:
-        """A whole answer the proxy must parse, within upstream.max_answer_bytes."""
-        return await read_bounded(response, self.settings.max_answer_bytes)
+    async def read(
+        self, response: aiohttp.ClientResponse, *, limit: int | None = None, stream: bool = False
+    ) -> bytes:
+        """A whole answer, within `limit` bytes (upstream.max_answer_bytes unless said),
+        the response released after (closed on a failure: an UpstreamError)."""
+        try:
+            raw = await read_bounded(response, limit or self.settings.max_answer_bytes)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            response.close()
+            raise self.failure(e, stream=stream) from None
+        response.release()
+        return raw
+
+    async def chunks(self, response: aiohttp.ClientResponse) -> AsyncGenerator[bytes, None]:
+        """A streamed answer's bytes as they arrive. Ends with an UpstreamTimeout when the
+        upstream goes silent past upstream.stream_idle_timeout, another UpstreamError when
+        the stream breaks; the response is released at its end, closed otherwise."""
+        done = False
+        try:
+            async for chunk in response.content.iter_any():
+                yield chunk
+            done = True
+        except TimeoutError:
+            raise UpstreamTimeout(
+                "compaction-proxy: the upstream stream went silent for"
+                f" {self.settings.stream_idle_timeout:g} s; ended by the proxy"
+            ) from None
+        except aiohttp.ClientError as e:
+            raise self.failure(e, stream=True) from None
+        finally:
+            if done:
+                response.release()
+            else:
+                response.close()
+
+    async def connect_ws(self, path_qs: str, **options: Any) -> aiohttp.ClientWebSocketResponse:
+        """A WebSocket to the upstream. An upgrade it refuses raises aiohttp's
+        WSServerHandshakeError (its status is the client's to see); no answer at all, an
+        UpstreamError."""
+        try:
+            socket: aiohttp.ClientWebSocketResponse = await self.session.ws_connect(
+                self.url(path_qs), **options
+            )
+            return socket
+        except aiohttp.WSServerHandshakeError:
+            raise
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise self.failure(e, stream=False) from e
 
     def timeout_for(self, stream: bool) -> float:
         s = self.settings
@@ -241,3 +358,9 @@ class Upstream:
 
     async def close(self) -> None:
         await self.session.close()
+
+
+def _unreachable(upstream: str, reason: str) -> UpstreamUnreachable:
+    return UpstreamUnreachable(
+        f"compaction-proxy could not reach the upstream {upstream}: {reason}"
+    )

@@ -31,9 +31,8 @@ import orjson
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 from multidict import CIMultiDict
 
-from proxy.core.errors import ProxyError, UpgradeRequired
+from proxy.core.errors import ProxyError, UpgradeRequired, UpstreamError
 from proxy.server import record as records
-from proxy.server.errors import upstream_failure
 from proxy.server.headers import client_response_headers, upstream_request_headers
 from proxy.server.lifecycle import LIFECYCLE
 from proxy.server.metrics import METRICS
@@ -102,8 +101,8 @@ class SocketPair:
         ]
         offered = request.headers.get("Sec-WebSocket-Extensions", "").lower()
         try:
-            return await upstream.session.ws_connect(
-                upstream.url(request.raw_path),
+            return await upstream.connect_ws(
+                request.raw_path,
                 headers=self.headers,
                 protocols=protocols,
                 compress=15 if "permessage-deflate" in offered else 0,
@@ -113,9 +112,9 @@ class SocketPair:
             )
         except aiohttp.WSServerHandshakeError as e:
             raise self._refused(e) from None
-        except (aiohttp.ClientError, TimeoutError) as e:
+        except UpstreamError:
             self.metrics.websocket_sessions.labels("failed").inc()
-            raise upstream_failure(e, upstream.shown_url, upstream.settings.connect_timeout) from e
+            raise
 
     def _refused(self, e: aiohttp.WSServerHandshakeError) -> ProxyError:
         status = e.status

@@ -124,8 +124,8 @@ def _private_imports(source: str, module: str, of: str = "proxy.server") -> list
 
 
 def test_no_module_imports_another_server_modules_private_names() -> None:
-    """The shell's modules meet through public names (the conversation pipeline:
-    proxy/server/pipeline.py), never through another module's underscore names."""
+    """The shell's modules meet through public names (a conversation's exchange:
+    proxy/server/exchange.py), never through another module's underscore names."""
     found = {_name(p): _private_imports(p.read_text(), _name(p)) for p in ALL}
     assert not {m: names for m, names in found.items() if names}
 

@@ -1,0 +1,248 @@
+"""One conversation request, from its body to its answer: the exchange.
+
+Every route that carries a conversation (Messages, Chat Completions and Responses over
+HTTP, proxy/server/routes.py; each `response.create` frame of a Responses WebSocket,
+proxy/server/responses_ws.py) builds one `Exchange` per request, with what it depends on
+given in (the store, the compactor, the upstream, the caller's budget, the request's
+record), and runs it. The steps, in order, are this module's alone:
+
+    read ─► admit (the gate) ─► [the API's own step] ─► prepare (compaction)
+        ─► reserve (budgets) ─► send ─► answer (relayed, or read rounds merged)
+        ─► calibrate
+
+- read: the transport's (an HTTP body within its limit and time, decoded and parsed, its
+  model name and a proxy key's duplicate fields checked; a frame, resolved);
+- admit: with budgets, the output cap checked and the gate passed before anything costs
+  the upstream money (DESIGN invariant 12, docs/design.md);
+- the API's own step (`ConversationRoute.before`, optional) sees the parsed request: it
+  may answer it itself, change what is compacted and forwarded, keep read_result out of
+  it, or take over an upstream refusal (Responses: proxy/server/responses.py);
+- prepare: the compactor's rewrite, or the request untouched on any failure of the
+  proxy's own parts (degrade, never fail); a request that fits goes out as its bytes;
+- reserve: the calibrated estimate of what is sent, and its output cap, held;
+- send and answer: through the transport (proxy/server/transport.py): relayed as it
+  comes, or, when read_result was injected, the read rounds' generator (proxy/core/
+  rounds.py) driven with the transport sending each round and the format's merger
+  deciding what the client sees (proxy/server/read_rounds.py);
+- calibrate: the first round's reported usage against the estimate.
+
+What differs between routes is a `ConversationRoute` (its wire format, upstream,
+envelope and own step); between transports, the `Transport`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from aiohttp import web
+
+from proxy.core.commands import GetSummary
+from proxy.core.usage import Usage
+from proxy.core.wire_format import WireFormat
+from proxy.server.bodies import BAD_JSON, Incoming, output_tokens
+from proxy.server.budgets import Budget
+from proxy.server.caller import Caller, tenant_of_request
+from proxy.server.compactor import Asked, Compactor, Prepared
+from proxy.server.envelope import PLAIN, Envelope
+from proxy.server.headers import upstream_request_headers
+from proxy.server.read_rounds import RoundExecutor, answer_rounds
+from proxy.server.record import RequestRecord
+from proxy.server.summariser import post_summary
+from proxy.server.transport import Codecs, Outgoing, Refused, Transport, codec_for
+from proxy.server.upstream import Upstream
+from proxy.store import Store
+
+A = TypeVar("A")
+
+
+@dataclass(frozen=True, slots=True)
+class Adjusted:
+    """What an API's own step made of a parsed request."""
+
+    body: bytes  # what goes on to compaction and upstream
+    payload: dict[str, Any]  # ... parsed
+    answer: web.StreamResponse | None = None  # answered by the proxy: nothing is forwarded
+    # False: the proxy answers no read_result for this request, and the planner is told so
+    # before it writes any stub naming it (the one place this is decided).
+    read_result: bool = True
+    on_refusal: Refused | None = None  # may answer an upstream 400/422 instead
+
+
+Before = Callable[[web.Request, bytes, dict[str, Any]], Awaitable[Adjusted]]
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRoute:
+    """What differs between the routes that carry a conversation."""
+
+    upstream: web.AppKey[Upstream]
+    wire: WireFormat
+    compacts: bool = True  # count_tokens only counts: nothing to rewrite or meter
+    bad_json: str = BAD_JSON
+    before: Before | None = None  # the API's own step on the parsed request
+    envelope: Envelope = PLAIN  # where the model, betas and stream flag are carried
+    # An HTTP answer's Content-Type to its stream framing (None: a whole answer); a
+    # route whose streams the Content-Type does not tell gives its own.
+    codecs: Codecs = codec_for
+
+
+class Exchange(Generic[A]):
+    """One request's exchange over `transport`, whose answer (`A`) it returns.
+    `request` is the one it answers (its path and headers: a WebSocket's frames are
+    answered as its upgrade request)."""
+
+    def __init__(
+        self,
+        route: ConversationRoute,
+        transport: Transport[A],
+        request: web.Request,
+        *,
+        caller: Caller,
+        compactor: Compactor,
+        store: Store | None,
+        upstream: Upstream,
+        budget: Budget,
+        record: RequestRecord,
+    ) -> None:
+        self.route = route
+        self.transport = transport
+        self.request = request
+        self.caller = caller
+        self.compactor = compactor
+        self.store = store
+        self.upstream = upstream
+        self.budget = budget
+        self.record = record
+        # Calibration and budgets are kept for the key's tenant, or the credential's.
+        self.tenant = tenant_of_request(request)
+
+    async def run(self) -> A:
+        route, transport, record, budget = self.route, self.transport, self.record, self.budget
+        wire, envelope, compactor = route.wire, route.envelope, self.compactor
+        metered = route.compacts and budget.applies
+        path = self.request.raw_path
+        if route.compacts:
+            record.reads_answers_as(wire)
+        incoming = read = await transport.read()
+        payload = incoming.payload
+        model, output, on_refusal = "", 0, None
+        if payload is not None:
+            model = envelope.model(path, payload)
+            record.model = model[:128]
+            if metered:
+                output = output_tokens(payload)  # checked before any work is done for it
+                await budget.admit(output, incoming.body)
+            if route.before is not None:
+                adjusted = await route.before(self.request, incoming.body, payload)
+                if adjusted.answer is not None:
+                    return await transport.answer(adjusted.answer)
+                # New bytes from the step are plain JSON, whatever the client's were.
+                encoded = incoming.encoded and adjusted.body is incoming.body
+                incoming = Incoming(adjusted.body, adjusted.payload, encoded, adjusted.read_result)
+                on_refusal = adjusted.on_refusal
+        if route.compacts and incoming.payload is not None:
+            asked = asked_for(
+                route,
+                self.request,
+                incoming.payload,
+                caller=self.caller,
+                budget=budget,
+                upstream=self.upstream,
+                seconds=compactor.summariser.timeout,
+            )
+            prepared = await compactor.prepare(incoming, wire, self.store, asked, record)
+        else:
+            prepared = Prepared(incoming.body, incoming.payload, model)
+        if prepared.refusal is not None:
+            raise prepared.refusal
+        if metered:
+            reserved = await compactor.reservation(wire, prepared)
+            await budget.reserve(reserved, output, prepared.body)
+        outgoing = Outgoing(
+            prepared.body,
+            prepared.sent,
+            prepared.headers,
+            rewritten=prepared.body is not read.body,
+            stream=_wants_stream(envelope, path, incoming),
+            tool=prepared.tool,
+            on_refusal=on_refusal,
+        )
+        record.sending()
+        if prepared.rounds is None:
+            answer = await transport.relay(outgoing)
+        else:
+            merging = transport.merging(outgoing)
+            executor = RoundExecutor(
+                self.store,
+                prepared.tenant,
+                prepared.conversation,
+                send=merging.round,
+                top_up=budget.top_up,
+                record=record,
+            )
+            answer = await merging.finish(await answer_rounds(prepared.rounds, executor))
+        compactor.calibrate(wire, prepared, record.meter.first_round, self.store, self.tenant)
+        return answer
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryCalls:
+    """The summariser calls of one request: through its route's upstream (and its
+    signer), with the caller's credential, betas and API version, in its envelope."""
+
+    upstream: Upstream
+    path: str  # the request's
+    headers: tuple[tuple[str, str], ...]  # the client's, as they go upstream
+    wire: WireFormat
+    envelope: Envelope
+    seconds: float
+
+    async def __call__(self, need: GetSummary) -> tuple[str, Usage | None]:
+        path, wrapped = self.envelope.summary(self.path, need)
+        return await post_summary(
+            wrapped,
+            upstream=self.upstream,
+            path=path,
+            headers=self.headers,
+            wire=self.wire,
+            seconds=self.seconds,
+        )
+
+
+def asked_for(
+    route: ConversationRoute,
+    request: web.Request,
+    payload: Mapping[str, Any],
+    *,
+    caller: Caller,
+    budget: Budget,
+    upstream: Upstream,
+    seconds: float,
+) -> Asked:
+    """What a request's compaction is asked with (`Compactor.prepare`)."""
+    envelope = route.envelope
+    calls = SummaryCalls(
+        upstream,
+        request.raw_path,
+        tuple(upstream_request_headers(request.headers)),
+        route.wire,
+        envelope,
+        seconds,
+    )
+    return Asked(
+        request.headers,
+        envelope.model(request.raw_path, payload),
+        envelope.betas(request.headers, payload),
+        caller.tenant,
+        caller.policy,
+        budget.summaries(),
+        calls,
+    )
+
+
+def _wants_stream(envelope: Envelope, path: str, incoming: Incoming) -> bool:
+    if incoming.payload is not None:
+        return envelope.stream(path, incoming.payload)
+    return b'"stream"' in incoming.body  # unread: err towards the stream (idle) timeout
