@@ -1,7 +1,7 @@
 """The walk of issue 25: which modules one offloaded Anthropic streaming request with one
 read_result round passes, and how often it re-enters a module it had left.
 
-Usage: python bench/walk.py [--top 15] [--tree DIR] [--sequence]
+Usage: python bench/walk.py [--top 15] [--tree DIR] [--sequence] [--functions]
 
 The tree measured is --tree, else the first PYTHONPATH entry holding a `proxy` package,
 else this script's own tree; so `git archive <commit> | tar -x -C DIR` and
@@ -437,6 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=15, help="re-entered modules listed")
     parser.add_argument("--tree", help="the source tree to measure (holding proxy/)")
     parser.add_argument("--sequence", action="store_true", help="print issue 25's walk")
+    parser.add_argument(
+        "--functions", action="store_true", help="print the entries of issue 25's walk"
+    )
     args = parser.parse_args(argv)
     tree = tree_to_measure(args.tree)
     print(f"tree {tree}, Python {sys.version.split()[0]}, load average {os.getloadavg()[0]:.2f}")
@@ -448,6 +451,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.sequence:
         issue = walks["first calls, no leaves"]
         print("\nthe walk (first calls, no leaves): " + " -> ".join(issue.sequence))
+    if args.functions:  # which function entered each module (a re-entry marked *)
+        print("\nits entries:")
+        seen: set[str] = set()
+        last = ""
+        for entry in first_calls(entries):
+            if entry.leaf:
+                continue
+            mark = "*" if entry.module in seen and entry.module != last else " "
+            print(f"  {mark} {entry.module} {entry.function}")
+            seen.add(entry.module)
+            last = entry.module
     print(f"\n({measured.seconds:.1f} s)")
     return 0
 

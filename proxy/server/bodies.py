@@ -9,18 +9,16 @@ large upload on a slow line still gets through. A body sent with `Content-Encodi
 decoded (proxy/core/content_encoding.py, never past `server.max_body_bytes`) only so
 budgets can read it; what goes upstream is the body as sent.
 
-Pure work on a body larger than `server.off_loop_bytes` (decoding it, checking its
-fields, counting it, planning its compaction) runs in a worker thread (`off_loop`), so
-one huge request does not stall every other request of the replica: one setting, read
-by every step that does such work.
+Decoding a large body and checking its fields run off the event loop past
+`server.off_loop_bytes` (proxy/server/off_loop.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -36,18 +34,10 @@ from proxy.core.errors import (
     UnsupportedEncoding,
 )
 from proxy.core.model_names import model_problem
+from proxy.server.off_loop import off_loop
 
 MIN_RATE = 64 * 1024  # bytes a second a body must keep up, past its grace
 BAD_JSON = "The request body is not valid JSON"
-T = TypeVar("T")
-
-
-async def off_loop(size: int, threshold: int, work: Callable[..., T], *args: Any) -> T:
-    """`work(*args)` over a body of `size` bytes: in a worker thread past `threshold`
-    (server.off_loop_bytes, the one setting), else here."""
-    if size > threshold:
-        return await asyncio.to_thread(work, *args)
-    return work(*args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +193,8 @@ async def decoded(body: bytes, codings: list[str], settings: ServerSettings) -> 
 
 def codings_of(request: web.Request) -> list[str]:
     """The request's content codings, in the order they were applied."""
-    return content_encoding.encodings(request.headers.getall("Content-Encoding", []))
+    values = request.headers.getall("Content-Encoding", ())
+    return content_encoding.encodings(values) if values else []
 
 
 def is_encoded(request: web.Request) -> bool:

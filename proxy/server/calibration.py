@@ -28,8 +28,11 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core.calibration import sample_ratio
+from proxy.core.calibration import calibrates, sample_ratio
 from proxy.core.model_names import model_digest
+from proxy.core.usage import Usage
+from proxy.core.wire_format import Request
+from proxy.server.prepared import Prepared
 from proxy.server.tasks import stop_tasks
 from proxy.store import Store, StoreUnavailable
 
@@ -38,6 +41,12 @@ CALIBRATION_REFRESH = 30.0  # seconds a replica trusts its copy of a factor
 CALIBRATION_SAMPLES = 20
 CALIBRATION_EVERY = 16
 CALIBRATION_ENTRIES = 20_000  # (tenant, model) factors one replica keeps
+
+
+def calibrated_as(wire: Request, model: str) -> str:
+    """The name a model's calibration factor is kept under: per format as well (the
+    same model's Chat and Responses requests are counted with different errors)."""
+    return f"{wire.name}:{model}"
 
 
 def store_name(model: str, tenant: str) -> str:
@@ -84,6 +93,26 @@ class Calibration:
             entry.refreshing = True
             self._spawn(self._refresh(entry, store))
         return entry.value
+
+    def sample(
+        self, wire: Request, prepared: Prepared, reported: Usage | None, store: Store | None
+    ) -> None:
+        """Feed the tenant's calibration with what the upstream `reported` for the first
+        round against the estimate of what was sent (not from requests with media
+        blocks, whose estimate is a flat guess)."""
+        if not prepared.sample or prepared.estimate <= 0 or not prepared.model:
+            return
+        if reported is None or reported.total_input <= 0:
+            return
+        if prepared.sent is None or not calibrates(prepared.sent):
+            return
+        self.record(
+            calibrated_as(wire, prepared.model),
+            prepared.estimate,
+            reported.total_input,
+            store,
+            prepared.tenant,
+        )
 
     def wants_sample(self, model: str, tenant: str = "") -> bool:
         """Whether this request's usage should feed the factor."""

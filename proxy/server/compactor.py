@@ -17,11 +17,10 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, assert_never
+from dataclasses import dataclass
+from typing import Any
 
 from proxy import tracing
-from proxy.core.calibration import calibrates
 from proxy.core.commands import GetSummary
 from proxy.core.counting import (
     Counted,
@@ -30,22 +29,22 @@ from proxy.core.counting import (
     count_tokens,
     count_unless_quiet,
 )
-from proxy.core.driver import CompactionRequest, Decision, compaction
-from proxy.core.errors import ContextTooLong, ProxyError
+from proxy.core.driver import CompactionRequest, compaction
 from proxy.core.exact_json import ClientJSON
 from proxy.core.identity import identities, tenant_of
 from proxy.core.lines import DEFAULT_MAX_LINES
 from proxy.core.model_facts import UNKNOWN_SOURCE, wants_1m
-from proxy.core.outcome import Refuse, Rewrite, Untouched
 from proxy.core.policy import DEFAULT_POLICIES, Policy, PolicyError, parse_policies, policy_for
-from proxy.core.rounds import RoundsRequest
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TokenCounter, default_counter
 from proxy.core.usage import Usage
 from proxy.core.wire_format import Request, WireFormat
-from proxy.server.bodies import Incoming, off_loop
-from proxy.server.calibration import Calibration
-from proxy.server.executor import StoreExecutor, drive
+from proxy.server.bodies import Incoming
+from proxy.server.calibration import Calibration, calibrated_as
+from proxy.server.driving import drive
+from proxy.server.executor import StoreExecutor
+from proxy.server.off_loop import off_loop
+from proxy.server.prepared import Prepared, decided
 from proxy.server.record import RequestRecord
 from proxy.server.summariser import (
     FREE_SUMMARIES,
@@ -62,34 +61,7 @@ log = logging.getLogger(__name__)
 DEFAULT_OFF_LOOP_BYTES = 256 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """What goes upstream for one request, and what the rest of its exchange needs."""
-
-    body: bytes  # the bytes to send
-    sent: Mapping[str, Any] | None  # ... parsed (the client's payload when untouched)
-    model: str = ""
-    estimate: int = 0  # estimated input tokens of what is sent (0: not counted)
-    headers: tuple[tuple[str, str], ...] = ()  # x-compaction-* for the client
-    refusal: ProxyError | None = None  # answer with this, send nothing
-    tool: str | None = None  # read_result was injected under this name
-    rounds: RoundsRequest | None = None  # ... and its answer's read rounds start from this
-    tenant: str = ""
-    conversation: str = ""
-    policy: Policy = field(default_factory=Policy)
-    sample: bool = False  # feed calibration with the first round's usage
-    # Calibration (real / estimated), looked up once for the request and carried to its
-    # budget reservation and its read rounds (1.0 for a body never read).
-    factor: float = 1.0
-
-
 POLICY_MEMO_SIZE = 4096
-
-
-def calibrated_as(wire: Request, model: str) -> str:
-    """The name a model's calibration factor is kept under: per format as well (the
-    same model's Chat and Responses requests are counted with different errors)."""
-    return f"{wire.name}:{model}"
 
 
 def _ignore(ok: bool) -> None:
@@ -105,11 +77,6 @@ def renew_every(store: Store | None) -> int:
     if store is None:
         return 0
     return max(1, min(RENEW_EVERY, store.default_ttl // 4))
-
-
-def betas_of(headers: Mapping[str, str]) -> str:
-    """Every `anthropic-beta` value of the request, as one comma list."""
-    return ",".join(v for k, v in headers.items() if k.lower() == "anthropic-beta")
 
 
 def _ignore_number(value: float) -> None:
@@ -242,31 +209,6 @@ class Compactor:
             estimate = (await self.count(wire, sent, len(prepared.body), digests=False)).total
         return int(estimate * max(1.0, prepared.factor) + 0.999)
 
-    def calibrate(
-        self,
-        wire: Request,
-        prepared: Prepared,
-        reported: Usage | None,
-        store: Store | None,
-        tenant: str,
-    ) -> None:
-        """Feed the tenant's calibration with what the upstream `reported` for the first
-        round against the estimate of what was sent (not from requests with media
-        blocks, whose estimate is a flat guess)."""
-        if not prepared.sample or prepared.estimate <= 0 or not prepared.model:
-            return
-        if reported is None or reported.total_input <= 0:
-            return
-        if prepared.sent is None or not calibrates(prepared.sent):
-            return
-        self.calibration.record(
-            calibrated_as(wire, prepared.model),
-            prepared.estimate,
-            reported.total_input,
-            store,
-            tenant,
-        )
-
     async def prepare(
         self,
         incoming: Incoming,
@@ -275,61 +217,51 @@ class Compactor:
         asked: Asked,
         record: RequestRecord,
     ) -> Prepared:
-        """What goes upstream for `incoming`: rewritten over its trigger, else as it came.
-        Never raises for the proxy's own parts: on any failure of compaction the request
-        goes out untouched (degrade, never fail); a key's policy override that does not
-        fit the model (the config may have changed since it was set) gives way to the
-        model's own policy."""
-        payload = incoming.payload
-        if payload is None:
-            return Prepared(incoming.body, None)
-        model = asked.model
-        tenant = asked.tenant or tenant_of(asked.headers)
-        factor = self.factor(wire, model, store, tenant)
-        untouched = Prepared(incoming.body, payload, model, factor=factor)
-        if incoming.encoded:
-            return untouched
+        """What goes upstream for `incoming` (read: its payload parsed): rewritten over its
+        trigger, else as it came. Never raises for the proxy's own parts: on any failure
+        of compaction the request goes out untouched (degrade, never fail); a key's
+        policy override that does not fit the model (the config may have changed since
+        it was set) gives way to the model's own policy."""
         override = asked.policy_override
         for attempt in (1, 2):
             try:
-                return await self._prepare(
-                    incoming, payload, wire, store, asked, override, tenant, factor, record
-                )
+                return await self._prepare(incoming, wire, store, asked, override, record)
             except PolicyError as e:
                 if override is None or attempt == 2:
-                    log.exception("compaction failed; forwarding the request untouched")
-                    return untouched
+                    break
                 log.warning("the key's policy override does not fit this model (%s); ignored", e)
                 override = None
             except Exception:
-                log.exception("compaction failed; forwarding the request untouched")
-                return untouched
-        return untouched
+                break
+        log.exception("compaction failed; forwarding the request untouched")
+        tenant = asked.tenant or tenant_of(asked.headers)
+        factor = self.factor(wire, asked.model, store, tenant)
+        return Prepared(incoming.body, incoming.payload, asked.model, factor=factor, tenant=tenant)
 
     async def _prepare(
         self,
         incoming: Incoming,
-        body: Mapping[str, Any],
         wire: WireFormat,
         store: Store | None,
         asked: Asked,
         override: Mapping[str, int] | None,
-        tenant: str,
-        factor: float,
         record: RequestRecord,
     ) -> Prepared:
-        body_bytes = incoming.body
-        model = asked.model
-        messages = wire.messages(body)
-        if not messages:
-            return Prepared(body_bytes, body, model, factor=factor)
+        body_bytes, body, model = incoming.body, incoming.payload, asked.model
+        assert body is not None
         policy = self.policy(model, override, asked.betas)
+        tenant = asked.tenant or tenant_of(asked.headers)
+        messages = wire.messages(body)
         # Calibration is per tenant (one tenant's requests never skew another's counts),
         # and per format: each format's counting errs its own way.
-        sample = self.calibration.wants_sample(calibrated_as(wire, model), tenant)
-        uncounted = Prepared(body_bytes, body, model, policy=policy, factor=factor)
+        calibrated = calibrated_as(wire, model)
+        factor = self.calibration.factor(calibrated, store, tenant)
+        untouched = Prepared(body_bytes, body, model, policy=policy, factor=factor, tenant=tenant)
+        if incoming.encoded or not messages:  # an encoded body is never rewritten
+            return untouched
+        sample = self.calibration.wants_sample(calibrated, tenant)
         if not sample and cannot_cross(body_bytes, policy, factor):
-            return uncounted
+            return untouched  # not counted: its size proves it under every threshold
         size = len(body_bytes)
         args = (wire, self.counter, body, messages)
         if sample:  # calibration wants this request's counts
@@ -341,7 +273,7 @@ class Compactor:
                 size, self.off_loop_bytes, count_unless_quiet, *args, policy, factor
             )
         if counted is None:  # its new messages' bytes alone prove it under every threshold
-            return uncounted
+            return untouched
         request = CompactionRequest(
             wire,
             body,
@@ -384,92 +316,9 @@ class Compactor:
             policy=policy,
             sample=sample,
             factor=factor,
-            tenant=executor.tenant if executor.identified else "",
+            tenant=tenant,
             conversation=executor.conversation if executor.identified else "",
         )
         if executor.identified:
             record.conversation = prepared.conversation  # for the admin stats
-        return self._finish(prepared, decision, wire, record)
-
-    def _finish(
-        self, prepared: Prepared, decision: Decision, wire: WireFormat, record: RequestRecord
-    ) -> Prepared:
-        if decision.summary_failure:
-            log.info("no summary (%s); packing instead", decision.summary_failure)
-        outcome = decision.outcome
-        match outcome:
-            case Refuse():
-                record.refused, record.reason = True, outcome.reason
-                return replace(prepared, refusal=ContextTooLong(outcome.message))
-            case Untouched():
-                if not outcome.reason:
-                    return prepared
-                # Over the trigger, its summary still being made ahead.
-                record.reason = outcome.reason
-                return replace(prepared, headers=(("x-compaction-reason", outcome.reason),))
-            case Rewrite():
-                assert decision.body is not None and decision.sent is not None
-                _recorded(outcome, prepared.policy, record)
-                rounds = None
-                if outcome.tool is not None:
-                    rounds = RoundsRequest(
-                        wire,
-                        decision.sent,
-                        decision.body,
-                        frozenset(outcome.refs),
-                        self.counter,
-                        prepared.policy,
-                        prepared.factor,
-                    )
-                return replace(
-                    prepared,
-                    body=decision.body,
-                    sent=decision.sent,
-                    headers=_told(outcome),
-                    tool=outcome.tool,
-                    rounds=rounds,
-                )
-            case _:
-                assert_never(outcome)
-
-
-def _recorded(rewrite: Rewrite, policy: Policy, record: RequestRecord) -> None:
-    """Say what a rewrite did: on the record and in a trace event."""
-    strategy = rewrite.strategy
-    record.strategy = strategy
-    record.reason = rewrite.reason
-    record.tokens_before, record.tokens_after = rewrite.tokens_before, rewrite.tokens_after
-    record.offloaded = len(rewrite.blobs)
-    record.summary = rewrite.summary if strategy.crossing else ""
-    if strategy.folded:
-        tracing.event(
-            "compaction.fold" if strategy.summarised else "compaction.pack",
-            {
-                "compaction.strategy": strategy.value,
-                "compaction.tokens_before": rewrite.tokens_before,
-                "compaction.tokens_after": rewrite.tokens_after,
-                "compaction.summary": rewrite.summary or "none",
-                "compaction.reason": rewrite.reason or "none",
-            },
-        )
-    if strategy.crossing and rewrite.tokens_after > policy.trigger_tokens:
-        log.warning(
-            "history still %d tokens after compaction, above the trigger %d (%s)",
-            rewrite.tokens_after,
-            policy.trigger_tokens,
-            rewrite.reason or "target_unreachable",
-        )
-
-
-def _told(rewrite: Rewrite) -> tuple[tuple[str, str], ...]:
-    """What the client's headers say of a rewrite."""
-    headers = [
-        ("x-compaction-strategy", rewrite.strategy.value),
-        ("x-compaction-tokens-before", str(rewrite.tokens_before)),
-        ("x-compaction-tokens-after", str(rewrite.tokens_after)),
-        ("x-compaction-offloaded", str(len(rewrite.refs))),
-        ("x-compaction-summary", rewrite.summary or "none"),
-    ]
-    if rewrite.reason:
-        headers.append(("x-compaction-reason", rewrite.reason))
-    return tuple(headers)
+        return decided(prepared, decision, wire, self.counter, record)

@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from proxy.core.commands import GetSummary
-from proxy.server.compactor import betas_of
 
 
 class Envelope(Protocol):
@@ -39,6 +38,11 @@ class Envelope(Protocol):
         `need.fallback`) as this envelope sends it: its path, and the ask with its
         bodies rewrapped. `path` is the request's."""
         ...
+
+
+def betas_of(headers: Mapping[str, str]) -> str:
+    """Every `anthropic-beta` value of the request, as one comma list."""
+    return ",".join(v for k, v in headers.items() if k.lower() == "anthropic-beta")
 
 
 class Plain:

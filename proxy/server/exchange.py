@@ -32,29 +32,37 @@ envelope and own step); between transports, the `Transport`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import logging
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from aiohttp import web
 
-from proxy.core.commands import GetSummary
-from proxy.core.usage import Usage
+from proxy.core.rounds import read_rounds
 from proxy.core.wire_format import WireFormat
 from proxy.server.bodies import BAD_JSON, Incoming, output_tokens
 from proxy.server.budgets import Budget
-from proxy.server.caller import Caller, tenant_of_request
-from proxy.server.compactor import Asked, Compactor, Prepared
+from proxy.server.caller import Caller
+from proxy.server.compactor import Asked, Compactor
+from proxy.server.driving import drive
 from proxy.server.envelope import PLAIN, Envelope
-from proxy.server.headers import upstream_request_headers
-from proxy.server.read_rounds import RoundExecutor, answer_rounds
+from proxy.server.prepared import Prepared
+from proxy.server.read_rounds import RoundExecutor
 from proxy.server.record import RequestRecord
-from proxy.server.summariser import post_summary
+from proxy.server.summariser import SummaryCalls
 from proxy.server.transport import Codecs, Outgoing, Refused, Transport, codec_for
 from proxy.server.upstream import Upstream
 from proxy.store import Store
 
 A = TypeVar("A")
+log = logging.getLogger(__name__)
+
+ENDINGS = {  # how read rounds may end early, as the log says it
+    "window": "read_result round would not fit the window; ending the answer",
+    "budget": "read_result round refused by a budget; ending the answer",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +123,6 @@ class Exchange(Generic[A]):
         self.upstream = upstream
         self.budget = budget
         self.record = record
-        # Calibration and budgets are kept for the key's tenant, or the credential's.
-        self.tenant = tenant_of_request(request)
 
     async def run(self) -> A:
         route, transport, record, budget = self.route, self.transport, self.record, self.budget
@@ -143,14 +149,13 @@ class Exchange(Generic[A]):
                 incoming = Incoming(adjusted.body, adjusted.payload, encoded, adjusted.read_result)
                 on_refusal = adjusted.on_refusal
         if route.compacts and incoming.payload is not None:
-            asked = asked_for(
-                route,
-                self.request,
-                incoming.payload,
-                caller=self.caller,
-                budget=budget,
-                upstream=self.upstream,
-                seconds=compactor.summariser.timeout,
+            headers, caller = self.request.headers, self.caller
+            summarise = SummaryCalls(
+                self.upstream, path, headers, wire, envelope, compactor.summariser.timeout
+            )
+            betas = envelope.betas(headers, incoming.payload)
+            asked = Asked(
+                headers, model, betas, caller.tenant, caller.policy, budget.summaries(), summarise
             )
             prepared = await compactor.prepare(incoming, wire, self.store, asked, record)
         else:
@@ -165,7 +170,12 @@ class Exchange(Generic[A]):
             prepared.sent,
             prepared.headers,
             rewritten=prepared.body is not read.body,
-            stream=_wants_stream(envelope, path, incoming),
+            # Unread, a body errs towards the stream (idle) timeout.
+            stream=(
+                envelope.stream(path, incoming.payload)
+                if incoming.payload is not None
+                else b'"stream"' in incoming.body
+            ),
             tool=prepared.tool,
             on_refusal=on_refusal,
         )
@@ -182,67 +192,14 @@ class Exchange(Generic[A]):
                 top_up=budget.top_up,
                 record=record,
             )
-            answer = await merging.finish(await answer_rounds(prepared.rounds, executor))
-        compactor.calibrate(wire, prepared, record.meter.first_round, self.store, self.tenant)
+            began = time.perf_counter()
+            try:
+                ended = await drive(read_rounds(prepared.rounds), executor)
+            finally:  # the time outside the transport's sending is the proxy's own
+                record.interception_seconds += time.perf_counter() - began - executor.sending
+            record.read_outcome = ended.outcome  # the log line's and the metric's
+            if ended.outcome in ENDINGS:
+                log.info(ENDINGS[ended.outcome])
+            answer = await merging.finish(ended)
+        compactor.calibration.sample(wire, prepared, record.meter.first_round, self.store)
         return answer
-
-
-@dataclass(frozen=True, slots=True)
-class SummaryCalls:
-    """The summariser calls of one request: through its route's upstream (and its
-    signer), with the caller's credential, betas and API version, in its envelope."""
-
-    upstream: Upstream
-    path: str  # the request's
-    headers: tuple[tuple[str, str], ...]  # the client's, as they go upstream
-    wire: WireFormat
-    envelope: Envelope
-    seconds: float
-
-    async def __call__(self, need: GetSummary) -> tuple[str, Usage | None]:
-        path, wrapped = self.envelope.summary(self.path, need)
-        return await post_summary(
-            wrapped,
-            upstream=self.upstream,
-            path=path,
-            headers=self.headers,
-            wire=self.wire,
-            seconds=self.seconds,
-        )
-
-
-def asked_for(
-    route: ConversationRoute,
-    request: web.Request,
-    payload: Mapping[str, Any],
-    *,
-    caller: Caller,
-    budget: Budget,
-    upstream: Upstream,
-    seconds: float,
-) -> Asked:
-    """What a request's compaction is asked with (`Compactor.prepare`)."""
-    envelope = route.envelope
-    calls = SummaryCalls(
-        upstream,
-        request.raw_path,
-        tuple(upstream_request_headers(request.headers)),
-        route.wire,
-        envelope,
-        seconds,
-    )
-    return Asked(
-        request.headers,
-        envelope.model(request.raw_path, payload),
-        envelope.betas(request.headers, payload),
-        caller.tenant,
-        caller.policy,
-        budget.summaries(),
-        calls,
-    )
-
-
-def _wants_stream(envelope: Envelope, path: str, incoming: Incoming) -> bool:
-    if incoming.payload is not None:
-        return envelope.stream(path, incoming.payload)
-    return b'"stream"' in incoming.body  # unread: err towards the stream (idle) timeout

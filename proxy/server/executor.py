@@ -1,22 +1,19 @@
-"""Carry out the commands of the compaction driver, and drive a generator of commands.
+"""Carry out the commands of the compaction driver.
 
 The driver (proxy/core/driver.py) decides; `StoreExecutor` only does what a command says,
 on Redis and the summariser, and answers with the reply the driver expects. Every failure
 of the store becomes a reply saying so (never an exception): the driver then plans
-without the store. `drive` runs any generator of commands with an async executor: the
-driver's here, the read rounds' with the `RoundExecutor` next to their transport
-(proxy/server/read_rounds.py).
+without the store (proxy/server/driving.py `drive` runs the driver with it).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from functools import cached_property
-from typing import Any, TypeVar, assert_never
+from typing import Any, assert_never
 
 from proxy.core.checkpoint import Line, decode_checkpoint, encode_checkpoint
 from proxy.core.commands import (
@@ -45,10 +42,6 @@ from proxy.store import Store, StoreUnavailable, SummaryLock
 from proxy.store.keys import SUMMARY
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-C = TypeVar("C")  # a generator's commands
-R = TypeVar("R")  # ... and their replies
 
 
 def _ignore_count(count: float) -> None:
@@ -232,34 +225,3 @@ class StoreExecutor:
         held, self._held = self._held, []
         for lock in held:
             await lock.release()
-
-
-async def drive(
-    driver: Generator[C, R, T],
-    execute: Callable[[C], Awaitable[R]],
-    *,
-    off_loop: bool = False,
-) -> T:
-    """Drive a generator to its end with an async executor. `off_loop`: run the
-    driver's own (pure, CPU-bound) steps in a worker thread, so a huge history being
-    planned does not stall every other request of the replica; its first step (up to
-    the load: a root from the digests) runs inline, not worth a thread's hand-over."""
-    reply: R | None = None
-    while True:
-        if off_loop and reply is not None:
-            done, value = await asyncio.to_thread(_step, driver, reply)
-        else:
-            done, value = _step(driver, reply)
-        if done:
-            result: T = value
-            return result
-        reply = await execute(value)
-
-
-def _step(driver: Generator[C, R, T], reply: R | None) -> tuple[bool, Any]:
-    """(False, the next command) or (True, the result): StopIteration cannot cross a
-    thread's future."""
-    try:
-        return False, driver.send(reply) if reply is not None else next(driver)
-    except StopIteration as stop:
-        return True, stop.value

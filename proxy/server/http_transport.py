@@ -73,8 +73,7 @@ class HttpTransport:
         self.key_checks = key_checks  # a proxy key's: duplicate fields are refused
         self.bad_json = bad_json
         self.codecs = codecs
-        # What goes upstream of the client's headers: theirs alone.
-        self.headers = upstream_request_headers(request.headers)
+        self.headers: list[tuple[str, str]] | None = None  # once sent: what goes upstream
 
     async def read(self) -> Incoming:
         if self.request.raw_path[:1] != "/":
@@ -97,6 +96,8 @@ class HttpTransport:
         Content-Encoding once the bytes are not the client's, asking for an uncompressed
         answer when the proxy reads it."""
         headers = self.headers
+        if headers is None:  # of the client's headers, what goes upstream: theirs alone
+            headers = self.headers = upstream_request_headers(self.request.headers)
         if outgoing.rewritten:
             headers = [(n, v) for n, v in headers if n.lower() != "content-encoding"]
         if outgoing.reads_answer:
@@ -182,8 +183,13 @@ class HttpMerging:
             self.headers = response.headers
             self.meter.seen_answer = True  # with no usage read, it costs the reservation
             self.codec = transport.codecs(response.headers.get("Content-Type", ""))
-            if self.codec is not None:
-                await self._start(response)
+            if self.codec is not None:  # a stream: the client's starts now
+                headers = client_response_headers(response.headers)
+                for name, value in self.outgoing.headers:
+                    headers.add(name, value)
+                self.out = web.StreamResponse(status=200, headers=headers)
+                await self.out.prepare(transport.request)
+                self.merger = self.wire.merger(self.tool)
         if self.out is None:
             return self._whole_round(await transport.upstream.read(response))
         return await self._stream_round(response)
@@ -224,14 +230,6 @@ class HttpMerging:
 
     # -- a stream ---------------------------------------------------------------------
 
-    async def _start(self, response: aiohttp.ClientResponse) -> None:
-        headers = client_response_headers(response.headers)
-        for name, value in self.outgoing.headers:
-            headers.add(name, value)
-        self.out = web.StreamResponse(status=200, headers=headers)
-        await self.out.prepare(self.transport.request)
-        self.merger = self.wire.merger(self.tool)
-
     async def _stream_round(self, response: aiohttp.ClientResponse) -> Answered | Failed:
         out, codec, merger = self.out, self.codec, self.merger
         assert out is not None and codec is not None and merger is not None
@@ -239,6 +237,7 @@ class HttpMerging:
         merger.begin_round()
         decoder = codec.decoder()
         cap = transport.upstream.settings.max_line_bytes
+        encode = codec.encode
         try:
             async with aclosing(transport.upstream.chunks(response)) as chunks:
                 async for chunk in chunks:
@@ -259,14 +258,15 @@ class HttpMerging:
                         except Exception as e:
                             # Too late for a 502: end the stream with the API's error event.
                             log.warning("unreadable upstream event (%s); ending the stream", e)
-                            await _write(out, codec, batch)
+                            await out.write(b"".join(map(encode, batch)))
                             await end_with_error(out, codec, self.wire, unreadable(e))
                             return Failed("upstream_error")
                         if merger.state is MergeState.FAILED:  # the upstream's error event
-                            await _write(out, codec, batch)
+                            await out.write(b"".join(map(encode, batch)))
                             await out.write_eof()
                             return Failed("upstream_error")
-                    await _write(out, codec, batch)
+                    if batch:
+                        await out.write(b"".join(map(encode, batch)))
         except UpstreamTimeout as silent:
             log.warning("upstream stream idle too long; ending the client stream")
             await end_with_error(out, codec, self.wire, silent)
@@ -287,7 +287,8 @@ class HttpMerging:
             return answer
         if self.out is not None:
             assert self.merger is not None and self.codec is not None
-            await _write(self.out, self.codec, self.merger.finish(ended.note))
+            ending = self.merger.finish(ended.note)
+            await self.out.write(b"".join(map(self.codec.encode, ending)))
             self.meter.complete = True
             await self.out.write_eof()
             return self.out
@@ -302,9 +303,3 @@ class HttpMerging:
             out.add(name, value)
         out["x-compaction-read-rounds"] = str(ended.rounds)
         return web.Response(status=200, body=orjson.dumps(merged), headers=out)
-
-
-async def _write(out: web.StreamResponse, codec: StreamCodec, events: list[bytes]) -> None:
-    """A merger's events to the client, in the codec's framing, in one write."""
-    if events:
-        await out.write(b"".join(map(codec.encode, events)))

@@ -28,7 +28,6 @@ from proxy.core.usage import LineKind, Usage
 from proxy.server.bodies import (
     BodyClock,
     invalid_field,
-    off_loop,
     output_tokens,
     read_request,
     stream_body,
@@ -38,6 +37,7 @@ from proxy.server.budgets import Budget, budget_of
 from proxy.server.caller import caller_of, count_rejection
 from proxy.server.errors import not_a_path, wire_for
 from proxy.server.headers import upstream_request_headers
+from proxy.server.off_loop import off_loop
 from proxy.server.record import current_or_throwaway
 from proxy.server.relay import relay
 from proxy.server.routing import OPENAI_UPSTREAM, upstream_for

@@ -3,22 +3,19 @@
 When a rewritten request carried `read_result`, its answer is made of rounds: what
 happens round after round is decided by the read rounds' generator (proxy/core/rounds.py:
 read the slices, fit the round to the window, top up the budget, send it, up to the
-policy's number of rounds); this shell carries its commands out with its `RoundExecutor`:
-each round sent through the exchange's transport (`Merging.round`: HTTP whole or a
-stream, or a WebSocket, proxy/server/transport.py), results read from the store,
-rounds held in the caller's budgets. The client gets one message (the format's merger
-decides what it sees of each round); a call mixed with client tool calls is removed
-from what the client sees, so nothing is left unanswered in its history.
-
-When the rounds stop while the model still wanted to read (the round limit, the window,
-a budget), the message ends with the generator's note saying why, so the client always
-gets a valid, non-empty answer. How the rounds ended is the record's `read_outcome` (log
-line and metric).
+policy's number of rounds), which the exchange drives (proxy/server/exchange.py) with
+this `RoundExecutor`: each round sent through the exchange's transport (`Merging.round`:
+HTTP whole or a stream, or a WebSocket, proxy/server/transport.py), results read from
+the store, rounds held in the caller's budgets. The client gets one message (the
+format's merger decides what it sees of each round); a call mixed with client tool
+calls is removed from what the client sees, so nothing is left unanswered in its
+history. When the rounds stop while the model still wanted to read (the round limit,
+the window, a budget), the message ends with the generator's note saying why, so the
+client always gets a valid, non-empty answer.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import assert_never
@@ -34,19 +31,11 @@ from proxy.core.commands import (
     ToppedUp,
     TopUp,
 )
-from proxy.core.rounds import Ended, RoundsRequest, read_rounds
-from proxy.server.executor import drive
 from proxy.server.record import RequestRecord
 from proxy.store import Store, StoreUnavailable
 
-log = logging.getLogger(__name__)
-
 Send = Callable[[bytes], Awaitable[Answered | Failed]]  # a transport's `Merging.round`
 TopUpCall = Callable[[int, int | None], Awaitable[bool]]  # `Budget.top_up`
-ENDINGS = {
-    "window": "read_result round would not fit the window; ending the answer",
-    "budget": "read_result round refused by a budget; ending the answer",
-}
 
 
 class RoundExecutor:
@@ -74,59 +63,36 @@ class RoundExecutor:
         self.sending = 0.0
 
     async def __call__(self, command: RoundCommand) -> RoundReply:
+        record = self.record
         match command:
             case SendRound():
-                return await self._send(command)
+                # What every transport's rounds record: the read rounds sent after the
+                # request itself, and each answer's usage.
+                if record is not None:
+                    record.read_rounds = command.number - 1
+                began = time.perf_counter()
+                try:
+                    answered = await self.send(command.body)
+                finally:
+                    self.sending += time.perf_counter() - began
+                if record is not None and isinstance(answered, Answered):
+                    record.meter.round(answered.round.usage)
+                return answered
             case ReadResults():
-                return await self._read(command)
+                # One read a ref, in order; a store that fails one is unavailable for it.
+                texts: list[str | None] = []
+                unavailable: list[bool] = []
+                for ref in command.refs:
+                    text, down = None, self.store is None
+                    if self.store is not None:
+                        try:
+                            text = await self.store.read_blob(self.tenant, self.conversation, ref)
+                        except StoreUnavailable:
+                            down = True
+                    texts.append(text)
+                    unavailable.append(down)
+                return Results(tuple(texts), tuple(unavailable))
             case TopUp():
                 return ToppedUp(await self.top_up(command.tokens, command.output))
             case _:
                 assert_never(command)
-
-    async def _send(self, command: SendRound) -> Answered | Failed:
-        """A round sent; what every transport's rounds record: the read rounds sent
-        after the request itself, and each answer's usage."""
-        record = self.record
-        if record is not None:
-            record.read_rounds = command.number - 1
-        began = time.perf_counter()
-        try:
-            answered = await self.send(command.body)
-        finally:
-            self.sending += time.perf_counter() - began
-        if record is not None and isinstance(answered, Answered):
-            record.meter.round(answered.round.usage)
-        return answered
-
-    async def _read(self, command: ReadResults) -> Results:
-        """One read a ref, in order; a store that fails one is unavailable for that one."""
-        texts: list[str | None] = []
-        unavailable: list[bool] = []
-        for ref in command.refs:
-            text, down = None, self.store is None
-            if self.store is not None:
-                try:
-                    text = await self.store.read_blob(self.tenant, self.conversation, ref)
-                except StoreUnavailable:
-                    down = True
-            texts.append(text)
-            unavailable.append(down)
-        return Results(tuple(texts), tuple(unavailable))
-
-
-async def answer_rounds(rounds: RoundsRequest, executor: RoundExecutor) -> Ended:
-    """The rounds' commands carried out; how they ended is recorded. The time outside the
-    transport's sending is the proxy's own (the record's interception_seconds)."""
-    record = executor.record
-    began = time.perf_counter()
-    try:
-        ended = await drive(read_rounds(rounds), executor)
-    finally:
-        if record is not None:
-            record.interception_seconds += time.perf_counter() - began - executor.sending
-    if ended.outcome in ENDINGS:
-        log.info(ENDINGS[ended.outcome])
-    if record is not None:
-        record.read_outcome = ended.outcome
-    return ended

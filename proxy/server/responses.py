@@ -43,16 +43,18 @@ from proxy.core.summary import INSTRUCTION, in_place_prompt
 from proxy.server.bodies import Incoming, is_encoded
 from proxy.server.budgets import budget_of
 from proxy.server.caller import caller_of, tenant_of_request
-from proxy.server.compactor import Prepared
+from proxy.server.compactor import Asked
+from proxy.server.envelope import PLAIN
 from proxy.server.errors import new_request_id
-from proxy.server.exchange import Adjusted, ConversationRoute, asked_for
+from proxy.server.exchange import Adjusted, ConversationRoute
 from proxy.server.executor import StoreExecutor
+from proxy.server.prepared import Prepared
 from proxy.server.record import current_or_throwaway
 from proxy.server.routes import expect_for, handle_conversation
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.seal_key import SealKey
 from proxy.server.state import COMPACTOR, SETTINGS, STORE
-from proxy.server.summariser import FREE_SUMMARIES, SummaryCall
+from proxy.server.summariser import FREE_SUMMARIES, SummaryCall, SummaryCalls
 from proxy.store import Store
 from proxy.wire.responses import RESPONSES, asks_for_summary
 from proxy.wire.responses_compaction import (
@@ -252,19 +254,21 @@ async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web
     incoming = Incoming(orjson.dumps(history), history)
     budget = budget_of(request)
     compactor = app[COMPACTOR]
-    asked = asked_for(
-        RESPONSES_ROUTE,
-        request,
-        history,
-        caller=caller_of(request),
-        budget=budget,
-        upstream=app[OPENAI_UPSTREAM],
-        seconds=compactor.summariser.timeout,
+    caller, model = caller_of(request), str(payload.get("model", ""))
+    summarise = SummaryCalls(
+        app[OPENAI_UPSTREAM],
+        request.raw_path,
+        request.headers,
+        RESPONSES,
+        PLAIN,
+        compactor.summariser.timeout,
+    )
+    asked = Asked(
+        request.headers, model, "", caller.tenant, caller.policy, budget.summaries(), summarise
     )
     record = current_or_throwaway()
     prepared = await compactor.prepare(incoming, RESPONSES, store, asked, record)
     sent = dict(prepared.sent) if prepared.sent and prepared.refusal is None else history
-    model = str(payload.get("model", ""))
     need, estimate = _summary_need(request, sent, model, prepared)
     await budget.reserve(estimate, need.summary_tokens, b"")
     tenant, conversation = identities(

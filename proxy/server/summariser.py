@@ -18,12 +18,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
+from multidict import MultiMapping
 
 from proxy import tracing
 from proxy.core.commands import GetSummary, PreparedSummary, PrepareSummary, SummaryReply
 from proxy.core.errors import UpstreamError
 from proxy.core.usage import Usage
 from proxy.core.wire_format import WireFormat
+from proxy.server.envelope import Envelope
+from proxy.server.headers import upstream_request_headers
 from proxy.server.record import current_or_throwaway
 from proxy.server.upstream import Upstream
 from proxy.store import Store, StoreUnavailable, SummaryLock
@@ -186,6 +189,31 @@ def summary_input(need: GetSummary) -> int:
     """What a summariser call is reserved for as input before it is made: its body's
     bytes over 3 (errs high for text and code; settled to what the upstream reports)."""
     return len(need.encoded or orjson.dumps(need.body)) // 3 + 1
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryCalls:
+    """The summariser calls of one request (a `SummaryCall`): through its route's
+    upstream (and its signer), with the caller's credential, betas and API version, in
+    its envelope."""
+
+    upstream: Upstream
+    path: str  # the request's
+    headers: MultiMapping[str]  # the client's
+    wire: WireFormat
+    envelope: Envelope
+    seconds: float
+
+    async def __call__(self, need: GetSummary) -> tuple[str, Usage | None]:
+        path, wrapped = self.envelope.summary(self.path, need)
+        return await post_summary(
+            wrapped,
+            upstream=self.upstream,
+            path=path,
+            headers=upstream_request_headers(self.headers),
+            wire=self.wire,
+            seconds=self.seconds,
+        )
 
 
 class SummariserFailed(Exception):

@@ -25,9 +25,11 @@ How to add a stand-in API:
    envelope: Bedrock's and Vertex's Messages bodies) reuses that API's reader and renderer
    and changes what differs: its routes, its gate, its errors, its framing.
 2. Add its routes in the same module (`add_routes(app)`): a POST route is usually one line,
-   `await answering.serve(request, MyApi(...))`; a route with its own transport (an AWS
-   event stream, a WebSocket) calls `answering.answer(...)` and sends the `Streamed`
-   events with `standin_http.paced` (delays and faults) in its own framing.
+   `await answering.serve(request, MyApi(...))`, with a `standin_http.Framing` when its
+   stream is not SSE (an AWS event stream: each `Event`'s data in a frame of its own) and
+   `Api.response_headers` for headers of its own. A route with its own transport (a
+   WebSocket) calls `answering.answer(...)` and sends the `Streamed` events itself, paced
+   by `standin_http.paced` (delays and faults), as responses_ws.py does.
 3. Register `add_routes` in `standin.APIS`; test it through the API's real SDK
    (tests/testing/test_<name>_standin.py).
 

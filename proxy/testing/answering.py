@@ -105,7 +105,7 @@ async def answer(
         extra = retry_headers(script) if fault == "429" else {}
         return dataclasses.replace(refusal, headers={**refusal.headers, **extra})
 
-    found = _analysis(app, api, raw, headers.get("x-stand-in", ""), purpose)
+    found = _analysis(app, api, raw, script, headers.get("x-stand-in", ""), purpose)
     if found.refusal is not None:
         record.error = found.refusal.message
         return found.refusal
@@ -136,24 +136,28 @@ async def answer(
     if streams:
         events = api.events(body, whole, script.chunk_tokens)
         return Streamed(events, script, fault, api.stream_error(events))
-    return Whole(orjson.dumps(whole), script, fault)
+    return Whole(orjson.dumps(whole), script, fault, whole)
 
 
-def _analysis(app: web.Application, api: Api, raw: bytes, header: str, purpose: str) -> _Analysis:
+def _analysis(
+    app: web.Application, api: Api, raw: bytes, script: Script, header: str, purpose: str
+) -> _Analysis:
     """The body's analysis; a repeated request (benchmarks) skips parsing and counting. The
-    script header is in the key: with the options it fixes the answer."""
-    key = (api.name, hashlib.blake2b(raw, digest_size=16).digest(), header, purpose)
+    script header is in the key: with the options it fixes the script."""
+    key = (api.name, hashlib.sha256(raw).digest(), header, purpose)
     memo = app[ANALYSES]
     found = memo.pop(key, None)
     if found is None:
-        found = _analyse(app, api, raw, header, purpose)
+        found = _analyse(app, api, raw, script, header, purpose)
     memo[key] = found  # most recent last
     while len(memo) > ANALYSIS_MEMO_SIZE:
         del memo[next(iter(memo))]
     return found
 
 
-def _analyse(app: web.Application, api: Api, raw: bytes, header: str, purpose: str) -> _Analysis:
+def _analyse(
+    app: web.Application, api: Api, raw: bytes, script: Script, header: str, purpose: str
+) -> _Analysis:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -167,12 +171,18 @@ def _analyse(app: web.Application, api: Api, raw: bytes, header: str, purpose: s
     if overflow is not None:
         return _Analysis(overflow=overflow, body=body)
     prompt = api.read(body)
-    reply = _decided(app, api, body, prompt, header, purpose)
+    reply = _decided(app, api, body, prompt, script, header, purpose)
     return _Analysis(None, None, body, total, tuple(api.units(body)), reply)
 
 
 def _decided(
-    app: web.Application, api: Api, body: Any, prompt: Prompt, header: str, purpose: str
+    app: web.Application,
+    api: Api,
+    body: Any,
+    prompt: Prompt,
+    script: Script,
+    header: str,
+    purpose: str,
 ) -> Reply:
     """The reply: a summary when one is asked for, the scenario's when it scripts the
     request (no header), else the script's."""
@@ -182,8 +192,9 @@ def _decided(
     kind = SUMMARY if purpose == SUMMARY_PURPOSE else (prompt.asks if prompt.asks != TURN else "")
     if options.scenario is not None and not header and not kind:
         return scenario_reply(options.scenario, prompt, counter, digest)
-    layered = api.scripted(prompt)
-    script = parse_script({**api.defaults, **options.script, **layered}, header or None)
+    layered = api.scripted(prompt)  # a scenario's keys, under the header's
+    if layered:
+        script = parse_script({**api.defaults, **options.script, **layered}, header or None)
     if not kind:
         return decide(prompt, script, counter, digest)
     note = api.summary_note(prompt)
@@ -200,8 +211,11 @@ async def serve(request: web.Request, api: Api, framing: Framing = SSE) -> web.S
     out = refusal or await answer(
         request.app, api, request.headers, await request.read(), request[RECORD]
     )
+    extra = api.response_headers(request.headers, out.answer if isinstance(out, Whole) else None)
     if isinstance(out, Refusal):
-        return api.refuse(out, request_id(request))
+        response = api.refuse(out, request_id(request))
+        response.headers.update(extra)
+        return response
     if isinstance(out, Streamed):
-        return await send_stream(request, out, framing)
-    return await send_json(request, out.payload, out.script, out.fault)
+        return await send_stream(request, out, framing, extra)
+    return await send_json(request, out.payload, out.script, out.fault, extra)

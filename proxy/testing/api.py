@@ -68,11 +68,12 @@ class Streamed:
 
 @dataclass(frozen=True)
 class Whole:
-    """A JSON answer, and the fault that strikes it."""
+    """A JSON answer (as sent, and as an object), and the fault that strikes it."""
 
     payload: bytes
     script: Script
     fault: str | None
+    answer: dict[str, Any]
 
 
 class Api(ABC):
@@ -133,6 +134,13 @@ class Api(ABC):
     @abstractmethod
     def stream_error(self, events: list[Event]) -> Event:
         """The error event a `stream_error` fault sends after the events it let through."""
+
+    def response_headers(
+        self, headers: Mapping[str, str], whole: dict[str, Any] | None
+    ) -> Mapping[str, str]:
+        """Headers of the answer to a request with these headers (`whole`: the JSON answer;
+        None for a refusal or a stream)."""
+        return {}
 
     def model(self, body: Any) -> str:
         """The model asked for (its window applies): the body's, or the path's."""

@@ -18,8 +18,8 @@ request gets the same completion (streamed or not).
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Mapping
+import functools
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -28,7 +28,7 @@ from aiohttp import web
 from proxy.core.tokens import TokenCounter
 from proxy.testing.answering import serve
 from proxy.testing.api import Api, Event, Refusal, event, json_pieces, text_pieces
-from proxy.testing.cache import Unit
+from proxy.testing.cache import Unit, prefix_units
 from proxy.testing.prompt import Entry, Part, Prompt, Result, Text
 from proxy.testing.reply import Call, Reply, Stop, Usage
 from proxy.testing.standin_http import COUNTER, credential
@@ -96,36 +96,38 @@ def _arguments(text: Any) -> Any:
         return text
 
 
-def read(body: dict[str, Any]) -> Prompt:
-    """A Chat body as the script reads it: a tool message is a user entry of one result."""
-    entries = []
-    for message in body.get("messages") or ():
+def _entries(messages: list[Any]) -> Iterator[Entry]:
+    for message in messages:
         role = str(message.get("role"))
         if role == "tool":
             result = Result(str(message.get("tool_call_id")), _texts(message.get("content")))
-            entries.append(Entry("user", (result,)))
+            yield Entry("user", (result,))
             continue
         parts: list[Part] = [Text(t) for t in _texts(message.get("content"))]
         for call in message.get("tool_calls") or ():
             function = call.get("function") or {}
             given = _arguments(function.get("arguments"))
             parts.append(Call(str(function.get("name")), given, str(call.get("id"))))
-        entries.append(Entry("system" if role == "developer" else role, tuple(parts)))
+        yield Entry("system" if role == "developer" else role, tuple(parts))
+
+
+def read(body: dict[str, Any]) -> Prompt:
+    """A Chat body as the script reads it: a tool message is a user entry of one result."""
+    messages = body.get("messages") or []
     tools = tuple(
         str((t.get("function") or {}).get("name"))
         for t in body.get("tools") or ()
         if isinstance(t, dict)
     )
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
-    return Prompt(tuple(entries), tools, limit or DEFAULT_MAX_TOKENS, limit or 1024)
+    entries = functools.partial(_entries, messages)
+    return Prompt(entries, len(messages), tools, limit or DEFAULT_MAX_TOKENS, limit or 1024)
 
 
 def prompt_units(body: dict[str, Any], counter: ChatCounter) -> list[Unit]:
     """Tools, then messages, as cache units. OpenAI caches the longest prefix of a prompt
     it has seen before (in 128-token steps, from 1,024 tokens), not only whole prompts:
-    every message boundary is a breakpoint here, the closest whole-message model of it."""
-    digest = hashlib.sha256(b"chat-model\0" + str(body.get("model")).encode()).digest()
-    units: list[Unit] = []
+    every message boundary is a breakpoint here."""
     running = 0
     tools = body.get("tools") or []
     pieces: list[tuple[bytes, Any, int]] = []
@@ -135,11 +137,8 @@ def prompt_units(body: dict[str, Any], counter: ChatCounter) -> list[Unit]:
     for i, message in enumerate(body.get("messages") or []):
         running += counter.count_message(message)
         pieces.append((f"message\0{i}".encode(), message, running))
-    for tag, value, cumulative in pieces:
-        canonical = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
-        digest = hashlib.sha256(digest + tag + b"\0" + canonical).digest()
-        units.append(Unit(digest, cumulative, "5m", True))
-    return units
+    model = b"chat-model\0" + str(body.get("model")).encode()
+    return prefix_units(model, pieces, every_boundary=True)
 
 
 def usage_object(usage: Usage) -> dict[str, Any]:
@@ -177,13 +176,13 @@ def message(reply: Reply) -> dict[str, Any]:
     return out
 
 
-def completion(body: dict[str, Any], reply: Reply, usage: Usage) -> dict[str, Any]:
+def completion(body: dict[str, Any], model: str, reply: Reply, usage: Usage) -> dict[str, Any]:
     """The whole answer: `n` alike choices."""
     return {
         "id": f"chatcmpl-{reply.digest[:24]}",
         "object": "chat.completion",
         "created": CREATED,
-        "model": body["model"],
+        "model": model,
         "choices": [
             {
                 "index": n,
@@ -279,7 +278,7 @@ class ChatApi(Api):
         return body.get("stream") is True
 
     def whole(self, body: Any, reply: Reply, usage: Usage) -> dict[str, Any]:
-        return completion(body, reply, usage)
+        return completion(body, self.model(body), reply, usage)
 
     def events(self, body: Any, whole: dict[str, Any], chunk_tokens: int) -> list[Event]:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -16,7 +16,8 @@ pieces), `content_block_stop`, a ping, `message_delta` (stop reason, usage) and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -81,21 +82,27 @@ def _part(block: Any) -> Part | None:
     return None
 
 
+def _entries(messages: list[Any]) -> Iterator[Entry]:
+    for message in messages:
+        parts = (_part(b) for b in _blocks(message.get("content")))
+        yield Entry(str(message.get("role")), tuple(p for p in parts if p))
+
+
 def read(body: dict[str, Any]) -> Prompt:
     """A Messages body as the script reads it."""
-    entries = []
-    for message in body.get("messages") or ():
-        parts = (_part(b) for b in _blocks(message.get("content")))
-        entries.append(Entry(str(message.get("role")), tuple(p for p in parts if p)))
-    tools = tuple(t["name"] for t in body.get("tools") or () if isinstance(t, dict) and "name" in t)
+    messages = body.get("messages") or []
+    tools = tuple(
+        str(t["name"]) for t in body.get("tools") or () if isinstance(t, dict) and "name" in t
+    )
     thinking = body.get("thinking")
     config = body.get("output_config")
     fmt = config.get("format") if isinstance(config, Mapping) else None
     schema = fmt.get("schema") if isinstance(fmt, Mapping) else None
     json_schema = isinstance(fmt, Mapping) and fmt.get("type") == "json_schema"
     return Prompt(
-        tuple(entries),
-        tuple(str(t) for t in tools),
+        functools.partial(_entries, messages),
+        len(messages),
+        tools,
         int(body.get("max_tokens") or 0) or DEFAULT_MAX_TOKENS,
         int(body.get("max_tokens") or 1024),
         isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"),
@@ -132,13 +139,13 @@ def usage_object(usage: Usage) -> dict[str, Any]:
     }
 
 
-def message(body: dict[str, Any], reply: Reply, usage: Usage) -> dict[str, Any]:
+def message(model: str, reply: Reply, usage: Usage) -> dict[str, Any]:
     """The whole answer."""
     return {
         "id": f"msg_{reply.digest[:24]}",
         "type": "message",
         "role": "assistant",
-        "model": body["model"],
+        "model": model,
         "content": content(reply),
         "stop_reason": STOP_REASONS[reply.stop],
         "stop_sequence": None,
@@ -254,7 +261,7 @@ class MessagesApi(Api):
         return bool(body.get("stream"))
 
     def whole(self, body: Any, reply: Reply, usage: Usage) -> dict[str, Any]:
-        return message(body, reply, usage)
+        return message(self.model(body), reply, usage)
 
     def events(self, body: Any, whole: dict[str, Any], chunk_tokens: int) -> list[Event]:
         return stream(whole, chunk_tokens)

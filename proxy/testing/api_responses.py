@@ -35,9 +35,10 @@ Options live in `app[RESPONSES]` (set before the app starts; defaults otherwise)
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,14 +149,21 @@ def _asks(body: dict[str, Any], items: list[Any]) -> str:
     return TURN
 
 
+def _entries(items: list[Any], key: bytes) -> Iterator[Entry]:
+    for item in items:
+        entry = _entry(item, key) if isinstance(item, dict) else None
+        if entry is not None:
+            yield entry
+
+
 def read(body: dict[str, Any], key: bytes) -> Prompt:
     """A Responses body as the script reads it: an item is an entry (sealed items as the
     text they stand for)."""
     items = input_items(body)
-    entries = (_entry(i, key) for i in items if isinstance(i, dict))
     limit = body.get("max_output_tokens")
     return Prompt(
-        tuple(e for e in entries if e),
+        functools.partial(_entries, items, key),
+        len(items),
         _tool_names(body.get("tools")),
         int(limit or DEFAULT_MAX_OUTPUT),
         int(limit or 1024),
@@ -166,7 +174,7 @@ def read(body: dict[str, Any], key: bytes) -> Prompt:
 
 def _item_id(prefix: str, digest: str, n: int = 0) -> str:
     """An output item's id: its suffix is the response's, so the item a reasoning item led
-    to is known by it (responses_validate.py)."""
+    to is known by it (proxy/wire/responses_validation.py)."""
     return f"{prefix}{n if n else ''}_{digest[:32]}"
 
 
@@ -258,7 +266,7 @@ class ResponsesApi(Api):
         return body.get("stream") is True
 
     def whole(self, body: Any, reply: Reply, usage: Usage) -> dict[str, Any]:
-        head = {"id": f"resp_{reply.digest[:32]}", "model": body["model"]}
+        head = {"id": f"resp_{reply.digest[:32]}", "model": self.model(body)}
         items = output_items(body, reply, self.options.seal_key)
         status = "incomplete" if reply.cut else "completed"
         incomplete = "max_output_tokens" if reply.cut else None
@@ -276,10 +284,15 @@ class ResponsesApi(Api):
     def overflow(self, body: Any, refusal: Refusal) -> list[Event] | None:
         if self.options.overflow != "stream":
             return None
-        head = {"id": f"resp_{request_digest(body, self.ignored)[:32]}", "model": body["model"]}
+        head = {"id": f"resp_{request_digest(body, self.ignored)[:32]}", "model": self.model(body)}
         error = {"type": refusal.kind, "code": refusal.code, "message": refusal.message,
                  "param": refusal.param}  # fmt: skip
         return failed_events(response_object(head, body, [], "failed", None), error)
+
+    def response_headers(
+        self, headers: Mapping[str, str], whole: dict[str, Any] | None
+    ) -> Mapping[str, str]:
+        return turn_state(headers, self.options)
 
     def scripted(self, prompt: Prompt) -> Mapping[str, Any]:
         scenario = self.options.scenario
@@ -290,13 +303,8 @@ class ResponsesApi(Api):
         return scenario.summary_note(prompt) if scenario is not None else ""
 
 
-TURN_STATE: web.RequestKey[dict[str, str]] = web.RequestKey("standin_turn_state", dict)
-
-
 async def handle_responses(request: web.Request) -> web.StreamResponse:
-    options = request.app[RESPONSES]
-    request[TURN_STATE] = turn_state(request.headers, options)
-    return await serve(request, ResponsesApi(options, request.app[COUNTER]))
+    return await serve(request, ResponsesApi(request.app[RESPONSES], request.app[COUNTER]))
 
 
 async def handle_responses_get(request: web.Request) -> web.Response:
@@ -319,13 +327,7 @@ async def handle_responses_get(request: web.Request) -> web.Response:
     )
 
 
-async def _add_turn_state(request: web.Request, response: web.StreamResponse) -> None:
-    for name, value in request.get(TURN_STATE, {}).items():
-        response.headers.setdefault(name, value)
-
-
 def add_routes(app: web.Application) -> None:
     app[RESPONSES] = ResponsesOptions()
-    app.on_response_prepare.append(_add_turn_state)
     app.router.add_post("/v1/responses", handle_responses)
     # GET /v1/responses: responses_ws.py (served with websocket_status 101, else refused here)

@@ -143,6 +143,23 @@ def prompt_units(body: dict[str, Any], counter: TokenCounter) -> list[Unit]:
     return units
 
 
+def prefix_units(
+    model: bytes, pieces: list[tuple[bytes, Any, int]], *, every_boundary: bool
+) -> list[Unit]:
+    """Units of a prompt an API caches by prefix by itself (OpenAI's): each piece (tag,
+    value, cumulative tokens) chained on the ones before it. `every_boundary`: each piece
+    ends a breakpoint (the closest whole-piece model of longest-prefix caching); else only
+    the last one does."""
+    digest = hashlib.sha256(model).digest()
+    units = []
+    for n, (tag, value, cumulative) in enumerate(pieces):
+        canonical = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+        digest = hashlib.sha256(digest + tag + b"\0" + canonical).digest()
+        marked = every_boundary or n == len(pieces) - 1
+        units.append(Unit(digest, cumulative, "5m" if marked else None, marked))
+    return units
+
+
 class PromptCache:
     """Cached prefixes per credential, with expiry; see the module docstring."""
 

@@ -8,9 +8,10 @@ so what they decide is the same for every API.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.testing.reply import Call
@@ -47,13 +48,20 @@ class Entry:
 
 @dataclass(frozen=True)
 class Prompt:
-    entries: tuple[Entry, ...]
+    # The entries are read when first asked for: most answers need only the tools and
+    # the limits, and reading a long history on every request costs the stand-in's time.
+    reader: Callable[[], Iterable[Entry]] = field(repr=False, compare=False)
+    size: int  # how many messages (or items) the request holds
     tools: tuple[str, ...]  # the client tools offered, by name, in order
     max_output: int  # the answer's limit in tokens (the API's default when unset)
     summary_budget: int  # a summary's limit: the request's own, else 1024
     reasoning: bool = False  # the request lets the model think before it answers
     asks: str = TURN
     schema: Mapping[str, Any] | None = None  # the JSON schema the answer must follow
+
+    @functools.cached_property
+    def entries(self) -> tuple[Entry, ...]:
+        return tuple(self.reader())
 
 
 def texts(entry: Entry) -> Iterator[str]:

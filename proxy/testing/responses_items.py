@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from proxy.core.tokens import TokenCounter
-from proxy.testing.cache import Unit
+from proxy.testing.cache import Unit, prefix_units
 from proxy.wire.responses_units import input_items
 
 SEAL_PREFIX = "sti1."
@@ -164,7 +164,6 @@ class ItemCounter:
     def prompt_units(self, body: dict[str, Any]) -> list[Unit]:
         """Tools, instructions, then each item, as cache units: OpenAI caches prefixes by
         itself, so the whole prompt is one run with a breakpoint at its end."""
-        digest = hashlib.sha256(b"responses-model\0" + str(body.get("model")).encode()).digest()
         pieces: list[tuple[bytes, Any, int]] = []
         running = self.count_tools(body.get("tools"))
         if running:
@@ -176,13 +175,8 @@ class ItemCounter:
         for i, item in enumerate(input_items(body)):
             running += self.count_item(item)
             pieces.append((f"item\0{i}".encode(), item, running))
-        units = []
-        for n, (tag, value, cumulative) in enumerate(pieces):
-            canonical = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
-            digest = hashlib.sha256(digest + tag + b"\0" + canonical).digest()
-            last = n == len(pieces) - 1
-            units.append(Unit(digest, cumulative, "5m" if last else None, last))
-        return units
+        model = b"responses-model\0" + str(body.get("model")).encode()
+        return prefix_units(model, pieces, every_boundary=False)
 
 
 def offered_custom(body: dict[str, Any], name: str) -> bool:

@@ -43,7 +43,7 @@ from proxy.testing.api_responses import (
     handle_responses_get,
     turn_state,
 )
-from proxy.testing.responses_events import CREATED_AT
+from proxy.testing.responses_events import response_object
 from proxy.testing.standin_http import COUNTER, RecordedRequest, paced, recorded, request_digest
 from proxy.wire.responses_units import input_items
 
@@ -79,20 +79,14 @@ def _invalid(message: str, param: str | None = None, code: str | None = None) ->
 
 
 def _prewarm_events(response_id: str, body: dict[str, Any]) -> list[bytes]:
-    response: dict[str, Any] = {
-        "id": response_id,
-        "object": "response",
-        "created_at": CREATED_AT,
-        "status": "in_progress",
-        "model": body.get("model"),
-        "output": [],
-        "usage": None,
-    }
-    done = {**response, "status": "completed"}
+    """What a `generate: false` frame gets: the response created and completed, empty."""
+    started = response_object({"id": response_id, "model": body.get("model")}, body, [],
+                              "in_progress", None)  # fmt: skip
     return [
-        orjson.dumps({"type": "response.created", "sequence_number": 0, "response": response}),
-        orjson.dumps({"type": "response.completed", "sequence_number": 1, "response": done}),
-    ]
+        orjson.dumps({"type": "response.created", "sequence_number": 0, "response": started}),
+        orjson.dumps({"type": "response.completed", "sequence_number": 1,
+                      "response": {**started, "status": "completed"}}),
+    ]  # fmt: skip
 
 
 async def handle_get(request: web.Request) -> web.StreamResponse:

@@ -145,7 +145,7 @@ def decide(
         return counted(Reply(digest, compaction=summary), counter)
     thinking = None
     if script.thinking and prompt.reasoning and summary is None:
-        thinking = f"Thinking about a request of {len(prompt.entries)} messages."
+        thinking = f"Thinking about a request of {prompt.size} messages."
     call, text = _call_and_text(prompt, script, summary)
     reply = Reply(digest, text, (call,) if call else (), thinking)
     if text and counter.count_text(text) > prompt.max_output:

@@ -226,12 +226,16 @@ def scaled(tokens: int, options: StandInOptions) -> int:
 
 
 async def send_json(
-    request: web.Request, payload: bytes, script: Script, fault: str | None
+    request: web.Request,
+    payload: bytes,
+    script: Script,
+    fault: str | None,
+    headers: Mapping[str, str] | None = None,
 ) -> web.StreamResponse:
     """A JSON answer; an `eof` fault cuts it halfway, a `stall` holds it back first."""
     if fault is None:
-        return web.Response(body=payload, content_type="application/json")
-    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        return web.Response(body=payload, content_type="application/json", headers=headers)
+    response = web.StreamResponse(headers={**(headers or {}), "Content-Type": "application/json"})
     response.content_length = len(payload)
     await response.prepare(request)
     if fault == "eof":
@@ -302,12 +306,16 @@ SSE = Framing("text/event-stream; charset=utf-8", Event.sse)
 
 
 async def send_stream(
-    request: web.Request, out: Streamed, framing: Framing = SSE
+    request: web.Request,
+    out: Streamed,
+    framing: Framing = SSE,
+    headers: Mapping[str, str] | None = None,
 ) -> web.StreamResponse:
     """The events, framed and paced; then a `stream_error` fault's event, or an `eof` cut."""
     response = web.StreamResponse(
-        headers={"Content-Type": framing.content_type, "Cache-Control": "no-cache"}
-    )
+        headers={**(headers or {}), "Content-Type": framing.content_type,
+                 "Cache-Control": "no-cache"}
+    )  # fmt: skip
     await response.prepare(request)
     fault = out.fault
     async for event in paced(out.events, out.script, fault, functools.partial(stall, request)):

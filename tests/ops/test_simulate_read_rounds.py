@@ -47,7 +47,7 @@ def scripted_model(header: str) -> Any:
         digest = request_digest(body, ("stream",))
         planned = decide(read(body), script, counter, digest)
         return {
-            **message(body, planned, Usage(1)),
+            **message(body["model"], planned, Usage(1)),
             "usage": {"input_tokens": 1, "output_tokens": planned.output_tokens},
         }
 

@@ -9,7 +9,8 @@ import logging
 import pytest
 from multidict import CIMultiDict
 
-from proxy.server.compactor import Compactor, betas_of
+from proxy.server.compactor import Compactor
+from proxy.server.envelope import betas_of
 
 
 async def test_a_model_not_in_the_table_is_warned_of_once(

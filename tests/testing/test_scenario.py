@@ -45,7 +45,7 @@ def scenario_answer(
 ) -> tuple[str, Answered]:
     """The scenario's answer to a Messages body, as the stand-in renders it."""
     reply = scenario_reply(scenario, read(body), counter, "0" * 24 + request_hash)
-    whole = message(body, reply, Usage(1))
+    whole = message(body["model"], reply, Usage(1))
     return reply.kind, Answered(whole["content"], whole["stop_reason"])
 
 

@@ -26,7 +26,7 @@ def summarise(body: dict[str, Any], counter: TokenCounter) -> str:
 
 def plan_answer(body: dict[str, Any], script: Script, digest: str) -> dict[str, Any]:
     """The stand-in's whole Messages answer to the body."""
-    return message(body, decide(read(body), script, COUNTER, digest), Usage(1))
+    return message(body["model"], decide(read(body), script, COUNTER, digest), Usage(1))
 
 
 REF_A = "r_0123456789abcdef"
