@@ -29,8 +29,8 @@ from proxy.core.model_names import anthropic_name
 from proxy.core.tokens import TokenCounter
 from proxy.core.usage import Usage as CoreUsage
 from proxy.testing import api_messages
-from proxy.testing.answering import answer
-from proxy.testing.api import Event, Refusal, Streamed, event
+from proxy.testing.answering import serve
+from proxy.testing.api import Event, Refusal, event
 from proxy.testing.api_messages import MessagesApi
 from proxy.testing.aws_sigv4 import check_request
 from proxy.testing.reply import Reply, Usage
@@ -41,8 +41,6 @@ from proxy.testing.standin_http import (
     Framing,
     request_id,
     scaled,
-    send_json,
-    send_stream,
 )
 from proxy.wire.anthropic_bedrock import (
     ERROR_TYPE_HEADER,
@@ -155,7 +153,13 @@ class BedrockApi(MessagesApi):
         return self.target.operation is Operation.STREAM
 
     def whole(self, body: Any, reply: Reply, usage: Usage) -> dict[str, Any]:
-        return super().whole(self._as_messages(body), reply, usage)
+        # Bedrock answers with the model's Anthropic name, whatever id the path gave.
+        return {**super().whole(body, reply, usage), "model": anthropic_name(self.target.model)}
+
+    def response_headers(
+        self, headers: Mapping[str, str], whole: dict[str, Any] | None
+    ) -> Mapping[str, str]:
+        return dict(metric_headers(_usage(whole), 1000)) if whole is not None else {}
 
     def events(self, body: Any, whole: dict[str, Any], chunk_tokens: int) -> list[Event]:
         events = super().events(body, whole, chunk_tokens)
@@ -197,20 +201,13 @@ async def handle_runtime(request: web.Request) -> web.StreamResponse:
     refusal = authorised(request, body)
     if refusal is None and target.model not in MODEL_IDS:
         refusal = Refusal(400, "ValidationException", INVALID_MODEL)
+    if refusal is not None:
+        record.error = refusal.message
+        return refusal_response(refusal)
     api = BedrockApi(request.app[COUNTER], target)
-    if refusal is None and target.operation is Operation.COUNT_TOKENS:
+    if target.operation is Operation.COUNT_TOKENS:
         return await _count_tokens(request, api, body)
-    out = refusal or await answer(request.app, api, request.headers, body, record)
-    if isinstance(out, Refusal):
-        record.error = record.error or out.message
-        return refusal_response(out)
-    if isinstance(out, Streamed):
-        return await send_stream(request, out, EVENT_STREAM_FRAMING)
-    sent = await send_json(request, out.payload, out.script, out.fault)
-    if out.fault is None:
-        whole = orjson.loads(out.payload)
-        sent.headers.extend(metric_headers(_usage(whole), 1000))
-    return sent
+    return await serve(request, api, EVENT_STREAM_FRAMING)
 
 
 async def _count_tokens(request: web.Request, api: BedrockApi, raw: bytes) -> web.Response:

@@ -94,7 +94,8 @@ class VertexApi(MessagesApi):
         return self.target.model
 
     def whole(self, body: Any, reply: Reply, usage: Usage) -> dict[str, Any]:
-        return super().whole(self._as_messages(body), reply, usage)
+        # Vertex answers with the model's Anthropic name, whatever id the path gave.
+        return {**super().whole(body, reply, usage), "model": anthropic_name(self.target.model)}
 
 
 async def handle_predict(request: web.Request) -> web.StreamResponse:
