@@ -1,35 +1,41 @@
-"""CPU per request on a crossing-heavy workload, as a ratio to a bare byte relay.
+"""CPU per request on what agents send, as a ratio to a bare byte relay, in one run.
 
-A real Claude Code session (the recorded turn tests/fixtures/agent-requests/
-claude-code-turn7.json: its system prompt, 31 KB of tool definitions, first user message
-and request options) is replayed as many conversations, each with its own fresh tool
-results (3-9 KB of code, logs and JSON from bench/codec.py's corpus, as fleet_load.py's
-agents get), by 4 workers at once, through `compaction-proxy serve` at the documented
-settings (config/proxy.toml; for the session's model, the claude-* policy with
---offload-trigger 4,000 instead of 20,000, so results are offloaded as they age; its own
-Redis, started here) and, with the same bodies, through the floor of any Python relay
-(overhead.py's bare aiohttp byte relay), each to a stand-in upstream of its own, in one
-run. Two workloads:
+Requests go through `compaction-proxy serve` at the shipped settings (config/proxy.toml;
+its own Redis, started here) and, with the same bodies, through the floor of any Python
+relay (overhead.py's bare aiohttp byte relay), each to a stand-in upstream of its own.
+Two workloads (`--workloads`, both by default), each with two lines:
 
-- small: the first turns of new conversations (the first request and one tool round),
-  as claude-sonnet-4-5 (the claude-* policy as documented), under every threshold of
-  the policy: nothing is rewritten;
-- crossing: conversations grown past the offload trigger (turns 0-3 sent first and not
-  measured), then turns 4-23: with incremental offload each one is a crossing (it
-  offloads the result that has just left the keep window).
+- session (the default): the recorded Claude Code session (bench/sessions/, made by
+  bench/record_session.py: 43 requests of claude-opus-5-5 with its 1M window, a 15-30 KB
+  result from Read, Grep or Bash each turn, growing to 0.9 MB), replayed as
+  `--conversations` conversations with fresh results (bench/fresh_session.py), 4 at a
+  time, at the shipped policy:
+  - crossing: every request of each conversation (the history crosses the offload
+    trigger early and the fold trigger later on: the requests the proxy rewrites);
+  - first: the first three requests of four times as many other new conversations,
+    under every threshold (forwarded untouched);
+- synthetic (the earlier workload): the recorded turn tests/fixtures/agent-requests/
+  claude-code-turn7.json (its system prompt, 31 KB of tool definitions, first message and
+  options) as conversations of 24 turns, each a Bash call with its own fresh 3-9 KB result
+  from bench/codec.py's corpus, sent as model claude-opus-5-5-synthetic, whose policy
+  lowers the offload trigger to `--offload-trigger` (4,000) so results are offloaded as
+  they age:
+  - crossing: turns 4-23 (turns 0-3 sent first, not measured): each a crossing;
+  - small: the first two turns of new conversations as claude-sonnet-4-5, under every
+    threshold.
 
-For each workload: the CPU time of the serve process (every thread's, /proc schedstat)
-over the requests, per request, and the same for the relay; the ratio proxy / relay (the
+For each line: the CPU time of the serve process (every thread's, /proc schedstat) over
+its requests, per request, and the same for the relay; the ratio proxy / relay (the
 targets are measured one after the other, in another order at each repeat). Also the Redis
 commands per request (INFO commandstats) for the first and the second half of the
-crossing turns: they should not grow with the conversation. Each repeat uses fresh
+crossing lines' turns: they should not grow with the conversation. Each repeat uses fresh
 conversations and fresh results (nothing counted before); --profile DIR runs py-spy on
-each serve process and the relay during the measured requests of each workload; --before DIR runs a
-second serve from another version's source tree (e.g. `git archive` of the base commit
-unpacked in DIR), with its own Redis, on the same requests in the same run.
+each serve process and the relay during the measured requests of each line; --before DIR
+runs a second serve from another version's source tree (e.g. `git archive` of the base
+commit unpacked in DIR), with its own Redis, on the same requests in the same run.
 
-    .venv/bin/python bench/crossing_cpu.py [--conversations 32] [--repeat 3] [--profile DIR]
-        [--before DIR] [--offload-trigger 4000]
+    .venv/bin/python bench/crossing_cpu.py [--conversations 32] [--repeat 3]
+        [--workloads session,synthetic] [--profile DIR] [--before DIR] [--offload-trigger 4000]
 """
 
 from __future__ import annotations
@@ -39,12 +45,14 @@ import asyncio
 import contextlib
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,24 +65,38 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from fleet_load import Outputs, Servers  # noqa: E402
+from fresh_session import SESSION, FreshSessions, Request  # noqa: E402
 from overhead import free_port, process, wait_ready  # noqa: E402
 
 from proxy.store import EmbeddedRedis  # noqa: E402
 
-SESSION = ROOT / "tests" / "fixtures" / "agent-requests" / "claude-code-turn7.json"
+SYNTHETIC = ROOT / "tests" / "fixtures" / "agent-requests" / "claude-code-turn7.json"
+SYNTHETIC_MODEL = "claude-opus-5-5-synthetic"  # its own policy: the lowered offload trigger
+MESSAGES = "/v1/messages?beta=true"
 PYTHON = sys.executable
 CONCURRENCY = 4
+FIRST_REQUESTS = 3  # the session's first requests: under every threshold
 SMALL_TURNS = 2  # the first request and one tool round: under every threshold
-WARM_TURNS = 4  # sent before the crossing workload is measured (past the offload trigger)
+WARM_TURNS = 4  # sent before the synthetic crossing line is measured (past its trigger)
 TURNS = 24
 SMALL_MODEL = "claude-sonnet-4-5"  # the documented claude-* policy: offload from 20,000
 
 
-class Session:
-    """The recorded session's fixed parts, and one conversation's request at a turn."""
+@dataclass(frozen=True)
+class Conversation:
+    name: str
+    requests: Callable[[], Iterable[Request]]  # made as they are sent
+
+
+Plan = list[Conversation]
+
+
+class Synthetic:
+    """The earlier workload: the recorded turn's fixed parts, and one conversation's
+    request at a turn."""
 
     def __init__(self) -> None:
-        recorded = orjson.loads(SESSION.read_bytes())
+        recorded = orjson.loads(SYNTHETIC.read_bytes())
         self.headers = {
             k: v for k, v in recorded["headers"].items() if k.lower() not in {"connection"}
         }
@@ -88,7 +110,7 @@ class Session:
         seed = int.from_bytes(conversation.encode()[-6:], "big") * 131 + turn
         return f"$ make step-{turn}  # {conversation}\n" + self.outputs.piece(seed)
 
-    def body(self, conversation: str, turn: int, model: str = "") -> bytes:
+    def body(self, conversation: str, turn: int, model: str) -> bytes:
         """The request at `turn`: the first message, then `turn` tool rounds."""
         messages: list[dict[str, Any]] = [self.first]
         for t in range(turn):
@@ -113,31 +135,37 @@ class Session:
                     ],
                 }
             )
-        return orjson.dumps(
-            {**self.base, "model": model or self.base["model"], "messages": messages}
-        )
+        return orjson.dumps({**self.base, "model": model, "messages": messages})
 
-    def request_headers(self, conversation: str) -> dict[str, str]:
-        return {**self.headers, "X-Claude-Code-Session-Id": conversation}
+    def conversation(self, name: str, turns: range, model: str = SYNTHETIC_MODEL) -> Conversation:
+        headers = {**self.headers, "X-Claude-Code-Session-Id": name}
+
+        def requests() -> Iterable[Request]:
+            return (Request(MESSAGES, headers, self.body(name, t, model)) for t in turns)
+
+        return Conversation(name, requests)
 
 
-async def replay(
-    session: aiohttp.ClientSession,
-    url: str,
-    plan: list[tuple[str, list[bytes]]],
-    cc: Session,
-) -> Counter[str]:
-    """Send each conversation's bodies in order, CONCURRENCY conversations at a time;
+def recorded(sessions: FreshSessions, name: str, start: int, stop: int) -> Conversation:
+    def requests() -> Iterable[Request]:
+        made = sessions.conversation(name, stop)
+        return (r for n, r in enumerate(made) if n >= start)
+
+    return Conversation(name, requests)
+
+
+async def replay(session: aiohttp.ClientSession, base: str, plan: Plan) -> Counter[str]:
+    """Send each conversation's requests in order, CONCURRENCY conversations at a time;
     how many answers carried each x-compaction-strategy ("" for none)."""
     queue = list(plan)
     strategies: Counter[str] = Counter()
 
     async def worker() -> None:
         while queue:
-            conversation, bodies = queue.pop(0)
-            headers = cc.request_headers(conversation)
-            for body in bodies:
-                async with session.post(url, data=body, headers=headers) as r:
+            conversation = queue.pop(0)
+            for request in conversation.requests():
+                url = base + request.path
+                async with session.post(url, data=request.body, headers=request.headers) as r:
                     raw = await r.read()
                     if r.status != 200:
                         raise RuntimeError(f"{url}: {r.status} {raw[:300]!r}")
@@ -190,76 +218,48 @@ def profiled(pid: int, out: Path | None) -> Any:
 async def measured(
     session: aiohttp.ClientSession,
     targets: dict[str, Target],
-    plan: list[tuple[str, list[bytes]]],
-    cc: Session,
+    plan: Plan,
     profile: Path | None = None,
 ) -> dict[str, Any]:
     """Replay the plan through each target in turn; CPU µs per request of each, the
-    proxies' answers' strategies and Redis commands per request."""
+    proxies' answers' strategies, Redis commands per request, and the requests' sizes."""
     out: dict[str, Any] = {}
-    requests = sum(len(bodies) for _, bodies in plan)
+    sizes = [len(r.body) for c in plan for r in c.requests()]
+    requests = len(sizes)
     for who, target in targets.items():
         commands = target.store.commands() if target.store else {}
         cpu = cpu_seconds(target.pid)
         where = profile.with_name(f"{who}-{profile.name}") if profile else None
         with profiled(target.pid, where):
-            strategies = await replay(session, target.url, plan, cc)
+            strategies = await replay(session, target.url, plan)
         out[who] = 1e6 * (cpu_seconds(target.pid) - cpu) / requests
         if target.store:
             out[f"{who}_strategies"] = dict(strategies)
             after = target.store.commands()
             calls = {k: v - commands.get(k, 0) for k, v in after.items()}
             out[f"{who}_commands"] = sum(calls.values()) / requests
+            # A crossing writes a new rewrite (every strategy but a checkpoint reapplied).
+            crossings = sum(n for k, n in strategies.items() if k and k != "checkpoint")
+            out[f"{who}_crossings"] = crossings
+            out[f"{who}_per_crossing"] = sum(calls.values()) / max(1, crossings)
             top = sorted(calls.items(), key=lambda kv: -kv[1])  # every command, most first
             out[f"{who}_top"] = {k: round(v / requests, 2) for k, v in top if v}
     out["requests"] = requests
+    out["bytes"] = sum(sizes) / requests
     return out
 
 
-async def one_repeat(
+async def halves(
     session: aiohttp.ClientSession,
     targets: dict[str, Target],
-    cc: Session,
-    args: argparse.Namespace,
-    repeat: int,
+    early: Plan,
+    late: Plan,
+    profile: Path | None,
 ) -> dict[str, Any]:
-    tag = f"r{repeat}x{os.getpid() % 10000}"
-    # Each repeat measures the targets in another order: on shared cores the load drifts
-    # within a repeat, and the one measured first would always meet the same part of it.
-    order = list(targets)
-    turn = repeat % len(order) if repeat >= 0 else 0
-    targets = {who: targets[who] for who in order[turn:] + order[:turn]}
-    names = [f"{tag}c{i:03d}" for i in range(args.conversations)]
-
-    def plan(turns: range) -> list[tuple[str, list[bytes]]]:
-        return [(name, [cc.body(name, t) for t in turns]) for name in names]
-
-    # Small: other new conversations, four times as many (enough CPU to measure).
-    small = [
-        (f"{tag}s{i:03d}", [cc.body(f"{tag}s{i:03d}", t, SMALL_MODEL) for t in range(SMALL_TURNS)])
-        for i in range(4 * args.conversations)
-    ]
-    profile_dir: Path | None = args.profile
-    result: dict[str, Any] = {}
-    result["small"] = await measured(
-        session, targets, small, cc, profile_dir / f"small-{repeat}.txt" if profile_dir else None
-    )
-    # Grow the same conversations past the offload trigger, unmeasured.
-    warm = plan(range(WARM_TURNS))
-    for target in targets.values():
-        if target.store:
-            await replay(session, target.url, warm, cc)
-    half = (WARM_TURNS + TURNS) // 2
-    early = plan(range(WARM_TURNS, half))
-    late = plan(range(half, TURNS))
-    first = await measured(
-        session,
-        targets,
-        early,
-        cc,
-        profile_dir / f"crossing-{repeat}.txt" if profile_dir else None,
-    )
-    second = await measured(session, targets, late, cc)
+    """A crossing line measured in two halves of its turns (all conversations' early
+    turns, then their late ones), merged; Redis commands per request of each half."""
+    first = await measured(session, targets, early, profile)
+    second = await measured(session, targets, late)
     both = first["requests"] + second["requests"]
     merged: dict[str, Any] = {"requests": both}
     for who, target in targets.items():
@@ -269,13 +269,64 @@ async def one_repeat(
             merged[key] = dict(Counter(first[key]) + Counter(second[key]))
             merged[f"{who}_commands_early"] = first[f"{who}_commands"]
             merged[f"{who}_commands_late"] = second[f"{who}_commands"]
+            merged[f"{who}_per_crossing_early"] = first[f"{who}_per_crossing"]
+            merged[f"{who}_per_crossing_late"] = second[f"{who}_per_crossing"]
             merged[f"{who}_top_early"] = first[f"{who}_top"]
             merged[f"{who}_top"] = second[f"{who}_top"]
-    crossing = early + late
-    merged["bytes"] = sum(len(b) for _, bodies in crossing for b in bodies) / both
-    result["crossing"] = merged
-    small_bodies = [b for _, bodies in small for b in bodies]
-    result["small"]["bytes"] = sum(len(b) for b in small_bodies) / len(small_bodies)
+    merged["bytes"] = (
+        first["bytes"] * first["requests"] + second["bytes"] * second["requests"]
+    ) / both
+    return merged
+
+
+async def one_repeat(
+    session: aiohttp.ClientSession,
+    targets: dict[str, Target],
+    workloads: dict[str, Any],
+    args: argparse.Namespace,
+    repeat: int,
+) -> dict[str, Any]:
+    tag = f"r{repeat}x{os.getpid() % 10000}"
+    # Each repeat measures the targets in another order: on shared cores the load drifts
+    # within a repeat, and the one measured first would always meet the same part of it.
+    order = list(targets)
+    turn = repeat % len(order) if repeat >= 0 else 0
+    targets = {who: targets[who] for who in order[turn:] + order[:turn]}
+    profile_dir: Path | None = args.profile
+
+    def profile(name: str) -> Path | None:
+        return profile_dir / f"{name}-{repeat}.txt" if profile_dir else None
+
+    count = args.conversations
+    result: dict[str, Any] = {}
+    sessions: FreshSessions | None = workloads.get("session")
+    if sessions is not None:
+        first = [recorded(sessions, f"{tag}f{i:03d}", 0, FIRST_REQUESTS) for i in range(4 * count)]
+        result["session first"] = await measured(session, targets, first, profile("first"))
+        names = [f"{tag}s{i:03d}" for i in range(count)]
+        half = len(sessions) // 2
+        early = [recorded(sessions, name, 0, half) for name in names]
+        late = [recorded(sessions, name, half, len(sessions)) for name in names]
+        result["session crossing"] = await halves(session, targets, early, late, profile("session"))
+    synthetic: Synthetic | None = workloads.get("synthetic")
+    if synthetic is not None:
+        small = [
+            synthetic.conversation(f"{tag}m{i:03d}", range(SMALL_TURNS), SMALL_MODEL)
+            for i in range(4 * count)
+        ]
+        result["synthetic small"] = await measured(session, targets, small, profile("small"))
+        names = [f"{tag}c{i:03d}" for i in range(count)]
+        # Grow the same conversations past the offload trigger, unmeasured.
+        warm = [synthetic.conversation(name, range(WARM_TURNS)) for name in names]
+        for target in targets.values():
+            if target.store:
+                await replay(session, target.url, warm)
+        mid = (WARM_TURNS + TURNS) // 2
+        early = [synthetic.conversation(name, range(WARM_TURNS, mid)) for name in names]
+        late = [synthetic.conversation(name, range(mid, TURNS)) for name in names]
+        result["synthetic crossing"] = await halves(
+            session, targets, early, late, profile("crossing")
+        )
     return result
 
 
@@ -287,18 +338,16 @@ class Target:
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    cc = Session()
+    workloads: dict[str, Any] = {}
+    if "session" in args.workloads:
+        workloads["session"] = FreshSessions(args.session)
+    if "synthetic" in args.workloads:
+        workloads["synthetic"] = Synthetic()
     work = Path(tempfile.mkdtemp(prefix="crossing-cpu-"))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("REDIS_URL", None)
-    config = work / "proxy.toml"
-    # The documented settings; the session's model gets the claude-* defaults with an
-    # offload trigger low enough (--offload-trigger) that its 3-9 KB results are offloaded
-    # as they age from the first turns on, as at fleet_load.py's 10% of a 32k window.
-    # The small workload's model (SMALL_MODEL) keeps the claude-* defaults as documented.
-    config.write_text(
-        (ROOT / "config" / "proxy.toml").read_text()
-        + f'\n[[policy]]\nmatch = "{cc.base["model"]}"\nwindow = 200000\ntrigger = 100000\n'
+    policy = (
+        f'\n[[policy]]\nmatch = "{SYNTHETIC_MODEL}"\nwindow = 200000\ntrigger = 100000\n'
         f"target = 80000\noffload_trigger = {args.offload_trigger}\n"
     )
     proxies = {"proxy": ROOT}
@@ -319,6 +368,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=300)
     with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, work, True)
         targets: dict[str, Target] = {}
         children: dict[str, Any] = {}
         for who, source in proxies.items():
@@ -327,6 +377,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             stack.callback(redis_server.stop_sync)
             store = Servers(redis_url, cluster=False)
             stack.callback(store.close)
+            config = work / f"{who}.toml"  # the tree's own shipped settings, and the policy
+            config.write_text((source / "config" / "proxy.toml").read_text() + policy)
             command = [
                 PYTHON, "-P", "-m", "proxy", "--log-level", "WARNING", "serve",
                 "--port", str(ports[who]), "--upstream", local(upstreams[who]),
@@ -334,7 +386,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             ]  # fmt: skip
             own = {**env, "PYTHONPATH": str(source)}
             children[who] = stack.enter_context(process(command, own, work / f"{who}.log"))
-            targets[who] = Target(local(ports[who]) + "/v1/messages?beta=true", 0, store)
+            targets[who] = Target(local(ports[who]), 0, store)
         for port in upstreams.values():
             standin_cmd = [
                 PYTHON, "-m", "proxy", "--log-level", "WARNING", "stand-in",
@@ -343,7 +395,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             child = stack.enter_context(process(standin_cmd, env))
             await wait_ready_once(local(port) + "/v1/models", child)
         children["relay"] = stack.enter_context(process(relay_cmd, env))
-        targets["relay"] = Target(local(ports["relay"]) + "/v1/messages?beta=true", 0, None)
+        targets["relay"] = Target(local(ports["relay"]), 0, None)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             for who, child in children.items():
                 probe = "/healthz" if who in proxies else "/v1/models"
@@ -351,9 +403,10 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 if who in targets:
                     targets[who].pid = child.pid
             # Warm every process's code paths and pools (not measured).
-            await one_repeat(session, targets, cc, _warm(args), -1)
+            await one_repeat(session, targets, workloads, _warm(args), -1)
             for repeat in range(args.repeat):
-                result = await one_repeat(session, targets, cc, args, repeat)
+                result = await one_repeat(session, targets, workloads, args, repeat)
+                result["load"] = os.getloadavg()[0]
                 print(orjson.dumps(result).decode(), flush=True)
                 results.append(result)
     return results
@@ -365,12 +418,17 @@ async def wait_ready_once(url: str, child: Any) -> None:
 
 
 def _warm(args: argparse.Namespace) -> argparse.Namespace:
-    return argparse.Namespace(**{**vars(args), "conversations": 4, "profile": None})
+    return argparse.Namespace(**{**vars(args), "conversations": 2, "profile": None})
+
+
+LINES = ("session crossing", "session first", "synthetic crossing", "synthetic small")
 
 
 def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     before = bool(args.before)
     command = f"--conversations {args.conversations} --repeat {args.repeat}"
+    if args.workloads != "session,synthetic":
+        command += f" --workloads {args.workloads}"
     if before:
         command += " --before DIR"
     lines = [
@@ -378,26 +436,28 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}.",
         "",
-        "| repeat | workload | requests | mean body | relay CPU µs/req "
+        "| repeat | load | line | requests | mean body | relay CPU µs/req "
         + ("| before: proxy µs/req | before / relay " if before else "")
-        + "| proxy CPU µs/req | proxy / relay | strategies | Redis commands/req |",
-        "|---:|---|---:|---:|---:|" + ("---:|---:|" if before else "") + "---:|---:|---|---:|",
+        + "| proxy CPU µs/req | proxy / relay | strategies "
+        + "| Redis commands per request; per crossing |",
+        "|---:|---:|---|---:|---:|---:|" + ("---:|---:|" if before else "") + "---:|---:|---|---:|",
     ]
     for i, r in enumerate(results):
-        for name in ("crossing", "small"):
+        for name in (line for line in LINES if line in r):
             w = r[name]
             strategies = ", ".join(
                 f"{k or 'none'} {v}" for k, v in sorted(w["proxy_strategies"].items())
             )
             commands = " (before: ".join(
                 f"{w[f'{who}_commands_early']:.2f} / {w[f'{who}_commands_late']:.2f}"
-                if name == "crossing"
+                f"; {w[f'{who}_per_crossing_early']:.2f} / {w[f'{who}_per_crossing_late']:.2f}"
+                if name.endswith("crossing")
                 else f"{w[f'{who}_commands']:.2f}"
                 for who in (("proxy", "before") if before else ("proxy",))
             ) + (")" if before else "")
             cells = [
-                str(i + 1), name, str(w["requests"]), f"{w['bytes'] / 1000:.0f} KB",
-                f"{w['relay']:.0f}",
+                str(i + 1), f"{r['load']:.1f}", name, str(w["requests"]),
+                f"{w['bytes'] / 1000:.0f} KB", f"{w['relay']:.0f}",
             ]  # fmt: skip
             if before:
                 cells += [f"{w['before']:.0f}", f"{w['before'] / w['relay']:.2f}x"]
@@ -406,7 +466,11 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             ]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Redis commands per request of the crossing workload: turns 4-13 / turns 14-23.")
+    lines.append(
+        "Redis commands of the crossing lines, per request and per crossing (a request"
+        " that writes a new rewrite): the first half of the turns / the second half. Load:"
+        " the 1-minute load average after the repeat."
+    )
     return "\n".join(lines)
 
 
@@ -414,6 +478,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--workloads", default="session,synthetic")
+    parser.add_argument("--session", type=Path, default=SESSION)
     parser.add_argument("--offload-trigger", type=int, default=4000)
     parser.add_argument(
         "--before", type=Path, help="a source tree of another version: its serve measured too"

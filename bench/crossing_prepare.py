@@ -1,21 +1,23 @@
-"""The crossing's own work in one process, without sockets: `Compactor.prepare` on the
-crossing workload of crossing_cpu.py, this tree against another, alternated.
+"""The crossing's own work in one process, without sockets: `Compactor.prepare` on
+crossing_cpu.py's default workload, this tree against another, alternated.
 
 Each run is a child process with one tree first on its path: it starts an embedded
-Redis, grows a few warm conversations, then times (CPU, process_time) `Compactor.prepare`
-(parsing included) for turns 4-23 of N fresh conversations of the recorded Claude Code
-session, each with its own tool results, at crossing_cpu.py's policy (offload_trigger
-4,000). No upstream, no relay, no event loop's sockets but Redis's: the part of a
-crossing that counting, the store calls and the planner make, with less noise than the
-end-to-end run on shared cores. The trees are run in turn, `--rounds` times.
+Redis, sends two warm conversations, then times (CPU, process_time) reading and preparing
+every request (the body parsed as that tree parses it: through its reuse cache when it
+has one; `Compactor.prepare` as that tree's takes it) of N fresh conversations of the
+recorded Claude Code session (bench/sessions/, bench/fresh_session.py), at the shipped
+policy. No upstream, no relay, no event loop's sockets but Redis's: the part of a
+request that parsing, counting, the store calls and the planner make, with less noise
+than the end-to-end run on shared cores. The trees are run in turn, `--rounds` times.
 
-    .venv/bin/python bench/crossing_prepare.py --before DIR [--conversations 12] [--rounds 6]
+    .venv/bin/python bench/crossing_prepare.py --before DIR [--conversations 8] [--rounds 6]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import os
 import statistics
 import subprocess
@@ -23,13 +25,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-TURNS, WARM_TURNS = 24, 4
+WARM = 2
 
 
 async def measure(conversations: int, tag: str) -> float:
-    """CPU µs per prepare over the measured turns (in the child, its tree first)."""
+    """CPU µs per request read and prepared (in the child, its tree first)."""
     import orjson
 
     from proxy.server.compactor import Compactor
@@ -38,38 +41,49 @@ async def measure(conversations: int, tag: str) -> float:
 
     saved = list(sys.path)
     sys.path.append(str(ROOT / "bench"))
-    from crossing_cpu import Session  # the workload (it puts this tree first on the path)
+    from fresh_session import FreshSessions  # the workload (this tree's, whatever is tested)
 
     sys.path[:] = saved  # what prepare imports later comes from the tree under test
     where = str(sys.modules[Compactor.__module__].__file__)
     assert where.startswith(os.environ["PYTHONPATH"]), where
-    cc = Session()
+    sessions = FreshSessions()
     server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="crossing-prepare-")) / "redis")
     store = Store.from_url(server.start_sync())
-    policy = {
-        "match": cc.base["model"], "window": 200_000, "trigger": 100_000, "target": 80_000,
-        "offload_trigger": 4_000,
-    }  # fmt: skip
-    compactor = Compactor([policy])
+    compactor = Compactor()
+    exchange = "incoming" in inspect.signature(Compactor.prepare).parameters
 
-    async def turn(name: str, t: int) -> float:
-        raw = cc.body(name, t)
-        start = time.process_time()
-        await compactor.prepare(
-            raw, orjson.loads(raw), cc.request_headers(name), wire=ANTHROPIC, store=store,
-            upstream=None, path="/v1/messages", upstream_headers=(),  # type: ignore[arg-type]
-        )  # fmt: skip
-        return time.process_time() - start
+    async def prepared(raw: bytes, headers: dict[str, str]) -> Any:
+        if not exchange:  # a tree from before the exchange (issue 31)
+            return await compactor.prepare(
+                raw, orjson.loads(raw), headers, wire=ANTHROPIC, store=store, upstream=None,
+                path="/v1/messages", upstream_headers=(),
+            )  # fmt: skip
+        from proxy.server.bodies import Incoming
+        from proxy.server.compactor import Asked
+        from proxy.server.record import current_or_throwaway
+
+        parse = getattr(compactor, "parser", None)
+        if parse is not None:
+            payload, seen = parse(ANTHROPIC, "t", headers)(raw)
+            incoming = Incoming(raw, payload, seen=seen)
+        else:
+            incoming = Incoming(raw, orjson.loads(raw))
+        asked = Asked(headers, str(incoming.payload.get("model", "")))
+        return await compactor.prepare(incoming, ANTHROPIC, store, asked, current_or_throwaway())
+
+    async def conversation(name: str) -> float:
+        spent = 0.0
+        for request in sessions.conversation(name):
+            start = time.process_time()
+            await prepared(request.body, request.headers)
+            spent += time.process_time() - start
+        return spent
 
     try:
-        for warm in range(4):  # code paths, pools, the counter's cache of the fixed parts
-            for t in range(TURNS):
-                await turn(f"{tag}w{warm}", t)
-        spent = [
-            await turn(f"{tag}c{c:03d}", t) for c in range(conversations) for t in range(TURNS)
-        ]
-        measured = [s for i, s in enumerate(spent) if i % TURNS >= WARM_TURNS]
-        return 1e6 * sum(measured) / len(measured)
+        for warm in range(WARM):  # code paths, pools, the counter's cache of the fixed parts
+            await conversation(f"{tag}w{warm}")
+        spent = [await conversation(f"{tag}c{c:03d}") for c in range(conversations)]
+        return 1e6 * sum(spent) / (conversations * len(sessions))
     finally:
         await compactor.close()
         await store.close()
@@ -92,11 +106,11 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", type=Path, required=True, help="another version's tree")
-    parser.add_argument("--conversations", type=int, default=12)
+    parser.add_argument("--conversations", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     ratios = []
-    print("| round | before µs/prepare | after µs/prepare | after / before |")
+    print("| round | before µs/request | after µs/request | after / before |")
     print("|---:|---:|---:|---:|")
     for n in range(args.rounds):
         tag = f"r{n}p{os.getpid()}"

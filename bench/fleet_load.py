@@ -19,7 +19,11 @@ over their raw size; how many results the conversations offloaded over how many 
 stored (deduplication), and the blobs' memory over the raw size a store per conversation
 would have held. Stand-in, Redis, replicas and load share this machine's cores.
 
+Also each replica's resident and peak memory at the end, and what its reuse cache
+(proxy/core/reuse.py; `--reuse BYTES`, 0 for off) held.
+
     .venv/bin/python bench/fleet_load.py [--agents 25,50,100,200] [--turns 24] [--cluster]
+        [--reuse 268435456]
 """
 
 from __future__ import annotations
@@ -335,6 +339,14 @@ async def scrape(urls: list[str]) -> tuple[dict[str, float], dict[float, float]]
     return totals, own
 
 
+def memory_mib(pid: int) -> tuple[float, float]:
+    """A process's resident memory now and at its peak (VmRSS, VmHWM), MiB."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
 def bucket_pct(buckets: dict[float, float], q: float) -> float:
     """The upper bound (ms) of the histogram bucket holding the q-quantile."""
     total = max(buckets.values())
@@ -353,7 +365,8 @@ def measure(
     before = store.used_memory()
     redis_cpu = store.cpu()
     config = Path(tempfile.mkdtemp(prefix="fleet-")) / "proxy.toml"
-    config.write_text(CONFIG)
+    server = f"[server]\nreuse_max_bytes = {args.reuse}\n\n"
+    config.write_text(CONFIG.replace("[store]", server + "[store]"))
     with contextlib.ExitStack() as stack:
         urls: list[str] = []
         replicas: list[int] = []
@@ -376,6 +389,7 @@ def measure(
         )
         metrics, own = asyncio.run(scrape(urls))
         replica_cpu = sum(cpu_seconds(pid) for pid in replicas) - started_cpu
+        rss = [memory_mib(pid) for pid in replicas]
     commands = store.commands()
     redis_cpu = store.cpu() - redis_cpu
     stored, raw, blob_memory = store.blobs()
@@ -414,6 +428,14 @@ def measure(
         "read_rounds": m("read_result_rounds_total", 0.0),
         "store_errors": m("store_errors_total", 0.0),
         "unreadable": m("unreadable_refs_total", 0.0),
+        # Each replica's resident and peak memory at the end (MiB), and what the reuse
+        # cache held (summed over the replicas) and how often a request continued a line.
+        "rss_mib": max(now for now, _ in rss),
+        "peak_mib": max(peak for _, peak in rss),
+        "reuse_bytes": m("reuse_bytes", 0.0),
+        "reuse_entries": m("reuse_entries", 0.0),
+        "reuse_hits": m("reuse_hits_total", 0.0),
+        "reuse_misses": m("reuse_misses_total", 0.0),
     }
 
 
@@ -433,7 +455,10 @@ def row(r: dict[str, Any]) -> str:
         f"| {r['replica_cpu_ms']:.1f} / {r['redis_cpu_ms']:.2f} | {r['commands_per_request']:.2f} "
         f"| {r['memory_per_conversation'] / 1000:.0f} KB | {unique:.3f} | {dedup:.2f} "
         f"| {shared:.3f} ({everything:.3f}) "
-        f"| {r['crossings']:.0f} / {r['read_rounds']:.0f} / {r['store_errors']:.0f} |"
+        f"| {r['crossings']:.0f} / {r['read_rounds']:.0f} / {r['store_errors']:.0f} "
+        f"| {r['rss_mib']:.0f} / {r['peak_mib']:.0f} "
+        f"| {r['reuse_entries']:.0f} / {r['reuse_bytes'] / 2**20:.1f} MiB "
+        f"| {r['reuse_hits']:.0f} / {r['reuse_misses']:.0f} |"
     )
 
 
@@ -443,8 +468,9 @@ HEADER = (
     "| CPU ms/req: replicas / Redis | Redis commands/req "
     "| Redis memory/conversation | blob memory / raw | results offloaded / blobs stored "
     "| blob memory (all Redis memory) / raw offloaded per conversation "
-    "| crossings / read rounds / store errors |\n"
-    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "| crossings / read rounds / store errors | replica memory MiB: resident / peak (largest) "
+    "| reuse cache: lines / counted bytes (all replicas) | reuse hits / misses |\n"
+    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
@@ -453,6 +479,10 @@ def main() -> None:
     parser.add_argument("--agents", default="25,50,100,200")
     parser.add_argument("--turns", type=int, default=24)
     parser.add_argument("--cluster", action="store_true", help="the three-master Cluster")
+    parser.add_argument(
+        "--reuse", type=int, default=256 * 2**20,
+        help="server.reuse_max_bytes of the replicas (0: the reuse cache off)",
+    )  # fmt: skip
     args = parser.parse_args()
     # A SIGTERM unwinds like Ctrl-C, so the servers this started are stopped too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

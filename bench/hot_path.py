@@ -32,7 +32,6 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -47,8 +46,10 @@ from proxy.core.exact_json import ClientJSON  # noqa: E402
 from proxy.core.identity import conversation_of, tenant_of  # noqa: E402
 from proxy.core.sse import SSEDecoder, encode_event  # noqa: E402
 from proxy.server.app import RunningProxy, start  # noqa: E402
-from proxy.server.headers import upstream_request_headers  # noqa: E402
-from proxy.server.state import COMPACTOR, STORE, UPSTREAM  # noqa: E402
+from proxy.server.bodies import Incoming  # noqa: E402
+from proxy.server.compactor import Asked  # noqa: E402
+from proxy.server.record import current_or_throwaway  # noqa: E402
+from proxy.server.state import COMPACTOR, STORE  # noqa: E402
 from proxy.testing.standin import RECORDED, StandInOptions, create_app  # noqa: E402
 from proxy.wire import ANTHROPIC  # noqa: E402
 
@@ -123,15 +124,11 @@ async def prepare_run(rounds: int, policy: dict[str, Any]) -> dict[str, Any]:
         app = proxy.app
 
         async def prepare_once() -> Any:
+            # As the exchange asks (proxy/server/exchange.py), the body parsed plainly:
+            # the same bytes every time, so the reuse cache would keep everything.
+            asked = Asked(headers, "claude-test-1")
             prepared = await compactor.prepare(
-                raw,
-                body,
-                headers,
-                wire=ANTHROPIC,
-                store=app[STORE].store,
-                upstream=app[UPSTREAM],
-                path="/v1/messages",
-                upstream_headers=upstream_request_headers(CIMultiDict(headers)),
+                Incoming(raw, body), ANTHROPIC, app[STORE].store, asked, current_or_throwaway()
             )
             said = dict(prepared.headers)
             assert said.get("x-compaction-strategy") == "checkpoint", said

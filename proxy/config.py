@@ -57,6 +57,10 @@ class ServerSettings:
     max_connections: int = 2048
     # The event loop: "auto" (uvloop when installed, else asyncio's), "asyncio" or "uvloop".
     event_loop: str = "auto"
+    # Memory for what was computed for each conversation line's last request, so the next
+    # one parses, hashes and counts only what it adds (bodies counted 2.5x their bytes
+    # for their parsed objects; least recently used line dropped first). 0: off.
+    reuse_max_bytes: int = 256 * MIB
     # Bytes of a body past which the pure work on it (decoding, checking, counting,
     # planning) runs in a worker thread, so one huge request does not stall the others.
     off_loop_bytes: int = 256 * 1024
@@ -305,6 +309,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "server.body_timeout": _positive,
     "server.max_connections": _positive,
     "server.event_loop": _one_of("auto", "asyncio", "uvloop"),
+    "server.reuse_max_bytes": _non_negative,
     "server.off_loop_bytes": _non_negative,
     "upstream.url": _upstream_url,
     "upstream.openai_url": _optional_upstream_url,

@@ -45,10 +45,12 @@ def digest(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()[:DIGEST_BYTES]
 
 
-def canonical(message: Mapping[str, Any]) -> Canonical:
+def canonical(message: Mapping[str, Any], raw: bytes | None = None) -> Canonical:
+    """`raw`: the message's JSON when already made (orjson's writing of it)."""
     # One orjson call per message (one call for the whole list, cut at separators,
     # measured no faster); a second only for a message with a breakpoint or string content.
-    raw = orjson.dumps(message)
+    if raw is None:
+        raw = orjson.dumps(message)
     content = message.get("content")
     string_form = isinstance(content, str)
     # A key of the JSON: inside a string its quotes would be escaped.

@@ -60,14 +60,14 @@ from proxy.core.lines import (
     is_most_recent,
     next_tick,
 )
-from proxy.core.outcome import FoldPlan, Outcome, Planned, Refuse, Rewrite, Untouched
+from proxy.core.outcome import FoldPlan, Outcome, Planned, Recount, Refuse, Rewrite, Untouched
 from proxy.core.planner import plan, without_blobs
 from proxy.core.policy import Policy
 from proxy.core.rewrites import fold, recovered_blobs
 from proxy.core.segments import StubbedMemo, vouched_refs
 from proxy.core.tokens import TOOLS_PREAMBLE
 from proxy.core.wire_format import MessageCounter, WireFormat
-from proxy.core.working import PlanInput, real
+from proxy.core.working import BuiltMemo, PlanInput, real
 
 Message = Mapping[str, Any]
 T = TypeVar("T")
@@ -86,6 +86,7 @@ class CompactionRequest:
     factor: float  # calibration: real tokens / estimated
     source: ClientJSON  # the body's bytes, written back exactly where a rewrite keeps them
     stubbed: StubbedMemo | None = None  # the shell's memo of stubbed messages (planner)
+    built: BuiltMemo | None = None  # what the line's earlier requests built (planner)
     # The shell's clock (seconds) and how often the TTLs of the refs a conversation names
     # are renewed at most; 0: at every crossing.
     now: int = 0
@@ -127,8 +128,14 @@ Driver = Generator[Command, Reply, Decision]
 
 def compaction(request: CompactionRequest) -> Driver:
     counted = request.counted
-    if not request.messages or counted.fits(request.policy, request.factor):
-        return Decision(Untouched(real(counted.history, request.factor)), counted.total)
+    policy, factor = request.policy, request.factor
+    if counted.margin and counted.fits(policy, factor, -counted.margin):
+        if counted.fits(policy, factor, counted.margin):
+            return Decision(Untouched(real(counted.history, factor)), counted.total)
+        request = _recounted(request, counted.estimated)  # whether it fits is exact's to say
+        counted = request.counted
+    if not request.messages or counted.fits(policy, factor):
+        return Decision(Untouched(real(counted.history, factor)), counted.total)
     root = root_of(counted.digests)
     loaded = yield LoadConversation(root)
     assert isinstance(loaded, Loaded)
@@ -138,6 +145,10 @@ def compaction(request: CompactionRequest) -> Driver:
     inp = _plan_input(request, loaded, line, best_note(notes, counted.digests))
     crossed = False
     outcome: Planned = plan(inp)
+    while isinstance(outcome, Recount):
+        request = _recounted(request, outcome.indices)
+        inp = replace(inp, counts=request.counted.counts, uncertain=request.counted.uncertain)
+        outcome = plan(inp)
     failure = ""
     made: tuple[str, str] | None = None  # a summary this request paid for: (key, text)
     known: tuple[str, str] | None = None  # the summary it folded with: (key, text)
@@ -180,6 +191,11 @@ def compaction(request: CompactionRequest) -> Driver:
             # A stub whose blob was not kept could never be read: plan again without
             # offloading, folding with the summary already paid for when it still fits.
             outcome = without_blobs(inp)
+            while isinstance(outcome, Recount):
+                request = _recounted(request, outcome.indices)
+                counts, uncertain = request.counted.counts, request.counted.uncertain
+                inp = replace(inp, counts=counts, uncertain=uncertain)
+                outcome = without_blobs(inp)
             if isinstance(outcome, FoldPlan):
                 paid = known[1] if known is not None and known[0] == outcome.key else None
                 outcome = fold(outcome, paid, summary="reused" if made is None else "made")
@@ -206,6 +222,11 @@ def compaction(request: CompactionRequest) -> Driver:
         touched = yield TouchLine(root, line.name, next_tick(lines))
         assert isinstance(touched, Started)
     return _decision(request, inp, outcome, failure)
+
+
+def _recounted(request: CompactionRequest, indices: Sequence[int]) -> CompactionRequest:
+    """The request with the messages at `indices` counted exactly (Counted.exactly)."""
+    return replace(request, counted=request.counted.exactly(indices))
 
 
 def _lines_of(loaded: Loaded) -> list[Line]:
@@ -311,6 +332,8 @@ def _plan_input(
         prepared=prepared,
         forms=request.counted.forms,
         stubbed=request.stubbed,
+        uncertain=request.counted.uncertain,
+        built=request.built,
     )
 
 
@@ -347,7 +370,7 @@ def _marked(
 ) -> list[dict[str, Any]]:
     if at is None:
         return messages
-    client = request.wire.breakpoints(request.body) + request.counted.breakpoints
+    client = request.counted.breakpoints
     if client >= MAX_BREAKPOINTS:
         return messages
     marked = request.wire.with_breakpoint(messages[at])

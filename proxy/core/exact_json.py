@@ -47,10 +47,14 @@ class ClientJSON:
 
     __slots__ = ("_canonical", "_encodable", "_expanded", "_owners", "_spans", "parsed", "raw")
 
-    def __init__(self, raw: bytes, parsed: Mapping[str, Any]) -> None:
+    def __init__(
+        self, raw: bytes, parsed: Mapping[str, Any], canonical: bool | None = None
+    ) -> None:
+        """`canonical`: already known (the reuse cache proves it where it knows where each
+        message lies: proxy/core/reuse.py); None: found on first need."""
         self.raw = raw
         self.parsed = parsed
-        self._canonical: bool | None = None
+        self._canonical: bool | None = canonical
         self._encodable = True
         # id(object parsed from raw) -> (the object, its span): the object is held so that
         # its id is never reused while the span is known.

@@ -57,11 +57,19 @@ def identities(
     return tenant, conversation_of(headers, wire.identity_view(body), tenant)
 
 
-def _client_id(headers: Mapping[str, str], view: IdentityView) -> str | None:
+def header_id(headers: Mapping[str, str]) -> str | None:
+    """The conversation id a client sends in a header, if any."""
     for name in ("x-conversation-id", "x-claude-code-session-id", "session-id"):
         value = headers.get(name)
         if value:
             return f"{name}:{value}"
+    return None
+
+
+def _client_id(headers: Mapping[str, str], view: IdentityView) -> str | None:
+    found = header_id(headers)
+    if found is not None:
+        return found
     if view.hint:
         return f"hint:{view.hint}"
     metadata = view.metadata

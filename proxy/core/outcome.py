@@ -4,7 +4,8 @@
 - `Rewrite`: the messages to send, the blobs to store and the new checkpoint;
 - `Refuse`: nothing fits; the message says what and by how much;
 - `FoldPlan`: a crossing that wants a summary of the oldest groups first (never the
-  end of a request: `rewrites.fold` completes it into a Rewrite or a Refuse).
+  end of a request: `rewrites.fold` completes it into a Rewrite or a Refuse);
+- `Recount`: estimated counts that cannot decide: counted exactly, planned again.
 
 `Outcome` is how a request ends (the driver's `Decision` carries it to the shell);
 `Planned` is what `planner.plan` answers. Every outcome that differs from what the policy
@@ -115,5 +116,14 @@ class FoldPlan:
     ahead: bool = False  # its summary is the one being made ahead: wait for it
 
 
+@dataclass(frozen=True, slots=True)
+class Recount:
+    """The plan cannot go on with estimated counts (proxy/core/estimate.py): a threshold
+    lies within their margin, or a fold (or a summary made ahead) is to be planned. The
+    driver has the messages at `indices` counted exactly and plans again."""
+
+    indices: tuple[int, ...]
+
+
 Outcome = Untouched | Refuse | Rewrite
-Planned = Outcome | FoldPlan
+Planned = Outcome | FoldPlan | Recount

@@ -26,10 +26,12 @@ from dataclasses import replace
 from proxy.core.checkpoint import Checkpoint
 from proxy.core.commands import PreparedSummary
 from proxy.core.digests import chain_hashes
+from proxy.core.estimate import margin
 from proxy.core.fold import plan_compaction
 from proxy.core.history import compaction_turns, pinned_tokens
-from proxy.core.outcome import FoldPlan, Planned, Refuse, Rewrite, Untouched
+from proxy.core.outcome import FoldPlan, Planned, Recount, Refuse, Rewrite, Untouched
 from proxy.core.rewrites import fold, offload, pack, rewrite_of
+from proxy.core.segments import Verbatim
 from proxy.core.strategy import Strategy
 from proxy.core.summariser_input import folding, member_digests
 from proxy.core.working import Limits, PlanInput, Working, limits_of, real, segments_for, working
@@ -50,10 +52,20 @@ def plan(inp: PlanInput) -> Planned:
     # What the client sent, not what an earlier rewrite made of it.
     before = real(sum(inp.counts), inp.factor)
     blobs: list[tuple[str, str]] = []
-    if inp.tool and inp.store_ok and inp.offload_ok and work.tokens > limits.offload_at:
+    offloading = bool(inp.tool and inp.store_ok and inp.offload_ok)
+    unsure, estimated = _unsure(inp, work)
+    if offloading and unsure and abs(work.tokens - limits.offload_at) <= unsure:
+        return Recount(estimated)  # whether to offload is the exact count's to say
+    if offloading and work.tokens > limits.offload_at:
         # An offload step: every large result that has left the keep window becomes a
         # stub, added after what is frozen (stubs already sent never change).
         work, blobs = offload(work, inp)
+        unsure, estimated = _unsure(inp, work)
+    if unsure and work.tokens + unsure > limits.prepare_at:
+        # Near or past where folds are planned (a summary made ahead, the fold, a pack):
+        # which turns they take, and the keys they are stored under, are the exact
+        # counts' to say.
+        return Recount(estimated)
     if work.tokens <= _recross_at(limits, stored):
         quiet: Untouched | Rewrite
         if blobs:
@@ -113,6 +125,17 @@ def plan(inp: PlanInput) -> Planned:
         if awaited is not None:
             return awaited
     return planned
+
+
+def _unsure(inp: PlanInput, work: Working) -> tuple[int, tuple[int, ...]]:
+    """How far the work's tokens may be from their exact count (the margin of the
+    estimated counts among its client messages as sent), and those messages."""
+    if not inp.uncertain:
+        return 0, ()
+    estimated = tuple(
+        seg.index for seg in work.segments if isinstance(seg, Verbatim) and inp.uncertain[seg.index]
+    )
+    return margin(sum(inp.uncertain[n] for n in estimated)), estimated
 
 
 def _awaited(plan: FoldPlan, ready: PreparedSummary) -> FoldPlan | None:

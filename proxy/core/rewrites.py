@@ -12,6 +12,7 @@ from collections.abc import Collection
 
 from proxy.core.checkpoint import Checkpoint
 from proxy.core.digests import chain_hash
+from proxy.core.estimate import result_exceeds
 from proxy.core.history import GroupKind, pack_messages, pinned_tokens
 from proxy.core.offload import Stub, ToolResult, ref_for, refs_in
 from proxy.core.outcome import FoldPlan, Refuse, Rewrite
@@ -55,8 +56,8 @@ def offload(work: Working, inp: PlanInput) -> tuple[Working, list[tuple[str, str
         text = result.text
         if text is None or len(text) <= policy.stub_head_chars:
             continue
-        if inp.counter.count_result(result.content) <= policy.offload_threshold:
-            continue
+        if not result_exceeds(inp.counter.count_result, result.content, policy.offload_threshold):
+            continue  # (bounds decide most without counting: estimate.result_exceeds)
         ref = ref_for(text)
         stubs.setdefault(n, []).append(Stub(result.block, ref, policy.stub_head_chars))
         blobs.append((ref, text))

@@ -120,6 +120,9 @@ class Request(Protocol):
     """What a request of the API is: its history in and out, counted and identified."""
 
     name: str
+    # The top-level field holding the history list ("messages", "input"): where the
+    # bytes a conversation's next request repeats are found (proxy/core/reuse.py).
+    history_field: str
 
     def messages(self, body: Mapping[str, Any]) -> list[JSON]:
         """The request's history (every message a JSON object), or [] when absent."""

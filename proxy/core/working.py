@@ -36,6 +36,14 @@ Message = Mapping[str, Any]
 
 # -- what the planner is given ----------------------------------------------------------
 
+# Messages and shapes built for a line's segments, by the id of what they stand for (the
+# client's message for a verbatim one, the stored segment for the rest): a conversation
+# resends its history and reapplies its checkpoint every turn, and building every
+# message's shape again was most of the planner's time on a long one. An entry holds
+# those objects (so their ids stay theirs), the message a stub is made of, and what else
+# the build read; it is used only where all of them are the same.
+BuiltMemo = dict[int, tuple[object, object, tuple[object, ...], tuple[dict[str, Any], Shape]]]
+
 
 @dataclass(frozen=True, slots=True)
 class PlanInput:
@@ -56,6 +64,12 @@ class PlanInput:
     prepared: PreparedSummary | None = None  # a summary made ahead for this root
     forms: bytes = b""  # each message's digest form (Counted.forms); b"": nothing reused
     stubbed: StubbedMemo | None = None  # stubbed messages built by earlier requests
+    # Each message's estimated tokens (Counted.uncertain; 0: counted exactly; (): all
+    # exact): where they could decide, the planner asks for exact counts (`Recount`).
+    uncertain: Sequence[int] = ()
+    # What the line's earlier requests built of the same segments (the reuse cache's,
+    # proxy/core/reuse.py); None: everything is built.
+    built: BuiltMemo | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +156,28 @@ def working(segments: list[Segment], inp: PlanInput) -> Working:
 
 
 def _built(seg: Segment, inp: PlanInput) -> tuple[dict[str, Any], Shape]:
-    """The message a segment stands for, and its shape."""
+    """The message a segment stands for, and its shape: as an earlier request of the
+    line built it when it stands for the very same things (`BuiltMemo`)."""
+    memo = inp.built
+    if memo is None:
+        return _build(seg, inp)
+    if isinstance(seg, Verbatim):  # the client's message, kept: by its object
+        anchor: object = inp.messages[seg.index]
+        source: object = None
+        made: tuple[object, ...] = (inp.counts[seg.index], type(inp.dialect))
+    else:  # the checkpoint's segment (one object per stored line), over its message
+        anchor = seg
+        source = inp.messages[seg.index] if isinstance(seg, Stubbed) else None
+        made = (inp.tool, inp.policy.read_length, type(inp.dialect))
+    found = memo.get(id(anchor))
+    if found is not None and found[0] is anchor and found[1] is source and found[2] == made:
+        return found[3]
+    built = _build(seg, inp)
+    memo[id(anchor)] = (anchor, source, made, built)
+    return built
+
+
+def _build(seg: Segment, inp: PlanInput) -> tuple[dict[str, Any], Shape]:
     if isinstance(seg, Verbatim):
         message = dict(inp.messages[seg.index])
         counted = inp.counts[seg.index]

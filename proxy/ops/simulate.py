@@ -54,6 +54,7 @@ from proxy.core.lines import best_line
 from proxy.core.offload import ref_for
 from proxy.core.outcome import Refuse, Rewrite, Untouched
 from proxy.core.policy import Policy, policy_for
+from proxy.core.reuse import Seen
 from proxy.core.rounds import RoundsRequest, read_rounds
 from proxy.core.segments import Stubbed, StubbedMemo, Summary, Verbatim
 from proxy.core.strategy import Strategy
@@ -295,17 +296,20 @@ class Simulator:
     def checkpoints(self) -> dict[str, Checkpoint]:
         return self.memory.checkpoints
 
-    def step(self, body: dict[str, Any]) -> Step:
+    def step(self, body: dict[str, Any], seen: Seen | None = None) -> Step:
+        """`seen`: what was kept of the request's line when `body` was parsed by
+        `Reuse.parse` (proxy/core/reuse.py), as the server passes it."""
         wire = self.format
         messages = wire.messages(body)
         model = str(body.get("model", ""))
         policy = policy_for(model, self.policies, betas=self.betas)
-        counted = count_request(wire, self.counter, body, messages)
+        counted = count_request(wire, self.counter, body, messages, seen)
         counter = wire.counter(self.counter)
         source = ClientJSON.written(body)
         request = CompactionRequest(
             wire, body, messages, counted, counter, policy, self.factor, source,
             stubbed=self.stubbed,
+            built=seen.built if seen is not None else None,
         )  # fmt: skip
         memory = self.memory
         memory.asked = memory.ahead = None

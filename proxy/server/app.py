@@ -214,10 +214,12 @@ def create_app(settings: Settings) -> web.Application:
         counter=COUNTER,
         max_lines=settings.store.max_lines,
         off_loop_bytes=settings.server.off_loop_bytes,
+        reuse_bytes=settings.server.reuse_max_bytes,
         on_background_summary=metrics.summariser_call,
         on_lines=metrics.conversation_lines.observe,
         on_evicted=metrics.checkpoints_evicted.inc,
     )
+    metrics.watch_reuse(app[COMPACTOR].reuse)
     app[RESPONSES_STATE] = ResponsesState()
     # Started in this order, stopped in the reverse: nothing outlives what it uses.
     if traced is not None:  # first: the upstream client's spans need it; flushed last

@@ -16,7 +16,7 @@ Decoding a large body and checking its fields run off the event loop past
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from proxy.core.errors import (
     UnsupportedEncoding,
 )
 from proxy.core.model_names import model_problem
+from proxy.core.reuse import Seen
 from proxy.server.off_loop import off_loop
 
 MIN_RATE = 64 * 1024  # bytes a second a body must keep up, past its grace
@@ -50,6 +51,18 @@ class Incoming:
     # False: no read_result for this request (an API's own step decided it, before the
     # planner, which then writes no stub naming it).
     read_result: bool = True
+    # What was computed for its conversation line's last request (proxy/core/reuse.py),
+    # when it was parsed as that line's continuation.
+    seen: Seen | None = None
+
+
+# How a body is parsed: orjson's value, and what the reuse cache kept of its line.
+Parse = Callable[[bytes], tuple[Any, Seen | None]]
+
+
+def plain_parse(text: bytes) -> tuple[Any, Seen | None]:
+    """orjson's value, and nothing kept."""
+    return orjson.loads(text), None
 
 
 async def read_request(
@@ -59,12 +72,14 @@ async def read_request(
     must_read: bool,
     key_checks: bool,
     bad_json: str = BAD_JSON,
+    parse: Parse = plain_parse,
 ) -> Incoming:
     """The read step: the body within its limit and time, decoded and parsed when it can
-    be, its model name and (`key_checks`: a proxy key's, the operator pays) its
-    duplicate fields checked. A body that cannot be decoded or parsed goes through
-    unread, unless `must_read` (budgets must read it): then it is refused, as a body
-    sent uncompressed that is not JSON always is."""
+    be (`parse`: as the continuation of its conversation line, Compactor.parser), its
+    model name and (`key_checks`: a proxy key's, the operator pays) its duplicate fields
+    checked. A body that cannot be decoded or parsed goes through unread, unless
+    `must_read` (budgets must read it): then it is refused, as a body sent uncompressed
+    that is not JSON always is."""
     limit = settings.max_body_bytes
     try:
         body = await read_body(request, settings)
@@ -80,7 +95,7 @@ async def read_request(
             raise unreadable_encoding(request)
         return Incoming(body, None, encoded)
     try:
-        parsed = orjson.loads(text)
+        parsed, seen = parse(text)
     except orjson.JSONDecodeError as e:
         if encoded and not must_read:
             return Incoming(body, None, encoded)
@@ -90,7 +105,7 @@ async def read_request(
     check_model(parsed)
     if key_checks:
         await off_loop(len(text), settings.off_loop_bytes, check_duplicates, text, parsed)
-    return Incoming(body, parsed, encoded)
+    return Incoming(body, parsed, encoded, seen=seen)
 
 
 def unreadable_encoding(request: web.Request) -> UnsupportedEncoding:

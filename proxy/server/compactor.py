@@ -31,10 +31,11 @@ from proxy.core.counting import (
 )
 from proxy.core.driver import CompactionRequest, compaction
 from proxy.core.exact_json import ClientJSON
-from proxy.core.identity import identities, tenant_of
+from proxy.core.identity import header_id, identities, tenant_of
 from proxy.core.lines import DEFAULT_MAX_LINES
 from proxy.core.model_facts import UNKNOWN_SOURCE, wants_1m
 from proxy.core.policy import DEFAULT_POLICIES, Policy, PolicyError, parse_policies, policy_for
+from proxy.core.reuse import Reuse, Seen, key_of
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TokenCounter, default_counter
 from proxy.core.usage import Usage
@@ -59,6 +60,9 @@ from proxy.store import Store
 log = logging.getLogger(__name__)
 
 DEFAULT_OFF_LOOP_BYTES = 256 * 1024
+# Memory for what was computed for each conversation line's last request (its body
+# bytes counted PARSED_FACTOR times): 1.2 MB for a 500 KB history.
+DEFAULT_REUSE_BYTES = 256 * 1024 * 1024
 
 
 POLICY_MEMO_SIZE = 4096
@@ -81,6 +85,20 @@ def renew_every(store: Store | None) -> int:
 
 def _ignore_number(value: float) -> None:
     return None
+
+
+def _written_by_orjson(seen: Seen | None, body: Mapping[str, Any]) -> bool | None:
+    """True when the reuse cache knows the body is orjson's writing of what it parsed
+    (where each message lies: `Seen.layout`); None: not known, to be found if needed."""
+    return True if seen is not None and seen.payload is body and seen.layout else None
+
+
+def _new_bytes(seen: Seen | None, size: int) -> int:
+    """Bytes of a body not parsed before: all of it, unless its line's last request was
+    kept (then only what follows the messages it repeats is counted afresh)."""
+    if seen is None or seen.layout is None or not seen.reused:
+        return size
+    return size - seen.layout.ends[seen.reused - 1]
 
 
 SUMMARY_AHEAD = "compaction.summary_ahead"  # the span of background work's trace
@@ -117,12 +135,15 @@ class Compactor:
         summariser: SummariserSettings | None = None,
         max_lines: int = DEFAULT_MAX_LINES,
         off_loop_bytes: int = DEFAULT_OFF_LOOP_BYTES,
+        reuse_bytes: int = DEFAULT_REUSE_BYTES,
         on_background_summary: Callable[[bool], None] = _ignore,
         on_lines: Callable[[float], None] = _ignore_number,
         on_evicted: Callable[[float], None] = _ignore_number,
     ) -> None:
         self.max_lines = max_lines
         self.off_loop_bytes = off_loop_bytes
+        # What was computed for each conversation line's last request (core/reuse.py).
+        self.reuse = Reuse(reuse_bytes)
         self.policies = [*parse_policies(raw_policies), *DEFAULT_POLICIES]
         self.counter = counter or default_counter()
         self.summariser = summariser or SummariserSettings()
@@ -183,6 +204,20 @@ class Compactor:
                     found.window,
                 )
         return found
+
+    def parser(
+        self, wire: Request, tenant: str, headers: Mapping[str, str]
+    ) -> Callable[[bytes], tuple[Any, Seen | None]]:
+        """How a request body of this conversation is parsed: as the continuation of its
+        line's last request when it repeats its bytes (only what is new is parsed,
+        proxy/core/reuse.py), with what was kept of it."""
+        conversation = header_id(headers)
+
+        def parse(text: bytes) -> tuple[Any, Seen | None]:
+            key = key_of(tenant, conversation, text)
+            return self.reuse.parse(key, text, wire.history_field)
+
+        return parse
 
     def factor(self, wire: Request, model: str, store: Store | None, tenant: str) -> float:
         """The tenant's calibration factor for the model, in this format."""
@@ -262,15 +297,20 @@ class Compactor:
         sample = self.calibration.wants_sample(calibrated, tenant)
         if not sample and cannot_cross(body_bytes, policy, factor):
             return untouched  # not counted: its size proves it under every threshold
-        size = len(body_bytes)
+        seen = incoming.seen
+        if seen is not None and seen.payload is not body:
+            seen = None  # (kept for another body than the one compacted)
+        # Off the loop when what is new to count is large (what the line's last request
+        # repeats is counted already: proxy/core/reuse.py).
+        size = _new_bytes(seen, len(body_bytes))
         args = (wire, self.counter, body, messages)
         if sample:  # calibration wants this request's counts
             counted: Counted | None = await off_loop(
-                size, self.off_loop_bytes, count_request, *args
+                size, self.off_loop_bytes, count_request, *args, seen
             )
         else:
             counted = await off_loop(
-                size, self.off_loop_bytes, count_unless_quiet, *args, policy, factor
+                size, self.off_loop_bytes, count_unless_quiet, *args, policy, factor, seen
             )
         if counted is None:  # its new messages' bytes alone prove it under every threshold
             return untouched
@@ -282,8 +322,9 @@ class Compactor:
             wire.counter(self.counter),
             policy,
             factor,
-            ClientJSON(body_bytes, body),
+            ClientJSON(body_bytes, body, _written_by_orjson(seen, body)),
             stubbed=self.stubbed,
+            built=seen.built if seen is not None else None,
             now=int(time.time()),
             renew_every=renew_every(store),
             max_lines=self.max_lines,

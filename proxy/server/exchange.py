@@ -146,7 +146,11 @@ class Exchange(Generic[A]):
                     return await transport.answer(adjusted.answer)
                 # New bytes from the step are plain JSON, whatever the client's were.
                 encoded = incoming.encoded and adjusted.body is incoming.body
-                incoming = Incoming(adjusted.body, adjusted.payload, encoded, adjusted.read_result)
+                # (What the reuse cache kept of the line stays only with the same body.)
+                seen = incoming.seen if adjusted.payload is incoming.payload else None
+                incoming = Incoming(
+                    adjusted.body, adjusted.payload, encoded, adjusted.read_result, seen
+                )
                 on_refusal = adjusted.on_refusal
         if route.compacts and incoming.payload is not None:
             headers, caller = self.request.headers, self.caller

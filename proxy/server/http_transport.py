@@ -29,7 +29,7 @@ from proxy.core.commands import Answered, Failed
 from proxy.core.errors import UpstreamError, UpstreamTimeout
 from proxy.core.rounds import Ended
 from proxy.core.wire_format import JSON, MergeState, RoundMerger, WireFormat
-from proxy.server.bodies import BAD_JSON, Incoming, read_request
+from proxy.server.bodies import BAD_JSON, Incoming, Parse, plain_parse, read_request
 from proxy.server.errors import not_a_path
 from proxy.server.headers import client_response_headers, upstream_request_headers
 from proxy.server.record import RequestRecord
@@ -63,6 +63,7 @@ class HttpTransport:
         key_checks: bool,
         bad_json: str = BAD_JSON,
         codecs: Codecs = codec_for,
+        parse: Parse = plain_parse,
     ) -> None:
         self.request = request
         self.upstream = upstream
@@ -73,6 +74,7 @@ class HttpTransport:
         self.key_checks = key_checks  # a proxy key's: duplicate fields are refused
         self.bad_json = bad_json
         self.codecs = codecs
+        self.parse = parse  # how its body is parsed (Compactor.parser: the reuse cache)
         self.headers: list[tuple[str, str]] | None = None  # once sent: what goes upstream
 
     async def read(self) -> Incoming:
@@ -84,6 +86,7 @@ class HttpTransport:
             must_read=self.must_read,
             key_checks=self.key_checks,
             bad_json=self.bad_json,
+            parse=self.parse,
         )
 
     async def answer(self, made: web.StreamResponse) -> web.StreamResponse:

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics import exposition as openmetrics
 
+from proxy.core.reuse import Reuse
 from proxy.server import record as records
 from proxy.server.lifecycle import LIFECYCLE
 from proxy.server.logs import REQUEST_LOG
@@ -203,6 +205,10 @@ class Metrics:
             )
         return timed
 
+    def watch_reuse(self, reuse: Reuse) -> None:
+        """Export the reuse cache's size and counts (read at each scrape)."""
+        self.registry.register(ReuseCollector(reuse))
+
     def summariser_call(self, ok: bool) -> None:
         """A summariser call made outside any request (a summary made ahead)."""
         self.summariser_calls.inc()
@@ -294,6 +300,38 @@ class StoreMetrics:
         self.used.set(memory.used)
         self.limit.set(memory.limit)
         self.evicted.set(memory.evicted)
+
+
+# -- what is kept of each conversation line's last request (proxy/core/reuse.py) --------
+
+
+class ReuseCollector:
+    """The reuse cache's size and counts, read from it at each scrape."""
+
+    def __init__(self, reuse: Reuse) -> None:
+        self.reuse = reuse
+
+    def collect(self) -> Iterator[Metric]:
+        reuse, stats = self.reuse, self.reuse.stats
+        yield GaugeMetricFamily(
+            f"{NS}_reuse_entries",
+            "Conversation lines whose last request is kept, to parse, hash and count only "
+            "what the next one adds.",
+            value=reuse.entries,
+        )
+        yield GaugeMetricFamily(
+            f"{NS}_reuse_bytes",
+            "Memory those lines are counted at (their bodies' bytes times the parsed "
+            "objects' factor), at most server.reuse_max_bytes.",
+            value=reuse.bytes,
+        )
+        for name, text, value in (
+            ("hits", "Requests parsed as the continuation of a kept line.", stats.hits),
+            ("misses", "Requests parsed in full (no kept line they continue).", stats.misses),
+            ("evictions", "Kept lines dropped, least recently used first.", stats.evictions),
+            ("reused_bytes", "Bytes of requests not parsed again.", stats.reused_bytes),
+        ):
+            yield CounterMetricFamily(f"{NS}_reuse_{name}", text, value=value)
 
 
 METRICS = web.AppKey("metrics", Metrics)

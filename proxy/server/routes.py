@@ -18,9 +18,9 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from proxy.core.errors import ExpectationFailed
-from proxy.server.bodies import too_large
+from proxy.server.bodies import Parse, plain_parse, too_large
 from proxy.server.budgets import budget_of
-from proxy.server.caller import caller_of
+from proxy.server.caller import caller_of, tenant_of_request
 from proxy.server.errors import render
 from proxy.server.exchange import ConversationRoute, Exchange
 from proxy.server.http_transport import HttpTransport
@@ -76,6 +76,7 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
         key_checks=caller.key_id is not None,
         bad_json=route.bad_json,
         codecs=route.codecs,
+        parse=parser_for(request, route),
     )
     exchange = Exchange(
         route,
@@ -89,6 +90,14 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
         record=record,
     )
     return await exchange.run()
+
+
+def parser_for(request: web.Request, route: ConversationRoute) -> Parse:
+    """How the route's bodies are parsed: a conversation's as the continuation of its
+    line's last request (the compactor's reuse cache), anything else plainly."""
+    if not route.compacts:
+        return plain_parse
+    return request.app[COMPACTOR].parser(route.wire, tenant_of_request(request), request.headers)
 
 
 async def handle_messages(request: web.Request) -> web.StreamResponse:

@@ -13,7 +13,14 @@ from collections import Counter
 from aiohttp import web
 
 from proxy.core.tokens import default_counter
-from proxy.testing import api_chat, api_messages, api_responses, responses_ws
+from proxy.testing import (
+    api_bedrock,
+    api_chat,
+    api_messages,
+    api_responses,
+    api_vertex,
+    responses_ws,
+)
 from proxy.testing.answering import ANALYSES
 from proxy.testing.cache import PromptCache
 from proxy.testing.standin_http import (
@@ -34,6 +41,8 @@ APIS = (
     api_chat.add_routes,  # POST /v1/chat/completions
     api_responses.add_routes,  # POST /v1/responses
     responses_ws.add_routes,  # GET /v1/responses (a WebSocket, or refused)
+    api_bedrock.add_routes,  # POST /model/{id}/invoke..., GET /inference-profiles (Bedrock)
+    api_vertex.add_routes,  # POST /v1/projects/.../models/{id}:rawPredict..., /oauth2/token
 )
 
 

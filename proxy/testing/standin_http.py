@@ -37,6 +37,8 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 @dataclass
 class StandInOptions:
     windows: dict[str, int] = field(default_factory=lambda: {"*": 200_000})
+    # The region the Bedrock stand-in's SigV4 scope must name (api_bedrock.py).
+    aws_region: str = "us-east-1"
     script: dict[str, Any] = field(default_factory=dict)
     cache_ttl_seconds: float = 300
     cache_min_tokens: int = 1024

@@ -156,6 +156,7 @@ class MessagesRequest:
     """What a Messages request is (`Request`)."""
 
     name = "anthropic"
+    history_field = "messages"
 
     messages = staticmethod(request_messages)
     max_output = staticmethod(max_output)

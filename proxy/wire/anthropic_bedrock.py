@@ -26,7 +26,10 @@ from proxy.core.eventstream import Message, encode_message
 from proxy.core.usage import Usage
 from proxy.wire.common import percent_decode, percent_encode
 
+# The provider's own version tag; the anthropic SDK (2.x) sends its API version (a date)
+# instead, which the provider takes too.
 ANTHROPIC_VERSION = "bedrock-2023-05-31"
+API_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 EVENT_STREAM = "application/vnd.amazon.eventstream"
 REQUEST_ID_HEADER = "x-amzn-RequestId"
 ERROR_TYPE_HEADER = "x-amzn-ErrorType"
@@ -86,7 +89,7 @@ def envelope_problem(body: Mapping[str, Any]) -> str | None:
             "please reformat your input and try again."
         )
     version = body.get("anthropic_version")
-    if version != ANTHROPIC_VERSION:
+    if not (version == ANTHROPIC_VERSION or (isinstance(version, str) and API_DATE.match(version))):
         shown = "missing" if version is None else f"invalid: {version!r}"
         return (
             f"Malformed input request: anthropic_version is {shown}, "

@@ -20,7 +20,10 @@ import orjson
 
 from proxy.wire.common import percent_decode
 
+# The provider's own version tag; the anthropic SDK (2.x) sends its API version (a date)
+# instead, which the provider takes too.
 ANTHROPIC_VERSION = "vertex-2023-10-16"
+API_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 COUNT_TOKENS_MODEL = "count-tokens"
 GLOBAL = "global"
 _MULTI_REGIONS = ("us", "eu")
@@ -76,7 +79,7 @@ def envelope_problem(body: Mapping[str, Any], target: VertexTarget) -> str | Non
     elif "model" in body:
         return "model: Extra inputs are not permitted"
     version = body.get("anthropic_version")
-    if version != ANTHROPIC_VERSION:
+    if not (version == ANTHROPIC_VERSION or (isinstance(version, str) and API_DATE.match(version))):
         shown = "missing" if version is None else f"invalid: {version!r}"
         return f"anthropic_version is {shown}, expected {ANTHROPIC_VERSION!r}"
     return None

@@ -193,6 +193,7 @@ class ChatRequest:
     """What a Chat Completions request is (`Request`)."""
 
     name = "chat"
+    history_field = "messages"
 
     messages = staticmethod(request_messages)
     max_output = staticmethod(max_output)

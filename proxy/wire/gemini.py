@@ -205,6 +205,7 @@ class GeminiRequest:
     """What a generateContent request is (`Request`)."""
 
     name = "gemini"
+    history_field = "contents"  # (the reuse cache finds the repeated history there)
 
     messages = staticmethod(contents_of)
     max_output = staticmethod(max_output)

@@ -202,6 +202,7 @@ class ResponsesRequest:
     """What a Responses request is (`Request`): its history is units of input items."""
 
     name = "responses"
+    history_field = "input"
 
     identity_view = staticmethod(identity_view)
 

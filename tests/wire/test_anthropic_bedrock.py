@@ -120,7 +120,9 @@ def test_the_envelope_is_checked_as_bedrock_checks_it() -> None:
     assert envelope_problem(good) is None
     assert "extraneous key [model]" in (envelope_problem({**good, "model": "x"}) or "")
     assert "anthropic_version is missing" in (envelope_problem({"messages": []}) or "")
-    wrong = {**good, "anthropic_version": "2023-06-01"}
+    dated = {**good, "anthropic_version": "2026-10-21"}  # what the anthropic SDK 2.x sends
+    assert envelope_problem(dated) is None
+    wrong = {**good, "anthropic_version": "vertex-2023-10-16"}
     assert "anthropic_version is invalid" in (envelope_problem(wrong) or "")
     assert "anthropic_beta" in (envelope_problem({**good, "anthropic_beta": "x"}) or "")
     beta = {**good, "anthropic_beta": ["context-1m-2025-08-07", "x"]}

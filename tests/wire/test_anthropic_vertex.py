@@ -58,6 +58,7 @@ def test_the_envelope_is_checked() -> None:
     assert envelope_problem({**good, "model": "claude-sonnet-4-5@20250929"}, counting) is None
     assert "model" in (envelope_problem(good, counting) or "")
     assert "missing" in (envelope_problem({"messages": []}, target) or "")
+    assert envelope_problem({**good, "anthropic_version": "2026-10-21"}, target) is None
     wrong = {**good, "anthropic_version": "bedrock-2023-05-31"}
     assert "invalid" in (envelope_problem(wrong, target) or "")
 

@@ -1,0 +1,134 @@
+"""Count once, estimate where it decides nothing (proxy/core/estimate.py): a large new
+message is estimated within the planner's margin of its exact count; odd text is counted
+exactly; where a threshold lies within the margin the planner has the estimated messages
+counted exactly (once: they are never estimated again), so every decision is the one exact
+counts give."""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.core import estimate
+from proxy.core.counting import count_request
+from proxy.core.digests import canonical
+from proxy.core.driver import CompactionRequest, compaction, run
+from proxy.core.exact_json import ClientJSON
+from proxy.core.outcome import Recount
+from proxy.core.policy import Policy
+from proxy.core.tokens import TokenCounter
+from proxy.ops.simulate import MemoryExecutor
+from proxy.testing.agent import tool_output
+from proxy.wire import ANTHROPIC
+
+
+def _result(n: int, text: str) -> list[dict[str, Any]]:
+    call = f"toolu_{n:04d}"
+    use = {"type": "tool_use", "id": call, "name": "Bash", "input": {"command": f"step {n}"}}
+    result = {"type": "tool_result", "tool_use_id": call, "content": text}
+    return [{"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]
+
+
+def _code(n: int, chars: int) -> str:
+    lines, size = [], 0
+    while size < chars:
+        line = f"    def handler_{n}_{size}(self, request: Request) -> Response:  # step {n}\n"
+        lines.append(line)
+        size += len(line)
+    return "".join(lines)
+
+
+def test_a_large_message_is_estimated_within_the_margin() -> None:
+    counter = TokenCounter()
+    for n, text in enumerate([tool_output(n, 20_000) for n in range(3)] + [_code(7, 15_000)]):
+        message = _result(n, text)[1]
+        data = canonical(message).json
+        guess = estimate.estimate_tokens(data)
+        exact = counter.count_message(message)
+        assert guess is not None
+        assert abs(guess - exact) <= estimate.margin(exact)
+
+
+def test_small_and_odd_text_is_counted_exactly() -> None:
+    odd = [
+        "short result",
+        base64.b64encode(os.urandom(12_000)).decode(),
+        "".join(chr(0x4E00 + i % 5000) for i in range(5_000)),
+        "    x = 1\n" * 2_000,
+    ]
+    for text in odd:
+        assert estimate.estimate_tokens(canonical(_result(0, text)[1]).json) is None
+
+
+def test_estimated_counts_are_counted_exactly_once_when_asked() -> None:
+    counter = TokenCounter()
+    messages = [{"role": "user", "content": "Go."}, *_result(1, tool_output(1, 20_000))]
+    body = {"model": "m", "messages": messages}
+    counted = count_request(ANTHROPIC, counter, body, messages)
+    assert counted.estimated == [2]
+    calls = counter.cache_info().encode_calls
+    exact = counted.exactly([2])
+    assert exact.uncertain == [] and exact.counts[2] == counter.count_message(messages[2])
+    assert counter.cache_info().encode_calls > calls
+    # The next request is planned with the same estimate (what a request is planned with
+    # depends on it alone), and its exact count, when asked, is not made again.
+    again = count_request(ANTHROPIC, counter, body, messages)
+    assert again.counts == counted.counts and again.estimated == [2]
+    calls = counter.cache_info().encode_calls
+    assert again.exactly([2]).counts == exact.counts
+    assert counter.cache_info().encode_calls == calls
+
+
+def test_result_bounds_agree_with_the_count() -> None:
+    counter = TokenCounter()
+    for text in ["", "a b c", tool_output(3, 9_000), "x" * 600, "word " * 120]:
+        for limit in (0, 50, 500, 5_000):
+            exact = counter.count_result(text) > limit
+            assert estimate.result_exceeds(counter.count_result, text, limit) == exact
+
+
+# Around the offload trigger (policy below): the planner decides as exact counts would.
+POLICY = Policy(match="*", window=200_000, trigger=60_000, target=40_000, offload_trigger=12_000)
+
+
+def _decide(messages: list[dict[str, Any]], exact: bool, executor: MemoryExecutor) -> bytes:
+    counter = executor.counter
+    body = {"model": "m", "messages": messages, "tools": [{"name": "Bash", "input_schema": {}}]}
+    counted = count_request(ANTHROPIC, counter, body, messages)
+    if exact:
+        counted = counted.exactly(counted.estimated)
+    source = ClientJSON.written(body)
+    request = CompactionRequest(ANTHROPIC, body, messages, counted, counter, POLICY, 1.0, source)
+    decision = run(compaction(request), executor)
+    return decision.body or orjson.dumps(body)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(4_000, 16_000), min_size=2, max_size=6))
+def test_decisions_are_those_of_exact_counts(sizes: list[int]) -> None:
+    estimating = MemoryExecutor(TokenCounter())
+    exact = MemoryExecutor(TokenCounter())
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Read the logs."}]
+    for n, size in enumerate(sizes):
+        messages += _result(n, tool_output(n, size))
+        assert _decide(messages, False, estimating) == _decide(messages, True, exact)
+
+
+def test_a_threshold_within_the_margin_asks_for_exact_counts() -> None:
+    from proxy.core.planner import plan
+    from proxy.core.working import PlanInput
+
+    counter = TokenCounter()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Read the logs."}]
+    messages += _result(0, tool_output(0, 44_000))  # about 12,000 tokens: at the trigger
+    body = {"model": "m", "messages": messages}
+    counted = count_request(ANTHROPIC, counter, body, messages)
+    assert counted.estimated
+    inp = PlanInput(messages, counted.counts, counted.digests, None, POLICY, counter, ANTHROPIC,
+                    counted.fixed, 0, "read_result", uncertain=counted.uncertain)  # fmt: skip
+    assert isinstance(plan(inp), Recount)
