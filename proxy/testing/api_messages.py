@@ -24,6 +24,7 @@ import orjson
 from aiohttp import web
 
 from proxy.core.tokens import TokenCounter
+from proxy.testing import api_gemini
 from proxy.testing.answering import serve
 from proxy.testing.api import Api, Event, Refusal, event, json_pieces, text_pieces
 from proxy.testing.cache import Unit, prompt_units
@@ -301,6 +302,9 @@ def _model(model_id: str, name: str, created: str) -> dict[str, str]:
 
 
 async def handle_models(request: web.Request) -> web.Response:
+    if api_gemini.api_key(request) is not None:
+        # The Gemini API lists its models here too (google-genai's default version is v1).
+        return await api_gemini.handle_models(request)
     api = MessagesApi(request.app[COUNTER])
     refusal = api.gate(request.headers)
     if refusal is not None:

@@ -16,6 +16,7 @@ from proxy.core.tokens import default_counter
 from proxy.testing import (
     api_bedrock,
     api_chat,
+    api_gemini,
     api_messages,
     api_responses,
     api_vertex,
@@ -43,6 +44,7 @@ APIS = (
     responses_ws.add_routes,  # GET /v1/responses (a WebSocket, or refused)
     api_bedrock.add_routes,  # POST /model/{id}/invoke..., GET /inference-profiles (Bedrock)
     api_vertex.add_routes,  # POST /v1/projects/.../models/{id}:rawPredict..., /oauth2/token
+    api_gemini.add_routes,  # POST /v1beta/models/{id}:generateContent..., GET /v1beta/models
 )
 
 
@@ -79,7 +81,8 @@ async def start(host: str, port: int, options: StandInOptions) -> tuple[web.AppR
 async def _serve(host: str, port: int, options: StandInOptions) -> None:
     runner, url = await start(host, port, options)
     print(
-        f"stand-in upstream (Messages, Chat Completions, Responses) listening on {url}",
+        "stand-in upstream (Messages, Chat Completions, Responses, Bedrock, Vertex, Gemini)"
+        f" listening on {url}",
         flush=True,
     )
     stop = asyncio.Event()

@@ -177,8 +177,9 @@ async def add_request_id(request: web.Request, response: web.StreamResponse) -> 
 
 
 def credential(headers: Mapping[str, str]) -> str | None:
-    """The API key (`x-api-key`) or Bearer token a request carries."""
-    key = headers.get("x-api-key", "").strip()
+    """The API key (`x-api-key`, Gemini's `x-goog-api-key`) or Bearer token a request
+    carries."""
+    key = headers.get("x-api-key", "").strip() or headers.get("x-goog-api-key", "").strip()
     if key:
         return key
     auth = headers.get("authorization", "")
@@ -296,10 +297,14 @@ async def paced(
 
 @dataclass(frozen=True)
 class Framing:
-    """How a transport writes events: SSE here; AWS's event stream is another."""
+    """How a transport writes events: SSE here; AWS's event stream is another; a JSON
+    array (Gemini's) has an opening, a separator between events and a closing."""
 
     content_type: str
     frame: Callable[[Event], bytes]
+    opening: bytes = b""
+    separator: bytes = b""
+    closing: bytes = b""
 
 
 SSE = Framing("text/event-stream; charset=utf-8", Event.sse)
@@ -318,13 +323,24 @@ async def send_stream(
     )  # fmt: skip
     await response.prepare(request)
     fault = out.fault
+    sent = False  # an event went out (after the opening)
+
+    async def write(event: Event) -> None:
+        nonlocal sent
+        await response.write(
+            (framing.separator if sent else framing.opening) + framing.frame(event)
+        )
+        sent = True
+
     async for event in paced(out.events, out.script, fault, functools.partial(stall, request)):
-        await response.write(framing.frame(event))
+        await write(event)
     if fault == "stream_error" and out.fault_event is not None:
-        await response.write(framing.frame(out.fault_event))
+        await write(out.fault_event)
     elif fault == "eof":
         cut(request)
         return response
+    if framing.closing:
+        await response.write(framing.closing if sent else framing.opening + framing.closing)
     await response.write_eof()
     return response
 
