@@ -25,6 +25,7 @@ SERVE_FLAGS = {
     "server.port": "--port",
     "upstream.url": "--upstream",
     "upstream.openai_url": "--openai-upstream",
+    "upstream.gemini_url": "--gemini-upstream",
     "store.redis_url": "--redis-url",
 }
 
@@ -81,6 +82,11 @@ def _parser() -> argparse.ArgumentParser:
         " OpenAI paths (upstream.openai_url)",
     )
     serve.add_argument(
+        "--gemini-upstream",
+        help="Gemini API upstream base URL, for /v1beta/... and models/*:generateContent"
+        " (upstream.gemini_url)",
+    )
+    serve.add_argument(
         "--redis-url", help="Redis URL; empty or unset = embedded Redis (store.redis_url)"
     )
 
@@ -118,6 +124,7 @@ def _serve(args: argparse.Namespace) -> int:
                 "server.port": args.port,
                 "upstream.url": args.upstream,
                 "upstream.openai_url": args.openai_upstream,
+                "upstream.gemini_url": args.gemini_upstream,
                 "store.redis_url": args.redis_url,
             },
             flags=SERVE_FLAGS,

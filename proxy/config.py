@@ -74,6 +74,9 @@ class UpstreamSettings:
     # auth.keys = "off", https://api.openai.com (callers send their own credential); with
     # "required", none (OpenAI-format requests are refused until it is set).
     openai_url: str = ""
+    # Where Gemini API traffic goes (/v1beta/..., /v1/models/{model}:generateContent; see
+    # proxy/server/routing.py). Empty: https://generativelanguage.googleapis.com.
+    gemini_url: str = ""
     # Seconds to open a new TCP/TLS connection to the upstream.
     connect_timeout: float = 10.0
     # Seconds a stream may stay silent before the proxy ends it (no total stream timeout).
@@ -313,6 +316,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "server.off_loop_bytes": _non_negative,
     "upstream.url": _upstream_url,
     "upstream.openai_url": _optional_upstream_url,
+    "upstream.gemini_url": _optional_upstream_url,
     "upstream.connect_timeout": _positive,
     "upstream.stream_idle_timeout": _positive,
     "upstream.response_timeout": _positive,

@@ -26,8 +26,9 @@ _CONVERSATION_KEY = b"compaction-proxy/conversation/v1"
 
 
 def credential(headers: Mapping[str, str]) -> str:
-    """The credential the client sent: x-api-key, else the bearer token, else ""."""
-    key = headers.get("x-api-key")
+    """The credential the client sent: x-api-key (Gemini's x-goog-api-key), else the
+    bearer token, else ""."""
+    key = headers.get("x-api-key") or headers.get("x-goog-api-key")
     if key:
         return key.strip()
     auth = headers.get("authorization", "")

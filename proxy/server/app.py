@@ -24,6 +24,8 @@ from proxy.server.auth import authenticate
 from proxy.server.compactor import Compactor
 from proxy.server.errors import render_errors
 from proxy.server.fleet import fleet_lifetime
+from proxy.server.gemini import add_routes as add_gemini_routes
+from proxy.server.gemini import key_in_header
 from proxy.server.health import handle_healthz, handle_readyz
 from proxy.server.lifecycle import LIFECYCLE, Lifecycle
 from proxy.server.listener import CappedSite, connection_cap
@@ -199,7 +201,7 @@ def create_app(settings: Settings) -> web.Application:
     # target is made canonical before anything reads it; key checks and budgets (a no-op
     # with keys off) run inside them; the request's span (with tracing on) is opened
     # inside the record, so it reads what the record says.
-    inner = [render_errors, canonical_target, authenticate]
+    inner = [render_errors, canonical_target, key_in_header, authenticate]
     if traced is not None:
         inner.insert(0, trace_requests)
     app = web.Application(middlewares=[observe_requests, *inner])
@@ -243,6 +245,7 @@ def create_app(settings: Settings) -> web.Application:
     )
     app.router.add_post("/v1/responses", handle_responses, expect_handler=expect_responses)
     app.router.add_get("/v1/responses", handle_responses_get)
+    add_gemini_routes(app)  # POST /v1beta/models/{model}:generateContent, ... (and /v1)
     install_admin(app)  # the admin API and the dashboard (404 without an admin key)
     app.router.add_route("*", "/{tail:.*}", handle_passthrough)
     return app

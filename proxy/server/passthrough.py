@@ -40,24 +40,26 @@ from proxy.server.headers import upstream_request_headers
 from proxy.server.off_loop import off_loop
 from proxy.server.record import current_or_throwaway
 from proxy.server.relay import relay
-from proxy.server.routing import OPENAI_UPSTREAM, upstream_for
+from proxy.server.routing import GEMINI_UPSTREAM, OPENAI_UPSTREAM, upstream_for
 from proxy.server.state import COMPACTOR, SETTINGS, UPSTREAM
 from proxy.wire import ANTHROPIC, CHAT
 
 API_PREFIX = "/v1/"
+API_PREFIXES = (API_PREFIX, "/v1beta/")  # the Gemini API's current version too
+UPSTREAMS = {"openai": OPENAI_UPSTREAM, "gemini": GEMINI_UPSTREAM}
 NO_OUTPUT = frozenset({"/v1/embeddings"})
 
 
 async def handle_passthrough(request: web.Request) -> web.StreamResponse:
     if request.raw_path[:1] != "/":
         raise not_a_path(request.raw_path)
-    if not request.path.startswith(API_PREFIX):
+    if not request.path.startswith(API_PREFIXES):
         # Only the APIs' own paths go upstream: anything else is not the proxy's to pass.
         raise NotFound(f"compaction-proxy does not serve {request.path[:200]}.")
     # The key's provider, else the path (and for paths both APIs have, the client's
     # headers), picks the upstream.
     target = caller_of(request).provider or upstream_for(request.path, request.headers)
-    upstream = request.app[OPENAI_UPSTREAM if target == "openai" else UPSTREAM]
+    upstream = request.app[UPSTREAMS.get(target, UPSTREAM)]
     headers = upstream_request_headers(request.headers)
     clock = BodyClock(request.app[SETTINGS].server.body_timeout)
     data: Any = None

@@ -1,13 +1,17 @@
-"""Which upstream a request goes to: the Anthropic one or the OpenAI-format one.
+"""Which upstream a request goes to: the Anthropic one, the OpenAI-format one or Gemini's.
 
 The rule, in order:
 1. `/v1/messages` and everything under it: the Anthropic upstream (`upstream.url`).
-2. Paths only OpenAI's API serves (`/v1/chat/completions`, `/v1/completions`,
+2. Paths only the Gemini API has (everything under `/v1beta/`, a call on a model such as
+   `/v1/models/gemini-2.5-flash:generateContent`): the Gemini upstream
+   (`upstream.gemini_url`, empty: Google's own).
+3. Paths only OpenAI's API serves (`/v1/chat/completions`, `/v1/completions`,
    `/v1/embeddings`, `/v1/responses`, ... see OPENAI_ONLY): the OpenAI upstream
    (`upstream.openai_url`).
-3. Any other path (`/v1/models`, `/v1/files`, unknown ones): the OpenAI upstream when the
-   request looks like an OpenAI client's (an `Authorization: Bearer` credential and no
-   `anthropic-version` header, which the anthropic SDK and Claude Code always send),
+4. Any other path (`/v1/models`, `/v1/files`, unknown ones): the Gemini upstream when the
+   request carries a Gemini key (`x-goog-api-key`); the OpenAI upstream when it looks
+   like an OpenAI client's (an `Authorization: Bearer` credential and no
+   `anthropic-version` header, which the anthropic SDK and Claude Code always send);
    else the Anthropic upstream.
 
 Only the path (never the query) and two headers decide, so the rule is cheap and a
@@ -22,6 +26,7 @@ a key store must name where its OpenAI credentials may go.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Literal
@@ -32,7 +37,7 @@ from multidict import MultiMapping
 from proxy.server.state import SETTINGS
 from proxy.server.upstream import Upstream
 
-Target = Literal["anthropic", "openai"]
+Target = Literal["anthropic", "openai", "gemini"]
 
 OPENAI_ONLY = (
     "/v1/chat/",
@@ -57,6 +62,23 @@ OPENAI_ONLY = (
 
 OPENAI_UPSTREAM = web.AppKey("openai_upstream", Upstream)
 OPENAI_DEFAULT_URL = "https://api.openai.com"
+GEMINI_UPSTREAM = web.AppKey("gemini_upstream", Upstream)
+GEMINI_DEFAULT_URL = "https://generativelanguage.googleapis.com"
+GEMINI_KEY_HEADER = "x-goog-api-key"
+
+# /v1beta/models/gemini-2.5-flash:generateContent -> (version, model, method)
+_MODEL_CALL = re.compile(r"^/(v1beta|v1)/models/([^/:]+):([A-Za-z]+)$")
+
+
+def model_call(path: str) -> tuple[str, str, str] | None:
+    """(version, model, method) of a call on a Gemini model, else None."""
+    found = _MODEL_CALL.match(path)
+    return (found.group(1), found.group(2), found.group(3)) if found else None
+
+
+def speaks_gemini(path: str) -> bool:
+    """A path only the Gemini API has: anything under /v1beta, a call on a model."""
+    return path.startswith("/v1beta/") or model_call(path) is not None
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -69,6 +91,8 @@ def provider_of_path(path: str) -> Target | None:
     """The API a path belongs to, or None for a path both have (/v1/models, ...)."""
     if _under(path, "/v1/messages"):
         return "anthropic"
+    if speaks_gemini(path):
+        return "gemini"
     if any(_under(path, prefix) for prefix in OPENAI_ONLY):
         return "openai"
     return None
@@ -78,6 +102,8 @@ def upstream_for(path: str, headers: MultiMapping[str]) -> Target:
     found = provider_of_path(path)
     if found is not None:
         return found
+    if GEMINI_KEY_HEADER in headers:
+        return "gemini"
     bearer = headers.get("Authorization", "")[:7].lower() == "bearer "
     if bearer and "anthropic-version" not in headers:
         return "openai"
@@ -93,3 +119,12 @@ async def openai_upstream_lifetime(app: web.Application) -> AsyncIterator[None]:
     app[OPENAI_UPSTREAM] = Upstream(replace(settings.upstream, url=url))
     yield
     await app[OPENAI_UPSTREAM].close()
+
+
+async def gemini_upstream_lifetime(app: web.Application) -> AsyncIterator[None]:
+    """The Gemini upstream: its own pool, the same timeouts as the others."""
+    settings = app[SETTINGS]
+    url = settings.upstream.gemini_url or GEMINI_DEFAULT_URL
+    app[GEMINI_UPSTREAM] = Upstream(replace(settings.upstream, url=url))
+    yield
+    await app[GEMINI_UPSTREAM].close()

@@ -284,7 +284,7 @@ TOOL_CALLS = frozenset({"tool_use", "server_tool_use", "function_call", "custom_
 
 
 def calls_tool(answer: dict[str, Any]) -> bool:
-    """Whether an answer (Messages, Chat or Responses) calls a tool rather than (only)
+    """Whether an answer (Messages, Chat, Responses or Gemini) calls a tool rather than (only)
     writing text."""
     blocks = answer.get("content")
     items = answer.get("output")
@@ -299,6 +299,13 @@ def calls_tool(answer: dict[str, Any]) -> bool:
         message = choice.get("message") if isinstance(choice, dict) else None
         if isinstance(message, dict) and message.get("tool_calls"):
             return True
+    candidates = answer.get("candidates")  # Gemini: a functionCall part
+    for candidate in candidates if isinstance(candidates, list) else []:
+        content = candidate.get("content") if isinstance(candidate, dict) else None
+        parts = content.get("parts") if isinstance(content, dict) else None
+        for part in parts if isinstance(parts, list) else []:
+            if isinstance(part, dict) and ("functionCall" in part or "function_call" in part):
+                return True
     return False
 
 
