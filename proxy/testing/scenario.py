@@ -41,10 +41,12 @@ SIDE = "side"  # a request that does not offer the scenario's tool
 COMPACTION = "compaction"  # the agent asks for a summary of its own history
 
 # Claude Code's summarisation prompt (2.1.x), the last user message of its compaction
-# request, and the first words of the history it continues with afterwards.
+# request, and the first words of the history it continues with afterwards; Gemini CLI's
+# (0.61) last user message when it compresses its history.
 COMPACTION_PROMPTS = (
     "Your task is to create a detailed summary of",
     "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.",
+    "Then, generate the updated <state_snapshot>.",
 )
 CONTINUATION = "This session is being continued from a previous conversation"
 # What Claude Code puts in place of an old tool result it clears by itself (microcompact).
@@ -185,6 +187,8 @@ def _fill(schema: Mapping[str, Any], text: str) -> Any:
         return {
             name: _fill(properties.get(name) or {}, text) for name in schema.get("required") or []
         }
+    if kind in ("integer", "number"):
+        return schema.get("minimum", 0)  # e.g. Gemini CLI's router: a score from 1
     return {"string": text, "array": [], "boolean": False}.get(str(kind), 0)
 
 

@@ -1,8 +1,9 @@
 """Real agent CLIs through a real proxy, against the stand-in upstream.
 
-- `claude_code_cli` and `codex_bin` (session): the pinned Claude Code and Codex CLIs,
-  installed first with `npm ci` in this folder when node_modules is missing or stale
-  (CI's .ci/run does the same up front); `$CODEX_BIN` overrides the Codex binary.
+- `claude_code_cli`, `gemini_cli` and `codex_bin` (session): the pinned Claude Code,
+  Gemini and Codex CLIs, installed first with `npm ci` in this folder when node_modules
+  is missing or stale (CI's .ci/run does the same up front); `$CODEX_BIN` overrides the
+  Codex binary.
 - `agent_stack(options, config_toml)`: the stand-in with `options` on a loopback port, a
   proxy started from the TOML config (as `serve` reads it; its Redis keys under the
   test's prefix), and a recording tap in front of the proxy for the agent to talk to.
@@ -24,6 +25,7 @@ from proxy.server.app import RunningProxy, start
 from proxy.testing.agent_install import install
 from proxy.testing.claude_code import claude_command
 from proxy.testing.codex_cli import codex_binary
+from proxy.testing.gemini_cli import gemini_command
 from proxy.testing.standin import StandInOptions
 from proxy.testing.tap import RunningTap, start_tap
 from tests.plugins.standin import RunningStandIn
@@ -35,6 +37,12 @@ AGENTS = Path(__file__).parent
 def claude_code_cli() -> list[str]:
     install(AGENTS)
     return claude_command(AGENTS)
+
+
+@pytest.fixture(scope="session")
+def gemini_cli() -> list[str]:
+    install(AGENTS)
+    return gemini_command(AGENTS)
 
 
 @pytest.fixture(scope="session")
@@ -85,6 +93,7 @@ async def agent_stack(
             {
                 "server.port": 0,
                 "upstream.url": standin.url,
+                "upstream.gemini_url": standin.url,
                 "store.redis_url": redis_url,
                 "store.key_prefix": redis_key_prefix,
             },
