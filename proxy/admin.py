@@ -53,7 +53,7 @@ def add_commands(commands: Any) -> None:
         "--provider",
         default="anthropic",
         choices=proxy_keys.PROVIDERS,
-        help="the one API the key may use; its credential never goes to the other",
+        help="the one API the key may use; its credential never goes to another",
     )
     create.add_argument(
         "--scope",
@@ -65,12 +65,14 @@ def add_commands(commands: Any) -> None:
     create.add_argument(
         "--upstream-env",
         help="environment variable (on every replica) holding the upstream credential"
-        " (default: ANTHROPIC_API_KEY, or OPENAI_API_KEY for --provider openai)",
+        " (default: ANTHROPIC_API_KEY; OPENAI_API_KEY for --provider openai, GEMINI_API_KEY"
+        " for gemini)",
     )
     create.add_argument(
         "--upstream-scheme",
         choices=proxy_keys.SCHEMES,
-        help="how the upstream credential is sent (default: x-api-key, bearer for openai)",
+        help="how the upstream credential is sent (default: x-api-key; bearer for openai,"
+        " x-goog-api-key for gemini)",
     )
     create.add_argument("--name", default="", help="a label for people")
     key_commands.add_parser("list", parents=[common], help="list keys (never their secret)")

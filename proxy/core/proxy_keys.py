@@ -7,7 +7,7 @@ hash of the whole key is stored, so Redis never holds a usable key. The upstream
 credential a key maps to is *named*, not stored: the record holds the name of an
 environment variable every replica resolves itself.
 
-A key is bound to one provider (`anthropic` or `openai`): its credential only ever goes
+A key is bound to one provider (`anthropic`, `openai` or `gemini`): its credential only ever goes
 to that provider's upstream. It reaches the metered routes of its provider (the calls
 that cost tokens and are reserved against its budgets) and nothing else without a
 *scope* given at creation (`models`, `files`, `batches`, ...), because a
@@ -29,12 +29,13 @@ _KEY = re.compile(r"^cpk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
 _DIGEST_KEY = b"compaction-proxy/proxy-key/v1"
 TEAM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
-SCHEMES = ("x-api-key", "bearer")
-PROVIDERS = ("anthropic", "openai")
+SCHEMES = ("x-api-key", "bearer", "x-goog-api-key")
+PROVIDERS = ("anthropic", "openai", "gemini")
 # The credential's environment variable and scheme a provider's key gets unless given.
 PROVIDER_DEFAULTS = {
     "anthropic": ("ANTHROPIC_API_KEY", "x-api-key"),
     "openai": ("OPENAI_API_KEY", "bearer"),
+    "gemini": ("GEMINI_API_KEY", "x-goog-api-key"),
 }
 # Variables a key's upstream credential may never be read from, whatever the settings:
 # the proxy's own settings (a Redis URL with its password, ...).
@@ -120,8 +121,9 @@ def _family(path: str) -> str:
         return "batches"
     if path.startswith(("/v1/chat/completions", "/v1/responses")):
         return "stored"
-    head = path.removeprefix("/v1/").split("/", 1)[0]
-    return head if path.startswith("/v1/") and head in SCOPES else "all"
+    version, _, rest = path.removeprefix("/").partition("/")
+    head = rest.split("/", 1)[0]
+    return head if version in ("v1", "v1beta") and head in SCOPES else "all"
 
 
 def passthrough_rule(method: str, path: str) -> PathRule:
@@ -131,6 +133,8 @@ def passthrough_rule(method: str, path: str) -> PathRule:
         return PathRule(None, _OPEN_CALLS[path])
     if method.upper() == "GET" and path == "/v1/responses":
         return PathRule(None, FREE)  # a WebSocket attempt (Codex), never a model call
+    if write and path.endswith(":countTokens"):
+        return PathRule(None, FREE)  # Gemini's count of a request: no model call
     family = _family(path)
     if not write or path.endswith("/cancel") or family in _FREE_WRITES:
         return PathRule(family, FREE)

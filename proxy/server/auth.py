@@ -2,16 +2,16 @@
 
 With `auth.keys = "off"` (the default) nothing happens here: the caller's own credential
 goes upstream and its hash is the tenant. With `"required"`, every request except the
-health and metrics routes must carry a proxy key (in `x-api-key` or `authorization:
-Bearer`); a missing, unknown, revoked or wrong key gets 401 `authentication_error`. A
-good key then reaches only what it may (403 `permission_error` otherwise, in the route's
-API shape; proxy/core/proxy_keys.py has the rules): the API of its provider, never the
-other's, and beyond the metered routes only the path families of its scopes. It is
-replaced, before any handler sees the request, by the upstream credential its record
-names (an environment variable of this replica), so the Messages and Chat handlers,
-pass-through routes and the summariser all forward that credential and never the proxy
-key. The request then carries a `Caller`: the key's tenant, team, provider, context
-policy override and the scopes (key, team) whose budgets apply.
+health and metrics routes must carry a proxy key (in `x-api-key`, Gemini's
+`x-goog-api-key` or `authorization: Bearer`); a missing, unknown, revoked or wrong key gets 401
+`authentication_error`. A good key then reaches only what it may (403 `permission_error`
+otherwise, in the route's API shape; proxy/core/proxy_keys.py has the rules): the API of
+its provider, never the other's, and beyond the metered routes only the path families of
+its scopes. It is replaced, before any handler sees the request, by the upstream
+credential its record names (an environment variable of this replica), so the Messages
+and Chat handlers, pass-through routes and the summariser all forward that credential
+and never the proxy key. The request then carries a `Caller`: the key's tenant, team,
+provider, context policy override and the scopes (key, team) whose budgets apply.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 # The admin API and the dashboard check the admin key themselves (proxy/server/admin).
 ADMIN_PREFIXES = ("/admin/", "/dashboard/")
 STORE_DOWN_RETRY_AFTER = 2
-API_NAMES = {"anthropic": "Anthropic", "openai": "OpenAI"}
+API_NAMES = {"anthropic": "Anthropic", "openai": "OpenAI", "gemini": "Gemini"}
+CREDENTIAL_HEADERS = ("x-api-key", "authorization", "x-goog-api-key")
 
 
 def is_admin_path(path: str) -> bool:
@@ -60,12 +61,12 @@ def _forbid(request: web.Request, message: str, reason: str) -> Forbidden:
 
 def _with_credential(headers: CIMultiDictProxy[str], secret: str, scheme: str) -> CIMultiDict[str]:
     out = CIMultiDict(
-        (name, value)
-        for name, value in headers.items()
-        if name.lower() not in ("x-api-key", "authorization")
+        (name, value) for name, value in headers.items() if name.lower() not in CREDENTIAL_HEADERS
     )
     if scheme == "bearer":
         out["Authorization"] = f"Bearer {secret}"
+    elif scheme == "x-goog-api-key":
+        out["x-goog-api-key"] = secret
     else:
         out["x-api-key"] = secret
     return out

@@ -21,7 +21,7 @@ class Caller:
     policy: dict[str, int] | None = None  # window/trigger/target over the model's policy
     scopes: tuple[Scope, ...] = ()  # scopes with limits, the key's first
     limits_unknown: bool = False  # Redis was unreachable and nothing was cached
-    provider: str | None = None  # the key's API ("anthropic" | "openai"); None: keys off
+    provider: str | None = None  # the key's API ("anthropic", "openai", "gemini"); None: keys off
 
     @property
     def charged(self) -> tuple[Scope, ...]:

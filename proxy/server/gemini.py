@@ -25,7 +25,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.core.commands import GetSummary
 from proxy.server.errors import register_error_shapes
-from proxy.server.exchange import ConversationRoute
+from proxy.server.exchange import Adjusted, ConversationRoute
 from proxy.server.passthrough import handle_passthrough
 from proxy.server.routes import expect_for, handle_conversation
 from proxy.server.routing import (
@@ -61,11 +61,30 @@ class GeminiEnvelope:
         return f"/{version}/models/{need.model}:generateContent", need
 
 
+def array_stream(request: web.Request) -> bool:
+    """A stream asked for in the JSON array form (no `alt=sse`)."""
+    found = model_call(request.path)
+    return (
+        found is not None
+        and found[2] == "streamGenerateContent"
+        and request.query.get("alt") != "sse"
+    )
+
+
+async def before(request: web.Request, body: bytes, payload: dict[str, Any]) -> Adjusted:
+    """The JSON array form of a stream is relayed as it comes, never read as rounds: no
+    read_result for it (its history is still folded or packed)."""
+    if array_stream(request):
+        return Adjusted(body, payload, read_result=False)
+    return Adjusted(body, payload)
+
+
 ENVELOPE = GeminiEnvelope()
 GENERATE = ConversationRoute(
     GEMINI_UPSTREAM,
     GEMINI,
     bad_json="Invalid JSON payload received.",
+    before=before,
     envelope=ENVELOPE,
 )
 register_error_shapes(speaks_gemini, GEMINI)

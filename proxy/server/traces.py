@@ -45,6 +45,10 @@ GENAI_ROUTES: Mapping[str, tuple[str, str]] = {
     "/v1/messages/count_tokens": ("anthropic", ""),
     "/v1/chat/completions": ("openai", "chat"),
     "/v1/responses": ("openai", "chat"),
+    # Gemini's calls on a model (generateContent, countTokens, ...: the method is in the
+    # path, not the route)
+    "/v1beta/models/{target}": ("gcp.gemini", ""),
+    "/v1/models/{target}": ("gcp.gemini", ""),
 }
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

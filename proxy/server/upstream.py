@@ -44,6 +44,7 @@ _GENAI_PATHS = (
     ("/v1/messages", ("anthropic", "chat")),
     ("/v1/chat/completions", ("openai", "chat")),
     ("/v1/responses", ("openai", "chat")),
+    ("/v1beta/", ("gcp.gemini", "")),
 )
 
 Headers = list[tuple[str, str]]

@@ -13,9 +13,12 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
+from proxy.store import Store
+from proxy.store.accounts import Accounts
+from proxy.testing.agent_loop import tool_output
 from proxy.testing.standin import StandInOptions
 from tests.plugins.standin import RunningStandIn
-from tests.server.conftest import MakeProxy
+from tests.server.conftest import SMALL_WINDOW, MakeProxy
 
 MakeStandIn = Callable[[StandInOptions], Awaitable[RunningStandIn]]
 FLASH = "gemini-2.5-flash"
@@ -30,6 +33,7 @@ SHELL = types.FunctionDeclaration(
     },
 )
 CALL = {"name": "run_shell_command", "input": {"command": "ls src"}}
+PURPOSE = "x-compaction-proxy-purpose"
 
 
 def client_for(url: str, **headers: str) -> genai.Client:
@@ -120,3 +124,73 @@ async def test_the_proxys_own_errors_are_in_googles_shape(
     with pytest.raises(errors.ClientError) as limited:
         await client.aio.models.generate_content(model=FLASH, contents="hi")
     assert limited.value.code == 429 and limited.value.status == "RESOURCE_EXHAUSTED"
+
+
+async def test_a_proxy_key_for_gemini_goes_upstream_as_its_mapped_key(
+    monkeypatch: pytest.MonkeyPatch, make_standin: MakeStandIn, make_proxy: MakeProxy, store: Store
+) -> None:
+    monkeypatch.setenv("CP_TEST_GEMINI_KEY", "upstream-gemini-secret")
+    behind = await make_standin(StandInOptions())
+    proxy = await make_proxy(
+        "http://127.0.0.1:9",
+        **{
+            "auth.keys": "required",
+            "auth.cache_seconds": 0.0,
+            "store.key_prefix": store.prefix,
+            "upstream.gemini_url": behind.url,
+        },
+    )
+    accounts = Accounts(store)
+    gemini_key, _ = await accounts.create_key(
+        team="t", upstream_env="CP_TEST_GEMINI_KEY", upstream_scheme="x-goog-api-key",
+        provider="gemini", scopes=("models",),
+    )  # fmt: skip
+    anthropic_key, _ = await accounts.create_key(
+        team="t", upstream_env="CP_TEST_GEMINI_KEY", upstream_scheme="x-api-key",
+        provider="anthropic",
+    )  # fmt: skip
+    options = types.HttpOptions(
+        base_url=proxy.url, retry_options=types.HttpRetryOptions(attempts=1)
+    )
+    client = genai.Client(api_key=gemini_key, http_options=options)
+    answer = await client.aio.models.generate_content(model=FLASH, contents="hello")
+    assert answer.text
+    names = [m.name async for m in await client.aio.models.list()]
+    assert f"models/{FLASH}" in names
+    assert [r.headers.get("x-goog-api-key") for r in behind.recorded] == [
+        "upstream-gemini-secret"
+    ] * len(behind.recorded)
+    assert not any(gemini_key in str(r.headers) for r in behind.recorded)
+    other = genai.Client(api_key=anthropic_key, http_options=options)
+    with pytest.raises(errors.ClientError) as refused:
+        await other.aio.models.generate_content(model=FLASH, contents="hello")
+    assert refused.value.code == 403 and refused.value.status == "PERMISSION_DENIED"
+    assert "part of the Gemini API" in str(refused.value.message)
+
+
+async def test_the_json_array_form_is_relayed_and_never_given_read_result(
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
+) -> None:
+    behind = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}))
+    proxy = await make_compacting_proxy("http://127.0.0.1:9", **{"upstream.gemini_url": behind.url})
+    contents: list[dict[str, Any]] = [{"role": "user", "parts": [{"text": "Build it."}]}]
+    for turn in range(12):
+        call = {"functionCall": {"name": "run_shell_command", "args": {"command": f"make {turn}"}}}
+        contents.append({"role": "model", "parts": [call]})
+        output = {"name": "run_shell_command", "response": {"output": tool_output(turn, 8_000)}}
+        contents.append({"role": "user", "parts": [{"functionResponse": output}]})
+    body = {"contents": contents, "tools": [{"functionDeclarations": [SHELL.model_dump(
+        mode="json", by_alias=True, exclude_none=True)]}]}  # fmt: skip
+    headers = {"x-goog-api-key": "k", "x-stand-in": json.dumps({"read_result": True})}
+    async with aiohttp.ClientSession() as session:
+        target = f"{proxy.url}/v1beta/models/{FLASH}:streamGenerateContent"
+        async with session.post(target, json=body, headers=headers) as response:
+            raw = await response.read()
+            strategy = response.headers.get("x-compaction-strategy", "")
+    assert response.status == 200 and raw.startswith(b"[{") and raw.endswith(b"}]")
+    chunks = json.loads(raw)
+    assert chunks[-1]["candidates"][0]["finishReason"] == "STOP"
+    assert strategy and "offload" not in strategy  # folded or packed, never offloaded
+    (sent,) = [json.loads(r.body) for r in behind.recorded if not r.headers.get(PURPOSE)]
+    assert b"read_result" not in json.dumps(sent).encode()
+    assert len(sent["contents"]) < len(contents)
