@@ -141,6 +141,8 @@ MAX_CHOICES = 128  # OpenAI's own limit on `n`
 # largest given is reserved. `n` (choices) and `best_of` (candidates generated) multiply it.
 OUTPUT_CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "max_tokens_to_sample")
 CHOICE_FIELDS = ("n", "best_of")
+# The Gemini API's: its output cap and candidates (camelCase or snake_case alike).
+GEMINI_CONFIG = ("generationConfig", "generation_config")
 
 
 class BadRequestField(ValueError):
@@ -174,7 +176,20 @@ def output_reservation(payload: Mapping[str, Any]) -> int:
         for name in CHOICE_FIELDS
         if payload.get(name) is not None
     ]
+    for name in GEMINI_CONFIG:  # Gemini's are in its generationConfig
+        config = payload.get(name)
+        if isinstance(config, Mapping):
+            caps += _given(name, config, ("maxOutputTokens", "max_output_tokens"), 0, MAX_OUTPUT)
+            choices += _given(name, config, ("candidateCount", "candidate_count"), 1, MAX_CHOICES)
     return max(caps, default=DEFAULT_MAX_OUTPUT) * max(choices, default=1)
+
+
+def _given(
+    where: str, config: Mapping[str, Any], names: tuple[str, ...], low: int, high: int
+) -> list[int]:
+    return [
+        _whole(f"{where}.{n}", config[n], low, high) for n in names if config.get(n) is not None
+    ]
 
 
 def batch_reservation(

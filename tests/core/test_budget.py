@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 from proxy.core import proxy_keys
 from proxy.core.budget import (
     Amounts,
+    BadRequestField,
     bucket,
     limits_of,
+    output_reservation,
     policy_override,
     reservation,
     usage_cost,
@@ -111,3 +113,21 @@ def test_proxy_key_text_digest_and_id() -> None:
         proxy_keys.check_team("has space")
     with pytest.raises(ValueError):
         proxy_keys.check_env_name("lower")
+
+
+def test_a_gemini_request_reserves_its_generation_configs_cap_per_candidate() -> None:
+    config = {"maxOutputTokens": 8_192, "candidateCount": 2}
+    assert output_reservation({"contents": [], "generationConfig": config}) == 16_384
+    assert output_reservation({"generation_config": {"max_output_tokens": 100}}) == 100
+    assert output_reservation({"contents": [], "generationConfig": {}}) == 4_096
+    with pytest.raises(BadRequestField) as bad:
+        output_reservation({"generationConfig": {"maxOutputTokens": 6.4e4}})
+    assert bad.value.param == "generationConfig.maxOutputTokens"
+
+
+def test_gemini_paths_need_the_scopes_their_openai_and_anthropic_kin_need() -> None:
+    assert proxy_keys.passthrough_rule("GET", "/v1beta/models").scope == "models"
+    counting = proxy_keys.passthrough_rule("POST", "/v1beta/models/gemini-2.5-flash:countTokens")
+    assert counting == proxy_keys.PathRule(None, proxy_keys.FREE)
+    embedding = proxy_keys.passthrough_rule("POST", "/v1beta/models/x:embedContent")
+    assert embedding.meter == proxy_keys.UNMETERED
