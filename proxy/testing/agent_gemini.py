@@ -8,14 +8,12 @@ pair by position.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from google import genai
 from google.genai import types
 
-from proxy.testing import agent_loop
 from proxy.testing.agent_loop import RULES, TASK, proxy_headers, script_headers, tool_output
 from proxy.testing.agent_loop import turn_script as loop_turn_script
 
@@ -107,19 +105,3 @@ class GeminiAgent:
 def _headers(response: types.GenerateContentResponse) -> dict[str, str]:
     answered = response.sdk_http_response
     return proxy_headers(answered.headers or {}) if answered is not None else {}
-
-
-async def run_gemini_agent(
-    client: genai.Client,
-    *,
-    turns: int,
-    result_chars: int,
-    model: str = "gemini-3-flash-preview",
-    stream: bool = False,
-    read_every: int = 0,
-    conversation: str | None = None,
-    max_tokens: int = 1024,
-    on_turn: Callable[[int, GeminiTurn], Awaitable[None]] | None = None,
-) -> list[GeminiTurn]:
-    agent = GeminiAgent(client, model, stream, read_every, conversation, max_tokens, result_chars)
-    return await agent_loop.run(agent, turns, on_turn)

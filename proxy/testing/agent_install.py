@@ -1,10 +1,15 @@
 """The real agent CLIs the end-to-end tests drive, installed from the pinned lock file
-(tests/agents/package.json): `npm ci` when node_modules is missing or older than the lock."""
+(tests/agents/package.json): `npm ci` when node_modules is missing or older than the lock;
+and run with a time limit (`run_cli`)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import shutil
+import signal
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 NPM_CI_TIMEOUT = 900
@@ -33,3 +38,32 @@ def install(folder: Path) -> None:
     )
     if done.returncode != 0:
         raise AgentInstallError(f"npm ci failed in {folder}:\n{done.stdout}\n{done.stderr}")
+
+
+async def run_cli(
+    argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], time_limit: float
+) -> tuple[int | None, str, str]:
+    """Run an agent CLI to its end: (exit status, None when it was killed at the time
+    limit; its stdout; its stderr). It gets its own process group, so the kill ends its
+    children too (and so does the caller's cancellation)."""
+    child = await asyncio.create_subprocess_exec(
+        *argv,
+        cwd=cwd,
+        env=dict(env),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    returncode: int | None
+    try:
+        out, err = await asyncio.wait_for(child.communicate(), time_limit)
+        returncode = child.returncode
+    except TimeoutError:
+        os.killpg(child.pid, signal.SIGKILL)
+        out, err = await child.communicate()
+        returncode = None
+    except asyncio.CancelledError:
+        os.killpg(child.pid, signal.SIGKILL)
+        raise
+    return returncode, out.decode(errors="replace"), err.decode(errors="replace")

@@ -8,9 +8,7 @@ settings, and `--output-format stream-json --verbose`, and returns what it print
 
 from __future__ import annotations
 
-import asyncio
 import os
-import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from proxy.testing.agent_install import AgentInstallError
+from proxy.testing.agent_install import AgentInstallError, run_cli
 
 PACKAGE = "@anthropic-ai/claude-code"
 
@@ -119,27 +117,8 @@ async def run_claude_code(
     if max_turns is not None:
         argv += ["--max-turns", str(max_turns)]
     argv += list(extra_args)
-    child = await asyncio.create_subprocess_exec(
-        *argv,
-        cwd=workdir,
-        env=claude_env(base_url, home, extra_env),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,  # its own process group, so a timeout ends its children
-    )
-    returncode: int | None
-    try:
-        out, err = await asyncio.wait_for(child.communicate(), time_limit)
-        returncode = child.returncode
-    except TimeoutError:
-        os.killpg(child.pid, signal.SIGKILL)
-        out, err = await child.communicate()
-        returncode = None
-    except asyncio.CancelledError:
-        os.killpg(child.pid, signal.SIGKILL)
-        raise
-    stdout = out.decode(errors="replace")
+    env = claude_env(base_url, home, extra_env)
+    returncode, stdout, stderr = await run_cli(argv, cwd=workdir, env=env, time_limit=time_limit)
     events = []
     for line in stdout.splitlines():
         try:
@@ -148,6 +127,4 @@ async def run_claude_code(
             continue
         if isinstance(event, dict):
             events.append(event)
-    return ClaudeCodeRun(
-        returncode, events, stdout, err.decode(errors="replace"), home, workdir, argv
-    )
+    return ClaudeCodeRun(returncode, events, stdout, stderr, home, workdir, argv)

@@ -9,9 +9,7 @@ and returns what it printed.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from proxy.testing.agent_install import AgentInstallError
+from proxy.testing.agent_install import AgentInstallError, run_cli
 
 PACKAGE = "@google/gemini-cli"
 API_KEY = "gemini-cli-test-key"
@@ -96,26 +94,6 @@ async def run_gemini_cli(
     argv = [*command, "-p", prompt, "--yolo", "--output-format", "json"]
     if model:
         argv += ["--model", model]
-    child = await asyncio.create_subprocess_exec(
-        *argv,
-        cwd=workdir,
-        env=gemini_env(base_url, home, extra_env),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,  # its own process group, so a timeout ends its children
-    )
-    returncode: int | None
-    try:
-        out, err = await asyncio.wait_for(child.communicate(), time_limit)
-        returncode = child.returncode
-    except TimeoutError:
-        os.killpg(child.pid, signal.SIGKILL)
-        out, err = await child.communicate()
-        returncode = None
-    except asyncio.CancelledError:
-        os.killpg(child.pid, signal.SIGKILL)
-        raise
-    return GeminiCliRun(
-        returncode, out.decode(errors="replace"), err.decode(errors="replace"), home
-    )
+    env = gemini_env(base_url, home, extra_env)
+    returncode, out, err = await run_cli(argv, cwd=workdir, env=env, time_limit=time_limit)
+    return GeminiCliRun(returncode, out, err, home)

@@ -21,7 +21,8 @@ from google.genai import types
 
 from proxy.core.tokens import default_counter
 from proxy.server.state import COMPACTOR
-from proxy.testing.agent_gemini import TOOL, run_gemini_agent
+from proxy.testing import agent_loop
+from proxy.testing.agent_gemini import TOOL, GeminiAgent
 from proxy.testing.standin import StandInOptions
 from proxy.wire.gemini_parts import GeminiCounter, function_calls
 from proxy.wire.gemini_validation import check_request
@@ -57,15 +58,9 @@ async def test_a_long_gemini_session_stays_valid_and_within_the_window(
         base_url=proxy.url, retry_options=types.HttpRetryOptions(attempts=1)
     )
     client = genai.Client(api_key="gemini-e2e-key", http_options=options)
-    turns = await run_gemini_agent(
-        client,
-        turns=TURNS,
-        result_chars=RESULT_CHARS,
-        model=MODEL,
-        stream=stream,
-        read_every=5,
-        conversation=f"gemini-e2e-{uuid.uuid4().hex}",
-    )
+    conversation = f"gemini-e2e-{uuid.uuid4().hex}"
+    agent = GeminiAgent(client, MODEL, stream, 5, conversation, 1024, RESULT_CHARS)
+    turns = await agent_loop.run(agent, TURNS)
     assert len(turns) == TURNS
 
     # Every upstream request passes the API's rules and fits the window.

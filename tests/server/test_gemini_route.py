@@ -15,6 +15,7 @@ from google.genai import errors, types
 
 from proxy.store import Store
 from proxy.store.accounts import Accounts
+from proxy.testing.agent_gemini import DECLARATION
 from proxy.testing.agent_loop import tool_output
 from proxy.testing.standin import StandInOptions
 from tests.plugins.standin import RunningStandIn
@@ -23,15 +24,7 @@ from tests.server.conftest import SMALL_WINDOW, MakeProxy
 MakeStandIn = Callable[[StandInOptions], Awaitable[RunningStandIn]]
 FLASH = "gemini-2.5-flash"
 GEMINI_3 = "gemini-3-flash-preview"
-SHELL = types.FunctionDeclaration(
-    name="run_shell_command",
-    description="Runs a shell command.",
-    parameters_json_schema={
-        "type": "object",
-        "properties": {"command": {"type": "string"}},
-        "required": ["command"],
-    },
-)
+SHELL = DECLARATION  # run_shell_command, as Gemini CLI declares it
 CALL = {"name": "run_shell_command", "input": {"command": "ls src"}}
 PURPOSE = "x-compaction-proxy-purpose"
 

@@ -14,21 +14,14 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
+from proxy.testing.agent_gemini import DECLARATION
 from proxy.testing.api_gemini import signature, signed_ids
 from proxy.testing.standin import StandInOptions
 from tests.plugins.standin import RunningStandIn
 
 FLASH = "gemini-2.5-flash"
 GEMINI_3 = "gemini-3-flash-preview"
-SHELL = types.FunctionDeclaration(
-    name="run_shell_command",
-    description="Runs a shell command.",
-    parameters_json_schema={
-        "type": "object",
-        "properties": {"command": {"type": "string"}},
-        "required": ["command"],
-    },
-)
+SHELL = DECLARATION  # run_shell_command, as Gemini CLI declares it
 TOOLS = [types.Tool(function_declarations=[SHELL])]
 
 
