@@ -74,6 +74,18 @@ class UpstreamSettings:
     # auth.keys = "off", https://api.openai.com (callers send their own credential); with
     # "required", none (OpenAI-format requests are refused until it is set).
     openai_url: str = ""
+    # Claude through Amazon Bedrock (the proxy's /bedrock routes; docs/bedrock-vertex.md):
+    # bedrock-runtime's base URL; empty: https://bedrock-runtime.{region}.amazonaws.com
+    # (and the control plane's reads at https://bedrock.{region}.amazonaws.com; when set,
+    # those go to this same base).
+    bedrock_url: str = ""
+    # The AWS region requests are signed for (and, with bedrock_url empty, sent to);
+    # empty: AWS_REGION, else AWS_DEFAULT_REGION.
+    bedrock_region: str = ""
+    # Claude through Google Vertex AI (the proxy's /vertex routes); empty: the location's
+    # own endpoint (https://{location}-aiplatform.googleapis.com, aiplatform.googleapis.com
+    # for `global`).
+    vertex_url: str = ""
     # Seconds to open a new TCP/TLS connection to the upstream.
     connect_timeout: float = 10.0
     # Seconds a stream may stay silent before the proxy ends it (no total stream timeout).
@@ -242,6 +254,12 @@ def _optional_upstream_url(value: str) -> str | None:
     return None if value == "" else _upstream_url(value)
 
 
+def _aws_region(value: str) -> str | None:
+    if value == "" or re.fullmatch(r"[a-z]{2,4}(-[a-z]+)+-\d{1,2}", value):
+        return None
+    return "must be empty (AWS_REGION, else AWS_DEFAULT_REGION) or an AWS region (us-east-1)"
+
+
 def _redis_url(value: str) -> str | None:
     if value == "":
         return None
@@ -313,6 +331,9 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "server.off_loop_bytes": _non_negative,
     "upstream.url": _upstream_url,
     "upstream.openai_url": _optional_upstream_url,
+    "upstream.bedrock_url": _optional_upstream_url,
+    "upstream.bedrock_region": _aws_region,
+    "upstream.vertex_url": _optional_upstream_url,
     "upstream.connect_timeout": _positive,
     "upstream.stream_idle_timeout": _positive,
     "upstream.response_timeout": _positive,
