@@ -19,14 +19,29 @@ output 5.0).
 
     .venv/bin/python bench/facts.py --baseline
     .venv/bin/python bench/facts.py --policy keep_last=2,summary_max_tokens=2000
+
+`--session results` is harder (issue 35): the facts are in tool results, not in what the
+agent wrote. The same 160 turns of chat-shaped reasoning, at a 1M window (the built-in
+policy otherwise: trigger 100,000, target 80,000, in-place summaries), each turn's Bash
+call answered with a slice of real source (the Python standard library's, numbered like
+Claude Code's Read: 1,000 to 24,000 characters, log-uniform), the 30 facts put two a
+result in the first 15 results, each as a comment line in the middle of the slice. Those
+results are offloaded as they age (a stub of their head), then folded. The stand-in's
+summariser is attentive (`summary_keeps`): it keeps every fact it is shown whole and none
+it is not. Counted: the facts in the last request, and those a ref it names can still
+read back (read_result); `--baseline` runs the session unmanaged for the cost ratio.
+
+    .venv/bin/python bench/facts.py --session results --baseline
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import random
 import sys
+import sysconfig
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -43,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 from bench.make_trace import SHAPES, reasoning  # noqa: E402
 from bench.replay import PURPOSE, WINDOW, records_bill, serve_standin, with_policy  # noqa: E402
 from proxy.config import load_settings  # noqa: E402
+from proxy.core.offload import ref_for, refs_in  # noqa: E402
 from proxy.core.tokens import default_counter  # noqa: E402
 from proxy.server.app import start  # noqa: E402
 from proxy.store import EmbeddedRedis  # noqa: E402
@@ -160,17 +176,76 @@ def last_agent_request(recorded: list[Any]) -> dict[str, Any]:
     return body
 
 
+# The results session: a 1M window (the built-in policy's trigger and target otherwise),
+# results of real sizes, in characters (log-uniform), from the standard library's source.
+RESULTS_WINDOW = 1_000_000
+RESULT_CHARS = (1_000, 24_000)
+PLANTED_RESULTS = len(FACTS) // PER_TURN
+
+
+def _sources() -> list[Path]:
+    """The standard library's larger modules, in a fixed order (the results' text)."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    found = [p for p in stdlib.glob("*.py") if p.stat().st_size >= 2 * RESULT_CHARS[1]]
+    return sorted(found, key=lambda p: p.name)
+
+
+def result_texts(seed: int, turns: int, facts: tuple[Fact, ...] = FACTS) -> list[str]:
+    """Each turn's tool result: a numbered slice of a standard library module (as Claude
+    Code's Read shows a file), of a seeded size; the first results carry the facts,
+    PER_TURN each, as comment lines at seeded lines in the middle half of the slice."""
+    sources = _sources()
+    out = []
+    for turn in range(turns):
+        rng = random.Random(seed * 1_000_003 + turn)
+        low, high = RESULT_CHARS
+        size = int(math.exp(rng.uniform(math.log(low), math.log(high))))
+        path = rng.choice(sources)
+        lines = path.read_text().splitlines()
+        first = rng.randrange(len(lines) // 2)
+        taken: list[str] = []
+        for n, line in enumerate(lines[first:], first + 1):
+            taken.append(f"{n:6}\t{line}")
+            if sum(len(t) + 1 for t in taken) >= size:
+                break
+        mine = facts[turn * PER_TURN : (turn + 1) * PER_TURN]
+        for fact in mine:
+            at = rng.randint(len(taken) // 4, max(len(taken) // 4, 3 * len(taken) // 4))
+            taken.insert(at, f"      \t# NOTE: {fact.sentence}")
+        out.append(f"{path.name}\n" + "\n".join(taken))
+    return out
+
+
+def readable(
+    body: dict[str, Any], results: list[str], facts: tuple[Fact, ...] = FACTS
+) -> list[Fact]:
+    """The facts not in the request's messages that a ref they name still reads back:
+    the result the ref was made of holds them (read_result serves it whole)."""
+    named = set(refs_in("\n".join(_strings(body.get("messages")))))
+    behind = "\n".join(text for text in results if ref_for(text) in named)
+    held = kept(body, facts)
+    return [f for f in facts if f not in held and f.check in behind]
+
+
 async def session(url: str, args: argparse.Namespace) -> list[Any]:
+    """The agent's run (`args.session`: "chat", facts in its reasoning; "results", facts in
+    its tool results) against `url`."""
     low, high = SHAPES["chat"][2]
     client = anthropic.AsyncAnthropic(base_url=url, api_key="sk-bench", max_retries=0)
+    if getattr(args, "session", "chat") == "results":
+        results = result_texts(args.seed, args.turns)
+        text, output = reasoning(args.seed, low, high), lambda turn, _: results[turn]
+    else:
+        text, output = planted(args.seed, low, high), None
     try:
         return await run_agent(
             client,
             turns=args.turns,
             result_chars=SHAPES["chat"][1],
             conversation=uuid.uuid4().hex,
-            text=planted(args.seed, low, high),
+            text=text,
             max_tokens=8_192,
+            **({"output": output} if output else {}),
         )
     finally:
         await client.close()
@@ -178,16 +253,22 @@ async def session(url: str, args: argparse.Namespace) -> list[Any]:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    tools = args.session == "results"
+    window = RESULTS_WINDOW if tools else WINDOW
+    policy = ",".join(p for p in (f"window={window}" if tools else "", args.policy) if p)
+    keeps = tuple(f.check for f in FACTS) if tools else ()
     with tempfile.TemporaryDirectory() as tmp:
         redis = EmbeddedRedis(Path(tmp) / "redis")
         redis_url = await redis.start()
-        url, app, runner = await serve_standin(WINDOW, summary_loss=args.summary_loss)
+        url, app, runner = await serve_standin(
+            window, summary_loss=args.summary_loss, summary_keeps=keeps
+        )
         settings = load_settings(
             None,
             environ={},
             overrides={"server.port": 0, "upstream.url": url, "store.redis_url": redis_url},
         )
-        proxy = await start(with_policy(settings, args.policy))
+        proxy = await start(with_policy(settings, policy))
         try:
             turns = await session(proxy.url, args)
         finally:
@@ -199,8 +280,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             r for r in recorded if r.path_qs.split("?")[0] == "/v1/messages"
             and not r.headers.get(PURPOSE)
         ]  # fmt: skip
-        out["kept"] = kept(last_agent_request(recorded))
+        last = last_agent_request(recorded)
+        out["turns"] = len(turns)
+        out["kept"] = kept(last)
+        out["readable"] = readable(last, result_texts(args.seed, args.turns)) if tools else []
         out["largest"] = max(counter.count_request(orjson.loads(r.body)) for r in agent)
+        out["rejected"] = sum(1 for r in recorded if r.status != 200)
         out["summaries"] = sum(1 for r in recorded if r.headers.get(PURPOSE) == "summary")
         out["cost"], out["requests"] = records_bill(app)
         out["folds"] = sum(
@@ -217,22 +302,27 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--session", choices=("chat", "results"), default="chat")
     parser.add_argument("--turns", type=int, default=SHAPES["chat"][0])
-    parser.add_argument("--seed", type=int, default=12, help="of the chat shape's reasoning")
+    parser.add_argument("--seed", type=int, default=12, help="of the reasoning and results")
     parser.add_argument("--policy", default="", help="built-in policy fields: keep_last=2,...")
     parser.add_argument("--summary-loss", type=int, default=0, help="stand-in drops every N-th")
     parser.add_argument("--baseline", action="store_true", help="also run unmanaged, for the ratio")
     args = parser.parse_args()
     out = asyncio.run(run(args))
-    lost = [f.check for f in FACTS if f not in out["kept"]]
+    lost = [f.check for f in FACTS if f not in out["kept"] and f not in out["readable"]]
+    behind = [f.check for f in out["readable"]]
     line = (
-        f"facts {len(out['kept'])}/{len(FACTS)} (lost: {', '.join(lost) or 'none'});"
+        f"answered {out['turns']}/{args.turns}, rejected {out['rejected']};"
+        f" facts {len(out['kept'])}/{len(FACTS)} in the last request"
+        + (f", {len(behind)} more through a ref it names ({', '.join(behind)})" if behind else "")
+        + f" (lost: {', '.join(lost) or 'none'});"
         f" billed {out['cost']:,.0f} over {out['requests']} upstream requests;"
         f" summaries {out['summaries']}; folds {out['folds']}; largest {out['largest']:,}"
     )
     if "baseline" in out:
         line += f"; unmanaged {out['baseline']:,.0f}: {out['cost'] / out['baseline']:.3f}x"
-    print(f"policy [{args.policy or 'default'}] turns {args.turns}: {line}")
+    print(f"session {args.session}, policy [{args.policy or 'default'}] turns {args.turns}: {line}")
 
 
 if __name__ == "__main__":

@@ -71,13 +71,17 @@ PURPOSE = "x-compaction-proxy-purpose"
 
 
 async def serve_standin(
-    window: int, summary_delay: float = 0.0, summary_loss: int = 0
+    window: int,
+    summary_delay: float = 0.0,
+    summary_loss: int = 0,
+    summary_keeps: tuple[str, ...] = (),
 ) -> tuple[str, web.Application, web.AppRunner]:
     options = StandInOptions(
         windows={"*": window},
         max_recorded=None,
         summary_delay=summary_delay,
         summary_loss=summary_loss,
+        summary_keeps=summary_keeps,
     )
     app = create_app(options)
     runner = web.AppRunner(app, max_field_size=65_536)  # the chat shape's text is a header

@@ -25,7 +25,7 @@ from proxy.console import fail, warn
 from proxy.core import proxy_keys
 from proxy.core.budget import METRICS, PERIODS, POLICY_FIELDS, limit_field
 from proxy.core.management import KeyRequest
-from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies
+from proxy.core.policy import Policy
 from proxy.server.logs import redacted_url as redacted
 from proxy.store import EmbeddedRedis, EmbeddedRedisError, Store, StoreUnavailable
 from proxy.store import management as manage
@@ -132,7 +132,7 @@ async def _redis_backend(settings: Settings, url: str) -> RedisBackend:
         await store.close()
         source = settings.source_of("store.redis_url")
         raise StoreSetupError(f"store.redis_url {redacted(url)} ({source}): {problem}")
-    return RedisBackend(store, [*parse_policies(settings.policies), *DEFAULT_POLICIES])
+    return RedisBackend(store, list(settings.model_policies))
 
 
 class RedisBackend:

@@ -11,7 +11,7 @@ from typing import Any
 
 from proxy.config import ConfigError, Settings, load_settings
 from proxy.console import fail, warn
-from proxy.core.policy import DEFAULT_POLICIES, Policy, parse_policies
+from proxy.core.policy import Policy
 from proxy.core.tokens import default_counter
 from proxy.ops.formats import FORMAT_CHOICES, format_for, format_mismatch
 from proxy.ops.requests import (
@@ -99,7 +99,7 @@ def _settings(config: Path | None) -> Settings:
 
 
 def _policies(settings: Settings) -> list[Policy]:
-    return [*parse_policies(settings.policies), *DEFAULT_POLICIES]
+    return list(settings.model_policies)
 
 
 def _betas(args: argparse.Namespace) -> str:

@@ -26,7 +26,7 @@ import orjson
 
 from proxy.config import ServerSettings, Settings, StoreSettings, UpstreamSettings
 from proxy.console import fail
-from proxy.core.policy import DEFAULT_POLICIES, parse_policies
+from proxy.core.policy import Policy
 from proxy.core.tokens import default_counter
 from proxy.ops.progress import Progress
 from proxy.wire import ANTHROPIC, CHAT
@@ -238,8 +238,12 @@ async def demo(api: str, turns: int, out: Path, stream: TextIO, pace: float = 0.
     return observed
 
 
+def _demo_policies() -> list[Policy]:
+    return list(Settings(policies=(DEMO_POLICY,)).model_policies)
+
+
 def _setup_lines(api: str, turns: int) -> list[str]:
-    p = parse_policies([DEMO_POLICY])[0]
+    p = _demo_policies()[0]
     sdk = "openai SDK (Chat Completions)" if api == "chat" else "anthropic SDK (Messages)"
     return [
         f"demo policy: window {p.window:,}, trigger {p.trigger_tokens:,}, target"
@@ -260,7 +264,7 @@ def _report(api: str, observed: Observed, out: Path, say: Callable[[str], None])
     say("")
     say(f"turns by strategy: {observed.by_strategy()}")
     say(f"prompt tokens read from the upstream's cache: {share:.0f}%")
-    policies = [*parse_policies([DEMO_POLICY]), *DEFAULT_POLICIES]
+    policies = _demo_policies()
     fmt = CHAT if api == "chat" else ANTHROPIC
     result = replay(observed.bodies, policies, default_counter(), fmt=fmt)
     say("replayed without and with the proxy (as `compaction-proxy replay` does):")

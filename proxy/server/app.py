@@ -17,7 +17,7 @@ from aiohttp import web
 from proxy import tracing
 from proxy.config import Settings
 from proxy.core.model_facts import BUILTIN, UNKNOWN_WINDOWS
-from proxy.core.policy import DEFAULT_POLICIES, parse_policies
+from proxy.core.policy import DEFAULT_POLICIES
 from proxy.core.tokens import TokenCounter
 from proxy.server import bedrock, vertex
 from proxy.server.admin.routes import install as install_admin
@@ -212,7 +212,7 @@ def create_app(settings: Settings) -> web.Application:
     app[STORE] = StoreState()
     metrics = app[METRICS]
     app[COMPACTOR] = Compactor(
-        settings.policies,
+        settings.model_policies,
         counter=COUNTER,
         max_lines=settings.store.max_lines,
         off_loop_bytes=settings.server.off_loop_bytes,
@@ -380,7 +380,7 @@ def startup_line(running: RunningProxy) -> str:
 def windows_line(settings: Settings) -> str:
     """Which windows apply and where they come from: the policies that set one, then the
     model table for the rest, and the default for a model it lacks."""
-    own = [p for p in parse_policies(settings.policies) if p.window]
+    own = [p for p in settings.model_policies if p.window]  # the built-in one sets none
     named = "".join(f"{p.window:,} for {p.match!r} (its [[policy]]), " for p in own)
     unknown = ", ".join(f"{w:,} for {g}" for g, w in UNKNOWN_WINDOWS)
     rest = "others" if own else "every model"

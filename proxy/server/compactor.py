@@ -34,7 +34,7 @@ from proxy.core.exact_json import ClientJSON
 from proxy.core.identity import header_id, identities, tenant_of
 from proxy.core.lines import DEFAULT_MAX_LINES
 from proxy.core.model_facts import UNKNOWN_SOURCE, wants_1m
-from proxy.core.policy import DEFAULT_POLICIES, Policy, PolicyError, parse_policies, policy_for
+from proxy.core.policy import DEFAULT_POLICIES, Policy, PolicyError, policy_for
 from proxy.core.reuse import Reuse, Seen, key_of
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TokenCounter, default_counter
@@ -129,7 +129,7 @@ class Compactor:
 
     def __init__(
         self,
-        raw_policies: Sequence[Mapping[str, Any]] = (),
+        policies: Sequence[Policy] = tuple(DEFAULT_POLICIES),
         *,
         counter: TokenCounter | None = None,
         summariser: SummariserSettings | None = None,
@@ -144,7 +144,7 @@ class Compactor:
         self.off_loop_bytes = off_loop_bytes
         # What was computed for each conversation line's last request (core/reuse.py).
         self.reuse = Reuse(reuse_bytes)
-        self.policies = [*parse_policies(raw_policies), *DEFAULT_POLICIES]
+        self.policies = list(policies)  # Settings.model_policies: parsed there, once
         self.counter = counter or default_counter()
         self.summariser = summariser or SummariserSettings()
         self.calibration = Calibration()

@@ -199,7 +199,7 @@ def _decided(
         return decide(prompt, script, counter, digest)
     note = api.summary_note(prompt)
     budget = prompt.summary_budget - (counter.count_text(note) + 1 if note else 0)
-    text = summarise(prompt.entries, budget, counter, options.summary_loss)
+    text = summarise(prompt.entries, budget, counter, options.summary_loss, options.summary_keeps)
     summary = f"{text}\n{note}" if note else text
     reply = decide(prompt, script, counter, digest, summary=summary)
     return dataclasses.replace(reply, kind=COMPACTION if prompt.asks == COMPACTION else kind)

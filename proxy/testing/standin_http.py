@@ -54,6 +54,10 @@ class StandInOptions:
     scenario: Scenario | None = None
     # A lossy summariser: every n-th identifier of the folded turns left out (0: none).
     summary_loss: int = 0
+    # An attentive summariser: each of these strings (the facts a benchmark planted) that it
+    # is shown whole is in its summary, first; one it is not shown (cut, or behind a stub)
+    # is not. A model told to keep identifiers keeps those that matter, whatever its cap.
+    summary_keeps: tuple[str, ...] = ()
     # A slow summariser: each summary call takes this many seconds before it answers (a
     # real model takes tens), and, when a gate is set, waits for it to open first.
     summary_delay: float = 0.0

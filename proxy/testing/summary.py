@@ -62,14 +62,23 @@ def identifiers(text: str) -> list[str]:
     return [s for s in seen if s]
 
 
-def summarise(entries: Sequence[Entry], budget: int, counter: TokenCounter, loss: int = 0) -> str:
+def summarise(
+    entries: Sequence[Entry],
+    budget: int,
+    counter: TokenCounter,
+    loss: int = 0,
+    keeps: Sequence[str] = (),
+) -> str:
     """A summary of the entries, at most `budget` tokens long. `loss` > 0 plays a lossy
     model: every `loss`-th identifier it finds is left out, notes included (5: a fifth of
-    them)."""
+    them). `keeps`: strings noted first whenever an entry shows one whole (an attentive
+    model keeps what matters and cannot keep what it was not shown)."""
     notes: list[str] = []
     found: dict[str, None] = {}
+    shown: list[str] = []
     for entry in entries:
         text = _said(entry)
+        shown.append(text)
         if not text:
             continue
         for name in identifiers(text):
@@ -83,6 +92,10 @@ def summarise(entries: Sequence[Entry], budget: int, counter: TokenCounter, loss
         notes = [_without(note, lost) for note in notes]
 
     lines = [f"Summary of {len(entries)} earlier messages."]
+    seen = "\n".join(shown)
+    kept = [keep for keep in keeps if keep in seen]
+    if kept:
+        lines.append("Kept: " + "; ".join(kept))
     current = _currently(entries)
     if current:
         # What a real model notes first: what the user is currently doing, from the

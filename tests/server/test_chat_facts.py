@@ -14,7 +14,15 @@ from __future__ import annotations
 
 import argparse
 
-from bench.facts import FACTS, kept, last_agent_request, planted, session
+from bench.facts import (
+    FACTS,
+    PLANTED_RESULTS,
+    kept,
+    last_agent_request,
+    planted,
+    result_texts,
+    session,
+)
 from bench.make_trace import SHAPES, reasoning
 from bench.replay import PURPOSE, WINDOW, serve_standin
 from proxy.server.app import start
@@ -57,3 +65,13 @@ def test_the_thirty_facts_are_distinct_and_planted_only_in_the_first_turns() -> 
     assert all(f.sentence in early and f.check in early for f in FACTS)
     later = " ".join(text(t) for t in range(15, 160)) + " ".join(plain(t) for t in range(15))
     assert not [c for c in checks if c in later], "a check string the prose says anyway"
+
+
+def test_the_results_session_plants_each_fact_once_in_its_first_results() -> None:
+    results = result_texts(12, 160)
+    assert len(results) == 160 and PLANTED_RESULTS == 15
+    for fact in FACTS:
+        holding = [n for n, text in enumerate(results) if fact.check in text]
+        assert holding == [FACTS.index(fact) // 2], fact.check
+    sizes = [len(text) for text in results]
+    assert min(sizes) >= 1_000 and max(sizes) <= 26_000

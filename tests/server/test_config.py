@@ -22,6 +22,36 @@ def test_documented_file_equals_the_builtin_defaults() -> None:
     assert load_settings(REPO / "config" / "proxy.toml", environ={}) == Settings()
 
 
+def test_the_generated_files_are_current() -> None:
+    """config/proxy.toml, the table in docs/configuration.md and the ConfigMap say what
+    proxy/config.py declares."""
+    from proxy.config_files import expected
+
+    for path, text in expected().items():
+        assert path.read_text() == text, f"{path} drifted: python3 -m proxy.config_files --write"
+
+
+def test_each_setting_is_declared_once_with_its_doc_and_check() -> None:
+    from proxy.config import DECLARED, declared
+
+    names = [d.name for d in declared()]
+    assert len(names) == len(set(names)) > 30
+    assert set(DECLARED) == {"server", "upstream", "store", "auth", "budgets", "responses"}
+    for d in declared():
+        assert d.kind in (str, int, float), d.name
+        assert isinstance(d.default, d.kind), d.name
+        assert d.doc.endswith((".", ")")), d.name
+        assert d.check(d.default) is None, f"{d.name}: its default fails its own check"
+    assert DECLARED["server"]["port"].check(70000) == (
+        "must be a port number 0-65535 (0 = any free port)"
+    )
+
+
+def test_a_later_source_mends_an_earlier_wrong_value(tmp_path: Path) -> None:
+    path = write(tmp_path, "[server]\nport = 70000\n")
+    assert load_settings(path, environ={"COMPACTION_PROXY_SERVER_PORT": "81"}).server.port == 81
+
+
 def test_no_file_gives_the_builtin_defaults(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -67,6 +97,14 @@ def test_policies_are_kept_and_checked(tmp_path: Path) -> None:
     assert settings.policies == (
         {"match": "claude-*", "trigger": 105000, "target": 37000},
         {"match": "x"},
+    )
+    # Parsed once, there: yours, then the built-in one.
+    from proxy.core.policy import DEFAULT_POLICIES, Policy
+
+    assert settings.model_policies == (
+        Policy(match="claude-*", window=0, trigger=105000, target=37000),
+        Policy(match="x", window=0),
+        *DEFAULT_POLICIES,
     )
 
 

@@ -82,6 +82,15 @@ def test_summary_keeps_identifiers_verbatim() -> None:
     assert summary == summarise(body, COUNTER)
 
 
+def test_an_attentive_summary_keeps_what_it_is_shown_whole_and_nothing_else() -> None:
+    body = {"model": "m", "max_tokens": 60, "messages": conversation() * 20}
+    keeps = ("max_idle_seconds=30", "9f2c4e1a8b fixes", "port 9187")
+    summary = summarise_entries(read(body).entries, body["max_tokens"], COUNTER, keeps=keeps)
+    assert "Kept: max_idle_seconds=30; 9f2c4e1a8b fixes\n" in summary
+    assert "port 9187" not in summary
+    assert COUNTER.count_text(summary) <= body["max_tokens"]
+
+
 @given(st.integers(min_value=8, max_value=300))
 def test_summary_fits_max_tokens(max_tokens: int) -> None:
     body = {"model": "m", "max_tokens": max_tokens, "messages": conversation() * 5}
