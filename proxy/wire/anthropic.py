@@ -27,6 +27,7 @@ from proxy.core.tokens import TokenCounter, loaded_tools
 from proxy.core.usage import LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.anthropic_rounds import MessagesRounds, anthropic_usage
+from proxy.wire.anthropic_validation import validate_messages_request
 from proxy.wire.common import head_text, max_output, request_messages
 
 Message = Mapping[str, Any]
@@ -213,6 +214,11 @@ class MessagesRequest:
         # A key of the JSON: inside a string its quotes would be escaped.
         outside = (body.get("system"), body.get("tools"))
         return orjson.dumps(outside).count(b'"cache_control"')
+
+    def request_error(self, body: Mapping[str, Any], model: str) -> str | None:
+        if "model" not in body and model:  # Bedrock's and Vertex's name it in the path
+            body = {"model": model, **body}
+        return validate_messages_request(body)
 
 
 class MessagesDialect:
