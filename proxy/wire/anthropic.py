@@ -13,11 +13,13 @@ unchanged (docs/design.md#unknown-passes-through). The messages the proxy writes
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import orjson
 
 from proxy.core import model_facts, offload, summary
+from proxy.core.commands import GetSummary
 from proxy.core.errors import ProxyError
 from proxy.core.history import Shape
 from proxy.core.offload import Stub, ToolResult
@@ -75,6 +77,25 @@ def stream_error_event(error_type: str, message: str) -> bytes:
     """An SSE `event: error` in the API's shape, to end a stream the proxy must cut."""
     data = orjson.dumps({"type": "error", "error": {"type": error_type, "message": message}})
     return b"event: error\ndata: " + data + b"\n\n"
+
+
+def rewrapped(need: GetSummary, version: str) -> GetSummary:
+    """The summariser's ask in a provider's envelope (Bedrock's, Vertex's): each body
+    without `model` (the path names it) and with `anthropic_version` (`version` unless
+    the body names one). An in-place body is the client's envelope already: it and its
+    exact bytes stay as they are."""
+
+    def enveloped(body: JSON) -> JSON:
+        if "model" not in body and "anthropic_version" in body:
+            return body
+        out = {k: v for k, v in body.items() if k != "model"}
+        out.setdefault("anthropic_version", version)
+        return out
+
+    body = enveloped(need.body)
+    fallback = enveloped(need.fallback) if need.fallback is not None else None
+    encoded = need.encoded if body is need.body else b""
+    return replace(need, body=body, fallback=fallback, encoded=encoded)
 
 
 def read_result_tool(name: str) -> JSON:
