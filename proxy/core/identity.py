@@ -1,9 +1,9 @@
 """Who is asking and in which conversation, as ids safe to put in store keys.
 
-The tenant is a keyed hash of the credential (never the credential itself, DESIGN
-invariant 9). The conversation id comes from what the client says, in this order: the
-`x-conversation-id` header, Claude Code's `x-claude-code-session-id`, Codex's
-`session-id`, a conversation id the body names (the `hint` of the format's
+The tenant is a keyed hash of the credential (never the credential itself:
+docs/design.md#no-secrets-in-logs). The conversation id comes from what the client says,
+in this order: the `x-conversation-id` header, Claude Code's `x-claude-code-session-id`,
+Codex's `session-id`, a conversation id the body names (the `hint` of the format's
 `IdentityView`: the Responses API's `prompt_cache_key`), the session id Claude Code puts
 inside `metadata.user_id` (a JSON string), and otherwise a hash of the tenant, the
 system prompt and the first message, which stay fixed as a conversation grows. Every id
@@ -27,12 +27,16 @@ _CONVERSATION_KEY = b"compaction-proxy/conversation/v1"
 
 def credential(headers: Mapping[str, str]) -> str:
     """The credential the client sent: x-api-key (Gemini's x-goog-api-key), else the
-    bearer token, else ""."""
+    bearer token, else (an AWS SigV4 signature, new on every request) the access key id
+    it names, else ""."""
     key = headers.get("x-api-key") or headers.get("x-goog-api-key")
     if key:
         return key.strip()
     auth = headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
+    if scheme == "AWS4-HMAC-SHA256":
+        signed = token.strip().removeprefix("Credential=")
+        return "aws:" + signed.partition("/")[0] if signed != token.strip() else auth.strip()
     return token.strip() if scheme.lower() == "bearer" else auth.strip()
 
 

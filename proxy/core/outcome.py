@@ -1,4 +1,5 @@
-"""What planning a request answers (DESIGN section 5), as types the shell matches on.
+"""What planning a request answers (docs/design.md#over-the-thresholds), as types the
+shell matches on.
 
 - `Untouched`: the history fits and no checkpoint applies: forward the original bytes;
 - `Rewrite`: the messages to send, the blobs to store and the new checkpoint;
@@ -40,7 +41,13 @@ REASONS = {
     "offload_off": "the client uses both read_result names: offloading is off",
     "target_unreachable": "what cannot be dropped leaves the history above the trigger",
     "too_long": "nothing fits the window",
+    "invalid_request": "the API would refuse the request: sent as it came, for its own error",
+    "invalid_rewrite": "the rewrite would break the API's rules: the request is sent as it came",
 }
+
+# The reasons for which compaction was declined: the request went on as the client wrote
+# it (or was refused as the API would), with a warning (metric compaction_declined_total).
+DECLINED = frozenset({"invalid_request", "invalid_rewrite"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +104,7 @@ class FoldPlan:
 
     # Where the summary lives: the hash of everything its summariser call sees (the folded
     # turns, and in place the whole history sent: `seen_key`), so it is used only by a
-    # history that begins with exactly that (DESIGN invariant 11).
+    # history that begins with exactly that (docs/design.md#provenance).
     key: str
     folds: str  # hash of the folded turns as the client sent them (`summary_key`)
     transcript: str  # the folded turns as the client sent them, fitted to the summariser
