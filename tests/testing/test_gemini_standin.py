@@ -257,3 +257,18 @@ def test_what_it_refuses(gemini: RunningStandIn) -> None:
     with pytest.raises(errors.ClientError, match=r"input token count \(\d+\) exceeds the maximum"):
         client.models.generate_content(model=FLASH, contents="a b c d e f g h i j k l m n o p")
     assert long.total_tokens is not None and long.total_tokens > 10
+
+
+def test_thoughts_are_shown_only_when_asked_for(gemini: RunningStandIn) -> None:
+    client = _client(gemini, **_script(thinking=True))
+    shown = types.GenerateContentConfig(thinking_config=types.ThinkingConfig(include_thoughts=True))
+    answer = client.models.generate_content(model=GEMINI_3, contents="Why?", config=shown)
+    parts = answer.candidates[0].content.parts  # type: ignore[index,union-attr]
+    assert parts is not None and [p.thought for p in parts] == [True, None]
+    usage = answer.usage_metadata
+    assert usage is not None and usage.thoughts_token_count
+    assert usage.total_token_count == (
+        usage.prompt_token_count + usage.candidates_token_count + usage.thoughts_token_count  # type: ignore[operator]
+    )
+    hidden = client.models.generate_content(model=GEMINI_3, contents="Why?")
+    assert [p.thought for p in hidden.candidates[0].content.parts] == [None]  # type: ignore[index,union-attr]
