@@ -20,13 +20,22 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.core.commands import GetSummary
+from proxy.ops.simulate import Simulator
+from proxy.server.bodies import read_request
+from proxy.server.caller import tenant_of_request
+from proxy.server.compactor import Compactor
 from proxy.server.errors import register_error_shapes
 from proxy.server.exchange import Adjusted, ConversationRoute
+from proxy.server.headers import upstream_request_headers
+from proxy.server.off_loop import off_loop
 from proxy.server.passthrough import handle_passthrough
+from proxy.server.record import current_or_throwaway
+from proxy.server.relay import relay
 from proxy.server.routes import expect_for, handle_conversation
 from proxy.server.routing import (
     GEMINI_KEY_HEADER,
@@ -35,7 +44,9 @@ from proxy.server.routing import (
     model_call,
     speaks_gemini,
 )
+from proxy.server.state import COMPACTOR, SETTINGS, STORE
 from proxy.wire import GEMINI
+from proxy.wire.gemini_parts import field
 
 VERSIONS = ("v1beta", "v1")
 CONVERSATION_METHODS = ("generateContent", "streamGenerateContent")
@@ -91,12 +102,69 @@ register_error_shapes(speaks_gemini, GEMINI)
 
 
 async def handle_model_call(request: web.Request) -> web.StreamResponse:
-    """POST models/{model}:{method}: a conversation through the exchange, anything else
-    (countTokens, embedContent, ...) passed through."""
+    """POST models/{model}:{method}: a conversation through the exchange, countTokens
+    counted as the proxy would send it, anything else (embedContent, ...) passed through."""
     found = model_call(request.path)
     if found is not None and found[2] in CONVERSATION_METHODS:
         return await handle_conversation(request, GENERATE)
+    if found is not None and found[2] == "countTokens":
+        return await handle_count_tokens(request, found[1])
     return await handle_passthrough(request)
+
+
+# -- countTokens --------------------------------------------------------------------------
+
+
+def as_generate_request(payload: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The generateContent request a countTokens body counts (its `contents`, or its whole
+    `generateContentRequest`); None for a body that is neither."""
+    inner = field(payload, "generateContentRequest")
+    if isinstance(inner, dict) and set(payload) <= {
+        "generateContentRequest",
+        "generate_content_request",
+    }:
+        return {k: v for k, v in inner.items() if k != "model"}
+    if set(payload) == {"contents"} and isinstance(payload["contents"], list):
+        return {"contents": payload["contents"]}
+    return None  # (the API's own error reaches the client)
+
+
+def what_is_sent(
+    compactor: Compactor, body: dict[str, Any], model: str, factor: float
+) -> dict[str, Any] | None:
+    """The request as the proxy would send it, planned as a first crossing would be (in
+    memory: no line, store or summariser is touched; a fold's summary stands in at its
+    cap's size, so the count errs high); None when it would go as it is."""
+    simulator = Simulator(compactor.policies, compactor.counter, factor=factor, fmt=GEMINI)
+    step = simulator.step({**body, "model": model})
+    if step.kind != "rewrite":
+        return None
+    return {k: v for k, v in step.body.items() if k != "model"}
+
+
+async def handle_count_tokens(request: web.Request, model: str) -> web.StreamResponse:
+    """countTokens for what the model would see: the request compacted as the proxy would
+    compact it, counted upstream as a `generateContentRequest` (its own read_result
+    declaration and stubs included); a request the proxy would not rewrite, counted as
+    the client sent it."""
+    app = request.app
+    incoming = await read_request(
+        request, app[SETTINGS].server, must_read=False, key_checks=False,
+        bad_json=GENERATE.bad_json,
+    )  # fmt: skip
+    body, headers = incoming.body, upstream_request_headers(request.headers)
+    payload = incoming.payload
+    asked = as_generate_request(payload) if isinstance(payload, dict) else None
+    if asked is not None and not incoming.encoded:
+        compactor = app[COMPACTOR]
+        factor = compactor.factor(GEMINI, model, app[STORE].store, tenant_of_request(request))
+        size, limit = len(body), compactor.off_loop_bytes
+        sent = await off_loop(size, limit, what_is_sent, compactor, asked, model, factor)
+        if sent is not None:
+            body = orjson.dumps({"generateContentRequest": {"model": f"models/{model}", **sent}})
+    upstream = app[GEMINI_UPSTREAM]
+    response = await upstream.send(request.method, request.raw_path, headers, body, stream=False)
+    return await relay(request, response, upstream, GEMINI, current_or_throwaway().meter)
 
 
 expect_model_call = expect_for(GENERATE)

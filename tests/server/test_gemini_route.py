@@ -161,17 +161,51 @@ async def test_a_proxy_key_for_gemini_goes_upstream_as_its_mapped_key(
     assert "part of the Gemini API" in str(refused.value.message)
 
 
+def long_history(turns: int) -> list[dict[str, Any]]:
+    """A task, then `turns` shell calls each answered with an 8,000-character log."""
+    contents: list[dict[str, Any]] = [{"role": "user", "parts": [{"text": "Build it."}]}]
+    for turn in range(turns):
+        call = {"functionCall": {"name": "run_shell_command", "args": {"command": f"make {turn}"}}}
+        contents.append({"role": "model", "parts": [call]})
+        output = {"name": "run_shell_command", "response": {"output": tool_output(turn, 8_000)}}
+        contents.append({"role": "user", "parts": [{"functionResponse": output}]})
+    return contents
+
+
+async def test_count_tokens_counts_what_the_model_would_be_sent(
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
+) -> None:
+    behind = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}))
+    proxy = await make_compacting_proxy("http://127.0.0.1:9", **{"upstream.gemini_url": behind.url})
+    direct, proxied = client_for(behind.url), client_for(proxy.url)
+    contents = [types.Content.model_validate(c) for c in long_history(12)]
+    as_sent = await direct.aio.models.count_tokens(model=FLASH, contents=contents)
+    counted = await proxied.aio.models.count_tokens(model=FLASH, contents=contents)
+    assert as_sent.total_tokens is not None and as_sent.total_tokens > SMALL_WINDOW
+    assert counted.total_tokens is not None and counted.total_tokens <= SMALL_WINDOW
+    upstream = json.loads(behind.recorded[-1].body)["generateContentRequest"]
+    assert upstream["model"] == f"models/{FLASH}"
+    assert "read_result" in json.dumps(upstream["tools"])  # its stubs name it
+    assert len(upstream["contents"]) <= len(contents)
+    # What the model then sees of that history: no more than counted (a fold's summary is
+    # counted at its cap).
+    sent = await proxied.aio.models.generate_content(model=FLASH, contents=contents)
+    assert sent.usage_metadata is not None and sent.usage_metadata.prompt_token_count
+    assert sent.usage_metadata.prompt_token_count <= counted.total_tokens
+    short = [types.Content.model_validate(c) for c in long_history(1)]
+    assert (await proxied.aio.models.count_tokens(model=FLASH, contents=short)).total_tokens == (
+        await direct.aio.models.count_tokens(model=FLASH, contents=short)
+    ).total_tokens
+    assert behind.recorded[-2].body == behind.recorded[-1].body  # the client's bytes
+    assert [r.headers.get(PURPOSE) for r in behind.recorded] == [None] * len(behind.recorded)
+
+
 async def test_the_json_array_form_is_relayed_and_never_given_read_result(
     make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
 ) -> None:
     behind = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}))
     proxy = await make_compacting_proxy("http://127.0.0.1:9", **{"upstream.gemini_url": behind.url})
-    contents: list[dict[str, Any]] = [{"role": "user", "parts": [{"text": "Build it."}]}]
-    for turn in range(12):
-        call = {"functionCall": {"name": "run_shell_command", "args": {"command": f"make {turn}"}}}
-        contents.append({"role": "model", "parts": [call]})
-        output = {"name": "run_shell_command", "response": {"output": tool_output(turn, 8_000)}}
-        contents.append({"role": "user", "parts": [{"functionResponse": output}]})
+    contents = long_history(12)
     body = {"contents": contents, "tools": [{"functionDeclarations": [SHELL.model_dump(
         mode="json", by_alias=True, exclude_none=True)]}]}  # fmt: skip
     headers = {"x-goog-api-key": "k", "x-stand-in": json.dumps({"read_result": True})}
