@@ -159,10 +159,14 @@ def test_the_pass_through_forwards_only_api_paths(gate: Gate) -> None:
     key: str = asyncio.run(with_accounts(gate.fleet, work))
     headers = [("x-api-key", key), VERSION]
     before = len(gate.seen())
-    for target in ("/not-an-api", "/v2/messages", "/dashboardx/v1/messages", "/v1beta/models"):
+    for target in ("/not-an-api", "/v2/messages", "/dashboardx/v1/messages", "/v2beta/models"):
         response = asyncio.run(send(gate.url, "GET", target, headers))
         assert response.status == 404, (target, response.status, response.body[:300])
         assert _error(response) == ("anthropic", "not_found_error")
+    # /v1beta is the Gemini API's (issue 33): an Anthropic key may not reach it.
+    response = asyncio.run(send(gate.url, "GET", "/v1beta/models", headers))
+    assert response.status == 403, response.body[:300]
+    assert orjson.loads(response.body)["error"]["status"] == "PERMISSION_DENIED"
     assert gate.seen()[before:] == []
     # A canonical API path still goes through, percent-encoding of reserved characters
     # and query strings untouched.
