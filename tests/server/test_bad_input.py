@@ -302,3 +302,51 @@ async def test_an_unanswered_call_is_never_summarised(
     assert status == 400, answer
     assert [r.body for r in standin.recorded] == [body], "no summariser call, sent as it came"
     assert headers.get("x-compaction-reason") == "invalid_request"
+
+
+# -- finding 3: never an empty history, never the pinned last user message dropped ---------
+
+
+async def test_one_user_message_with_an_orphan_result_is_never_sent_empty(
+    make_standin: MakeStandIn,
+    battery_proxy: Callable[[str], Awaitable[RunningProxy]],
+) -> None:
+    """The issue's case: its one message was taken for a malformed group and packed away
+    (reason no_fold, tokens after 0), and `"messages": []` went up."""
+    standin = await make_standin(StandInOptions(windows={"*": BATTERY_WINDOW}))
+    proxy = await battery_proxy(standin.url)
+    only = b'{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_NOPE",'
+    only += b'"content":"late"},{"type":"text","text":"' + words(9_000) + b'"}]}'
+    body = messages_body([only])
+
+    status, headers, answer = await post(proxy, "/v1/messages", body)
+    await proxy.app[COMPACTOR].settled()
+
+    assert all(b'"messages":[]' not in r.body for r in standin.recorded)
+    [sent] = standin.recorded
+    assert sent.body == body
+    assert status == 400
+    assert answer["error"]["message"] == sent.error, "the API's own error"
+    assert headers.get("x-compaction-reason") == "invalid_request"
+
+
+async def test_a_question_alone_over_the_trigger_keeps_the_question(
+    make_standin: MakeStandIn,
+    battery_proxy: Callable[[str], Awaitable[RunningProxy]],
+) -> None:
+    """Valid, the same question alone: within the window it goes up (nothing can be
+    dropped); beyond it the proxy refuses as the API would, sending nothing."""
+    standin = await make_standin(StandInOptions(windows={"*": BATTERY_WINDOW}))
+    proxy = await battery_proxy(standin.url)
+    fits = messages_body([b'{"role":"user","content":"' + words(7_000) + b'"}'])
+    status, _, answer = await post(proxy, "/v1/messages", fits)
+    assert status == 200, answer
+    [sent] = standin.recorded
+    assert orjson.loads(sent.body)["messages"] == orjson.loads(fits)["messages"]
+
+    too_long = messages_body([b'{"role":"user","content":"' + words(11_000) + b'"}'])
+    status, _, answer = await post(proxy, "/v1/messages", too_long)
+    assert status == 400
+    assert answer["error"]["type"] == "invalid_request_error"
+    assert answer["error"]["message"].startswith("prompt is too long")
+    assert len(standin.recorded) == 1, "nothing sent for it"
