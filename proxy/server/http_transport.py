@@ -74,7 +74,7 @@ class HttpTransport:
         self.key_checks = key_checks  # a proxy key's: duplicate fields are refused
         self.bad_json = bad_json
         self.codecs = codecs
-        self.parse = parse  # how its body is parsed (Compactor.parser: the reuse cache)
+        self.parse = parse  # how its body is parsed (bodies.continuing: the reuse cache)
         self.headers: list[tuple[str, str]] | None = None  # once sent: what goes upstream
 
     async def read(self) -> Incoming:
