@@ -44,7 +44,9 @@ _GENAI_PATHS = (
     ("/v1/messages", ("anthropic", "chat")),
     ("/v1/chat/completions", ("openai", "chat")),
     ("/v1/responses", ("openai", "chat")),
-    ("/v1beta/", ("gcp.gemini", "")),
+    ("/model/", ("aws.bedrock", "chat")),  # bedrock-runtime (its own upstream)
+    ("/v1/projects/", ("gcp.vertex_ai", "chat")),  # Vertex AI (its own upstream)
+    ("/v1beta/", ("gcp.gemini", "")),  # the Gemini API (a call's method is in its path)
 )
 
 Headers = list[tuple[str, str]]
