@@ -92,10 +92,11 @@ def _parser() -> argparse.ArgumentParser:
 
     standin = commands.add_parser(
         "stand-in",
-        help="run the local stand-in of the Messages and OpenAI APIs (no API key needed)",
-        description="A strict local imitation of the Anthropic Messages API and OpenAI's"
-        " Chat Completions and Responses APIs on one port: point both --upstream and"
-        " --openai-upstream of `serve` at it. Any key is accepted.",
+        help="run the local stand-in of the Messages, OpenAI and Gemini APIs (no API key needed)",
+        description="A strict local imitation of the Anthropic Messages API, OpenAI's"
+        " Chat Completions and Responses APIs and Google's Gemini API on one port: point"
+        " --upstream, --openai-upstream and --gemini-upstream of `serve` at it. Any key is"
+        " accepted.",
     )
     standin.add_argument("--host", default="127.0.0.1")
     standin.add_argument("--port", type=int, default=STANDIN_DEFAULT_PORT, help="0 = any free port")

@@ -134,7 +134,7 @@ def what_is_sent(
 ) -> dict[str, Any] | None:
     """The request as the proxy would send it, planned as a first crossing would be (in
     memory: no line, store or summariser is touched; a fold's summary stands in at its
-    cap's size, so the count errs high); None when it would go as it is."""
+    cap's size); None when it would go as it is."""
     simulator = Simulator(compactor.policies, compactor.counter, factor=factor, fmt=GEMINI)
     step = simulator.step({**body, "model": model})
     if step.kind != "rewrite":
