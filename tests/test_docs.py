@@ -66,3 +66,21 @@ def test_the_docs_site_builds_strict(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_every_design_reference_names_a_heading_of_the_design_page() -> None:
+    """The code cites docs/design.md by its headings' anchors, and only so."""
+    headings = anchors(REPO / "docs" / "design.md")
+    cited: dict[str, list[str]] = {}
+    stale = []
+    for path in sorted([*REPO.glob("proxy/**/*.py"), *REPO.glob("tests/**/*.py"),
+                        *REPO.glob("bench/*.py"), *REPO.glob("docs/*.md")]):  # fmt: skip
+        text = path.read_text()
+        where = path.relative_to(REPO).as_posix()
+        for anchor in re.findall(r"design\.md#([a-z0-9-]+)", text):
+            cited.setdefault(anchor, []).append(where)
+        if re.search(r"DESIGN (invariant|section)", text):
+            stale.append(where)
+    assert len(cited) >= 10, cited
+    assert {a: w for a, w in cited.items() if a not in headings} == {}
+    assert stale == [], "cite the design page by a heading, not a numbered invariant or section"

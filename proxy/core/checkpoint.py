@@ -1,4 +1,5 @@
-"""Checkpoints: a rewrite decided once, then reapplied byte for byte (DESIGN section 5).
+"""Checkpoints: a rewrite decided once, then reapplied byte for byte
+(docs/design.md#over-the-thresholds).
 
 A checkpoint records how the first `covers` messages of a conversation were rewritten
 (typed segments, proxy/core/segments.py) and the chained hash of those messages' match

@@ -1,6 +1,7 @@
 """The compaction driver: one request's decision, as a generator of commands.
 
-`compaction(request)` walks the steps every compacting request takes (DESIGN section 5):
+`compaction(request)` walks the steps every compacting request takes
+(docs/design.md#over-the-thresholds):
 count check, load the conversation's lines and take the checkpoint with the longest
 prefix this history begins with (proxy/core/lines.py), plan, get a summary when a fold
 needs one, save what a crossing made, and encode what goes upstream. It does no I/O: it

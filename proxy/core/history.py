@@ -2,7 +2,7 @@
 
 A wire adapter (proxy/wire/) turns each message into a `Shape`: its role, the tool calls
 it makes, the calls it answers, and its token count. From shapes alone we find the
-*groups* the API lets us keep or drop as a unit (DESIGN section 4):
+*groups* the API lets us keep or drop as a unit (docs/design.md#groups):
 
 - a pair: an assistant message with tool calls plus the messages right after it that
   answer them (parallel calls are one pair);

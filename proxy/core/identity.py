@@ -1,9 +1,9 @@
 """Who is asking and in which conversation, as ids safe to put in store keys.
 
-The tenant is a keyed hash of the credential (never the credential itself, DESIGN
-invariant 9). The conversation id comes from what the client says, in this order: the
-`x-conversation-id` header, Claude Code's `x-claude-code-session-id`, Codex's
-`session-id`, a conversation id the body names (the `hint` of the format's
+The tenant is a keyed hash of the credential (never the credential itself:
+docs/design.md#no-secrets-in-logs). The conversation id comes from what the client says,
+in this order: the `x-conversation-id` header, Claude Code's `x-claude-code-session-id`,
+Codex's `session-id`, a conversation id the body names (the `hint` of the format's
 `IdentityView`: the Responses API's `prompt_cache_key`), the session id Claude Code puts
 inside `metadata.user_id` (a JSON string), and otherwise a hash of the tenant, the
 system prompt and the first message, which stay fixed as a conversation grows. Every id

@@ -1,4 +1,5 @@
-"""Lines of a conversation: its checkpoints, several at once (DESIGN section 7).
+"""Lines of a conversation: its checkpoints, several at once
+(docs/design.md#lines-of-a-conversation).
 
 A *conversation* is what one agent session sends (its id, proxy/core/identity.py); a
 *line* is one path through it. A rewind (an earlier message edited), a fork, a retry

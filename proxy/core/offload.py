@@ -194,5 +194,5 @@ STOP_NOTES = {
 
 
 def unknown_ref(ref: str) -> str:
-    # The same words for "missing" and "not yours" (DESIGN invariant 8).
+    # The same words for "missing" and "not yours" (docs/design.md#tenants-are-isolated).
     return f"No offloaded result {ref!r} is available in this conversation."

@@ -1,4 +1,5 @@
-"""What planning a request answers (DESIGN section 5), as types the shell matches on.
+"""What planning a request answers (docs/design.md#over-the-thresholds), as types the
+shell matches on.
 
 - `Untouched`: the history fits and no checkpoint applies: forward the original bytes;
 - `Rewrite`: the messages to send, the blobs to store and the new checkpoint;
@@ -97,7 +98,7 @@ class FoldPlan:
 
     # Where the summary lives: the hash of everything its summariser call sees (the folded
     # turns, and in place the whole history sent: `seen_key`), so it is used only by a
-    # history that begins with exactly that (DESIGN invariant 11).
+    # history that begins with exactly that (docs/design.md#provenance).
     key: str
     folds: str  # hash of the folded turns as the client sent them (`summary_key`)
     transcript: str  # the folded turns as the client sent them, fitted to the summariser

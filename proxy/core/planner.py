@@ -1,4 +1,4 @@
-"""The rewrite planner: which step a request's history takes (DESIGN section 5).
+"""The rewrite planner: which step a request's history takes (docs/design.md#over-the-thresholds).
 
 `plan` is a pure function of the request's messages, the conversation's checkpoint and
 the policy (`PlanInput`, proxy/core/working.py). It decides, in this order:

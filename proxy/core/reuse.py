@@ -1,5 +1,5 @@
-"""Work in proportion to what is new (DESIGN section 14): what was computed for a
-conversation's last request, kept for its next one.
+"""Work in proportion to what is new (docs/design.md#work-in-proportion-to-what-is-new):
+what was computed for a conversation's last request, kept for its next one.
 
 An agent resends its whole history with every request, and its next request repeats the
 bytes of the last one up to its newest turns (Claude Code also moves one cache marker off

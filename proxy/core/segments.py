@@ -48,7 +48,7 @@ class Summary:
     # The refs this summary makes readable: those its text names that the proxy itself
     # put into the history it folded (a stub it made there, or an earlier summary's own
     # refs). A ref-shaped string the client typed, quoted by the summariser or by the
-    # line of identifiers, is never one of them (DESIGN invariant 11).
+    # line of identifiers, is never one of them (docs/design.md#provenance).
     refs: tuple[str, ...] = ()
 
 

@@ -13,7 +13,7 @@ record), and runs it. The steps, in order, are this module's alone:
 - read: the transport's (an HTTP body within its limit and time, decoded and parsed, its
   model name and a proxy key's duplicate fields checked; a frame, resolved);
 - admit: with budgets, the output cap checked and the gate passed before anything costs
-  the upstream money (DESIGN invariant 12, docs/design.md);
+  the upstream money (docs/design.md#the-gate-first);
 - the API's own step (`ConversationRoute.before`, optional) sees the parsed request: it
   may answer it itself, change what is compacted and forwarded, keep read_result out of
   it, or take over an upstream refusal (Responses: proxy/server/responses.py);

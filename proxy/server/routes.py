@@ -4,7 +4,7 @@ step: proxy/server/responses.py). Each request is one exchange (proxy/server/exc
 over the HTTP transport (proxy/server/http_transport.py), built here with what it
 depends on: the app's lifetime state is read here, once, and given in.
 
-A request that fits goes out as its original bytes (DESIGN invariant 1, docs/design.md);
+A request that fits goes out as its original bytes (docs/design.md#fits-means-untouched);
 one over its trigger goes out rewritten. Any failure of the proxy's own compaction parts
 forwards the request untouched (invariant 7); refusals the API itself would give are
 raised as `ProxyError`s and rendered in the route's shape (proxy/server/errors.py).

@@ -15,7 +15,7 @@ Cluster shard, while a crossing's writes still reach at most 16 slots. A blob ta
 
 The names are injective: the tenant and the kind contain no ``:``, the conversation
 contains no ``}``, so a key splits back into exactly one (tenant, conversation, kind,
-name). Collisions between tenants would break isolation (DESIGN invariant 8).
+name). Collisions between tenants would break isolation (docs/design.md#tenants-are-isolated).
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """The one store: conversation state in Redis through ``redis.asyncio``.
 
 Every data method either succeeds within ``op_timeout`` seconds or raises
-``StoreUnavailable``; the server catches that and degrades (DESIGN invariant 7). Every
-write sets a TTL. Keys come from ``proxy.store.keys``: one conversation shares one hash
-tag, so each script below touches a single slot and the same code runs on Redis Cluster
-(``?cluster=1`` in the URL, or ``cluster=True``). Blobs are stored once per tenant and
-compressed (``proxy.store.codec``); JSON values over 1 KB are compressed too.
+``StoreUnavailable``; the server catches that and degrades
+(docs/design.md#degrade-never-fail). Every write sets a TTL. Keys come from
+``proxy.store.keys``: one conversation shares one hash tag, so each script below touches
+a single slot and the same code runs on Redis Cluster (``?cluster=1`` in the URL, or
+``cluster=True``). Blobs are stored once per tenant and compressed
+(``proxy.store.codec``); JSON values over 1 KB are compressed too.
 
 The compaction executor uses these calls, one Redis round trip each on a single Redis:
 ``load_conversation``, ``save_crossing``, ``read_blob`` and ``touch_refs``; in the

@@ -6,8 +6,8 @@ proxy/wire/anthropic_rounds.py.
 Decoding never copies or normalises a message: the planners work on `Shape`s and
 indices, and encoding puts the original message objects (or the few rewritten ones) back
 in a copy of the original body, so unknown fields, roles and block types pass through
-unchanged (DESIGN invariant 5). The messages the proxy writes (stubs, summaries, drop
-notes, the read_result tool) are built here, in the API's shape.
+unchanged (docs/design.md#unknown-passes-through). The messages the proxy writes
+(stubs, summaries, drop notes, the read_result tool) are built here, in the API's shape.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ parts: `ChatRequest`, `ChatDialect`, `ChatSummaries`, `ChatUsage`, `ChatErrors` 
 
 Like the Messages format, decoding never copies or normalises messages: the planner
 works on shapes and indices and puts the original message objects (or the few rewritten
-ones) back, so unknown fields and roles pass through (DESIGN invariant 5).
+ones) back, so unknown fields and roles pass through (docs/design.md#unknown-passes-through).
 
 How Chat messages map onto the neutral model:
 - an assistant message with `tool_calls` and the `tool` messages answering them are one

@@ -312,7 +312,7 @@ async def test_refs_resolve_only_for_their_tenant(
     make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
 ) -> None:
     """A stub copied into another tenant's history reads as missing, in the same words
-    as a ref that never existed (DESIGN invariant 8)."""
+    as a ref that never existed (docs/design.md#tenants-are-isolated)."""
     standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
     proxy = await make_compacting_proxy(standin.url)
     history = synthetic_history(12)
@@ -346,7 +346,8 @@ async def test_refs_resolve_only_in_the_conversation_that_names_them(
     make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
 ) -> None:
     """Blobs are stored once per tenant, but a conversation reads only the refs its own
-    history names (DESIGN invariant 8): the same key in another conversation, with the
+    history names (docs/design.md#tenants-are-isolated):
+    the same key in another conversation, with the
     stub pasted as text, reads it as missing."""
     standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
     proxy = await make_compacting_proxy(standin.url)
