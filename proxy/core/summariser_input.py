@@ -174,7 +174,9 @@ def _in_place(
     factor = max(1.0, inp.factor)
     limit = math.floor(inp.policy.window / factor) - inp.fixed_tokens - inp.tool_tokens
     room = limit - work.tokens - math.ceil(summary_tokens / factor) - IN_PLACE_OVERHEAD
-    budget = min(room, ORIGINALS_TOKENS)
+    # The originals are cut by their messages' counts, not their rendered text's: keep
+    # SUMMARISER_MARGIN of the window free for the difference.
+    budget = min(room - math.ceil(inp.policy.window * SUMMARISER_MARGIN / factor), ORIGINALS_TOKENS)
     # Each piece keeps a head and a tail when cut: past what the budget holds of those,
     # the newest pieces only.
     fit = max(budget, 0) // MIN_PIECE_TOKENS
