@@ -291,7 +291,24 @@ async def test_boto3_invoke_stream_and_count_tokens(
         client.count_tokens, modelId=BEDROCK_MODEL, input={"invokeModel": {"body": body.encode()}}
     )
     assert counted["inputTokens"] > 0
-    assert {r.outcome for r in standin.recorded} == {"complete"}
+    # The control plane's read Claude Code makes, forwarded signed.
+    control = boto3.client(
+        "bedrock",
+        region_name="us-east-1",
+        endpoint_url=proxy.url + "/bedrock",
+        aws_access_key_id="AKIACLIENTOWN0000001",
+        aws_secret_access_key="the-clients-own-secret",
+    )
+    profiles = await asyncio.to_thread(control.list_inference_profiles, typeEquals="SYSTEM_DEFINED")
+    ids = [p["inferenceProfileId"] for p in profiles["inferenceProfileSummaries"]]
+    assert BEDROCK_MODEL in ids
+    calls = _model_calls(standin.recorded)
+    assert {r.outcome for r in calls} == {"complete"}
+    assert all(TEST_CREDENTIALS.access_key in r.headers["Authorization"] for r in calls)
+    # The AnthropicVertex SDK's token count, forwarded.
+    vertex = vertex_client(proxy)
+    count = await vertex.messages.count_tokens(model=VERTEX_MODEL, messages=ASK["messages"])
+    assert count.input_tokens == message["usage"]["input_tokens"]
 
 
 async def test_bedrock_refusals_are_in_bedrocks_shape(
