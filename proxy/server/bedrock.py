@@ -34,9 +34,9 @@ from yarl import URL
 from proxy.core.errors import InvalidRequest, NotFound
 from proxy.core.usage import Usage
 from proxy.server import bedrock_auth
-from proxy.server.errors import register_error_shapes
+from proxy.server.errors import register_error_shapes, under
 from proxy.server.eventstream_codec import merged_codecs
-from proxy.server.exchange import Adjusted, ConversationRoute
+from proxy.server.exchange import Adjusted, ConversationRoute, Exchange
 from proxy.server.headers import upstream_request_headers
 from proxy.server.record import current_or_throwaway
 from proxy.server.refresh_ahead import CredentialUnavailable, MissingCredential
@@ -111,7 +111,7 @@ async def bedrock_lifetime(app: web.Application) -> AsyncIterator[None]:
         await signer.close()
 
 
-async def _checked(request: web.Request, body: bytes, payload: dict[str, Any]) -> Adjusted:
+async def _checked(exchange: Exchange[Any], body: bytes, payload: dict[str, Any]) -> Adjusted:
     """Bedrock's own refusals of its envelope, before anything is compacted or sent."""
     problem = envelope_problem(payload)
     if problem is not None:
@@ -168,11 +168,7 @@ async def handle_control_plane(request: web.Request) -> web.StreamResponse:
     return await relay(request, response, upstream, BEDROCK, current_or_throwaway().meter)
 
 
-def speaks_bedrock(path: str) -> bool:
-    return path == PREFIX or path.startswith(PREFIX + "/")
-
-
-register_error_shapes(speaks_bedrock, BEDROCK)
+register_error_shapes(under(PREFIX), BEDROCK)
 
 
 def add_routes(app: web.Application) -> None:

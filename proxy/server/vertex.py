@@ -30,8 +30,8 @@ from yarl import URL
 from proxy.config import UpstreamSettings
 from proxy.core.errors import InvalidRequest, NotFound
 from proxy.server import vertex_auth
-from proxy.server.errors import register_error_shapes
-from proxy.server.exchange import Adjusted, ConversationRoute
+from proxy.server.errors import register_error_shapes, under
+from proxy.server.exchange import Adjusted, ConversationRoute, Exchange
 from proxy.server.refresh_ahead import CredentialUnavailable, MissingCredential
 from proxy.server.routes import expect_for, handle_conversation
 from proxy.server.state import SETTINGS
@@ -130,9 +130,9 @@ def _target(request: web.Request) -> VertexTarget:
     return target
 
 
-async def _checked(request: web.Request, body: bytes, payload: dict[str, Any]) -> Adjusted:
+async def _checked(exchange: Exchange[Any], body: bytes, payload: dict[str, Any]) -> Adjusted:
     """Vertex's own refusals of its envelope, before anything is compacted or sent."""
-    problem = envelope_problem(payload, _target(request))
+    problem = envelope_problem(payload, _target(exchange.request))
     if problem is not None:
         raise InvalidRequest(problem)
     return Adjusted(body, payload)
@@ -150,11 +150,7 @@ async def handle_predict(request: web.Request) -> web.StreamResponse:
     return await handle_conversation(request, route, upstream=upstream, path=path)
 
 
-def speaks_vertex(path: str) -> bool:
-    return path == PREFIX or path.startswith(PREFIX + "/")
-
-
-register_error_shapes(speaks_vertex, VERTEX)
+register_error_shapes(under(PREFIX), VERTEX)
 
 
 def add_routes(app: web.Application) -> None:
