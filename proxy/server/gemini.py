@@ -30,7 +30,7 @@ from proxy.server.bodies import read_request
 from proxy.server.caller import tenant_of_request
 from proxy.server.compactor import Compactor
 from proxy.server.errors import register_error_shapes
-from proxy.server.exchange import Adjusted, ConversationRoute
+from proxy.server.exchange import Adjusted, ConversationRoute, Exchange
 from proxy.server.headers import upstream_request_headers
 from proxy.server.off_loop import off_loop
 from proxy.server.passthrough import handle_passthrough
@@ -82,10 +82,10 @@ def array_stream(request: web.Request) -> bool:
     )
 
 
-async def before(request: web.Request, body: bytes, payload: dict[str, Any]) -> Adjusted:
+async def before(exchange: Exchange[Any], body: bytes, payload: dict[str, Any]) -> Adjusted:
     """The JSON array form of a stream is relayed as it comes, never read as rounds: no
     read_result for it (its history is still folded or packed)."""
-    if array_stream(request):
+    if array_stream(exchange.request):
         return Adjusted(body, payload, read_result=False)
     return Adjusted(body, payload)
 
