@@ -32,11 +32,11 @@ from proxy.core.counting import (
 from proxy.core.deep_json import ORJSON_DEPTH, too_deep
 from proxy.core.driver import CompactionRequest, compaction
 from proxy.core.exact_json import ClientJSON
-from proxy.core.identity import header_id, identities, tenant_of
+from proxy.core.identity import identities, tenant_of
 from proxy.core.lines import DEFAULT_MAX_LINES
 from proxy.core.model_facts import UNKNOWN_SOURCE, wants_1m
 from proxy.core.policy import DEFAULT_POLICIES, Policy, PolicyError, policy_for
-from proxy.core.reuse import Reuse, Seen, key_of
+from proxy.core.reuse import Reuse, Seen
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TokenCounter, default_counter
 from proxy.core.usage import Usage
@@ -209,20 +209,6 @@ class Compactor:
                     found.window,
                 )
         return found
-
-    def parser(
-        self, wire: Request, tenant: str, headers: Mapping[str, str]
-    ) -> Callable[[bytes], tuple[Any, Seen | None]]:
-        """How a request body of this conversation is parsed: as the continuation of its
-        line's last request when it repeats its bytes (only what is new is parsed,
-        proxy/core/reuse.py), with what was kept of it."""
-        conversation = header_id(headers)
-
-        def parse(text: bytes) -> tuple[Any, Seen | None]:
-            key = key_of(tenant, conversation, text)
-            return self.reuse.parse(key, text, wire.history_field)
-
-        return parse
 
     def factor(self, wire: Request, model: str, store: Store | None, tenant: str) -> float:
         """The tenant's calibration factor for the model, in this format."""
