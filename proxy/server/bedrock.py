@@ -34,7 +34,7 @@ from yarl import URL
 from proxy.core.errors import InvalidRequest, NotFound
 from proxy.core.usage import Usage
 from proxy.server import bedrock_auth
-from proxy.server.errors import register_error_shapes
+from proxy.server.errors import register_error_shapes, under
 from proxy.server.eventstream_codec import merged_codecs
 from proxy.server.exchange import Adjusted, ConversationRoute, Exchange
 from proxy.server.headers import upstream_request_headers
@@ -168,11 +168,7 @@ async def handle_control_plane(request: web.Request) -> web.StreamResponse:
     return await relay(request, response, upstream, BEDROCK, current_or_throwaway().meter)
 
 
-def speaks_bedrock(path: str) -> bool:
-    return path == PREFIX or path.startswith(PREFIX + "/")
-
-
-register_error_shapes(speaks_bedrock, BEDROCK)
+register_error_shapes(under(PREFIX), BEDROCK)
 
 
 def add_routes(app: web.Application) -> None:

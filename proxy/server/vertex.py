@@ -30,7 +30,7 @@ from yarl import URL
 from proxy.config import UpstreamSettings
 from proxy.core.errors import InvalidRequest, NotFound
 from proxy.server import vertex_auth
-from proxy.server.errors import register_error_shapes
+from proxy.server.errors import register_error_shapes, under
 from proxy.server.exchange import Adjusted, ConversationRoute, Exchange
 from proxy.server.refresh_ahead import CredentialUnavailable, MissingCredential
 from proxy.server.routes import expect_for, handle_conversation
@@ -150,11 +150,7 @@ async def handle_predict(request: web.Request) -> web.StreamResponse:
     return await handle_conversation(request, route, upstream=upstream, path=path)
 
 
-def speaks_vertex(path: str) -> bool:
-    return path == PREFIX or path.startswith(PREFIX + "/")
-
-
-register_error_shapes(speaks_vertex, VERTEX)
+register_error_shapes(under(PREFIX), VERTEX)
 
 
 def add_routes(app: web.Application) -> None:

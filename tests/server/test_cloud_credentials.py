@@ -22,27 +22,10 @@ NOWHERE = "http://127.0.0.1:9"  # nothing may be sent: the discard port, refused
 
 
 @pytest.fixture
-def no_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No AWS credentials anywhere (no files, no metadata server), and a Google
-    credentials file that does not exist."""
-    for name in (
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-        "AWS_DEFAULT_PROFILE",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_BEARER_TOKEN_BEDROCK",
-        "AWS_DEFAULT_REGION",
-    ):
-        monkeypatch.delenv(name, raising=False)
+def no_credentials(aws_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No AWS credentials anywhere, and a Google credentials file that does not exist."""
     monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing-sa.json"))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(aws_env / "missing-sa.json"))
 
 
 @pytest.mark.usefixtures("no_credentials")
