@@ -29,7 +29,7 @@ from botocore.config import Config
 
 from proxy.core.eventstream import EventStreamDecoder
 from proxy.core.tokens import default_counter
-from proxy.server.app import RunningProxy
+from proxy.server.app import RunningProxy, startup_line
 from proxy.server.state import COMPACTOR
 from proxy.store import Store
 from proxy.store.accounts import Accounts, Scope
@@ -258,6 +258,9 @@ async def test_boto3_invoke_stream_and_count_tokens(
     make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, cloud_credentials: Path
 ) -> None:
     standin, proxy = await _serve(make_standin, make_compacting_proxy, cloud_credentials)
+    line = startup_line(proxy)  # configured: the credentials were found at start-up
+    assert f"bedrock upstream {standin.url} (signed with AWS credentials (env), SigV4)" in line
+    assert f"vertex upstream {standin.url} (authorised with Google" in line
     client = _boto3(proxy)
     body = json.dumps(ASK)
     # boto3 blocks: in a thread, so the proxy and the stand-in (this loop) answer it.
