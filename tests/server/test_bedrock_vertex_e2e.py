@@ -312,7 +312,10 @@ async def test_bedrock_refusals_are_in_bedrocks_shape(
 
 
 async def test_keys_and_budgets_hold_in_both_modes(
-    make_standin: MakeStandIn, make_proxy: MakeProxy, cloud_credentials: Path, store: Store
+    make_standin: MakeStandIn,
+    make_proxy: MakeProxy,
+    cloud_credentials: Path,
+    store: Store,
 ) -> None:
     """A proxy key is the caller's credential in either mode (a Bedrock API key or an
     access token to the SDKs), never sent on; its budget refuses in the provider's shape.
@@ -365,3 +368,14 @@ async def test_keys_and_budgets_hold_in_both_modes(
         await asyncio.to_thread(client.invoke_model, modelId=BEDROCK_MODEL, body=body)
     assert refused.value.response["Error"]["Code"] == "UnrecognizedClientException"
     assert len(_model_calls(standin.recorded)) == 2
+    # boto3 with the proxy key in a header of its own (botocore sends a Bedrock API key
+    # over HTTPS only).
+    keyed = _boto3(proxy)
+
+    def with_key(request: Any, **_: Any) -> None:
+        request.headers["x-api-key"] = key
+
+    keyed.meta.events.register("before-sign.bedrock-runtime.*", with_key)
+    answer = await asyncio.to_thread(keyed.invoke_model, modelId=BEDROCK_MODEL, body=body)
+    assert json.loads(answer["body"].read())["type"] == "message"
+    assert len(_model_calls(standin.recorded)) == 3
