@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.server.app import StartupError
+from proxy.server.app import StartupError, startup_line
 from tests.server.conftest import MakeProxy
 
 BEDROCK_PATH = "/bedrock/model/us.anthropic.claude-sonnet-4-5-20250929-v1:0/invoke"
@@ -48,6 +48,11 @@ async def test_not_configured_the_first_request_is_refused_saying_what_to_set(
     make_proxy: MakeProxy,
 ) -> None:
     proxy = await make_proxy(NOWHERE)  # starts: neither cloud is configured
+    line = startup_line(proxy)
+    assert (
+        "bedrock upstream https://bedrock-runtime.us-east-1.amazonaws.com (its credential" in line
+    )
+    assert "vertex upstream each location's endpoint (its credential looked for" in line
     async with aiohttp.ClientSession() as session:
         async with session.post(proxy.url + BEDROCK_PATH, json=BODY) as response:
             assert response.status == 503
