@@ -295,6 +295,39 @@ async def test_boto3_invoke_stream_and_count_tokens(
     assert count.input_tokens == message["usage"]["input_tokens"]
 
 
+@pytest.mark.parametrize(
+    ("script", "exception"),
+    [
+        ('{"fault": "stream_error"}', "modelStreamErrorException"),  # the upstream's own
+        ('{"fault": "stall", "stall_seconds": 5}', "modelTimeoutException"),  # the proxy's
+    ],
+)
+async def test_a_broken_stream_ends_with_bedrocks_exception(
+    make_standin: MakeStandIn,
+    make_compacting_proxy: MakeProxy,
+    cloud_credentials: Path,
+    script: str,
+    exception: str,
+) -> None:
+    """The upstream's exception passes through; an upstream gone silent mid-stream is
+    ended by the proxy with its own exception message, both as boto3 raises them."""
+    _, proxy = await _serve(
+        make_standin, make_compacting_proxy, cloud_credentials,
+        **{"upstream.stream_idle_timeout": 1.0},
+    )  # fmt: skip
+    client = _boto3(proxy)
+    client.meta.events.register(
+        "before-sign.bedrock-runtime.*",
+        lambda request, **_: request.headers.__setitem__("x-stand-in", script),
+    )
+    streamed = await asyncio.to_thread(
+        client.invoke_model_with_response_stream, modelId=BEDROCK_MODEL, body=json.dumps(ASK)
+    )
+    with pytest.raises(botocore.exceptions.EventStreamError) as broken:
+        await asyncio.to_thread(list, streamed["body"])
+    assert broken.value.response["Error"]["Code"] == exception
+
+
 async def test_bedrock_refusals_are_in_bedrocks_shape(
     make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, cloud_credentials: Path
 ) -> None:
