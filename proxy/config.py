@@ -107,6 +107,12 @@ def _optional_http_url(value: str) -> str | None:
     return None if value == "" else _http_url(value)
 
 
+def _aws_region(value: str) -> str | None:
+    if value == "" or re.fullmatch(r"[a-z]{2,4}(-[a-z]+)+-\d{1,2}", value):
+        return None
+    return "must be empty (AWS_REGION, else AWS_DEFAULT_REGION) or an AWS region (us-east-1)"
+
+
 def _redis_url(value: str) -> str | None:
     if value == "":
         return None
@@ -248,6 +254,29 @@ class UpstreamSettings:
         " goes: OpenAI or any compatible server (`--openai-upstream`; no trailing `/v1`)."
         ' Empty: `https://api.openai.com` with `auth.keys = "off"` (callers send their own'
         ' credential), none with `"required"` (those requests get 403).',
+        _optional_upstream_url,
+    )
+    bedrock_url: str = setting(
+        "",
+        "Claude through Amazon Bedrock, the proxy's `/bedrock` routes"
+        " ([Bedrock and Vertex AI](bedrock-vertex.md)): bedrock-runtime's base. Empty:"
+        " `https://bedrock-runtime.{region}.amazonaws.com`, and the control plane's reads at"
+        " `https://bedrock.{region}.amazonaws.com`; when set, both go to this base. Set (or"
+        " `bedrock_region` set), a missing AWS credential stops start-up.",
+        _optional_upstream_url,
+    )
+    bedrock_region: str = setting(
+        "",
+        "The AWS region Bedrock requests are signed for (and sent to when `bedrock_url` is"
+        " empty). Empty: `AWS_REGION`, else `AWS_DEFAULT_REGION`.",
+        _aws_region,
+    )
+    vertex_url: str = setting(
+        "",
+        "Claude through Google Vertex AI, the proxy's `/vertex` routes: Vertex AI's base."
+        " Empty: the endpoint of the location the path names"
+        " (`https://{location}-aiplatform.googleapis.com`, `https://aiplatform.googleapis.com`"
+        " for `global`). Set, missing Google credentials stop start-up.",
         _optional_upstream_url,
     )
     connect_timeout: float = setting(

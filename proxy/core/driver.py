@@ -114,6 +114,9 @@ class Decision:
     sent: dict[str, Any] | None = None  # the rewritten body (read_result rounds go on)
     body: bytes | None = None  # ... encoded
     summary_failure: str = ""  # why a wanted summary could not be had
+    # Why compaction was declined (the API's rule a request or a rewrite broke: sent as
+    # the client wrote it, or refused as the API would), for the shell's warning.
+    declined: str = ""
 
     @property
     def rewrite(self) -> Rewrite | None:
@@ -154,6 +157,14 @@ def compaction(request: CompactionRequest) -> Driver:
         request = _recounted(request, outcome.indices)
         inp = replace(inp, counts=request.counted.counts, uncertain=request.counted.uncertain)
         outcome = plan(inp)
+    if _acts(outcome):
+        # Nothing is rewritten or summarised from a history the API would refuse: it goes
+        # up as it came, and the API's own error reaches the client.
+        invalid = request.wire.request_error(request.body, request.model)
+        if invalid is not None:
+            tokens = real(counted.history, factor)
+            return Decision(Untouched(tokens, reason="invalid_request"), counted.total,
+                            declined=invalid)  # fmt: skip
     failure = ""
     made: tuple[str, str] | None = None  # a summary this request paid for: (key, text)
     known: tuple[str, str] | None = None  # the summary it folded with: (key, text)
@@ -168,6 +179,9 @@ def compaction(request: CompactionRequest) -> Driver:
             known = (outcome.key, text)
         had = "waited" if got.waited else "reused" if got.reused else "made"
         outcome = fold(outcome, text, summary=had)
+    declined = ""
+    if isinstance(outcome, Rewrite):
+        outcome, declined = _checked(request, outcome)
     if isinstance(outcome, Rewrite) and outcome.checkpoint is not None:
         new = {ref for ref, _ in outcome.blobs}
         kept = tuple(ref for ref in outcome.refs if ref not in new)
@@ -206,6 +220,7 @@ def compaction(request: CompactionRequest) -> Driver:
                 outcome = fold(outcome, paid, summary="reused" if made is None else "made")
             if isinstance(outcome, Rewrite):
                 outcome = replace(outcome, checkpoint=None, reason="store_unavailable")
+                outcome, declined = _checked(request, outcome)
     if isinstance(outcome, (Rewrite, Untouched)) and outcome.prepare is not None:
         # The next fold's summary, made in the background: no turn waits for it. Its
         # note says what its call sees (this whole history): only a history that begins
@@ -226,7 +241,34 @@ def compaction(request: CompactionRequest) -> Driver:
         # the least recently used line is the one a new line evicts.
         touched = yield TouchLine(root, line.name, next_tick(lines))
         assert isinstance(touched, Started)
-    return _decision(request, inp, outcome, failure)
+    return replace(_decision(request, inp, outcome, failure), declined=declined)
+
+
+def _acts(outcome: Planned) -> bool:
+    """Whether the plan sends anything but the client's bytes, or asks for a summary."""
+    return not isinstance(outcome, Untouched) or outcome.prepare is not None
+
+
+def _checked(request: CompactionRequest, rewrite: Rewrite) -> tuple[Outcome, str]:
+    """The rewrite, when the API would take it; else (a planner's fault: the request
+    itself keeps the rules) what the API would answer the client's own request: the
+    client's bytes, or within the window's refusal when they exceed it. Never an empty
+    history or one the API refuses in place of the client's."""
+    invalid = request.wire.request_error(_sent(request, rewrite), request.model)
+    if invalid is None:
+        return rewrite, ""
+    counted, policy = request.counted, request.policy
+    tokens = real(counted.history, request.factor)
+    if (counted.history + counted.fixed) * request.factor > policy.window:
+        told = f"prompt is too long: about {tokens} tokens of history > {policy.window} maximum"
+        return Refuse(told, reason="invalid_rewrite"), f"invalid_rewrite: {invalid}"
+    return Untouched(tokens, reason="invalid_rewrite"), f"invalid_rewrite: {invalid}"
+
+
+def _sent(request: CompactionRequest, rewrite: Rewrite) -> dict[str, Any]:
+    """The body a rewrite sends (decoded)."""
+    messages = _with_proxy_breakpoint(request, rewrite)
+    return {**request.body, **request.wire.with_history(request.body, messages, rewrite.tool)}
 
 
 def _recounted(request: CompactionRequest, indices: Sequence[int]) -> CompactionRequest:
@@ -321,6 +363,8 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
             prompt=place.prompt,
             history=history,
         )
+        if body is not None and request.wire.request_error(body, request.model) is not None:
+            body = None  # (a planner's fault) the transcript's call instead: one that can succeed
         # What it keeps of the conversation's request goes as the client's bytes (and so
         # reads the prompt cache the conversation's own requests wrote).
         encoded = request.source.encode(body) if body is not None else b""
@@ -377,10 +421,8 @@ def _decision(
     if isinstance(outcome, Refuse):
         return Decision(outcome, request.counted.total)
     assert isinstance(outcome, Rewrite), "a store-less plan never folds"
-    messages = _with_proxy_breakpoint(request, outcome)
-    fields = request.wire.with_history(request.body, messages, outcome.tool)
     estimate = inp.fixed_tokens + (inp.tool_tokens if outcome.tool else 0) + outcome.estimate
-    sent = {**request.body, **fields}
+    sent = _sent(request, outcome)
     return Decision(
         outcome, estimate, sent=sent, body=request.source.encode(sent), summary_failure=failure
     )

@@ -26,12 +26,16 @@ _CONVERSATION_KEY = b"compaction-proxy/conversation/v1"
 
 
 def credential(headers: Mapping[str, str]) -> str:
-    """The credential the client sent: x-api-key, else the bearer token, else ""."""
+    """The credential the client sent: x-api-key, else the bearer token, else (an AWS
+    SigV4 signature, new on every request) the access key id it names, else ""."""
     key = headers.get("x-api-key")
     if key:
         return key.strip()
     auth = headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
+    if scheme == "AWS4-HMAC-SHA256":
+        signed = token.strip().removeprefix("Credential=")
+        return "aws:" + signed.partition("/")[0] if signed != token.strip() else auth.strip()
     return token.strip() if scheme.lower() == "bearer" else auth.strip()
 
 

@@ -41,7 +41,13 @@ REASONS = {
     "offload_off": "the client uses both read_result names: offloading is off",
     "target_unreachable": "what cannot be dropped leaves the history above the trigger",
     "too_long": "nothing fits the window",
+    "invalid_request": "the API would refuse the request: sent as it came, for its own error",
+    "invalid_rewrite": "the rewrite would break the API's rules: the request is sent as it came",
 }
+
+# The reasons for which compaction was declined: the request went on as the client wrote
+# it (or was refused as the API would), with a warning (metric compaction_declined_total).
+DECLINED = frozenset({"invalid_request", "invalid_rewrite"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -155,6 +155,13 @@ class Request(Protocol):
         counted with them (Counted.breakpoints)."""
         ...
 
+    def request_error(self, body: Mapping[str, Any], model: str) -> str | None:
+        """Why the API would refuse the body (its own rules, the strict stand-ins' too:
+        proxy/wire/*_validation.py), or None. `model`: the one asked for (an envelope may
+        name it in the URL's path). The proxy rewrites and summarises only a request
+        this answers None for (docs/compaction.md, "Invalid requests")."""
+        ...
+
 
 class Dialect(Protocol):
     """The planner's view of a format: message shapes, tool results, and every message the

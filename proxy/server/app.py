@@ -19,6 +19,7 @@ from proxy.config import Settings
 from proxy.core.model_facts import BUILTIN, UNKNOWN_WINDOWS
 from proxy.core.policy import DEFAULT_POLICIES
 from proxy.core.tokens import TokenCounter
+from proxy.server import bedrock, vertex
 from proxy.server.admin.routes import install as install_admin
 from proxy.server.auth import authenticate
 from proxy.server.compactor import Compactor
@@ -30,6 +31,7 @@ from proxy.server.listener import CappedSite, connection_cap
 from proxy.server.logs import REQUEST_LOG, RequestLog, redacted_url
 from proxy.server.metrics import METRICS, Metrics, handle_metrics, observe_requests
 from proxy.server.passthrough import handle_passthrough
+from proxy.server.refresh_ahead import MissingCredential
 from proxy.server.responses import (
     RESPONSES_STATE,
     ResponsesState,
@@ -226,6 +228,8 @@ def create_app(settings: Settings) -> web.Application:
         app.cleanup_ctx.append(tracing_lifetime(traced))
     app.cleanup_ctx.append(_upstream_lifetime)
     app.cleanup_ctx.append(openai_upstream_lifetime)
+    app.cleanup_ctx.append(bedrock.bedrock_lifetime)
+    app.cleanup_ctx.append(vertex.vertex_lifetime)
     app.cleanup_ctx.append(_store_lifetime)
     app.cleanup_ctx.append(fleet_lifetime)
     app.cleanup_ctx.append(_compactor_lifetime)
@@ -243,6 +247,8 @@ def create_app(settings: Settings) -> web.Application:
     )
     app.router.add_post("/v1/responses", handle_responses, expect_handler=expect_responses)
     app.router.add_get("/v1/responses", handle_responses_get)
+    bedrock.add_routes(app)
+    vertex.add_routes(app)
     install_admin(app)  # the admin API and the dashboard (404 without an admin key)
     app.router.add_route("*", "/{tail:.*}", handle_passthrough)
     return app
@@ -334,6 +340,8 @@ async def start(settings: Settings) -> RunningProxy:
         await runner.cleanup()  # what did start (the embedded Redis, upstream pools) stops
         if isinstance(e, OSError):
             raise StartupError(_listen_problem(settings, e)) from None
+        if isinstance(e, MissingCredential):  # a provider configured without one
+            raise StartupError(str(e)) from None
         raise
     host, port = runner.addresses[0][:2]
     if ":" in host:

@@ -32,7 +32,7 @@ from proxy.server.caller import CALLER, Caller, count_rejection
 from proxy.server.fleet import FLEET
 from proxy.server.passthrough import API_PREFIX, handle_passthrough
 from proxy.server.record import current_or_throwaway
-from proxy.server.routing import OPENAI_UPSTREAM, provider_of_path
+from proxy.server.routing import OPENAI_UPSTREAM, OWN_CREDENTIAL, provider_of_path
 from proxy.server.state import SETTINGS
 from proxy.store import StoreUnavailable
 from proxy.store.accounts import Scope
@@ -142,8 +142,11 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
     if proxy_keys.upstream_env_problem(env, app[SETTINGS].auth.admin_key_env, None):
         # A record naming the admin key's variable (or a setting's) is never served.
         raise _reject(request, "this key's upstream credential variable is not allowed", "key")
+    # Bedrock and Vertex get the proxy's own credential (their upstream's signer drops
+    # the key): the key's upstream credential is not needed there.
+    own = path.startswith(OWN_CREDENTIAL)
     secret = os.environ.get(env, "").strip()
-    if not secret:
+    if not secret and not own:
         raise _reject(
             request,
             f"this key's upstream credential ({record.get('upstream_env')}) is not set on"
@@ -179,7 +182,11 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         limits_unknown=unknown,
         provider=provider,
     )
-    headers = _with_credential(request.headers, secret, record.get("upstream_scheme", ""))
+    headers = (
+        CIMultiDict(request.headers)
+        if own
+        else _with_credential(request.headers, secret, record.get("upstream_scheme", ""))
+    )
     forwarded = request.clone(headers=CIMultiDictProxy(headers))
     forwarded[CALLER] = caller
     async with admission(forwarded, caller) as ticket:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Awaitable, Callable
+from typing import Protocol, runtime_checkable
 
 from aiohttp import web
 from multidict import MultiMapping
@@ -46,9 +47,19 @@ def wire_for(path: str, headers: MultiMapping[str]) -> ErrorShapes:
     return CHAT if upstream_for(path, headers) == "openai" else ANTHROPIC
 
 
+@runtime_checkable
+class NamedErrors(Protocol):
+    """Error shapes whose answers name the error in a header too (Bedrock's
+    `x-amzn-ErrorType`, which AWS's SDKs read the error's code from)."""
+
+    def error_headers(self, error: ProxyError) -> dict[str, str]: ...
+
+
 def render(error: ProxyError, wire: ErrorShapes) -> web.Response:
     request_id = new_request_id()
     headers = {wire.request_id_header: request_id, **error.headers()}
+    if isinstance(wire, NamedErrors):
+        headers.update(wire.error_headers(error))
     response = web.Response(
         status=error.status,
         body=wire.error_body(error, request_id),

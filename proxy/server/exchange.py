@@ -52,7 +52,14 @@ from proxy.server.prepared import Prepared
 from proxy.server.read_rounds import RoundExecutor
 from proxy.server.record import RequestRecord
 from proxy.server.summariser import SummaryCalls
-from proxy.server.transport import Codecs, Outgoing, Refused, Transport, codec_for
+from proxy.server.transport import (
+    Codecs,
+    MergedHeaders,
+    Outgoing,
+    Refused,
+    Transport,
+    codec_for,
+)
 from proxy.server.upstream import Upstream
 from proxy.store import Store
 
@@ -85,7 +92,7 @@ Before = Callable[[web.Request, bytes, dict[str, Any]], Awaitable[Adjusted]]
 class ConversationRoute:
     """What differs between the routes that carry a conversation."""
 
-    upstream: web.AppKey[Upstream]
+    upstream: web.AppKey[Upstream] | None  # None: its handler picks one per request
     wire: WireFormat
     compacts: bool = True  # count_tokens only counts: nothing to rewrite or meter
     bad_json: str = BAD_JSON
@@ -94,6 +101,7 @@ class ConversationRoute:
     # An HTTP answer's Content-Type to its stream framing (None: a whole answer); a
     # route whose streams the Content-Type does not tell gives its own.
     codecs: Codecs = codec_for
+    merged_headers: MergedHeaders | None = None  # a merged whole answer's, made true
 
 
 class Exchange(Generic[A]):

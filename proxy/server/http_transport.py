@@ -36,6 +36,7 @@ from proxy.server.record import RequestRecord
 from proxy.server.relay import relay
 from proxy.server.transport import (
     Codecs,
+    MergedHeaders,
     Outgoing,
     Refused,
     StreamCodec,
@@ -64,6 +65,8 @@ class HttpTransport:
         bad_json: str = BAD_JSON,
         codecs: Codecs = codec_for,
         parse: Parse = plain_parse,
+        path: str | None = None,
+        merged_headers: MergedHeaders | None = None,
     ) -> None:
         self.request = request
         self.upstream = upstream
@@ -75,6 +78,9 @@ class HttpTransport:
         self.bad_json = bad_json
         self.codecs = codecs
         self.parse = parse  # how its body is parsed (Compactor.parser: the reuse cache)
+        # Where the rounds go upstream: the client's path and query unless the route says.
+        self.path = request.raw_path if path is None else path
+        self.merged_headers = merged_headers
         self.headers: list[tuple[str, str]] | None = None  # once sent: what goes upstream
 
     async def read(self) -> Incoming:
@@ -108,7 +114,7 @@ class HttpTransport:
             headers.append(("Accept-Encoding", "identity"))
         request = self.request
         response = await self.upstream.send(
-            request.method, request.raw_path, headers, body, stream=outgoing.stream, purpose=purpose
+            request.method, self.path, headers, body, stream=outgoing.stream, purpose=purpose
         )
         self.record.answered(response.headers.get(self.wire.request_id_header, ""))
         return response
@@ -305,4 +311,6 @@ class HttpMerging:
         for name, value in self.outgoing.headers:
             out.add(name, value)
         out["x-compaction-read-rounds"] = str(ended.rounds)
+        if self.transport.merged_headers is not None:
+            self.transport.merged_headers(out, merged)
         return web.Response(status=200, body=orjson.dumps(merged), headers=out)

@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics import exposition as openmetrics
 
+from proxy.core.outcome import DECLINED
 from proxy.core.reuse import Reuse
 from proxy.server import record as records
 from proxy.server.lifecycle import LIFECYCLE
@@ -94,6 +95,12 @@ class Metrics:
             f"{NS}_refusals", "Requests refused because nothing fit the window.", registry=r
         )
         self.offloads = Counter(f"{NS}_offloads", "Tool results newly offloaded.", registry=r)
+        self.declined = Counter(
+            f"{NS}_compaction_declined",
+            "Requests over a threshold whose compaction was declined, by reason "
+            "(invalid_request, invalid_rewrite): sent as they came, a warning logged.",
+            ["reason"], registry=r,
+        )  # fmt: skip
         self.read_rounds = Counter(
             f"{NS}_read_result_rounds", "read_result round trips answered by the proxy.",
             registry=r,
@@ -250,6 +257,8 @@ class Metrics:
             self.summaries.labels(rec.summary).inc()
         if rec.reason == "summary_pending":
             self.folds_deferred.inc()
+        if rec.reason in DECLINED:
+            self.declined.labels(rec.reason).inc()
         if rec.read_rounds:
             self.read_rounds.inc(rec.read_rounds)
         if rec.read_outcome:

@@ -55,6 +55,8 @@ def decided(
     as it came, or rewritten; the record and the client's headers say what was done."""
     if decision.summary_failure:
         log.info("no summary (%s); packing instead", decision.summary_failure)
+    if decision.declined:  # (the API's rule, with what the client chose in it: cut short)
+        log.warning("compaction declined: %s", decision.declined[:300])
     outcome = decision.outcome
     match outcome:
         case Refuse():

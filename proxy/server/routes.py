@@ -27,6 +27,7 @@ from proxy.server.http_transport import HttpTransport
 from proxy.server.record import current_or_throwaway
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM
+from proxy.server.upstream import Upstream
 from proxy.wire import ANTHROPIC, CHAT
 
 log = logging.getLogger(__name__)
@@ -59,13 +60,23 @@ def expect_for(route: ConversationRoute) -> ExpectHandler:
     return expect_within_limit
 
 
-async def handle_conversation(request: web.Request, route: ConversationRoute) -> web.StreamResponse:
-    """One HTTP request's exchange, its dependencies given in."""
+async def handle_conversation(
+    request: web.Request,
+    route: ConversationRoute,
+    *,
+    upstream: Upstream | None = None,
+    path: str | None = None,
+) -> web.StreamResponse:
+    """One HTTP request's exchange, its dependencies given in. `upstream` and `path`:
+    where it goes when not the route's upstream and the client's path (a provider's
+    route picks them from the path)."""
     app = request.app
     caller = caller_of(request)
     budget = budget_of(request)
     record = current_or_throwaway()
-    upstream = app[route.upstream]
+    if upstream is None:
+        assert route.upstream is not None, "a route without an upstream of its own names one"
+        upstream = app[route.upstream]
     transport = HttpTransport(
         request,
         upstream,
@@ -77,6 +88,8 @@ async def handle_conversation(request: web.Request, route: ConversationRoute) ->
         bad_json=route.bad_json,
         codecs=route.codecs,
         parse=parser_for(request, route),
+        path=path,
+        merged_headers=route.merged_headers,
     )
     exchange = Exchange(
         route,

@@ -1,7 +1,8 @@
 """Which upstream a request goes to: the Anthropic one or the OpenAI-format one.
 
 The rule, in order:
-1. `/v1/messages` and everything under it: the Anthropic upstream (`upstream.url`).
+1. `/v1/messages` and everything under it: the Anthropic upstream (`upstream.url`);
+   `/bedrock/` and `/vertex/` are the Anthropic API's too, each with its own upstream.
 2. Paths only OpenAI's API serves (`/v1/chat/completions`, `/v1/completions`,
    `/v1/embeddings`, `/v1/responses`, ... see OPENAI_ONLY): the OpenAI upstream
    (`upstream.openai_url`).
@@ -55,6 +56,10 @@ OPENAI_ONLY = (
     "/v1/videos",
 )
 
+# Claude through a cloud (proxy/server/bedrock.py, vertex.py): the Anthropic API's, and
+# authorised upstream with the proxy's own credential, never a caller's.
+OWN_CREDENTIAL = ("/bedrock/", "/vertex/")
+
 OPENAI_UPSTREAM = web.AppKey("openai_upstream", Upstream)
 OPENAI_DEFAULT_URL = "https://api.openai.com"
 
@@ -67,7 +72,7 @@ def _under(path: str, prefix: str) -> bool:
 
 def provider_of_path(path: str) -> Target | None:
     """The API a path belongs to, or None for a path both have (/v1/models, ...)."""
-    if _under(path, "/v1/messages"):
+    if _under(path, "/v1/messages") or path.startswith(OWN_CREDENTIAL):
         return "anthropic"
     if any(_under(path, prefix) for prefix in OPENAI_ONLY):
         return "openai"

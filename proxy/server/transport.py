@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from proxy.core.commands import Answered, Failed
 from proxy.core.errors import ProxyError
@@ -220,6 +221,9 @@ def register_codec(codec: StreamCodec) -> None:
 
 
 Codecs = Callable[[str], StreamCodec | None]  # an answer's Content-Type to its framing
+# A whole answer merged from rounds: its headers (the first round's) made true of it
+# (a provider that tells usage in headers too: Bedrock's invocation metrics).
+MergedHeaders = Callable[[CIMultiDict[str], Mapping[str, Any]], None]
 
 
 def codec_for(content_type: str) -> StreamCodec | None:

@@ -22,8 +22,11 @@ from typing import Any
 
 import orjson
 
+from proxy.core.commands import GetSummary
+from proxy.core.errors import ProxyError
 from proxy.core.eventstream import Message, encode_message
 from proxy.core.usage import Usage
+from proxy.wire.anthropic import AnthropicMessages, rewrapped, stream_error_event
 from proxy.wire.common import percent_decode, percent_encode
 
 # The provider's own version tag; the anthropic SDK (2.x) sends its API version (a date)
@@ -34,6 +37,9 @@ EVENT_STREAM = "application/vnd.amazon.eventstream"
 REQUEST_ID_HEADER = "x-amzn-RequestId"
 ERROR_TYPE_HEADER = "x-amzn-ErrorType"
 METRICS_FIELD = "amazon-bedrock-invocationMetrics"
+# Where the proxy serves bedrock-runtime (and the control plane's reads): what clients
+# are given as their Bedrock base URL (Claude Code's ANTHROPIC_BEDROCK_BASE_URL).
+PREFIX = "/bedrock"
 
 
 class Operation(StrEnum):
@@ -244,3 +250,84 @@ def metric_headers(usage: Usage, latency_ms: int) -> list[tuple[str, str]]:
     """A whole answer's invocation metrics, as its response headers."""
     metrics = invocation_metrics(usage, latency_ms, latency_ms)
     return [(header, str(metrics[key])) for header, key in METRIC_HEADERS]
+
+
+def exception_for(error_type: str) -> str:
+    """The stream exception for an error event's type: a Bedrock exception name as it
+    is, an Anthropic error type as Bedrock names it."""
+    if error_type.endswith("Exception"):
+        return error_type
+    return _STREAM_NAMES.get(error_type, "internalServerException")
+
+
+_STREAM_NAMES = {
+    "invalid_request_error": "validationException",
+    "request_too_large": "validationException",
+    "rate_limit_error": "throttlingException",
+    "overloaded_error": "serviceUnavailableException",
+    "timeout_error": "modelTimeoutException",
+    "api_error": "internalServerException",
+}
+
+
+# The envelope and the API's errors, as the exchange reads them.
+
+
+def runtime_path(raw_path: str) -> str:
+    """A request's path after PREFIX, without its query."""
+    return raw_path.partition("?")[0].removeprefix(PREFIX)
+
+
+class BedrockEnvelope:
+    """The model in the path, the stream in the operation, betas in the body
+    (`Envelope`, proxy/server/envelope.py); summaries are `invoke` calls on the
+    request's own model (or the one asked for)."""
+
+    def model(self, path: str, payload: Mapping[str, Any]) -> str:
+        target = runtime_target(runtime_path(path))
+        return target.model if target is not None else ""
+
+    def betas(self, headers: Mapping[str, str], payload: Mapping[str, Any]) -> str:
+        # Claude Code also names its own beta in the header; the body's are the model's.
+        named = [v for k, v in headers.items() if k.lower() == "anthropic-beta"]
+        return ",".join(b for b in (betas(payload), *named) if b)
+
+    def stream(self, path: str, payload: Mapping[str, Any]) -> bool:
+        target = runtime_target(runtime_path(path))
+        return target is not None and target.operation is Operation.STREAM
+
+    def summary(self, path: str, need: GetSummary) -> tuple[str, GetSummary]:
+        model = need.model or self.model(path, {})
+        upstream = RuntimeTarget(model, Operation.INVOKE).path
+        return upstream, rewrapped(need, ANTHROPIC_VERSION)
+
+
+class BedrockErrors:
+    """Bedrock's errors (`ErrorShapes`): `{"message"}` named by `x-amzn-ErrorType`; in
+    a stream, an Anthropic error event that the event stream's codec writes as the
+    exception message it names (proxy/server/eventstream_codec.py)."""
+
+    request_id_header = REQUEST_ID_HEADER
+
+    def error_body(self, error: ProxyError, request_id: str) -> bytes:
+        return error_body(error.message)
+
+    def error_headers(self, error: ProxyError) -> dict[str, str]:
+        return {ERROR_TYPE_HEADER: error_type(error.status)}
+
+    def stream_error(self, error: ProxyError) -> bytes:
+        return stream_error_event(stream_exception(error.status), error.message)
+
+    def upstream_stream_error(self, payload: object, status: int) -> bytes:
+        message = payload.get("message") if isinstance(payload, dict) else None
+        text = message if isinstance(message, str) else f"upstream answered {status}"
+        return stream_error_event(stream_exception(status), text)
+
+
+class BedrockMessages(BedrockErrors, AnthropicMessages):
+    """Messages as bedrock-runtime carries it: the same history, counting, rounds and
+    usage; Bedrock's errors."""
+
+
+BEDROCK = BedrockMessages()
+BEDROCK_ENVELOPE = BedrockEnvelope()

@@ -18,6 +18,9 @@ from typing import Any
 
 import orjson
 
+from proxy.core.commands import GetSummary
+from proxy.core.errors import ProxyError
+from proxy.wire.anthropic import AnthropicMessages, rewrapped
 from proxy.wire.common import percent_decode
 
 # The provider's own version tag; the anthropic SDK (2.x) sends its API version (a date)
@@ -27,6 +30,9 @@ API_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 COUNT_TOKENS_MODEL = "count-tokens"
 GLOBAL = "global"
 _MULTI_REGIONS = ("us", "eu")
+# Where the proxy serves Vertex AI's Claude calls: what clients are given as their
+# Vertex base URL (Claude Code's ANTHROPIC_VERTEX_BASE_URL, with `/v1`).
+PREFIX = "/vertex"
 
 _PATH = re.compile(
     r"^/v1/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)"
@@ -111,3 +117,57 @@ def google_error(status: int, message: str) -> bytes:
     return orjson.dumps(
         {"error": {"code": status, "message": message, "status": google_status(status)}}
     )
+
+
+# The envelope and the API's errors, as the exchange reads them.
+
+
+def vertex_path(raw_path: str) -> str:
+    """A request's path after PREFIX, without its query."""
+    return raw_path.partition("?")[0].removeprefix(PREFIX)
+
+
+class VertexEnvelope:
+    """The model and the stream in the path, betas in `anthropic-beta` (`Envelope`,
+    proxy/server/envelope.py); summaries are `rawPredict` calls on the request's own
+    model (or the one asked for), in its project and location."""
+
+    def model(self, path: str, payload: Mapping[str, Any]) -> str:
+        target = vertex_target(vertex_path(path))
+        if target is not None and target.counts_tokens:
+            return str(payload.get("model", ""))
+        return target.model if target is not None else ""
+
+    def betas(self, headers: Mapping[str, str], payload: Mapping[str, Any]) -> str:
+        return ",".join(v for k, v in headers.items() if k.lower() == "anthropic-beta")
+
+    def stream(self, path: str, payload: Mapping[str, Any]) -> bool:
+        target = vertex_target(vertex_path(path))
+        return target is not None and target.streams
+
+    def summary(self, path: str, need: GetSummary) -> tuple[str, GetSummary]:
+        target = vertex_target(vertex_path(path))
+        assert target is not None, "a summary is made only for a Claude call"
+        model = need.model or target.model
+        upstream = (
+            f"/v1/projects/{target.project}/locations/{target.location}"
+            f"/publishers/anthropic/models/{model}:rawPredict"
+        )
+        return upstream, rewrapped(need, ANTHROPIC_VERSION)
+
+
+class VertexErrors:
+    """The proxy's own refusals (keys, budgets, limits) as the platform's, in Google's
+    shape; inside a stream, Anthropic's error event, as Vertex streams the model's."""
+
+    def error_body(self, error: ProxyError, request_id: str) -> bytes:
+        return google_error(error.status, error.message)
+
+
+class VertexMessages(VertexErrors, AnthropicMessages):
+    """Messages as Vertex AI carries it: the same history, counting, rounds, usage and
+    stream errors; the platform's error shape."""
+
+
+VERTEX = VertexMessages()
+VERTEX_ENVELOPE = VertexEnvelope()

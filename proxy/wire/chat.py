@@ -30,6 +30,7 @@ from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
 from proxy.core.usage import LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.chat_rounds import ChatRounds, chat_usage
+from proxy.wire.chat_validation import validate_chat_request
 from proxy.wire.common import (
     FormatCounter,
     head_text,
@@ -221,6 +222,10 @@ class ChatRequest:
 
     def breakpoints(self, body: Mapping[str, Any]) -> int:
         return 0  # OpenAI caches prompt prefixes without breakpoints
+
+    def request_error(self, body: Mapping[str, Any], model: str) -> str | None:
+        invalid = validate_chat_request(body)
+        return invalid.message if invalid is not None else None
 
 
 class ChatDialect:

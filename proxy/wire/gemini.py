@@ -55,6 +55,7 @@ from proxy.wire.gemini_parts import (
     with_response_text,
 )
 from proxy.wire.gemini_rounds import GeminiRounds, gemini_usage
+from proxy.wire.gemini_validation import check_request
 
 Message = Mapping[str, Any]
 
@@ -231,6 +232,10 @@ class GeminiRequest:
 
     def breakpoints(self, body: Mapping[str, Any]) -> int:
         return 0  # Gemini caches repeated prefixes by itself (implicit caching)
+
+    def request_error(self, body: Mapping[str, Any], model: str) -> str | None:
+        violation = check_request(body, model or str(body.get("model", "")))
+        return violation.message if violation is not None else None
 
 
 class GeminiDialect:

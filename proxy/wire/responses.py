@@ -55,6 +55,7 @@ from proxy.wire.responses_units import (
     units_of,
     user_text_unit,
 )
+from proxy.wire.responses_validation import validate_responses_request
 
 Message = Mapping[str, Any]
 OPAQUE_CHARS_PER_TOKEN = 4  # sealed content (reasoning, compaction): a guess on the high side
@@ -238,6 +239,13 @@ class ResponsesRequest:
 
     def breakpoints(self, body: Mapping[str, Any]) -> int:
         return 0  # OpenAI caches prompt prefixes without breakpoints
+
+    def request_error(self, body: Mapping[str, Any], model: str) -> str | None:
+        if body.get("previous_response_id") or body.get("conversation"):
+            return None  # what it continues lives upstream: its pairing is not ours to judge
+        # `compaction` items read as OpenAI reads them: only OpenAI's server makes them.
+        invalid = validate_responses_request(body, openai=True)
+        return invalid.message if invalid is not None else None
 
 
 class ResponsesDialect:
