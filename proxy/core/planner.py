@@ -53,11 +53,17 @@ def plan(inp: PlanInput) -> Planned:
     before = real(sum(inp.counts), inp.factor)
     blobs: list[tuple[str, str]] = []
     offloading = bool(inp.tool and inp.store_ok and inp.offload_ok)
-    # Whether to offload is the estimate's to say, even within its margin: a wrong call
-    # stubs the results that left the keep window a turn early or late (nothing is lost:
-    # read_result), while the working set, brought under the trigger by each offload step,
-    # hovers at it, so exact counts would encode nearly every new result (bench/RESULTS.md,
-    # "Offload decided by the estimate").
+    unsure, estimated = _unsure(inp, work)
+    near = offloading and unsure and abs(work.tokens - limits.offload_at) <= unsure
+    if near and work.tokens + unsure > limits.prepare_at:
+        # Near where folds are planned, whether to offload is the exact count's to say
+        # (what a fold takes, and the key its summary is made under, follow from it).
+        return Recount(estimated)
+    # Short of that, the estimate's, even within its margin: a wrong call stubs the
+    # results that left the keep window a turn early or late (nothing is lost:
+    # read_result), while the working set, brought under the offload trigger by each
+    # offload step, hovers at it, so exact counts would encode nearly every new result
+    # (bench/RESULTS.md, "Offload decided by the estimate").
     if offloading and work.tokens > limits.offload_at:
         # An offload step: every large result that has left the keep window becomes a
         # stub, added after what is frozen (stubs already sent never change).

@@ -2,7 +2,8 @@
 message is estimated within the planner's margin of its exact count; odd text is counted
 exactly; where a fold's threshold or the window lies within the margin the planner has the
 estimated messages counted exactly (once: they are never estimated again), so those
-decisions are the ones exact counts give; the offload step is the estimate's to decide."""
+decisions are the ones exact counts give; short of where folds are planned, the offload
+step is the estimate's to decide."""
 
 from __future__ import annotations
 
@@ -101,7 +102,9 @@ def _decide(
     messages: list[dict[str, Any]], exact: bool, executor: MemoryExecutor, read_result: bool
 ) -> bytes:
     counter = executor.counter
-    body = {"model": "m", "messages": messages, "tools": [{"name": "Bash", "input_schema": {}}]}
+    tools = [{"name": "Bash", "input_schema": {}}]
+    # A request the API takes (else it goes up untouched, for the API's own error).
+    body = {"model": "m", "max_tokens": 1024, "messages": messages, "tools": tools}
     counted = count_request(ANTHROPIC, counter, body, messages)
     if exact:
         counted = counted.exactly(counted.estimated)
