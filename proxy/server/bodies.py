@@ -16,7 +16,8 @@ Decoding a large body and checking its fields run off the event loop past
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import functools
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +34,10 @@ from proxy.core.errors import (
     RequestTooLarge,
     UnsupportedEncoding,
 )
+from proxy.core.identity import header_id
 from proxy.core.model_names import model_problem
-from proxy.core.reuse import Seen
+from proxy.core.reuse import Reuse, Seen, key_of
+from proxy.core.wire_format import Request
 from proxy.server.off_loop import off_loop
 
 MIN_RATE = 64 * 1024  # bytes a second a body must keep up, past its grace
@@ -65,6 +68,19 @@ def plain_parse(text: bytes) -> tuple[Any, Seen | None]:
     return orjson.loads(text), None
 
 
+def continuing(reuse: Reuse, wire: Request, tenant: str, headers: Mapping[str, str]) -> Parse:
+    """How a body of a conversation is parsed: as the continuation of its line's last
+    request when it repeats its bytes (only what is new is parsed: proxy/core/reuse.py),
+    with what was kept of it."""
+    return functools.partial(_continued, reuse, wire.history_field, tenant, headers)
+
+
+def _continued(
+    reuse: Reuse, field: str, tenant: str, headers: Mapping[str, str], text: bytes
+) -> tuple[Any, Seen | None]:
+    return reuse.parse(key_of(tenant, header_id(headers), text), text, field)
+
+
 async def read_request(
     request: web.Request,
     settings: ServerSettings,
@@ -75,7 +91,7 @@ async def read_request(
     parse: Parse = plain_parse,
 ) -> Incoming:
     """The read step: the body within its limit and time, decoded and parsed when it can
-    be (`parse`: as the continuation of its conversation line, Compactor.parser), its
+    be (`parse`: as the continuation of its conversation line, `continuing`), its
     model name and (`key_checks`: a proxy key's, the operator pays) its duplicate fields
     checked. A body that cannot be decoded or parsed goes through unread, unless
     `must_read` (budgets must read it): then it is refused, as a body sent uncompressed

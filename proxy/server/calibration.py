@@ -33,7 +33,7 @@ from proxy.core.model_names import model_digest
 from proxy.core.usage import Usage
 from proxy.core.wire_format import Request
 from proxy.server.prepared import Prepared
-from proxy.server.tasks import stop_tasks
+from proxy.server.tasks import spawn_watched, stop_tasks
 from proxy.store import Store, StoreUnavailable
 
 CALIBRATION = "calibration"
@@ -162,9 +162,7 @@ class Calibration:
             self._local(entry, ratio)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn_watched(self._tasks, coro, "calibration")
 
     async def close(self) -> None:
         await stop_tasks(list(self._tasks), what="calibration write")

@@ -29,13 +29,14 @@ from proxy.core.counting import (
     count_tokens,
     count_unless_quiet,
 )
+from proxy.core.deep_json import ORJSON_DEPTH, too_deep
 from proxy.core.driver import CompactionRequest, compaction
 from proxy.core.exact_json import ClientJSON
-from proxy.core.identity import header_id, identities, tenant_of
+from proxy.core.identity import identities, tenant_of
 from proxy.core.lines import DEFAULT_MAX_LINES
 from proxy.core.model_facts import UNKNOWN_SOURCE, wants_1m
 from proxy.core.policy import DEFAULT_POLICIES, Policy, PolicyError, policy_for
-from proxy.core.reuse import Reuse, Seen, key_of
+from proxy.core.reuse import Reuse, Seen
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TokenCounter, default_counter
 from proxy.core.usage import Usage
@@ -54,7 +55,7 @@ from proxy.server.summariser import (
     SummaryBudget,
     SummaryCall,
 )
-from proxy.server.tasks import stop_tasks
+from proxy.server.tasks import spawn_watched, stop_tasks
 from proxy.store import Store
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,12 @@ def _new_bytes(seen: Seen | None, size: int) -> int:
 
 
 SUMMARY_AHEAD = "compaction.summary_ahead"  # the span of background work's trace
+
+
+def declined_for(error: Exception | None) -> str:
+    """The DECLINED reason of a compaction that raised: "too_deep" for a body nested
+    deeper than JSON is written, else "failed" (a fault of the proxy's)."""
+    return "too_deep" if too_deep(error) else "failed"
 
 
 async def _no_summariser(need: GetSummary) -> tuple[str, Usage | None]:
@@ -164,9 +171,7 @@ class Compactor:
         active = tracing.ACTIVE
         # With tracing on: a trace of its own, linked to the request's span.
         ended = active.detached(SUMMARY_AHEAD, active.here(), context) if active else None
-        task = asyncio.get_running_loop().create_task(work, context=context)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task = spawn_watched(self._background, work, "compaction", context=context)
         if ended is not None:
             task.add_done_callback(ended)
 
@@ -204,20 +209,6 @@ class Compactor:
                     found.window,
                 )
         return found
-
-    def parser(
-        self, wire: Request, tenant: str, headers: Mapping[str, str]
-    ) -> Callable[[bytes], tuple[Any, Seen | None]]:
-        """How a request body of this conversation is parsed: as the continuation of its
-        line's last request when it repeats its bytes (only what is new is parsed,
-        proxy/core/reuse.py), with what was kept of it."""
-        conversation = header_id(headers)
-
-        def parse(text: bytes) -> tuple[Any, Seen | None]:
-            key = key_of(tenant, conversation, text)
-            return self.reuse.parse(key, text, wire.history_field)
-
-        return parse
 
     def factor(self, wire: Request, model: str, store: Store | None, tenant: str) -> float:
         """The tenant's calibration factor for the model, in this format."""
@@ -258,20 +249,39 @@ class Compactor:
         policy override that does not fit the model (the config may have changed since
         it was set) gives way to the model's own policy."""
         override = asked.policy_override
+        failure: Exception | None = None
         for attempt in (1, 2):
             try:
                 return await self._prepare(incoming, wire, store, asked, override, record)
             except PolicyError as e:
+                failure = e
                 if override is None or attempt == 2:
                     break
                 log.warning("the key's policy override does not fit this model (%s); ignored", e)
                 override = None
-            except Exception:
+            except Exception as e:
+                failure = e
                 break
-        log.exception("compaction failed; forwarding the request untouched")
+        reason = declined_for(failure)
+        if reason == "too_deep":
+            log.warning(
+                "compaction declined (too_deep): the body nests values deeper than the"
+                " proxy writes JSON (%d levels); forwarding the request untouched",
+                ORJSON_DEPTH,
+            )
+        else:
+            log.error("compaction failed; forwarding the request untouched", exc_info=failure)
+        record.reason = reason
         tenant = asked.tenant or tenant_of(asked.headers)
         factor = self.factor(wire, asked.model, store, tenant)
-        return Prepared(incoming.body, incoming.payload, asked.model, factor=factor, tenant=tenant)
+        return Prepared(
+            incoming.body,
+            incoming.payload,
+            asked.model,
+            headers=(("x-compaction-reason", reason),),
+            factor=factor,
+            tenant=tenant,
+        )
 
     async def _prepare(
         self,

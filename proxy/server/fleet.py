@@ -41,7 +41,7 @@ from redis.exceptions import RedisError, ResponseError
 from proxy.core.budget import Amounts
 from proxy.server.metrics import METRICS, Metrics
 from proxy.server.state import SETTINGS, STORE
-from proxy.server.tasks import is_cancelling, stop_tasks
+from proxy.server.tasks import is_cancelling, spawn_watched, stop_tasks
 from proxy.store import Store, StoreUnavailable
 from proxy.store.accounts import Accounts, Scope
 from proxy.store.redis import node_url
@@ -417,9 +417,7 @@ class Fleet:
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Work that must finish even when the request's task is cancelled (a client
         that disconnects still owes what its stream used)."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn_watched(self._tasks, coro, "settlement")
 
     async def close(self) -> None:
         """Within a bounded time: settlements get 5 s to land, owed charges one last try

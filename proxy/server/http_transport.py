@@ -77,7 +77,7 @@ class HttpTransport:
         self.key_checks = key_checks  # a proxy key's: duplicate fields are refused
         self.bad_json = bad_json
         self.codecs = codecs
-        self.parse = parse  # how its body is parsed (Compactor.parser: the reuse cache)
+        self.parse = parse  # how its body is parsed (bodies.continuing: the reuse cache)
         # Where the rounds go upstream: the client's path and query unless the route says.
         self.path = request.raw_path if path is None else path
         self.merged_headers = merged_headers

@@ -25,6 +25,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from proxy.core.outcome import DECLINED
 from proxy.core.reuse import Reuse
 from proxy.server import record as records
+from proxy.server import tasks
 from proxy.server.lifecycle import LIFECYCLE
 from proxy.server.logs import REQUEST_LOG
 from proxy.server.record import RequestRecord, new_record_id
@@ -98,7 +99,8 @@ class Metrics:
         self.declined = Counter(
             f"{NS}_compaction_declined",
             "Requests over a threshold whose compaction was declined, by reason "
-            "(invalid_request, invalid_rewrite): sent as they came, a warning logged.",
+            "(invalid_request, invalid_rewrite, too_deep, failed): sent as they came, a "
+            "warning logged.",
             ["reason"], registry=r,
         )  # fmt: skip
         self.read_rounds = Counter(
@@ -191,6 +193,7 @@ class Metrics:
             f"{NS}_draining", "1 while shutting down (readiness fails).", registry=r
         )
         self.store = StoreMetrics(r)
+        r.register(TaskFailures())
         # Labelled children, looked up once: labels() takes a lock and builds a key.
         self._counted: dict[tuple[str, int], Any] = {}
         self._timed: dict[str, tuple[Any, Any, Any]] = {}
@@ -341,6 +344,21 @@ class ReuseCollector:
             ("reused_bytes", "Bytes of requests not parsed again.", stats.reused_bytes),
         ):
             yield CounterMetricFamily(f"{NS}_reuse_{name}", text, value=value)
+
+
+class TaskFailures:
+    """Background tasks that ended with an error (proxy/server/tasks.py), by task."""
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            f"{NS}_background_task_failures",
+            "Background tasks (summaries made ahead, calibration writes, budget settlements)"
+            " that ended with an error, each logged once with its traceback.",
+            labels=["task"],
+        )
+        for task, count in sorted(tasks.FAILURES.items()):
+            family.add_metric([task], count)
+        yield family
 
 
 METRICS = web.AppKey("metrics", Metrics)

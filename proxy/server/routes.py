@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from proxy.core.errors import ExpectationFailed
-from proxy.server.bodies import Parse, plain_parse, too_large
+from proxy.server.bodies import Parse, continuing, plain_parse, too_large
 from proxy.server.budgets import budget_of
 from proxy.server.caller import caller_of, tenant_of_request
 from proxy.server.errors import render
@@ -71,6 +71,7 @@ async def handle_conversation(
     where it goes when not the route's upstream and the client's path (a provider's
     route picks them from the path)."""
     app = request.app
+    parse = parser_for(request, route)
     caller = caller_of(request)
     budget = budget_of(request)
     record = current_or_throwaway()
@@ -87,7 +88,7 @@ async def handle_conversation(
         key_checks=caller.key_id is not None,
         bad_json=route.bad_json,
         codecs=route.codecs,
-        parse=parser_for(request, route),
+        parse=parse,
         path=path,
         merged_headers=route.merged_headers,
     )
@@ -110,7 +111,8 @@ def parser_for(request: web.Request, route: ConversationRoute) -> Parse:
     line's last request (the compactor's reuse cache), anything else plainly."""
     if not route.compacts:
         return plain_parse
-    return request.app[COMPACTOR].parser(route.wire, tenant_of_request(request), request.headers)
+    reuse = request.app[COMPACTOR].reuse
+    return continuing(reuse, route.wire, tenant_of_request(request), request.headers)
 
 
 async def handle_messages(request: web.Request) -> web.StreamResponse:

@@ -13,10 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+# Background tasks that ended with an error, by what they were (a fixed word:
+# "compaction", "calibration", "settlement"); exported as
+# compaction_proxy_background_task_failures_total{task}.
+FAILURES: Counter[str] = Counter()
 
 STOP_DEADLINE = 5.0  # seconds a shutdown waits for background tasks to end
 STOP_RETRY = 0.1
@@ -52,3 +58,28 @@ def is_cancelling() -> bool:
     checks this, so a cancellation turned into a timeout still ends it)."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+def spawn_watched(
+    tasks: set[asyncio.Task[None]],
+    work: Coroutine[Any, Any, None],
+    what: str,
+    **create: Any,
+) -> asyncio.Task[None]:
+    """Start `work` as a task kept in `tasks` until it ends; an error it ends with is
+    retrieved (never "Task exception was never retrieved"), logged once with its
+    traceback and counted in FAILURES[what]. `create`: create_task's own arguments."""
+    task = asyncio.get_running_loop().create_task(work, **create)
+    tasks.add(task)
+
+    def ended(done: asyncio.Task[None]) -> None:
+        tasks.discard(done)
+        if done.cancelled():
+            return
+        error = done.exception()
+        if error is not None:
+            FAILURES[what] += 1
+            log.error("background %s task failed: %s", what, type(error).__name__, exc_info=error)
+
+    task.add_done_callback(ended)
+    return task

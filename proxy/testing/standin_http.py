@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.core.deep_json import sorted_json
 from proxy.core.tokens import TokenCounter
 from proxy.testing.api import Event, Streamed
 from proxy.testing.cache import PromptCache
@@ -199,7 +200,10 @@ def tenant_of(headers: Mapping[str, str]) -> str:
 def request_digest(body: dict[str, Any], ignored: tuple[str, ...]) -> str:
     """The hash answers derive from: streamed or not, the same request gets the same one."""
     same = {k: v for k, v in body.items() if k not in ignored}
-    return hashlib.sha256(orjson.dumps(same, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    try:
+        return hashlib.sha256(orjson.dumps(same, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    except TypeError:  # nested deeper than orjson writes (255 levels)
+        return hashlib.sha256(sorted_json(same)).hexdigest()
 
 
 def retry_headers(script: Script) -> dict[str, str]:

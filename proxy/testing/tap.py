@@ -3,8 +3,8 @@ was told (status, headers and the exact response bytes, streamed as they arrive)
 
 `start_tap(target_url)` listens on a loopback port and forwards every request to the
 target unchanged (hop-by-hop headers aside), relaying the answer chunk by chunk and
-keeping a copy. `told_usage` reads, from a recorded Messages answer (SSE or JSON), the
-usage the client ended up with.
+keeping a copy. `told_usage` reads, from a recorded Messages answer (SSE, Bedrock's AWS
+event stream, or JSON), the usage the client ended up with.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+
+from proxy.core.eventstream import EventStreamDecoder, EventStreamError
+from proxy.wire.anthropic_bedrock import EVENT_STREAM, chunk_event, exception_name
 
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding"}
@@ -124,14 +127,47 @@ def input_total(usage: dict[str, Any]) -> int:
     )
 
 
+def aws_events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
+    """(event name, JSON data) of the Anthropic events an AWS event stream (Bedrock's)
+    carries, decoded as its clients decode it: every CRC and length checked (raises
+    EventStreamError, as a client would fail, on any bad byte or a cut message); an
+    exception message as an `error` event naming it."""
+    decoder = EventStreamDecoder()
+    messages = decoder.feed(raw)
+    if decoder.pending:
+        raise EventStreamError("the event stream ends inside a message")
+    out = []
+    for message in messages:
+        carried = chunk_event(message)
+        if carried is not None:
+            data = orjson.loads(carried)
+            out.append((str(data.get("type", "")), data))
+            continue
+        name = exception_name(message) or "unknown"
+        error = {"type": name, "message": message.payload.decode(errors="replace")}
+        out.append(("error", {"type": "error", "error": error}))
+    return out
+
+
+def stream_events(exchange: Exchange) -> list[tuple[str, dict[str, Any]]] | None:
+    """The events of a streamed answer (SSE or AWS's event stream); None: not a stream."""
+    content_type = exchange.response_headers.get("Content-Type", "")
+    if "text/event-stream" in content_type:
+        return sse_events(exchange.response_body)
+    if EVENT_STREAM in content_type:
+        return aws_events(exchange.response_body)
+    return None
+
+
 def told_usage(exchange: Exchange) -> dict[str, Any] | None:
     """The usage a Messages answer left the client with: a stream's message_start usage
     updated by its message_delta usage (counts there are cumulative), or a JSON body's."""
     if exchange.status != 200:
         return None
-    if "text/event-stream" in exchange.response_headers.get("Content-Type", ""):
+    events = stream_events(exchange)
+    if events is not None:
         usage: dict[str, Any] | None = None
-        for name, data in sse_events(exchange.response_body):
+        for name, data in events:
             if name == "message_start":
                 usage = dict(data.get("message", {}).get("usage") or {})
             elif name == "message_delta" and usage is not None:

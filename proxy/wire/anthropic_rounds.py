@@ -121,7 +121,7 @@ class StreamMerger(RoundsMerger):
         self._last_delta: Event | None = None
         self._last_stop: Event | None = None
 
-    def read(self, event: Event) -> list[bytes]:
+    def feed(self, event: Event) -> list[bytes]:
         name = event.name
         if name == "error":
             self.state = MergeState.FAILED

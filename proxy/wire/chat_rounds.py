@@ -207,7 +207,7 @@ class ChatStreamMerger(RoundsMerger):
         self._held: list[bytes] = []  # this round's finish chunk and usage chunk
         self._done: Event | None = None
 
-    def read(self, event: Event) -> list[bytes]:
+    def feed(self, event: Event) -> list[bytes]:
         data_text = event.data.strip()
         if event.name == "" or not data_text:
             return [event.raw]

@@ -132,7 +132,7 @@ class RoundsMerger:
     (the stop reason its own, the usage it acts on: the functions that merge the
     format's whole answers too). A format gives:
 
-    - `read(event)`: the bytes for the client of one upstream event (setting `state`
+    - `feed(event)`: the bytes for the client of one upstream event (setting `state`
       when the round stops or fails);
     - `reset()`: its per-round state afresh; `ended(round)`: the round just finished
       (its assistant turn, reads, client calls, usage, asks_to_read), what it held back
@@ -155,10 +155,6 @@ class RoundsMerger:
         self.state = MergeState.OPEN
         self.reset()
 
-    def feed(self, event: Event) -> list[bytes]:
-        """The bytes to send the client for one upstream event (often the event itself)."""
-        return self.read(event)
-
     def end_round(self) -> Round:
         """The round just finished (after its last event, or after the stream ended)."""
         self.round = self.ended(self.round)
@@ -175,7 +171,8 @@ class RoundsMerger:
 
     # -- the format's part ----------------------------------------------------------------
 
-    def read(self, event: Event) -> list[bytes]:
+    def feed(self, event: Event) -> list[bytes]:
+        """The bytes to send the client for one upstream event (often the event itself)."""
         raise NotImplementedError
 
     def reset(self) -> None:

@@ -225,7 +225,7 @@ class ResponsesStreamMerger(RoundsMerger):
 
     # -- events --------------------------------------------------------------------------
 
-    def read(self, event: Event) -> list[bytes]:
+    def feed(self, event: Event) -> list[bytes]:
         if event.name == "" or not event.data.strip():
             return [event.raw]
         try:

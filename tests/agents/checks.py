@@ -7,12 +7,14 @@ observed, so one run tells the whole story (the test asserts the list is empty).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from proxy.core.eventstream import EventStreamError
 from proxy.testing.agent import tool_output
 from proxy.testing.api_messages import read
 from proxy.testing.prompt import READ_RESULT, stub_refs
@@ -27,7 +29,7 @@ from proxy.testing.scenario import (
     continues_after_compaction,
 )
 from proxy.testing.standin import RecordedRequest, StandInOptions
-from proxy.testing.tap import Exchange, input_total, told_usage
+from proxy.testing.tap import Exchange, input_total, stream_events, told_usage
 
 INJECTED_TOOL = b"read_result"
 
@@ -89,6 +91,10 @@ class Observed:
         )
 
 
+def is_messages(path_qs: str) -> bool:
+    return path_qs.split("?")[0] == "/v1/messages"
+
+
 def _step(record: RecordedRequest) -> int:
     match = STEP_ID.match(record.content[-1]["id"])
     return int(match.group(1)) if match else -1
@@ -110,15 +116,17 @@ def session_failures(
     client_texts: list[tuple[str, str]],
     window: int,
     min_reads: int,
+    upstream_call: Callable[[str], bool] = is_messages,
+    client_call: Callable[[str], bool] = is_messages,
 ) -> tuple[list[str], Observed]:
     """Every broken property of the session (empty when it was as it should be).
 
-    `client_texts`: (what, text) pairs of everything the client printed or stored."""
+    `client_texts`: (what, text) pairs of everything the client printed or stored;
+    `upstream_call`, `client_call`: which paths (the upstream's, the client's) are model
+    calls (Messages by default; Bedrock's and Vertex's carry the model in the path)."""
     failures: list[str] = []
     seen = Observed()
-    upstream = [
-        r for r in recorded if r.method == "POST" and r.path_qs.split("?")[0] == "/v1/messages"
-    ]
+    upstream = [r for r in recorded if r.method == "POST" and upstream_call(r.path_qs)]
     seen.upstream_requests = len(upstream)
     seen.kinds = Counter(r.kind for r in upstream)
     for r in upstream:
@@ -147,15 +155,22 @@ def session_failures(
     if seen.steps_done < tool_steps:
         failures.append(f"only {seen.steps_done} of {tool_steps} tool steps were reached")
 
-    messages = [e for e in exchanges if e.path_qs.split("?")[0] == "/v1/messages"]
+    messages = [e for e in exchanges if e.method == "POST" and client_call(e.path_qs)]
     for n, exchange in enumerate(messages):
         if exchange.status != 200 or not exchange.complete:
             failures.append(
                 f"the client's request #{n} got {exchange.status} (complete: {exchange.complete})"
             )
             continue
-        if b"event: error" in exchange.response_body:
+        try:
+            events = stream_events(exchange) or []
+        except EventStreamError as e:
+            failures.append(f"the client's stream #{n} is no valid event stream: {e}")
+            continue
+        if any(name == "error" for name, _ in events):
             failures.append(f"the client's stream #{n} ended in an error event")
+        if any(INJECTED_TOOL in orjson.dumps(data) for _, data in events):
+            failures.append(f"the client was shown read_result in stream #{n}")
         head = exchange.response_headers
         seen.strategies.append(
             "/".join(

@@ -29,7 +29,8 @@ def anthropic_request(task: str, turns: int) -> dict[str, Any]:
         result = {"type": "tool_result", "tool_use_id": f"t{t}", "content": words(400, task[:3])}
         messages.append({"role": "user", "content": [result]})
     tools = [{"name": "Read", "input_schema": {"type": "object"}}]
-    return {"model": "claude-test", "tools": tools, "messages": messages}
+    # max_tokens: Messages requires it, and an invalid request is forwarded untouched.
+    return {"model": "claude-test", "max_tokens": 1024, "tools": tools, "messages": messages}
 
 
 def test_a_chat_request_is_planned_and_sent_in_its_own_format() -> None:

@@ -7,7 +7,10 @@ down to 4k.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import gc
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -15,7 +18,10 @@ import aiohttp
 import orjson
 import pytest
 
+from proxy.server import tasks
 from proxy.server.app import RunningProxy, start
+from proxy.server.compactor import Compactor
+from proxy.server.metrics import Metrics
 from proxy.server.state import COMPACTOR
 from proxy.testing.standin import StandInOptions
 from proxy.wire.chat_validation import validate_chat_request
@@ -350,3 +356,91 @@ async def test_a_question_alone_over_the_trigger_keeps_the_question(
     assert answer["error"]["type"] == "invalid_request_error"
     assert answer["error"]["message"].startswith("prompt is too long")
     assert len(standin.recorded) == 1, "nothing sent for it"
+
+
+# -- finding 4: deep and odd bodies; background failures --------------------------------
+
+
+def deep_history(depth: int, where: str) -> bytes:
+    """~16k tokens over the 6k fold trigger, a value nested `depth` levels deep in an old
+    tool call's input or in the newest one's."""
+    deep = b"[" * depth + b"1" + b"]" * depth
+    old, new = (deep, b"2") if where == "old" else (b"1", deep)
+    call = b'{"role":"assistant","content":[{"type":"tool_use","id":"toolu_d%d","name":"build",'
+    messages = [
+        b'{"role":"user","content":"Go."}',
+        call % 1 + b'"input":{"v":' + old + b"}}]}",
+        b'{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_d1","content":"'
+        + words(2_000)
+        + b'"}]}',
+    ]
+    for n in range(3):
+        messages += [
+            b'{"role":"assistant","content":"' + words(450, f"a{n}x") + b'"}',
+            b'{"role":"user","content":"' + words(450, f"u{n}x") + b'"}',
+        ]
+    messages += [
+        call % 2 + b'"input":{"v":' + new + b"}}]}",
+        b'{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_d2",'
+        b'"content":"ok"}]}',
+    ]
+    return messages_body(messages)
+
+
+@pytest.mark.parametrize("where", ["old", "new"])
+@pytest.mark.parametrize("depth", [255, 600, 1015])
+async def test_a_body_nested_deeper_than_json_is_written_declines_cleanly(
+    make_standin: MakeStandIn,
+    battery_proxy: Callable[[str], Awaitable[RunningProxy]],
+    caplog: pytest.LogCaptureFixture,
+    depth: int,
+    where: str,
+) -> None:
+    """orjson reads 1024 levels and writes 255: compaction declines with a warning
+    naming the reason and a metric; the request goes up as it came."""
+    standin = await make_standin(StandInOptions(windows={"*": BATTERY_WINDOW}))
+    proxy = await battery_proxy(standin.url)
+    body = deep_history(depth, where)
+
+    status, headers, answer = await post(proxy, "/v1/messages", body)
+    await proxy.app[COMPACTOR].settled()
+
+    assert status == 200, answer
+    assert [r.body for r in standin.recorded] == [body]
+    assert headers.get("x-compaction-reason") == "too_deep"
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [(r.levelname, r.getMessage()[:35]) for r in warned] == [
+        ("WARNING", "compaction declined (too_deep): the")
+    ]
+    declined = await metric_lines(proxy, "compaction_proxy_compaction_declined_total")
+    assert declined == ['compaction_proxy_compaction_declined_total{reason="too_deep"} 1.0']
+
+
+async def test_a_background_task_that_fails_is_logged_once_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A summary made ahead (any background work of the compactor) that raises: its
+    error is retrieved, logged once with its traceback and counted; asyncio never
+    reports "Task exception was never retrieved"."""
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
+    compactor = Compactor()
+    before = tasks.FAILURES["compaction"]
+
+    async def fails() -> None:
+        raise ValueError("boom")
+
+    compactor.spawn(fails())
+    await compactor.settled()
+    await asyncio.sleep(0)  # (the done callbacks run)
+    gc.collect()
+
+    assert tasks.FAILURES["compaction"] == before + 1
+    failed = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in failed] == ["background compaction task failed: ValueError"]
+    assert failed[0].exc_info is not None
+    assert unhandled == []
+    collected = {m.name: m for m in Metrics().registry.collect()}
+    family = collected["compaction_proxy_background_task_failures"]
+    assert ("compaction", before + 1) in {(s.labels["task"], s.value) for s in family.samples}
