@@ -15,9 +15,9 @@ planner asks for them when the window or a fold's threshold lies within ESTIMATE
 the estimated messages, and before any fold (proxy/core/planner.py, `Recount`). Short of
 where folds are planned, the offload step is the estimate's to decide: a working set that
 offloads hovers at its trigger, and a wrong call stubs a result a turn early or late
-(bench/offload_estimate.py: about one request in eight on the recorded session). Text whose mix of bytes lies outside
-the mix the model was fitted on (base64, minified JSON, CJK, runs of spaces...) is not
-estimated: it is counted exactly.
+(bench/offload_estimate.py: about one request in eight on the recorded session). Text
+whose mix of bytes lies outside the mix the model was fitted on (base64, minified JSON,
+CJK, runs of spaces...) is not estimated: it is counted exactly.
 """
 
 from __future__ import annotations
