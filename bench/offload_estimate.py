@@ -33,7 +33,7 @@ from fresh_session import FreshSessions  # noqa: E402
 
 from proxy.core import counting  # noqa: E402
 from proxy.core.tokens import TokenCounter  # noqa: E402
-from proxy.server.bodies import Incoming  # noqa: E402
+from proxy.server.bodies import Incoming, continuing  # noqa: E402
 from proxy.server.compactor import Asked, Compactor  # noqa: E402
 from proxy.server.record import current_or_throwaway  # noqa: E402
 from proxy.store import EmbeddedRedis, Store  # noqa: E402
@@ -65,7 +65,7 @@ async def replay(names: list[str], exact: bool) -> tuple[list[tuple[str, bytes]]
             for name in names:
                 for request in sessions.conversation(name):
                     start = time.process_time()
-                    parse = compactor.parser(ANTHROPIC, "t", request.headers)
+                    parse = continuing(compactor.reuse, ANTHROPIC, "t", request.headers)
                     payload, seen = parse(request.body)
                     betas = request.headers.get("anthropic-beta", "")
                     asked = Asked(request.headers, str(payload["model"]), betas)

@@ -63,7 +63,7 @@ from proxy.core.lines import (
     next_tick,
 )
 from proxy.core.outcome import FoldPlan, Outcome, Planned, Recount, Refuse, Rewrite, Untouched
-from proxy.core.planner import plan, without_blobs
+from proxy.core.planner import ESTIMATED_OFFLOAD_SHARE, plan, without_blobs
 from proxy.core.policy import Policy
 from proxy.core.rewrites import fold, recovered_blobs
 from proxy.core.segments import StubbedMemo, vouched_refs
@@ -277,14 +277,18 @@ def _recounted(request: CompactionRequest, indices: Sequence[int]) -> Compaction
 
 
 def _exact_decides(counted: Counted, policy: Policy, factor: float, slack: int) -> bool:
-    """Whether the window, or where folds are planned from when nothing is planned
-    below it (`Policy.quiet_tokens`: no offload trigger under it), lies within `slack`
-    tokens of the count: there, whether it fits is the exact count's to say."""
+    """Whether the window, or the first threshold of the policy (`Policy.quiet_tokens`),
+    lies within `slack` tokens of the count: there, whether it fits is the exact count's
+    to say, unless that threshold is the offload trigger, far enough below where folds
+    are planned for the estimate to decide it (as the planner does)."""
     near = slack * factor
     if abs(counted.total * factor - policy.window) <= near:
         return True
     quiet = policy.quiet_tokens
-    return quiet < policy.offload_tokens and abs(counted.history * factor - quiet) <= near
+    if abs(counted.history * factor - quiet) > near:
+        return False
+    folds_from = policy.prepare_tokens * ESTIMATED_OFFLOAD_SHARE
+    return quiet < policy.offload_tokens or (counted.history + slack) * factor > folds_from
 
 
 def _exact_until(
