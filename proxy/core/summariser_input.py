@@ -158,7 +158,8 @@ def _in_place(
 ) -> InPlace:
     """The conversation's history as it would go without the fold, and a last message
     naming the messages to replace, with the originals of the results offloaded among
-    them (the summariser reads what the stubs hide), cut to what the window leaves."""
+    them (the summariser reads what the stubs hide): whole up to ORIGINALS_TOKENS and
+    what the window leaves, past that the longest cut first."""
     pieces: list[str] = []
     tokens: list[int] = []
     for m in members:
@@ -173,7 +174,9 @@ def _in_place(
     factor = max(1.0, inp.factor)
     limit = math.floor(inp.policy.window / factor) - inp.fixed_tokens - inp.tool_tokens
     room = limit - work.tokens - math.ceil(summary_tokens / factor) - IN_PLACE_OVERHEAD
-    budget = min(room, _originals_cap(work, inp))
+    # The originals are cut by their messages' counts, not their rendered text's: keep
+    # SUMMARISER_MARGIN of the window free for the difference.
+    budget = min(room - math.ceil(inp.policy.window * SUMMARISER_MARGIN / factor), ORIGINALS_TOKENS)
     # Each piece keeps a head and a tail when cut: past what the budget holds of those,
     # the newest pieces only.
     fit = max(budget, 0) // MIN_PIECE_TOKENS
@@ -196,19 +199,15 @@ def _tool_of(work: Working, inp: PlanInput) -> str | None:
 
 
 IN_PLACE_OVERHEAD = 600  # tokens of the in-place prompt's own words, with a margin
-# What the in-place call reads from the cache at least, as a share of its prompt: what
-# follows the cached prefix (the prompt's words and the originals of the folded turns'
-# offloaded results) is paid at the full input price, on every summary.
-IN_PLACE_READ_SHARE = 0.92  # 0.9, with a margin for the estimate
+# How much of the folded turns' offloaded results the in-place call shows whole (tokens).
+# They follow the cached prefix, so they are paid at the full input price, once per fold
+# (at most ORIGINALS_TOKENS input units, about six turns of a 100,000-token history read
+# from the cache); a fact the summary could not see is lost for the rest of the session.
+# Sized for real sessions: a fold at the default trigger takes about 40 turns of
+# bench/facts.py's results session (results of 1,000 to 24,000 characters), whose
+# originals come to about 57,000 tokens; seven of Claude Code's ~8,600-token reads.
+ORIGINALS_TOKENS = 60_000
 MIN_PIECE_TOKENS = 150  # what a piece cut to its head and tail still takes, about
-
-
-def _originals_cap(work: Working, inp: PlanInput) -> int:
-    """Tokens the originals may take so the cached prefix (tools, system, the history as
-    the conversation sent it) stays IN_PLACE_READ_SHARE of the in-place call's prompt."""
-    cached = inp.fixed_tokens + inp.tool_tokens + work.tokens
-    uncached = math.floor(cached * (1 - IN_PLACE_READ_SHARE) / IN_PLACE_READ_SHARE)
-    return max(uncached - IN_PLACE_OVERHEAD, 0)
 
 
 def _original(seg: Segment, work: Working, m: int, inp: PlanInput) -> Message:

@@ -37,7 +37,10 @@ names, commands, URLs, ids, error messages, numbers and versions;
 agent can still read them with read_result.
 Leave out pleasantries and anything later superseded; carry forward the facts of an earlier \
 summary among those messages. Answer with the notes only, as plain text: call no tool."""
-ORIGINALS = "\n\nThe offloaded tool results among those messages, in full where they fit:\n\n"
+ORIGINALS = (
+    "\n\nThe offloaded tool results among those messages, each after its ref, whole where"
+    " they fit; note each ref next to what it holds:\n\n"
+)
 HEAD_CHARS = 60
 
 

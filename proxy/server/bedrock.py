@@ -36,7 +36,7 @@ from proxy.core.usage import Usage
 from proxy.server import bedrock_auth
 from proxy.server.errors import register_error_shapes
 from proxy.server.eventstream_codec import merged_codecs
-from proxy.server.exchange import Adjusted, ConversationRoute
+from proxy.server.exchange import Adjusted, ConversationRoute, Exchange
 from proxy.server.headers import upstream_request_headers
 from proxy.server.record import current_or_throwaway
 from proxy.server.refresh_ahead import CredentialUnavailable, MissingCredential
@@ -111,7 +111,7 @@ async def bedrock_lifetime(app: web.Application) -> AsyncIterator[None]:
         await signer.close()
 
 
-async def _checked(request: web.Request, body: bytes, payload: dict[str, Any]) -> Adjusted:
+async def _checked(exchange: Exchange[Any], body: bytes, payload: dict[str, Any]) -> Adjusted:
     """Bedrock's own refusals of its envelope, before anything is compacted or sent."""
     problem = envelope_problem(payload)
     if problem is not None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy import tracing
+from proxy.config import ServerSettings
 from proxy.core.commands import GetSummary
 from proxy.core.counting import (
     Counted,
@@ -60,10 +61,11 @@ from proxy.store import Store
 
 log = logging.getLogger(__name__)
 
-DEFAULT_OFF_LOOP_BYTES = 256 * 1024
-# Memory for what was computed for each conversation line's last request (its body
-# bytes counted PARSED_FACTOR times): 1.2 MB for a 500 KB history.
-DEFAULT_REUSE_BYTES = 256 * 1024 * 1024
+# A compactor built without settings (tests, benchmarks) takes the settings' defaults:
+# server.off_loop_bytes, and server.reuse_max_bytes (bodies counted PARSED_FACTOR times
+# their bytes: 1.2 MB for a 500 KB history).
+DEFAULT_OFF_LOOP_BYTES = ServerSettings().off_loop_bytes
+DEFAULT_REUSE_BYTES = ServerSettings().reuse_max_bytes
 
 
 POLICY_MEMO_SIZE = 4096

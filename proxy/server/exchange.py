@@ -14,9 +14,10 @@ record), and runs it. The steps, in order, are this module's alone:
   model name and a proxy key's duplicate fields checked; a frame, resolved);
 - admit: with budgets, the output cap checked and the gate passed before anything costs
   the upstream money (docs/design.md#the-gate-first);
-- the API's own step (`ConversationRoute.before`, optional) sees the parsed request: it
-  may answer it itself, change what is compacted and forwarded, keep read_result out of
-  it, or take over an upstream refusal (Responses: proxy/server/responses.py);
+- the API's own step (`ConversationRoute.before`, optional), given the exchange (its
+  request and what it depends on), sees the parsed request: it may answer it itself,
+  change what is compacted and forwarded, keep read_result out of it, or take over an
+  upstream refusal (Responses: proxy/server/responses.py);
 - prepare: the compactor's rewrite, or the request untouched on any failure of the
   proxy's own parts (degrade, never fail); a request that fits goes out as its bytes;
 - reserve: the calibrated estimate of what is sent, and its output cap, held;
@@ -40,6 +41,7 @@ from typing import Any, Generic, TypeVar
 
 from aiohttp import web
 
+from proxy.core.identity import tenant_of
 from proxy.core.rounds import read_rounds
 from proxy.core.wire_format import WireFormat
 from proxy.server.bodies import BAD_JSON, Incoming, output_tokens
@@ -85,7 +87,9 @@ class Adjusted:
     on_refusal: Refused | None = None  # may answer an upstream 400/422 instead
 
 
-Before = Callable[[web.Request, bytes, dict[str, Any]], Awaitable[Adjusted]]
+# An API's own step: given the exchange (its request and what it depends on), the body
+# and its parsed payload.
+Before = Callable[["Exchange[Any]", bytes, dict[str, Any]], Awaitable[Adjusted]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +136,11 @@ class Exchange(Generic[A]):
         self.budget = budget
         self.record = record
 
+    @property
+    def tenant(self) -> str:
+        """Whose state this is: the key's tenant, or the hash of the caller's credential."""
+        return self.caller.tenant or tenant_of(self.request.headers)
+
     async def run(self) -> A:
         route, transport, record, budget = self.route, self.transport, self.record, self.budget
         wire, envelope, compactor = route.wire, route.envelope, self.compactor
@@ -149,7 +158,7 @@ class Exchange(Generic[A]):
                 output = output_tokens(payload)  # checked before any work is done for it
                 await budget.admit(output, incoming.body)
             if route.before is not None:
-                adjusted = await route.before(self.request, incoming.body, payload)
+                adjusted = await route.before(self, incoming.body, payload)
                 if adjusted.answer is not None:
                     return await transport.answer(adjusted.answer)
                 # New bytes from the step are plain JSON, whatever the client's were.

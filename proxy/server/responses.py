@@ -41,19 +41,16 @@ from proxy.core.seal import open_sealed, seal
 from proxy.core.summariser_input import whole_key, whole_summary
 from proxy.core.summary import INSTRUCTION, in_place_prompt
 from proxy.server.bodies import Incoming, is_encoded
-from proxy.server.budgets import budget_of
-from proxy.server.caller import caller_of, tenant_of_request
-from proxy.server.compactor import Asked
+from proxy.server.compactor import Asked, Compactor
 from proxy.server.envelope import PLAIN
 from proxy.server.errors import new_request_id
-from proxy.server.exchange import Adjusted, ConversationRoute
+from proxy.server.exchange import Adjusted, ConversationRoute, Exchange
 from proxy.server.executor import StoreExecutor
 from proxy.server.prepared import Prepared
-from proxy.server.record import current_or_throwaway
 from proxy.server.routes import expect_for, handle_conversation
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.seal_key import SealKey
-from proxy.server.state import COMPACTOR, SETTINGS, STORE
+from proxy.server.state import SETTINGS
 from proxy.server.summariser import FREE_SUMMARIES, SummaryCall, SummaryCalls
 from proxy.store import Store
 from proxy.wire.responses import RESPONSES, asks_for_summary
@@ -83,17 +80,18 @@ class ResponsesState:
 RESPONSES_STATE = web.AppKey("responses_state", ResponsesState)
 
 
-async def before(request: web.Request, body: bytes, payload: dict[str, Any]) -> Adjusted:
+async def before(exchange: Exchange[Any], body: bytes, payload: dict[str, Any]) -> Adjusted:
+    request = exchange.request
     if b'"cpx1.' in body or is_encoded(request):  # (compressed bytes hide the mark)
         found = sealed_items(payload)
         if found:
-            opened = await _expand(request, payload, found)
+            opened = await _expand(exchange, payload, found)
             # The rest of the request as the client wrote it (compressed: as parsed).
             source = None if is_encoded(request) else ClientJSON(body, payload)
             body = source.encode(opened) if source is not None else orjson.dumps(opened)
             payload = opened
     if is_trigger(payload):
-        return await _trigger(request, body, payload)
+        return await _trigger(exchange, body, payload)
     if asks_for_summary(payload):
         return Adjusted(body, payload, read_result=False)
     return Adjusted(body, payload)
@@ -116,11 +114,11 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
 
 
 async def _expand(
-    request: web.Request, payload: dict[str, Any], found: list[tuple[int, str]]
+    exchange: Exchange[Any], payload: dict[str, Any], found: list[tuple[int, str]]
 ) -> dict[str, Any]:
-    store = request.app[STORE].store
-    key = await request.app[RESPONSES_STATE].seal_key.get(store)
-    tenant = tenant_of_request(request)
+    store = exchange.store
+    key = await exchange.request.app[RESPONSES_STATE].seal_key.get(store)
+    tenant = exchange.tenant
     texts = {n: await _summary_text(store, key, tenant, content) for n, content in found}
     missing = sum(1 for text in texts.values() if text is None)
     if missing:
@@ -152,13 +150,13 @@ async def _summary_text(
 # -- Codex's compaction_trigger -----------------------------------------------------------
 
 
-async def _trigger(request: web.Request, body: bytes, payload: dict[str, Any]) -> Adjusted:
-    app = request.app
+async def _trigger(exchange: Exchange[Any], body: bytes, payload: dict[str, Any]) -> Adjusted:
+    app = exchange.request.app
     mode = app[SETTINGS].responses.codex_compaction
-    upstream = app[OPENAI_UPSTREAM].base_url
+    upstream = exchange.upstream.base_url
     state = app[RESPONSES_STATE]
     if mode == "serve" or (mode == "auto" and upstream in state.lacking):
-        return Adjusted(body, payload, answer=await serve_compaction(request, payload))
+        return Adjusted(body, payload, answer=await serve_compaction(exchange, payload))
     if mode != "auto":
         return Adjusted(body, payload, read_result=False)
 
@@ -168,13 +166,13 @@ async def _trigger(request: web.Request, body: bytes, payload: dict[str, Any]) -
             return None  # refused for another reason: the client gets that answer
         state.lacking.add(upstream)
         log.info("the upstream does not know compaction_trigger; the proxy serves them")
-        return await serve_compaction(request, payload)
+        return await serve_compaction(exchange, payload)
 
     return Adjusted(body, payload, read_result=False, on_refusal=refused)
 
 
 async def _summary(
-    request: web.Request,
+    compactor: Compactor,
     need: GetSummary,
     store: Store,
     tenant: str,
@@ -183,7 +181,6 @@ async def _summary(
 ) -> SummaryReply:
     """The conversation's summary for `need`: the stored one, or made once for the fleet
     and stored before a sealed reference names it."""
-    compactor = request.app[COMPACTOR]
     # The executor's own way with a summary: obtained (its lock held), kept, then the
     # lock released (a crossing keeps it in its writes; a served one, alone: keep_summary).
     executor = StoreExecutor(
@@ -209,12 +206,12 @@ async def _summary(
 
 
 def _summary_need(
-    request: web.Request, sent: dict[str, Any], model: str, prepared: Prepared
+    exchange: Exchange[Any], sent: dict[str, Any], model: str, prepared: Prepared
 ) -> tuple[GetSummary, int]:
     """The summariser's request for the whole history as sent, and its input estimate: in
     place or a transcript cut to the window, as the planner says (`whole_summary`)."""
-    compactor = request.app[COMPACTOR]
-    policy = compactor.policy(model, caller_of(request).policy)
+    compactor = exchange.compactor
+    policy = compactor.policy(model, exchange.caller.policy)
     counter = compactor.counter
     units = RESPONSES.messages(sent)
     key = whole_key(units)
@@ -242,21 +239,19 @@ def _summary_need(
     return GetSummary(key, body, summary_tokens, whole.model), estimate
 
 
-async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web.Response:
+async def serve_compaction(exchange: Exchange[Any], payload: dict[str, Any]) -> web.Response:
     """Answer a compaction_trigger with one compaction item sealing a reference to the
     proxy's own summary of the history (compacted first, as a turn would be)."""
-    app = request.app
-    store = app[STORE].store
-    seal_key = await app[RESPONSES_STATE].seal_key.get(store)
+    request, store = exchange.request, exchange.store
+    seal_key = await request.app[RESPONSES_STATE].seal_key.get(store)
     if store is None or seal_key is None:
         raise StoreUnavailable("compaction-proxy cannot compact without its store; try again")
     history = {**payload, "input": input_items(payload)[:-1]}
     incoming = Incoming(orjson.dumps(history), history)
-    budget = budget_of(request)
-    compactor = app[COMPACTOR]
-    caller, model = caller_of(request), str(payload.get("model", ""))
+    budget, compactor, record = exchange.budget, exchange.compactor, exchange.record
+    caller, model = exchange.caller, str(payload.get("model", ""))
     summarise = SummaryCalls(
-        app[OPENAI_UPSTREAM],
+        exchange.upstream,
         request.raw_path,
         request.headers,
         RESPONSES,
@@ -266,16 +261,13 @@ async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web
     asked = Asked(
         request.headers, model, "", caller.tenant, caller.policy, budget.summaries(), summarise
     )
-    record = current_or_throwaway()
     prepared = await compactor.prepare(incoming, RESPONSES, store, asked, record)
     sent = dict(prepared.sent) if prepared.sent and prepared.refusal is None else history
-    need, estimate = _summary_need(request, sent, model, prepared)
+    need, estimate = _summary_need(exchange, sent, model, prepared)
     await budget.reserve(estimate, need.summary_tokens, b"")
-    tenant, conversation = identities(
-        RESPONSES, payload, request.headers, tenant_of_request(request)
-    )
+    tenant, conversation = identities(RESPONSES, payload, request.headers, exchange.tenant)
     made = len(record.meter.extra)
-    reply = await _summary(request, need, store, tenant, conversation, asked.summarise)
+    reply = await _summary(compactor, need, store, tenant, conversation, asked.summarise)
     if reply.text is None:
         raise UpstreamError(f"compaction-proxy could not summarise the history ({reply.failure})")
     record.summary = "reused" if reply.reused else "made"
@@ -284,7 +276,7 @@ async def serve_compaction(request: web.Request, payload: dict[str, Any]) -> web
         used = record.meter.extra[-1]
         usage = compaction_usage(used.total_input, used.output_tokens)
     else:
-        usage = compaction_usage(estimate, app[COMPACTOR].counter.count_text(reply.text))
+        usage = compaction_usage(estimate, compactor.counter.count_text(reply.text))
     response = compaction_response(payload, compaction_item(sealed), usage, int(time.time()))
     headers = {
         RESPONSES.request_id_header: new_request_id(),

@@ -44,6 +44,8 @@ _GENAI_PATHS = (
     ("/v1/messages", ("anthropic", "chat")),
     ("/v1/chat/completions", ("openai", "chat")),
     ("/v1/responses", ("openai", "chat")),
+    ("/model/", ("aws.bedrock", "chat")),  # bedrock-runtime (its own upstream)
+    ("/v1/projects/", ("gcp.vertex_ai", "chat")),  # Vertex AI (its own upstream)
 )
 
 Headers = list[tuple[str, str]]

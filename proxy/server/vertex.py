@@ -31,7 +31,7 @@ from proxy.config import UpstreamSettings
 from proxy.core.errors import InvalidRequest, NotFound
 from proxy.server import vertex_auth
 from proxy.server.errors import register_error_shapes
-from proxy.server.exchange import Adjusted, ConversationRoute
+from proxy.server.exchange import Adjusted, ConversationRoute, Exchange
 from proxy.server.refresh_ahead import CredentialUnavailable, MissingCredential
 from proxy.server.routes import expect_for, handle_conversation
 from proxy.server.state import SETTINGS
@@ -130,9 +130,9 @@ def _target(request: web.Request) -> VertexTarget:
     return target
 
 
-async def _checked(request: web.Request, body: bytes, payload: dict[str, Any]) -> Adjusted:
+async def _checked(exchange: Exchange[Any], body: bytes, payload: dict[str, Any]) -> Adjusted:
     """Vertex's own refusals of its envelope, before anything is compacted or sent."""
-    problem = envelope_problem(payload, _target(request))
+    problem = envelope_problem(payload, _target(exchange.request))
     if problem is not None:
         raise InvalidRequest(problem)
     return Adjusted(body, payload)

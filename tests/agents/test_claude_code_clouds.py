@@ -43,6 +43,7 @@ class Mode:
     env: dict[str, str]  # Claude Code's settings for the mode ({base} the tap's URL)
     upstream_path: str  # what the stand-in's model calls start with
     client_path: str  # ... and the client's
+    model_in_path: str  # the model as the proxy's upstream paths name it
 
     def settings(self, base: str) -> dict[str, str]:
         return {k: v.replace("{base}", base) for k, v in self.env.items()}
@@ -61,6 +62,7 @@ BEDROCK = Mode(
     },
     "/model/",
     "/bedrock/model/",
+    "/model/us.anthropic.claude-sonnet-4-5-20250929-v1%3A0/",
 )
 VERTEX = Mode(
     "vertex",
@@ -75,6 +77,7 @@ VERTEX = Mode(
     },
     f"/v1/projects/{PROJECT}/locations/{REGION}/publishers/anthropic/models/",
     "/vertex/v1/projects/",
+    "/models/claude-sonnet-4-5@20250929:",
 )
 
 FINAL = "All build logs were read: the failure is in src/build/module_7_3.py."
@@ -211,6 +214,14 @@ async def test_claude_code_in_cloud_mode_with_a_small_window(
         upstream_call=lambda path: path.startswith(mode.upstream_path),
         client_call=lambda path: path.startswith(mode.client_path),
     )
+    # Streams all the way (a broken event stream makes Claude Code fall back to `invoke`
+    # silently), and summaries on the session's own model.
+    called = [e.path_qs for e in stack.tap.exchanges if mode.client_path in e.path_qs]
+    if mode is BEDROCK and any(not p.endswith("/invoke-with-response-stream") for p in called):
+        failures.append(f"Claude Code fell back from the stream: {sorted(set(called))}")
+    summaries = [r for r in stack.standin.recorded if r.kind == SUMMARY]
+    if any(mode.model_in_path not in r.path_qs for r in summaries):
+        failures.append(f"a summary went to another model: {[r.path_qs for r in summaries]}")
     if not seen.kinds[SUMMARY]:
         failures.append("no summary was made (the session did not test folding)")
     if not any("summary" in s for s in seen.strategies):

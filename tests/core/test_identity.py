@@ -30,6 +30,17 @@ def test_tenant_hashes_the_credential_and_never_holds_it() -> None:
     assert credential({"authorization": "Bearer  tok "}) == "tok"
 
 
+def test_a_sigv4_clients_tenant_is_its_access_key_not_the_signature() -> None:
+    def signed(key: str, signature: str) -> dict[str, str]:
+        scope = f"Credential={key}/20261205/us-east-1/bedrock/aws4_request"
+        header = f"AWS4-HMAC-SHA256 {scope}, SignedHeaders=host;x-amz-date, Signature={signature}"
+        return {"authorization": header}
+
+    first, second = signed("AKIAONE", "a" * 64), signed("AKIAONE", "b" * 64)
+    assert tenant_of(first) == tenant_of(second) != tenant_of(signed("AKIATWO", "a" * 64))
+    assert credential(first) == "aws:AKIAONE"
+
+
 def test_conversation_id_sources_in_order() -> None:
     body = {"messages": [{"role": "user", "content": "hi"}]}
     by_header = conversation_of({"x-conversation-id": "abc"}, body, "t1")

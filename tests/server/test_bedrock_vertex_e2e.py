@@ -85,14 +85,20 @@ async def _serve(
 
 
 class StreamTee(httpx2.AsyncBaseTransport):
-    """The SDK's own transport, keeping the bytes of every event stream it receives."""
+    """The SDK's own transport, keeping the bytes of every event stream it receives, and
+    every whole answer with its headers."""
 
     def __init__(self) -> None:
         self.inner = httpx2.AsyncHTTPTransport()
         self.streams: list[bytearray] = []
+        self.wholes: list[tuple[httpx2.Headers, bytes]] = []
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self.inner.handle_async_request(request)
+        if request.url.path.endswith("/invoke"):  # a whole answer: kept with its headers
+            body = await response.aread()
+            self.wholes.append((response.headers, body))
+            return httpx2.Response(response.status_code, headers=response.headers, content=body)
         if not request.url.path.endswith("/invoke-with-response-stream"):
             return response
         kept = bytearray()
@@ -199,6 +205,17 @@ async def test_anthropic_bedrock_through_the_proxy_is_compacted(
         assert metrics["outputTokenCount"] == usage.output_tokens
         assert metrics["inputTokenCount"] == usage.input_tokens
         assert metrics["cacheReadInputTokenCount"] == usage.cache_read_input_tokens
+    # Every whole answer's invocation metric headers are its usage's, merged ones too.
+    assert len(tee.wholes) == (0 if stream else TURNS)
+    merged = 0
+    for headers, body in tee.wholes:
+        usage = orjson.loads(body)["usage"]
+        merged += "x-compaction-read-rounds" in headers
+        assert headers["x-amzn-bedrock-input-token-count"] == str(usage["input_tokens"])
+        assert headers["x-amzn-bedrock-output-token-count"] == str(usage["output_tokens"])
+        cached = headers["x-amzn-bedrock-cache-read-input-token-count"]
+        assert cached == str(usage["cache_read_input_tokens"])
+    assert merged or stream, "no whole answer was merged from read rounds"
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
@@ -274,7 +291,24 @@ async def test_boto3_invoke_stream_and_count_tokens(
         client.count_tokens, modelId=BEDROCK_MODEL, input={"invokeModel": {"body": body.encode()}}
     )
     assert counted["inputTokens"] > 0
-    assert {r.outcome for r in standin.recorded} == {"complete"}
+    # The control plane's read Claude Code makes, forwarded signed.
+    control = boto3.client(
+        "bedrock",
+        region_name="us-east-1",
+        endpoint_url=proxy.url + "/bedrock",
+        aws_access_key_id="AKIACLIENTOWN0000001",
+        aws_secret_access_key="the-clients-own-secret",
+    )
+    profiles = await asyncio.to_thread(control.list_inference_profiles, typeEquals="SYSTEM_DEFINED")
+    ids = [p["inferenceProfileId"] for p in profiles["inferenceProfileSummaries"]]
+    assert BEDROCK_MODEL in ids
+    calls = _model_calls(standin.recorded)
+    assert {r.outcome for r in calls} == {"complete"}
+    assert all(TEST_CREDENTIALS.access_key in r.headers["Authorization"] for r in calls)
+    # The AnthropicVertex SDK's token count, forwarded.
+    vertex = vertex_client(proxy)
+    count = await vertex.messages.count_tokens(model=VERTEX_MODEL, messages=ASK["messages"])
+    assert count.input_tokens == message["usage"]["input_tokens"]
 
 
 async def test_bedrock_refusals_are_in_bedrocks_shape(

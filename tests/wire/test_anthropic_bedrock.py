@@ -19,10 +19,14 @@ from botocore.config import Config
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.core.commands import GetSummary
+from proxy.core.errors import BudgetRefused
 from proxy.core.eventstream import EventStreamDecoder
 from proxy.core.usage import Usage
 from proxy.wire.anthropic_bedrock import (
     ANTHROPIC_VERSION,
+    BEDROCK,
+    BEDROCK_ENVELOPE,
     ERROR_TYPE_HEADER,
     Operation,
     RuntimeTarget,
@@ -222,3 +226,42 @@ def test_invocation_metrics_tell_the_usage_given() -> None:
 def test_a_model_id_is_escaped_as_urllib_quotes_it_and_read_back(model: str) -> None:
     assert percent_encode(model) == quote(model, safe="")
     assert percent_decode(percent_encode(model)) == model
+
+
+# -- the envelope as the exchange reads it ----------------------------------------------
+
+PATH = "/bedrock/model/us.anthropic.claude-sonnet-4-5-20250929-v1:0/invoke-with-response-stream"
+
+
+def test_the_exchange_reads_model_betas_and_stream_from_the_envelope() -> None:
+    body = {"anthropic_version": ANTHROPIC_VERSION, "anthropic_beta": ["context-1m-2025-08-07"]}
+    assert BEDROCK_ENVELOPE.model(PATH, body) == "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
+    assert BEDROCK_ENVELOPE.model("/bedrock/elsewhere", body) == ""
+    assert BEDROCK_ENVELOPE.stream(PATH, body)
+    assert not BEDROCK_ENVELOPE.stream(PATH.replace("-with-response-stream", ""), body)
+    headers = {"anthropic-beta": "claude-code-20250219"}
+    assert BEDROCK_ENVELOPE.betas(headers, body) == "context-1m-2025-08-07,claude-code-20250219"
+
+
+def test_a_summary_is_an_invoke_on_the_requests_model_in_bedrocks_envelope() -> None:
+    in_place = {"anthropic_version": ANTHROPIC_VERSION, "max_tokens": 10, "messages": []}
+    transcript = {"model": "m", "max_tokens": 10, "system": "s", "messages": []}
+    need = GetSummary("k", in_place, 10, "", fallback=transcript, encoded=b"exact bytes")
+    path, sent = BEDROCK_ENVELOPE.summary(PATH + "?x=1", need)
+    assert path == "/model/us.anthropic.claude-sonnet-4-5-20250929-v1%3A0/invoke"
+    assert sent.body is in_place and sent.encoded == b"exact bytes"  # the client's own
+    assert sent.fallback == {**{k: v for k, v in transcript.items() if k != "model"},
+                             "anthropic_version": ANTHROPIC_VERSION}  # fmt: skip
+    other = GetSummary("k", transcript, 10, "anthropic.claude-haiku-4-5-20251001-v1:0")
+    path, sent = BEDROCK_ENVELOPE.summary(PATH, other)
+    assert path == "/model/anthropic.claude-haiku-4-5-20251001-v1%3A0/invoke"
+    assert "model" not in sent.body and sent.encoded == b""
+
+
+def test_the_proxys_own_errors_in_bedrocks_shape() -> None:
+    refused = BudgetRefused("too many")
+    assert orjson.loads(BEDROCK.error_body(refused, "req")) == {"message": "too many"}
+    assert BEDROCK.error_headers(refused) == {ERROR_TYPE_HEADER: "ThrottlingException"}
+    assert b'"throttlingException"' in BEDROCK.stream_error(refused)
+    upstream = BEDROCK.upstream_stream_error({"message": "slow down"}, 429)
+    assert b'"throttlingException"' in upstream and b"slow down" in upstream

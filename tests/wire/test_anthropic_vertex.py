@@ -8,8 +8,12 @@ import httpx2
 import orjson
 import pytest
 
+from proxy.core.commands import GetSummary
+from proxy.core.errors import BudgetRefused
 from proxy.wire.anthropic_vertex import (
     ANTHROPIC_VERSION,
+    VERTEX,
+    VERTEX_ENVELOPE,
     VertexTarget,
     envelope_problem,
     google_error,
@@ -85,3 +89,42 @@ def test_google_errors_are_read_by_the_anthropic_sdk() -> None:
     )
     with pytest.raises(anthropic.RateLimitError, match="Quota exceeded"):
         client.messages.create(model="claude-sonnet-4-5@20250929", max_tokens=1, messages=[])
+
+
+# -- the envelope as the exchange reads it ----------------------------------------------
+
+PREDICT = (
+    "/vertex/v1/projects/p/locations/us-east5/publishers/anthropic/models/"
+    "claude-sonnet-4-5@20250929:streamRawPredict"
+)
+
+
+def test_the_exchange_reads_model_betas_and_stream_from_the_envelope() -> None:
+    body = {"anthropic_version": ANTHROPIC_VERSION, "stream": True}
+    assert VERTEX_ENVELOPE.model(PREDICT, body) == "claude-sonnet-4-5@20250929"
+    assert VERTEX_ENVELOPE.stream(PREDICT, body)
+    assert not VERTEX_ENVELOPE.stream(PREDICT.replace("streamRawPredict", "rawPredict"), body)
+    counting = PREDICT.replace(
+        "claude-sonnet-4-5@20250929:streamRawPredict", "count-tokens:rawPredict"
+    )
+    assert VERTEX_ENVELOPE.model(counting, {"model": "claude-haiku-4-5@20251001"}) == (
+        "claude-haiku-4-5@20251001"
+    )
+    assert VERTEX_ENVELOPE.betas({"anthropic-beta": "a,b"}, body) == "a,b"
+
+
+def test_a_summary_is_a_raw_predict_in_the_requests_project_and_location() -> None:
+    transcript = {"model": "m", "max_tokens": 10, "messages": []}
+    path, sent = VERTEX_ENVELOPE.summary(PREDICT, GetSummary("k", transcript, 10, ""))
+    assert path == (
+        "/v1/projects/p/locations/us-east5/publishers/anthropic/models/"
+        "claude-sonnet-4-5@20250929:rawPredict"
+    )
+    assert sent.body == {"max_tokens": 10, "messages": [], "anthropic_version": ANTHROPIC_VERSION}
+
+
+def test_the_proxys_own_errors_in_googles_shape() -> None:
+    body = orjson.loads(VERTEX.error_body(BudgetRefused("over budget"), "req"))
+    assert body == {
+        "error": {"code": 429, "message": "over budget", "status": "RESOURCE_EXHAUSTED"}
+    }
