@@ -184,9 +184,12 @@ async def test_anthropic_bedrock_through_the_proxy_is_compacted(
     tee = StreamTee()
     turns = await _session(proxy, bedrock_client(proxy, tee), BEDROCK_MODEL, stream)
     _assert_compacted(standin, turns, "/model/us.anthropic.claude-sonnet-4-5-20250929-v1%3A0/")
-    # Signed by the proxy, over the path as botocore writes it.
+    # Signed by the proxy, over the path as botocore writes it; none of the client's
+    # own signing headers went on.
     for r in _model_calls(standin.recorded):
         assert TEST_CREDENTIALS.access_key in r.headers["Authorization"]
+        amz = {k.lower() for k in r.headers if k.lower().startswith("x-amz-")}
+        assert amz == {"x-amz-date", "x-amz-security-token"}
     # Every event stream the client got decodes (CRCs, boundaries); merged ones carry
     # the usage the client was told as their invocation metrics.
     assert len(tee.streams) == (TURNS if stream else 0)
