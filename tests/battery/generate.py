@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from typing import Any
 
 import orjson
 from hypothesis import strategies as st
+
+from proxy.testing.google_oauth import PROJECT
 
 JSON = dict[str, Any]
 
@@ -184,6 +187,23 @@ def messages_body(c: Conversation) -> JSON:
     body["tools"] = [tool]
     body["messages"] = messages
     return body
+
+
+BEDROCK_MODEL = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
+VERTEX_MODEL = "claude-sonnet-4-5@20250929"
+
+
+def bedrock_body(c: Conversation) -> JSON:
+    """Messages in Bedrock's envelope: the model in the path, its API version in the body."""
+    body = messages_body(c)
+    del body["model"]
+    return {"anthropic_version": "bedrock-2023-05-31", **body}
+
+
+def vertex_body(c: Conversation) -> JSON:
+    body = messages_body(c)
+    del body["model"]
+    return {"anthropic_version": "vertex-2023-10-16", **body}
 
 
 # -- Chat Completions ---------------------------------------------------------------------
@@ -373,7 +393,16 @@ def deep_input(body: JSON) -> JSON:
     return body
 
 
+MESSAGES_MUTATIONS: dict[str, Mutation] = {
+    "orphan_result": orphan_messages,
+    "unanswered_call": unanswered,
+    "empty_text": empty_text,
+    "string_max_tokens": string_max_tokens,
+    "string_stream": string_stream,
+}
 MUTATIONS: dict[str, dict[str, Mutation]] = {
+    "bedrock": MESSAGES_MUTATIONS,
+    "vertex": MESSAGES_MUTATIONS,
     "messages": {
         "orphan_result": orphan_messages,
         "unanswered_call": unanswered,
@@ -408,8 +437,9 @@ def bad_utf8(raw: bytes) -> bytes:
     return raw.replace(b"What now?", b"What \xff\xfe now?", 1).replace(b'"q0', b'"\xc3q0', 1)
 
 
-def duplicate_model(raw: bytes) -> bytes:
-    return raw.replace(b'{"model":', b'{"model":"other-model","model":', 1)
+def duplicate_key(raw: bytes) -> bytes:
+    """The output cap given twice (every format has one; the proxy reads it)."""
+    return re.sub(rb'"(max_(?:output_)?tokens)":', rb'"\1":1,"\1":', raw, count=1)
 
 
 def huge_number(raw: bytes) -> bytes:
@@ -419,7 +449,7 @@ def huge_number(raw: bytes) -> bytes:
 BYTE_MUTATIONS: dict[str, Callable[[bytes], bytes]] = {
     "truncated": truncated,
     "bad_utf8": bad_utf8,
-    "duplicate_keys": duplicate_model,
+    "duplicate_keys": duplicate_key,
     "huge_number": huge_number,
 }
 
@@ -441,4 +471,17 @@ MESSAGES = Format(
 CHAT = Format("chat", "/v1/chat/completions", {"authorization": "Bearer sk-battery"}, chat_body)
 RESPONSES = Format("responses", "/v1/responses", {"authorization": "Bearer sk-battery"},
                    responses_body)  # fmt: skip
-FORMATS = {f.name: f for f in (MESSAGES, CHAT, RESPONSES)}
+BEDROCK = Format(
+    "bedrock",
+    f"/bedrock/model/{BEDROCK_MODEL}/invoke",
+    {"authorization": "Bearer sk-battery"},  # (the proxy signs with its own credential)
+    bedrock_body,
+)
+VERTEX = Format(
+    "vertex",
+    f"/vertex/v1/projects/{PROJECT}/locations/us-east5/publishers/anthropic/models/"
+    f"{VERTEX_MODEL}:rawPredict",
+    {"authorization": "Bearer ya29.battery"},
+    vertex_body,
+)
+FORMATS = {f.name: f for f in (MESSAGES, CHAT, RESPONSES, BEDROCK, VERTEX)}

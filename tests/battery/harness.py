@@ -49,7 +49,8 @@ def config_text(upstream: str, redis_url: str, prefix: str) -> str:
     policy = "\n".join(f"{key} = {_toml(value)}" for key, value in BATTERY_POLICY.items())
     return (
         f'[server]\nport = 0\nhost = "127.0.0.1"\n\n'
-        f'[upstream]\nurl = "{upstream}"\nopenai_url = "{upstream}"\n\n'
+        f'[upstream]\nurl = "{upstream}"\nopenai_url = "{upstream}"\n'
+        f'bedrock_url = "{upstream}"\nvertex_url = "{upstream}"\n\n'
         f'[store]\nredis_url = "{redis_url}"\nkey_prefix = "{prefix}"\n\n'
         f"[[policy]]\n{policy}\n"
     )
@@ -197,7 +198,7 @@ def _kept_exactly(raw: bytes, spans: list[bytes], sent: bytes) -> None:
 
 def assert_answer(fmt: Format, answer: Any) -> None:
     assert isinstance(answer, dict), answer
-    if fmt.name == "messages":
+    if fmt.name in ("messages", "bedrock", "vertex"):
         assert answer["type"] == "message" and answer["content"], answer
     elif fmt.name == "chat":
         message = answer["choices"][0]["message"]
@@ -210,5 +211,7 @@ def assert_error(fmt: Format, answer: Any) -> None:
     assert isinstance(answer, dict), answer
     if fmt.name == "messages":
         assert answer["type"] == "error" and answer["error"]["message"], answer
-    else:
+    elif fmt.name == "bedrock":  # AWS's shape
+        assert answer["message"], answer
+    else:  # OpenAI's, Google's (Vertex's own refusals) or Anthropic's (its model's)
         assert answer["error"]["message"], answer

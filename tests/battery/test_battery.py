@@ -1,11 +1,13 @@
 """The differential battery (issue 36): Hypothesis draws conversations of the kind agents
 send, valid and broken, and sends each through a real `compaction-proxy serve` (the
 battery's small policy, real Redis) to the strict stand-in, for every format the proxy
-speaks. tests/battery/harness.py says what is checked of each exchange; the end of each
-test reads serve's whole log for errors that escaped.
+speaks: Messages, Chat, Responses, and Messages in Bedrock's and Vertex's envelopes
+(Gemini is one more `Format` once its route lands). tests/battery/harness.py says what
+is checked of each exchange; the end of each test reads serve's whole log for errors
+that escaped.
 
-Size: BATTERY_EXAMPLES examples per test (default a modest VALID / INVALID, tens of
-seconds on two cores), BATTERY_SEED the seed (README, "Tests").
+Size: BATTERY_EXAMPLES examples per test (default VALID / INVALID, tens of seconds on
+two cores), BATTERY_SEED the seed (README, "Set-up").
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import requests
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+from proxy.testing.google_oauth import TOKEN_PATH, write_service_account
 from proxy.testing.standin import StandInOptions
 from tests.battery.generate import (
     BYTE_MUTATIONS,
@@ -70,8 +73,13 @@ def battery(
     redis_url: str,
     redis_key_prefix: str,
     tmp_path: Path,
+    cloud_credentials: Path,
 ) -> Iterator[tuple[Serve, requests.Session]]:
+    """The stand-in, and serve in front of it with the proxy's own cloud credentials
+    (the stand-ins' test ones: AWS keys, a service account whose token endpoint is the
+    stand-in's) in its environment."""
     standin = make_standin_thread(StandInOptions(windows={"*": BATTERY_WINDOW}))
+    write_service_account(cloud_credentials, standin.url + TOKEN_PATH)
     with serve(standin, redis_url, redis_key_prefix, tmp_path) as running:
         with requests.Session() as client:
             yield running, client
