@@ -11,6 +11,7 @@ pytest_plugins = [
     "tests.plugins.standin",
     "tests.plugins.responses",
     "tests.plugins.browser",
+    "tests.plugins.clouds",
 ]
 
 FIXTURES = Path(__file__).parent / "fixtures"

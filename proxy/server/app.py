@@ -372,6 +372,8 @@ def startup_line(running: RunningProxy) -> str:
     return (
         f"compaction-proxy listening on {running.url}, anthropic upstream"
         f" {running.app[UPSTREAM].shown_url}, openai upstream {openai},"
+        f" bedrock upstream {bedrock.described(running.app)},"
+        f" vertex upstream {vertex.described(running.app)},"
         f" config {settings.config_file or 'none (built-in defaults)'}, store {store},"
         f" auth {auth}, policies {policies}, windows {windows_line(settings)}"
     )

@@ -34,7 +34,7 @@ from yarl import URL
 from proxy.core.errors import InvalidRequest, NotFound
 from proxy.core.usage import Usage
 from proxy.server import bedrock_auth
-from proxy.server.errors import register_error_shapes
+from proxy.server.errors import register_error_shapes, under
 from proxy.server.eventstream_codec import merged_codecs
 from proxy.server.exchange import Adjusted, ConversationRoute, Exchange
 from proxy.server.headers import upstream_request_headers
@@ -87,9 +87,25 @@ class BedrockSigner:
         kept = [(n, v) for n, v in headers if n.lower() not in _NEVER_SENT]
         return kept + await auth.headers(method, str(url), body)
 
+    @property
+    def described(self) -> str:
+        """Which credential signs (never the credential), for the start-up line."""
+        if self._auth is None:
+            return "its credential looked for at the first request"
+        return f"signed with {self._auth.described}"
+
     async def close(self) -> None:
         if self._auth is not None:
             await self._auth.close()
+
+
+def described(app: web.Application) -> str:
+    """Where Bedrock requests go and how they are signed, for the start-up line."""
+    upstream = app[BEDROCK_UPSTREAM]
+    signer = upstream.signer
+    assert isinstance(signer, BedrockSigner)
+    where = upstream.shown_url or "none (no AWS region: upstream.bedrock_region, AWS_REGION)"
+    return f"{where} ({signer.described})"
 
 
 async def bedrock_lifetime(app: web.Application) -> AsyncIterator[None]:
@@ -168,11 +184,7 @@ async def handle_control_plane(request: web.Request) -> web.StreamResponse:
     return await relay(request, response, upstream, BEDROCK, current_or_throwaway().meter)
 
 
-def speaks_bedrock(path: str) -> bool:
-    return path == PREFIX or path.startswith(PREFIX + "/")
-
-
-register_error_shapes(speaks_bedrock, BEDROCK)
+register_error_shapes(under(PREFIX), BEDROCK)
 
 
 def add_routes(app: web.Application) -> None:

@@ -37,6 +37,11 @@ def register_error_shapes(speaks: Callable[[str], bool], shapes: ErrorShapes) ->
     _REGISTERED.append((speaks, shapes))
 
 
+def under(prefix: str) -> Callable[[str], bool]:
+    """`speaks` for the paths under a provider's prefix (`/bedrock`: it and below it)."""
+    return lambda path: path == prefix or path.startswith(prefix + "/")
+
+
 def wire_for(path: str, headers: MultiMapping[str]) -> ErrorShapes:
     """The API a request speaks, for the shape of the proxy's own answers to it."""
     for speaks, shapes in _REGISTERED:

@@ -27,7 +27,7 @@ import orjson
 from proxy.core.eventstream import PRELUDE, EventStreamDecoder, EventStreamError, Message
 from proxy.core.sse import Event, SSEDecoder, encode_event
 from proxy.core.usage import Usage
-from proxy.server.transport import StreamCodec, codec_for, register_codec
+from proxy.server.transport import EventHold, StreamCodec, codec_for, register_codec
 from proxy.wire.anthropic import stream_error_event
 from proxy.wire.anthropic_bedrock import (
     EVENT_STREAM,
@@ -98,20 +98,11 @@ def _said(message: Message) -> str:
     return text if isinstance(text, str) else "the upstream's stream ended with an error"
 
 
-class MessageHold:
+class MessageHold(EventHold):
     """A relay's cut of an event stream (`Framing`): whole messages pass, the rest of
     one (at most `cap` bytes) waits for its end."""
 
-    __slots__ = ("_held", "cap", "over")
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self._held = bytearray()
-        self.over = False
-
-    @property
-    def rest(self) -> bytes:
-        return bytes(self._held)
+    __slots__ = ()
 
     def whole_events(self, chunk: bytes) -> bytes:
         held = self._held

@@ -30,8 +30,9 @@ from yarl import URL
 from proxy.config import UpstreamSettings
 from proxy.core.errors import InvalidRequest, NotFound
 from proxy.server import vertex_auth
-from proxy.server.errors import register_error_shapes
+from proxy.server.errors import register_error_shapes, under
 from proxy.server.exchange import Adjusted, ConversationRoute, Exchange
+from proxy.server.logs import redacted_url
 from proxy.server.refresh_ahead import CredentialUnavailable, MissingCredential
 from proxy.server.routes import expect_for, handle_conversation
 from proxy.server.state import SETTINGS
@@ -78,6 +79,13 @@ class VertexSigner:
         kept = [(n, v) for n, v in headers if n.lower() not in _NEVER_SENT]
         return kept + await auth.headers()
 
+    @property
+    def described(self) -> str:
+        """Which credential authorises (never the credential), for the start-up line."""
+        if self._auth is None:
+            return "its credential looked for at the first request"
+        return f"authorised with {self._auth.described}"
+
     async def close(self) -> None:
         if self._auth is not None:
             await self._auth.close()
@@ -88,7 +96,8 @@ class VertexUpstreams:
 
     def __init__(self, settings: UpstreamSettings, signer: VertexSigner) -> None:
         self._settings = settings
-        self._signer = signer
+        self.signer = signer
+        self.shown_url = redacted_url(settings.vertex_url)
         self._by_location: dict[str, Upstream] = {}
 
     def for_location(self, location: str) -> Upstream:
@@ -99,16 +108,23 @@ class VertexUpstreams:
             if len(self._by_location) >= MAX_LOCATIONS:
                 raise NotFound(f"compaction-proxy serves at most {MAX_LOCATIONS} locations.")
             settings = replace(self._settings, url=url or host_for(location))
-            found = self._by_location[key] = Upstream(settings, signer=self._signer)
+            found = self._by_location[key] = Upstream(settings, signer=self.signer)
         return found
 
     async def close(self) -> None:
         for upstream in self._by_location.values():
             await upstream.close()
-        await self._signer.close()
+        await self.signer.close()
 
 
 VERTEX_UPSTREAMS = web.AppKey("vertex_upstreams", VertexUpstreams)
+
+
+def described(app: web.Application) -> str:
+    """Where Vertex requests go and how they are authorised, for the start-up line."""
+    upstreams = app[VERTEX_UPSTREAMS]
+    where = upstreams.shown_url or "each location's endpoint"
+    return f"{where} ({upstreams.signer.described})"
 
 
 async def vertex_lifetime(app: web.Application) -> AsyncIterator[None]:
@@ -150,11 +166,7 @@ async def handle_predict(request: web.Request) -> web.StreamResponse:
     return await handle_conversation(request, route, upstream=upstream, path=path)
 
 
-def speaks_vertex(path: str) -> bool:
-    return path == PREFIX or path.startswith(PREFIX + "/")
-
-
-register_error_shapes(speaks_vertex, VERTEX)
+register_error_shapes(under(PREFIX), VERTEX)
 
 
 def add_routes(app: web.Application) -> None:

@@ -25,7 +25,6 @@ from proxy.config import load_settings
 from proxy.server.app import RunningProxy, start
 from proxy.store import Store
 from proxy.store.accounts import Accounts
-from proxy.testing.aws_sigv4 import TEST_CREDENTIALS
 from proxy.testing.claude_code import run_claude_code
 from proxy.testing.google_oauth import PROJECT, TOKEN_PATH, write_service_account
 from proxy.testing.prompt import SUMMARY
@@ -112,7 +111,7 @@ MakeCloudStack = Callable[[StandInOptions], Awaitable[CloudStack]]
 @pytest.fixture
 async def cloud_stack(
     make_standin: Callable[[StandInOptions], Awaitable[RunningStandIn]],
-    monkeypatch: pytest.MonkeyPatch,
+    cloud_credentials: Path,
     redis_url: str,
     store: Store,
     tmp_path: Path,
@@ -120,22 +119,11 @@ async def cloud_stack(
     """The stand-in, a proxy with keys required and both clouds' upstreams at the
     stand-in, its own credentials in its environment (AWS keys; a service-account file
     whose token endpoint is the stand-in's), and a tap for Claude Code to talk to."""
-    for name in ("AWS_PROFILE", "AWS_BEARER_TOKEN_BEDROCK", "AWS_DEFAULT_REGION"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", TEST_CREDENTIALS.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", TEST_CREDENTIALS.secret_key)
-    monkeypatch.setenv("AWS_SESSION_TOKEN", TEST_CREDENTIALS.token or "")
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    account = tmp_path / "service-account.json"
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(account))
     started: list[tuple[RunningProxy, RunningTap]] = []
 
     async def make(options: StandInOptions) -> CloudStack:
         standin = await make_standin(options)
-        write_service_account(account, standin.url + TOKEN_PATH)
+        write_service_account(cloud_credentials, standin.url + TOKEN_PATH)
         config = tmp_path / "proxy.toml"
         config.write_text(CONFIG)
         overrides = {

@@ -36,29 +36,6 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-@pytest.fixture
-def aws_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An environment with no AWS credentials anywhere (no files, no metadata server)."""
-    for name in (
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-        "AWS_DEFAULT_PROFILE",
-        "AWS_REGION",
-        "AWS_DEFAULT_REGION",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-        BEARER_ENV,
-    ):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    return tmp_path
-
-
 def test_a_signature_covers_exactly_the_method_path_query_and_bytes_sent() -> None:
     headers = dict(sign("POST", URL, BODY, TEST_CREDENTIALS, "us-east-1"))
     headers["Host"] = "127.0.0.1:9"

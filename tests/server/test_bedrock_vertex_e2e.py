@@ -15,7 +15,7 @@ import asyncio
 import base64
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from botocore.config import Config
 
 from proxy.core.eventstream import EventStreamDecoder
 from proxy.core.tokens import default_counter
-from proxy.server.app import RunningProxy
+from proxy.server.app import RunningProxy, startup_line
 from proxy.server.state import COMPACTOR
 from proxy.store import Store
 from proxy.store.accounts import Accounts, Scope
@@ -52,24 +52,6 @@ ASK: dict[str, Any] = {
 }
 
 MakeStandIn = Callable[[StandInOptions], Awaitable[Any]]
-
-
-@pytest.fixture
-def cloud_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
-    """The proxy's own credentials, as an operator gives them: AWS keys in the
-    environment, a service-account file (its token_uri set once the stand-in runs)."""
-    for name in ("AWS_PROFILE", "AWS_BEARER_TOKEN_BEDROCK", "AWS_DEFAULT_REGION"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", TEST_CREDENTIALS.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", TEST_CREDENTIALS.secret_key)
-    monkeypatch.setenv("AWS_SESSION_TOKEN", TEST_CREDENTIALS.token or "")
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    key = tmp_path / "sa.json"
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
-    yield key
 
 
 async def _serve(
@@ -152,6 +134,22 @@ def _model_calls(recorded: list[RecordedRequest]) -> list[RecordedRequest]:
     return [r for r in recorded if r.path_qs != TOKEN_PATH]
 
 
+async def _session(proxy: RunningProxy, client: Any, model: str, stream: bool) -> list[Any]:
+    """The scripted agent's long session through the SDK's client (its summaries, made
+    ahead in the background too, settled before it returns)."""
+    turns = await run_agent(
+        client,
+        turns=TURNS,
+        result_chars=RESULT_CHARS,
+        model=model,
+        stream=stream,
+        read_every=4,
+        conversation=f"{model}-{uuid.uuid4().hex}",
+    )
+    await proxy.app[COMPACTOR].settled()
+    return turns
+
+
 def _assert_compacted(standin: Any, turns: list[Any], path_part: str) -> None:
     calls = _model_calls(standin.recorded)
     # Every upstream request was authorised and valid (the stand-in refuses otherwise)
@@ -177,20 +175,14 @@ def _assert_compacted(standin: Any, turns: list[Any], path_part: str) -> None:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 async def test_anthropic_bedrock_through_the_proxy_is_compacted(
-    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, cloud_env: Path, stream: bool
+    make_standin: MakeStandIn,
+    make_compacting_proxy: MakeProxy,
+    cloud_credentials: Path,
+    stream: bool,
 ) -> None:
-    standin, proxy = await _serve(make_standin, make_compacting_proxy, cloud_env)
+    standin, proxy = await _serve(make_standin, make_compacting_proxy, cloud_credentials)
     tee = StreamTee()
-    turns = await run_agent(
-        bedrock_client(proxy, tee),  # type: ignore[arg-type]
-        turns=TURNS,
-        result_chars=RESULT_CHARS,
-        model=BEDROCK_MODEL,
-        stream=stream,
-        read_every=4,
-        conversation=f"bedrock-{uuid.uuid4().hex}",
-    )
-    await proxy.app[COMPACTOR].settled()
+    turns = await _session(proxy, bedrock_client(proxy, tee), BEDROCK_MODEL, stream)
     _assert_compacted(standin, turns, "/model/us.anthropic.claude-sonnet-4-5-20250929-v1%3A0/")
     # Signed by the proxy, over the path as botocore writes it.
     for r in _model_calls(standin.recorded):
@@ -220,19 +212,13 @@ async def test_anthropic_bedrock_through_the_proxy_is_compacted(
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 async def test_anthropic_vertex_through_the_proxy_is_compacted(
-    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, cloud_env: Path, stream: bool
+    make_standin: MakeStandIn,
+    make_compacting_proxy: MakeProxy,
+    cloud_credentials: Path,
+    stream: bool,
 ) -> None:
-    standin, proxy = await _serve(make_standin, make_compacting_proxy, cloud_env)
-    turns = await run_agent(
-        vertex_client(proxy),  # type: ignore[arg-type]
-        turns=TURNS,
-        result_chars=RESULT_CHARS,
-        model=VERTEX_MODEL,
-        stream=stream,
-        read_every=4,
-        conversation=f"vertex-{uuid.uuid4().hex}",
-    )
-    await proxy.app[COMPACTOR].settled()
+    standin, proxy = await _serve(make_standin, make_compacting_proxy, cloud_credentials)
+    turns = await _session(proxy, vertex_client(proxy), VERTEX_MODEL, stream)
     prefix = f"/v1/projects/{PROJECT}/locations/{REGION}/publishers/anthropic/models/"
     _assert_compacted(standin, turns, prefix + VERTEX_MODEL)
     for r in _model_calls(standin.recorded):
@@ -242,9 +228,10 @@ async def test_anthropic_vertex_through_the_proxy_is_compacted(
 # -- boto3, and the event stream's bytes -----------------------------------------------
 
 
-def _boto3(proxy: RunningProxy) -> Any:
+def _boto3(proxy: RunningProxy, service: str = "bedrock-runtime") -> Any:
+    """boto3 signing with AWS credentials of its own (the proxy signs what it sends)."""
     return boto3.client(
-        "bedrock-runtime",
+        service,
         region_name="us-east-1",
         endpoint_url=proxy.url + "/bedrock",
         aws_access_key_id="AKIACLIENTOWN0000001",
@@ -268,9 +255,12 @@ def decoded_stream(raw: bytes) -> list[dict[str, Any]]:
 
 
 async def test_boto3_invoke_stream_and_count_tokens(
-    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, cloud_env: Path
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, cloud_credentials: Path
 ) -> None:
-    standin, proxy = await _serve(make_standin, make_compacting_proxy, cloud_env)
+    standin, proxy = await _serve(make_standin, make_compacting_proxy, cloud_credentials)
+    line = startup_line(proxy)  # configured: the credentials were found at start-up
+    assert f"bedrock upstream {standin.url} (signed with AWS credentials (env), SigV4)" in line
+    assert f"vertex upstream {standin.url} (authorised with Google" in line
     client = _boto3(proxy)
     body = json.dumps(ASK)
     # boto3 blocks: in a thread, so the proxy and the stand-in (this loop) answer it.
@@ -292,13 +282,7 @@ async def test_boto3_invoke_stream_and_count_tokens(
     )
     assert counted["inputTokens"] > 0
     # The control plane's read Claude Code makes, forwarded signed.
-    control = boto3.client(
-        "bedrock",
-        region_name="us-east-1",
-        endpoint_url=proxy.url + "/bedrock",
-        aws_access_key_id="AKIACLIENTOWN0000001",
-        aws_secret_access_key="the-clients-own-secret",
-    )
+    control = _boto3(proxy, "bedrock")
     profiles = await asyncio.to_thread(control.list_inference_profiles, typeEquals="SYSTEM_DEFINED")
     ids = [p["inferenceProfileId"] for p in profiles["inferenceProfileSummaries"]]
     assert BEDROCK_MODEL in ids
@@ -312,9 +296,9 @@ async def test_boto3_invoke_stream_and_count_tokens(
 
 
 async def test_bedrock_refusals_are_in_bedrocks_shape(
-    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, cloud_env: Path
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, cloud_credentials: Path
 ) -> None:
-    standin, proxy = await _serve(make_standin, make_compacting_proxy, cloud_env)
+    standin, proxy = await _serve(make_standin, make_compacting_proxy, cloud_credentials)
     client = _boto3(proxy)
     with pytest.raises(botocore.exceptions.ClientError) as refused:
         body = json.dumps({**ASK, "model": "x"})
@@ -328,14 +312,14 @@ async def test_bedrock_refusals_are_in_bedrocks_shape(
 
 
 async def test_keys_and_budgets_hold_in_both_modes(
-    make_standin: MakeStandIn, make_proxy: MakeProxy, cloud_env: Path, store: Store
+    make_standin: MakeStandIn, make_proxy: MakeProxy, cloud_credentials: Path, store: Store
 ) -> None:
     """A proxy key is the caller's credential in either mode (a Bedrock API key or an
     access token to the SDKs), never sent on; its budget refuses in the provider's shape.
     The key's own upstream credential variable is unset: the proxy's cloud credential is
     the one used."""
     standin = await make_standin(StandInOptions())
-    write_service_account(cloud_env, standin.url + TOKEN_PATH)
+    write_service_account(cloud_credentials, standin.url + TOKEN_PATH)
     proxy = await make_proxy(
         standin.url,
         **{

@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.server.app import StartupError
+from proxy.server.app import StartupError, startup_line
 from tests.server.conftest import MakeProxy
 
 BEDROCK_PATH = "/bedrock/model/us.anthropic.claude-sonnet-4-5-20250929-v1:0/invoke"
@@ -22,27 +22,10 @@ NOWHERE = "http://127.0.0.1:9"  # nothing may be sent: the discard port, refused
 
 
 @pytest.fixture
-def no_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No AWS credentials anywhere (no files, no metadata server), and a Google
-    credentials file that does not exist."""
-    for name in (
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-        "AWS_DEFAULT_PROFILE",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_BEARER_TOKEN_BEDROCK",
-        "AWS_DEFAULT_REGION",
-    ):
-        monkeypatch.delenv(name, raising=False)
+def no_credentials(aws_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No AWS credentials anywhere, and a Google credentials file that does not exist."""
     monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing-sa.json"))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(aws_env / "missing-sa.json"))
 
 
 @pytest.mark.usefixtures("no_credentials")
@@ -65,6 +48,11 @@ async def test_not_configured_the_first_request_is_refused_saying_what_to_set(
     make_proxy: MakeProxy,
 ) -> None:
     proxy = await make_proxy(NOWHERE)  # starts: neither cloud is configured
+    line = startup_line(proxy)
+    assert (
+        "bedrock upstream https://bedrock-runtime.us-east-1.amazonaws.com (its credential" in line
+    )
+    assert "vertex upstream each location's endpoint (its credential looked for" in line
     async with aiohttp.ClientSession() as session:
         async with session.post(proxy.url + BEDROCK_PATH, json=BODY) as response:
             assert response.status == 503
