@@ -296,6 +296,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             url, app, runner = await serve_standin(100_000_000)
             await session(url, args)
             out["baseline"], _ = records_bill(app)
+            if args.trace is not None:  # the unmanaged requests, for bench/optimal.py
+                with args.trace.open("wb") as f:
+                    f.writelines(r.body + b"\n" for r in app[RECORDED])
             await runner.cleanup()
     return out
 
@@ -308,6 +311,7 @@ def main() -> None:
     parser.add_argument("--policy", default="", help="built-in policy fields: keep_last=2,...")
     parser.add_argument("--summary-loss", type=int, default=0, help="stand-in drops every N-th")
     parser.add_argument("--baseline", action="store_true", help="also run unmanaged, for the ratio")
+    parser.add_argument("--trace", type=Path, help="with --baseline: write its requests (JSONL)")
     args = parser.parse_args()
     out = asyncio.run(run(args))
     lost = [f.check for f in FACTS if f not in out["kept"] and f not in out["readable"]]

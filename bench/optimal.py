@@ -13,6 +13,7 @@ it next to the unmanaged run (unlimited window, same ideal cache):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -32,8 +33,11 @@ def main() -> None:
     parser.add_argument("--model", default="claude-test-1", help="whose default policy")
     parser.add_argument("--keep-last", type=int, help="instead of the policy's")
     parser.add_argument("--summary-tokens", type=int, help="instead of the policy's cap")
+    parser.add_argument("--window", type=int, help="instead of the model's (1000000: a 1M model)")
     args = parser.parse_args()
     policy = policy_for(args.model, DEFAULT_POLICIES)
+    if args.window is not None:
+        policy = dataclasses.replace(policy, window=args.window)
     rules = rules_for(policy)
     if args.keep_last is not None:
         rules = type(rules)(rules.window, args.keep_last, rules.keep_results, rules.summary_tokens)

@@ -51,6 +51,7 @@ from proxy.core.commands import (
 )
 from proxy.core.counting import Counted
 from proxy.core.digests import chain_hash
+from proxy.core.duplicate_keys import duplicate_field
 from proxy.core.exact_json import ClientJSON
 from proxy.core.lines import (
     DEFAULT_MAX_LINES,
@@ -156,7 +157,7 @@ def compaction(request: CompactionRequest) -> Driver:
     if _acts(outcome):
         # Nothing is rewritten or summarised from a history the API would refuse: it goes
         # up as it came, and the API's own error reaches the client.
-        invalid = request.wire.request_error(request.body, request.model)
+        invalid = request.wire.request_error(request.body, request.model) or _duplicated(request)
         if invalid is not None:
             tokens = real(counted.history, factor)
             return Decision(Untouched(tokens, reason="invalid_request"), counted.total,
@@ -238,6 +239,13 @@ def compaction(request: CompactionRequest) -> Driver:
         touched = yield TouchLine(root, line.name, next_tick(lines))
         assert isinstance(touched, Started)
     return replace(_decision(request, inp, outcome, failure), declined=declined)
+
+
+def _duplicated(request: CompactionRequest) -> str | None:
+    """A field the proxy reads given twice in one object: the proxy read the last, the
+    upstream may obey the first, and a rewrite would send only the last."""
+    name = duplicate_field(request.source.raw, request.body)
+    return f"the key {name!r} appears more than once in one object" if name else None
 
 
 def _acts(outcome: Planned) -> bool:

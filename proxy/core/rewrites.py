@@ -51,13 +51,10 @@ def offload(work: Working, inp: PlanInput) -> tuple[Working, list[tuple[str, str
     stubs: dict[int, list[Stub]] = {}
     blobs: list[tuple[str, str]] = []
     for n, result in candidates:
-        if n in protected:
+        if n in protected or not stubbable(result, inp):
             continue
         text = result.text
-        if text is None or len(text) <= policy.stub_head_chars:
-            continue
-        if not result_exceeds(inp.counter.count_result, result.content, policy.offload_threshold):
-            continue  # (bounds decide most without counting: estimate.result_exceeds)
+        assert text is not None
         ref = ref_for(text)
         stubs.setdefault(n, []).append(Stub(result.block, ref, policy.stub_head_chars))
         blobs.append((ref, text))
@@ -73,6 +70,35 @@ def offload(work: Working, inp: PlanInput) -> tuple[Working, list[tuple[str, str
         merged = tuple(sorted(earlier + stubs[n], key=lambda s: s.block))
         segments.append(Stubbed(seg.index, merged))
     return rebuilt(work, segments, stubs.keys(), inp), blobs
+
+
+def stubbable(result: ToolResult, inp: PlanInput) -> bool:
+    """Whether a result is stubbed once it leaves the keep window: text, longer than the
+    stub's head, and over offload_threshold."""
+    text, policy = result.text, inp.policy
+    if text is None or len(text) <= policy.stub_head_chars:
+        return False
+    # (bounds decide most without counting: estimate.result_exceeds)
+    return result_exceeds(inp.counter.count_result, result.content, policy.offload_threshold)
+
+
+def breakpoint_at(work: Working, inp: PlanInput) -> int | None:
+    """Where the proxy's cache breakpoint goes: the last message the next offload step
+    leaves as it is, the one before the oldest result still whole that will be stubbed
+    as it ages. The next request then reads all before that result from the cache and
+    writes from its stub on; a breakpoint at the end of the stubbed region would have it
+    write the turn between again, once per turn. With no such result, the end of the
+    stubbed region (None: nothing stubbed, no breakpoint of the proxy's)."""
+    last = last_stub(work.segments)
+    if last is None:
+        return None
+    for n in range(last + 1, len(work.segments)):
+        seg = work.segments[n]
+        if not isinstance(seg, Verbatim):
+            continue
+        if any(stubbable(r, inp) for r in inp.dialect.tool_results(work.messages[n])):
+            return n - 1
+    return last
 
 
 def fold(need: FoldPlan, text: str | None, *, summary: str) -> Rewrite | Refuse:
@@ -218,7 +244,7 @@ def rewrite_of(
         blobs=blobs or [],
         checkpoint=stored,
         refs=vouched_refs(work.segments),  # every ref the history may read
-        breakpoint_at=last_stub(work.segments),
+        breakpoint_at=breakpoint_at(work, inp),
         summary=summary,
         reason=reason,
     )

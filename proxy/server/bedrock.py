@@ -59,8 +59,14 @@ from proxy.wire.anthropic_rounds import anthropic_usage
 
 BEDROCK_UPSTREAM = web.AppKey("bedrock_upstream", Upstream)
 BEDROCK_CONTROL = web.AppKey("bedrock_control_upstream", Upstream)
-# What a client sends that must not reach AWS: its own signature, and a proxy key.
+# What a client sends that must not reach AWS: its own signature, and a proxy key. Its
+# other `x-amz-*` headers (an SDK's user agent) go too: AWS wants every `x-amz-*` header
+# signed, and the proxy signs only its own.
 _NEVER_SENT = bedrock_auth.CLIENT_AUTH | {"x-api-key"}
+
+
+def _never_sent(name: str) -> bool:
+    return name in _NEVER_SENT or name.startswith("x-amz-")
 
 
 class BedrockSigner:
@@ -84,7 +90,7 @@ class BedrockSigner:
             auth = await self.auth()
         except MissingCredential as e:
             raise CredentialUnavailable(f"compaction-proxy cannot call Bedrock: {e}") from None
-        kept = [(n, v) for n, v in headers if n.lower() not in _NEVER_SENT]
+        kept = [(n, v) for n, v in headers if not _never_sent(n.lower())]
         return kept + await auth.headers(method, str(url), body)
 
     @property

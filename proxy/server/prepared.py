@@ -6,6 +6,7 @@ read rounds its answer may take). The record and the trace say the same."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, assert_never
@@ -55,8 +56,8 @@ def decided(
     as it came, or rewritten; the record and the client's headers say what was done."""
     if decision.summary_failure:
         log.info("no summary (%s); packing instead", decision.summary_failure)
-    if decision.declined:  # (the API's rule, with what the client chose in it: cut short)
-        log.warning("compaction declined: %s", decision.declined[:300])
+    if decision.declined:
+        log.warning("compaction declined: %s", redacted(decision.declined))
     outcome = decision.outcome
     match outcome:
         case Refuse():
@@ -92,6 +93,16 @@ def decided(
             )
         case _:
             assert_never(outcome)
+
+
+# A quoted value of the client's in an API's rule ('...', `...`): ids and roles are kept
+# for the operator, anything longer than one is left out (no prompt text in the log).
+_QUOTED = re.compile(r"'[^']{65,}'|`[^`]{65,}`")
+
+
+def redacted(rule: str) -> str:
+    """The rule a request broke, as logged: long quoted values left out, cut short."""
+    return _QUOTED.sub("'...'", rule)[:300]
 
 
 def _recorded(rewrite: Rewrite, policy: Policy, record: RequestRecord) -> None:

@@ -215,6 +215,7 @@ def stream_exception(status: int) -> str:
         408: "modelTimeoutException",
         429: "throttlingException",
         503: "serviceUnavailableException",
+        504: "modelTimeoutException",  # the upstream went silent inside the stream
     }.get(status)
     return name or ("internalServerException" if status >= 500 else "validationException")
 

@@ -9,7 +9,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from proxy.core.driver import CompactionRequest, commands_of, compaction
+from proxy.core.exact_json import ClientJSON
 from proxy.core.outcome import Refuse, Rewrite, Untouched
 from proxy.core.wire_format import JSON
 from proxy.wire.anthropic import AnthropicMessages
@@ -61,3 +64,16 @@ def test_an_invalid_history_over_the_fold_trigger_asks_for_no_summary() -> None:
     assert isinstance(decision.outcome, Untouched)
     assert decision.outcome.reason == "invalid_request"
     assert "toolu_0011" in decision.declined, "its call, now unanswered"
+
+
+def test_a_field_given_twice_is_never_rewritten() -> None:
+    """orjson reads the last of two `model` keys, an upstream may obey the first, and a
+    rewrite would send only the last: such a body goes up as it came."""
+    req = request(conversation(12))
+    raw = orjson.dumps(req.body).replace(b'{"model":', b'{"model":"other","model":', 1)
+    req = dataclasses.replace(req, source=ClientJSON(raw, req.body))
+    commands, decision = commands_of(compaction(req), Store())
+    assert kinds(commands) == ["LoadConversation"]
+    assert isinstance(decision.outcome, Untouched)
+    assert decision.outcome.reason == "invalid_request"
+    assert decision.declined == "the key 'model' appears more than once in one object"

@@ -22,6 +22,7 @@ from proxy.server import tasks
 from proxy.server.app import RunningProxy, start
 from proxy.server.compactor import Compactor
 from proxy.server.metrics import Metrics
+from proxy.server.prepared import redacted
 from proxy.server.state import COMPACTOR
 from proxy.testing.standin import StandInOptions
 from proxy.wire.chat_validation import validate_chat_request
@@ -444,3 +445,14 @@ async def test_a_background_task_that_fails_is_logged_once_and_counted(
     collected = {m.name: m for m in Metrics().registry.collect()}
     family = collected["compaction_proxy_background_task_failures"]
     assert ("compaction", before + 1) in {(s.labels["task"], s.value) for s in family.samples}
+
+
+def test_a_declined_rule_is_logged_without_the_clients_long_values() -> None:
+    """The warning names the rule and short values (ids, roles), never a long one the
+    client put where the rule echoes it (no prompt text in the log)."""
+    prompt = "secret plan " * 20
+    logged = redacted(f"Invalid value: '{prompt}'. Supported values are: 'user', 'system'.")
+    assert prompt not in logged
+    assert logged == "Invalid value: '...'. Supported values are: 'user', 'system'."
+    assert "toolu_NOPE" in redacted("unexpected `tool_use_id` found: toolu_NOPE.")
+    assert len(redacted("x" * 5_000)) == 300

@@ -184,9 +184,12 @@ async def test_anthropic_bedrock_through_the_proxy_is_compacted(
     tee = StreamTee()
     turns = await _session(proxy, bedrock_client(proxy, tee), BEDROCK_MODEL, stream)
     _assert_compacted(standin, turns, "/model/us.anthropic.claude-sonnet-4-5-20250929-v1%3A0/")
-    # Signed by the proxy, over the path as botocore writes it.
+    # Signed by the proxy, over the path as botocore writes it; none of the client's
+    # own signing headers went on.
     for r in _model_calls(standin.recorded):
         assert TEST_CREDENTIALS.access_key in r.headers["Authorization"]
+        amz = {k.lower() for k in r.headers if k.lower().startswith("x-amz-")}
+        assert amz == {"x-amz-date", "x-amz-security-token"}
     # Every event stream the client got decodes (CRCs, boundaries); merged ones carry
     # the usage the client was told as their invocation metrics.
     assert len(tee.streams) == (TURNS if stream else 0)
@@ -295,6 +298,39 @@ async def test_boto3_invoke_stream_and_count_tokens(
     assert count.input_tokens == message["usage"]["input_tokens"]
 
 
+@pytest.mark.parametrize(
+    ("script", "exception"),
+    [
+        ('{"fault": "stream_error"}', "modelStreamErrorException"),  # the upstream's own
+        ('{"fault": "stall", "stall_seconds": 5}', "modelTimeoutException"),  # the proxy's
+    ],
+)
+async def test_a_broken_stream_ends_with_bedrocks_exception(
+    make_standin: MakeStandIn,
+    make_compacting_proxy: MakeProxy,
+    cloud_credentials: Path,
+    script: str,
+    exception: str,
+) -> None:
+    """The upstream's exception passes through; an upstream gone silent mid-stream is
+    ended by the proxy with its own exception message, both as boto3 raises them."""
+    _, proxy = await _serve(
+        make_standin, make_compacting_proxy, cloud_credentials,
+        **{"upstream.stream_idle_timeout": 1.0},
+    )  # fmt: skip
+    client = _boto3(proxy)
+    client.meta.events.register(
+        "before-sign.bedrock-runtime.*",
+        lambda request, **_: request.headers.__setitem__("x-stand-in", script),
+    )
+    streamed = await asyncio.to_thread(
+        client.invoke_model_with_response_stream, modelId=BEDROCK_MODEL, body=json.dumps(ASK)
+    )
+    with pytest.raises(botocore.exceptions.EventStreamError) as broken:
+        await asyncio.to_thread(list, streamed["body"])
+    assert broken.value.response["Error"]["Code"] == exception
+
+
 async def test_bedrock_refusals_are_in_bedrocks_shape(
     make_standin: MakeStandIn, make_compacting_proxy: MakeProxy, cloud_credentials: Path
 ) -> None:
@@ -312,7 +348,10 @@ async def test_bedrock_refusals_are_in_bedrocks_shape(
 
 
 async def test_keys_and_budgets_hold_in_both_modes(
-    make_standin: MakeStandIn, make_proxy: MakeProxy, cloud_credentials: Path, store: Store
+    make_standin: MakeStandIn,
+    make_proxy: MakeProxy,
+    cloud_credentials: Path,
+    store: Store,
 ) -> None:
     """A proxy key is the caller's credential in either mode (a Bedrock API key or an
     access token to the SDKs), never sent on; its budget refuses in the provider's shape.
@@ -365,3 +404,14 @@ async def test_keys_and_budgets_hold_in_both_modes(
         await asyncio.to_thread(client.invoke_model, modelId=BEDROCK_MODEL, body=body)
     assert refused.value.response["Error"]["Code"] == "UnrecognizedClientException"
     assert len(_model_calls(standin.recorded)) == 2
+    # boto3 with the proxy key in a header of its own (botocore sends a Bedrock API key
+    # over HTTPS only).
+    keyed = _boto3(proxy)
+
+    def with_key(request: Any, **_: Any) -> None:
+        request.headers["x-api-key"] = key
+
+    keyed.meta.events.register("before-sign.bedrock-runtime.*", with_key)
+    answer = await asyncio.to_thread(keyed.invoke_model, modelId=BEDROCK_MODEL, body=body)
+    assert json.loads(answer["body"].read())["type"] == "message"
+    assert len(_model_calls(standin.recorded)) == 3

@@ -1,0 +1,487 @@
+"""Conversations of the kind agents send, drawn by Hypothesis, in each format the proxy
+speaks; and the ways a request is broken (issue 36's battery).
+
+A conversation is drawn once, neutrally (`Conversation`: turns of user text, tool calls
+with their results, thinking, images, system text), then written in a format's own
+shape by its `Format` (`MESSAGES`, `CHAT`, `RESPONSES`). A format that lands later
+(Gemini, Bedrock) is one more `Format`: a renderer, its path, headers and mutations.
+
+Sizes are chosen around the battery's policy (window 20k, offload from 1.5k, fold at
+6k down to 4k): results of a few to ~2,400 tokens, up to nine turns.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from hypothesis import strategies as st
+
+from proxy.testing.google_oauth import PROJECT
+
+JSON = dict[str, Any]
+
+# A 1x1 PNG: images are counted by their dimensions, read from the header.
+PNG = base64.b64encode(
+    bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+        "1f15c4890000000d49444154789c6360000002000100e221bc330000000049454e44ae426082"
+    )
+).decode()
+# A build id beyond 64 bits (orjson reads it as a float, and writes none): drawn as this
+# placeholder, written into the bytes by `encode`.
+BIG_INT = b"123456789012345678901234567890"
+BIG_PLACEHOLDER = "__battery_big_int__"
+
+
+def words(n: int, seed: str) -> str:
+    return " ".join(f"{seed}{i % 89}" for i in range(n))
+
+
+@dataclass(frozen=True)
+class Call:
+    id: str
+    input: JSON
+    result: str
+    is_error: bool = False
+    image: bool = False  # the result carries an image beside its text
+
+
+@dataclass(frozen=True)
+class Turn:
+    user: str
+    calls: tuple[Call, ...] = ()  # parallel calls, each answered
+    reply: str = ""  # the assistant's text (before its calls)
+    thinking: bool = False
+    system_after: str = ""  # a mid-conversation system message after the turn
+    server_tool: bool = False  # a server tool's blocks in the assistant turn (Messages)
+    extra_field: bool = False  # an unknown field on the user message's block
+
+
+@dataclass(frozen=True)
+class Conversation:
+    marker: str  # keeps each example a conversation of its own
+    system: str
+    cached_system: bool
+    turns: tuple[Turn, ...]
+    question: str
+    extra: JSON = field(default_factory=dict)
+
+
+SIZES = st.sampled_from([3, 20, 120, 450, 800, 1_200])
+
+
+@st.composite
+def calls(draw: st.DrawFn, turn: int) -> tuple[Call, ...]:
+    n = draw(st.integers(0, 3))
+    made = []
+    for k in range(n):
+        size = draw(SIZES)
+        tool_input: JSON = {"command": f"step {turn}.{k}"}
+        if draw(st.booleans()):
+            tool_input["build_id"] = BIG_PLACEHOLDER
+        if draw(st.integers(0, 9)) == 0:
+            tool_input["float"] = 1.50
+        made.append(
+            Call(
+                id=f"call_{turn}_{k}",
+                input=tool_input,
+                result=words(size, f"r{turn}x{k}y"),
+                is_error=draw(st.integers(0, 4)) == 0,
+                image=draw(st.integers(0, 5)) == 0,
+            )
+        )
+    return tuple(made)
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> Conversation:
+    turns = []
+    for t in range(draw(st.integers(1, 9))):
+        turns.append(
+            Turn(
+                user=words(draw(st.sampled_from([2, 30, 300])), f"u{t}w"),
+                calls=draw(calls(t)),
+                reply=draw(st.sampled_from(["", "Looking.", words(150, f"a{t}w")])),
+                thinking=draw(st.integers(0, 3)) == 0,
+                system_after=draw(st.sampled_from(["", "", "", "Reminder: be brief."])),
+                server_tool=draw(st.integers(0, 5)) == 0,
+                extra_field=draw(st.integers(0, 5)) == 0,
+            )
+        )
+    return Conversation(
+        marker=uuid.uuid4().hex,
+        system=draw(st.sampled_from(["", "You are a coding agent.", words(200, "sys")])),
+        cached_system=draw(st.booleans()),
+        turns=tuple(turns),
+        question=draw(st.sampled_from(["What now?", words(400, "q")])),
+    )
+
+
+# -- Messages -----------------------------------------------------------------------------
+
+
+def messages_body(c: Conversation) -> JSON:
+    messages: list[JSON] = []
+    for n, turn in enumerate(c.turns):
+        text = turn.user if n else f"[{c.marker}] {turn.user}"
+        block: JSON = {"type": "text", "text": text}
+        if turn.extra_field:
+            block["citations_hint"] = {"kind": "unknown to the proxy"}
+        if messages and messages[-1]["role"] == "user":
+            messages[-1]["content"].append(block)  # after the results
+        else:
+            messages.append({"role": "user", "content": [block]})
+        content: list[JSON] = []
+        if turn.thinking:
+            content.append({"type": "thinking", "thinking": "Let me see.", "signature": "sig"})
+        if turn.reply:
+            content.append({"type": "text", "text": turn.reply})
+        if turn.server_tool:
+            use = {"type": "server_tool_use", "id": f"srvtoolu_{n}", "name": "web_search"}
+            found = {"type": "web_search_tool_result", "tool_use_id": f"srvtoolu_{n}"}
+            content += [{**use, "input": {"query": "docs"}}, {**found, "content": []}]
+        for call in turn.calls:
+            content.append({"type": "tool_use", "id": call.id, "name": "run", "input": call.input})
+        if not content:
+            content.append({"type": "text", "text": "Done."})
+        messages.append({"role": "assistant", "content": content})
+        if turn.calls:
+            results = []
+            for call in turn.calls:
+                result: JSON = {"type": "tool_result", "tool_use_id": call.id}
+                if call.image:
+                    result["content"] = [
+                        {"type": "text", "text": call.result},
+                        {"type": "image",
+                         "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
+                    ]  # fmt: skip
+                else:
+                    result["content"] = call.result
+                if call.is_error:
+                    result["is_error"] = True
+                results.append(result)
+            messages.append({"role": "user", "content": results})
+        if turn.system_after:
+            messages.append({"role": "system", "content": turn.system_after})
+    question = {"type": "text", "text": c.question}
+    if messages and messages[-1]["role"] == "user":
+        messages[-1]["content"].append(question)
+    else:
+        messages.append({"role": "user", "content": [question]})
+    body: JSON = {"model": "claude-sonnet-4-5", "max_tokens": 300}
+    if c.system:
+        block = {"type": "text", "text": c.system}
+        if c.cached_system:
+            block["cache_control"] = {"type": "ephemeral"}
+        body["system"] = [block]
+    tool: JSON = {"name": "run", "input_schema": {"type": "object"}}
+    if c.cached_system:
+        tool["cache_control"] = {"type": "ephemeral"}
+    body["tools"] = [tool]
+    body["messages"] = messages
+    return body
+
+
+BEDROCK_MODEL = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
+VERTEX_MODEL = "claude-sonnet-4-5@20250929"
+
+
+def bedrock_body(c: Conversation) -> JSON:
+    """Messages in Bedrock's envelope: the model in the path, its API version in the body."""
+    body = messages_body(c)
+    del body["model"]
+    return {"anthropic_version": "bedrock-2023-05-31", **body}
+
+
+def vertex_body(c: Conversation) -> JSON:
+    body = messages_body(c)
+    del body["model"]
+    return {"anthropic_version": "vertex-2023-10-16", **body}
+
+
+# -- Chat Completions ---------------------------------------------------------------------
+
+
+def chat_body(c: Conversation) -> JSON:
+    messages: list[JSON] = []
+    if c.system:
+        messages.append({"role": "system", "content": c.system})
+    for n, turn in enumerate(c.turns):
+        text = turn.user if n else f"[{c.marker}] {turn.user}"
+        messages.append({"role": "user", "content": text})
+        assistant: JSON = {"role": "assistant", "content": turn.reply or None}
+        if turn.calls:
+            assistant["tool_calls"] = [
+                {"id": call.id, "type": "function",
+                 "function": {"name": "run", "arguments": orjson.dumps(call.input).decode()}}
+                for call in turn.calls
+            ]  # fmt: skip
+        elif not turn.reply:
+            assistant["content"] = "Done."
+        messages.append(assistant)
+        for call in turn.calls:
+            output = f"Error: {call.result}" if call.is_error else call.result
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
+        if turn.system_after:
+            messages.append({"role": "developer", "content": turn.system_after})
+    messages.append({"role": "user", "content": c.question})
+    tool = {"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}
+    return {"model": "gpt-4o", "max_tokens": 300, "tools": [tool], "messages": messages}
+
+
+# -- Responses ----------------------------------------------------------------------------
+
+
+def responses_body(c: Conversation) -> JSON:
+    items: list[JSON] = []
+    for n, turn in enumerate(c.turns):
+        text = turn.user if n else f"[{c.marker}] {turn.user}"
+        items.append(
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+        )
+        if turn.reply or not turn.calls:
+            items.append({
+                "type": "message", "role": "assistant",
+                "content": [{"type": "output_text", "text": turn.reply or "Done."}],
+            })  # fmt: skip
+        for call in turn.calls:
+            items.append({"type": "function_call", "call_id": call.id, "name": "run",
+                          "arguments": orjson.dumps(call.input).decode()})  # fmt: skip
+        for call in turn.calls:
+            items.append(
+                {"type": "function_call_output", "call_id": call.id, "output": call.result}
+            )
+        if turn.system_after:
+            said = [{"type": "input_text", "text": turn.system_after}]
+            items.append({"type": "message", "role": "developer", "content": said})
+    items.append({"type": "message", "role": "user",
+                  "content": [{"type": "input_text", "text": c.question}]})  # fmt: skip
+    body: JSON = {
+        "model": "gpt-5-codex",
+        "max_output_tokens": 300,
+        "tools": [{"type": "function", "name": "run", "parameters": {"type": "object"}}],
+        "input": items,
+    }
+    if c.system:
+        body["instructions"] = c.system
+    return body
+
+
+def encode(body: JSON) -> tuple[bytes, list[bytes]]:
+    """The body as a client writes it (compact JSON, big integers as digits), and each
+    history message's own bytes within it."""
+    placeholder = orjson.dumps(BIG_PLACEHOLDER)
+
+    def written(value: Any) -> bytes:
+        try:
+            text = orjson.dumps(value)
+        except TypeError:  # nested deeper than orjson writes: as Python's json does
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        return text.replace(placeholder, BIG_INT)
+
+    history = body.get("input", body.get("messages"))
+    messages = [written(m) for m in history] if isinstance(history, list) else []
+    return written(body), messages
+
+
+# -- mutations: a request broken one way ---------------------------------------------------
+
+Mutation = Callable[[JSON], JSON]
+
+
+def _history(body: JSON) -> list[JSON]:
+    history: list[JSON] = body["input"] if "input" in body else body["messages"]
+    return history
+
+
+def orphan_messages(body: JSON) -> JSON:
+    last = _history(body)[-1]
+    last["content"].insert(0, {"type": "tool_result", "tool_use_id": "toolu_NOPE",
+                               "content": "late"})  # fmt: skip
+    return body
+
+
+def unanswered(body: JSON) -> JSON:
+    """The results of the newest calls go: their calls stay unanswered."""
+    history = _history(body)
+    kept = [m for m in history if not _answers(m)]
+    if len(kept) == len(history):  # no call: one is made and never answered
+        if "input" in body:
+            kept.insert(-1, {"type": "function_call", "call_id": "call_open", "name": "run",
+                             "arguments": "{}"})  # fmt: skip
+        elif body["messages"][0].get("role") in ("user", "system") and "tools" in body:
+            kept.insert(-1, _open_call(body))
+    history[:] = kept
+    return body
+
+
+def _answers(message: JSON) -> bool:
+    if message.get("type") == "function_call_output" or message.get("role") == "tool":
+        return True
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+    )
+
+
+def _open_call(body: JSON) -> JSON:
+    if body["tools"][0].get("type") == "function":  # Chat
+        return {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_open", "type": "function",
+             "function": {"name": "run", "arguments": "{}"}}]}  # fmt: skip
+    return {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_open",
+                                              "name": "run", "input": {}}]}  # fmt: skip
+
+
+def stray_tool(body: JSON) -> JSON:
+    body["messages"].append({"role": "tool", "tool_call_id": "call_NOPE", "content": "late"})
+    return body
+
+
+def orphan_output(body: JSON) -> JSON:
+    body["input"].insert(-1, {"type": "function_call_output", "call_id": "call_NOPE",
+                              "output": "late"})  # fmt: skip
+    return body
+
+
+def empty_text(body: JSON) -> JSON:
+    last = _history(body)[-1]
+    if isinstance(last["content"], list):
+        last["content"][-1]["text"] = ""
+    else:
+        last["content"] = []
+    return body
+
+
+def unknown_role(body: JSON) -> JSON:
+    body["input"][-1]["role"] = "wizard"
+    return body
+
+
+def string_max_tokens(body: JSON) -> JSON:
+    key = "max_output_tokens" if "input" in body else "max_tokens"
+    body[key] = "100"
+    return body
+
+
+def string_stream(body: JSON) -> JSON:
+    body["stream"] = "yes"
+    return body
+
+
+DEPTH = 300
+DEEP_BYTES = b"[" * DEPTH + b"1" + b"]" * DEPTH
+
+
+def deep_input(body: JSON) -> JSON:
+    """A value nested 300 levels deep (valid: orjson reads it, and writes none so deep)."""
+    deep: Any = 1
+    for _ in range(DEPTH):
+        deep = [deep]
+    last = _history(body)[-1]
+    if "input" in body or isinstance(last.get("content"), str):
+        body["metadata_blob"] = deep  # (an unknown top-level field: passed on)
+    else:
+        last["content"][-1]["deep"] = deep
+    return body
+
+
+MESSAGES_MUTATIONS: dict[str, Mutation] = {
+    "orphan_result": orphan_messages,
+    "unanswered_call": unanswered,
+    "empty_text": empty_text,
+    "string_max_tokens": string_max_tokens,
+    "string_stream": string_stream,
+}
+MUTATIONS: dict[str, dict[str, Mutation]] = {
+    "bedrock": MESSAGES_MUTATIONS,
+    "vertex": MESSAGES_MUTATIONS,
+    "messages": {
+        "orphan_result": orphan_messages,
+        "unanswered_call": unanswered,
+        "empty_text": empty_text,
+        "string_max_tokens": string_max_tokens,
+        "string_stream": string_stream,
+    },
+    "chat": {
+        "stray_tool": stray_tool,
+        "unanswered_call": unanswered,
+        "empty_content": empty_text,
+        "string_max_tokens": string_max_tokens,
+        "string_stream": string_stream,
+    },
+    "responses": {
+        "orphan_output": orphan_output,
+        "unanswered_call": unanswered,
+        "unknown_role": unknown_role,
+        "string_max_tokens": string_max_tokens,
+        "string_stream": string_stream,
+    },
+}
+
+
+# Mutations of the bytes themselves: the proxy must answer them itself (a 4xx in the
+# API's shape) or pass them on untouched, never fail.
+def truncated(raw: bytes) -> bytes:
+    return raw[: len(raw) * 2 // 3]
+
+
+def bad_utf8(raw: bytes) -> bytes:
+    return raw.replace(b"What now?", b"What \xff\xfe now?", 1).replace(b'"q0', b'"\xc3q0', 1)
+
+
+def duplicate_key(raw: bytes) -> bytes:
+    """The output cap given twice (every format has one; the proxy reads it)."""
+    return re.sub(rb'"(max_(?:output_)?tokens)":', rb'"\1":1,"\1":', raw, count=1)
+
+
+def huge_number(raw: bytes) -> bytes:
+    return raw.replace(b'"max_', b'"n_huge":1' + b"0" * 400 + b',"max_', 1)
+
+
+BYTE_MUTATIONS: dict[str, Callable[[bytes], bytes]] = {
+    "truncated": truncated,
+    "bad_utf8": bad_utf8,
+    "duplicate_keys": duplicate_key,
+    "huge_number": huge_number,
+}
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    path: str
+    headers: dict[str, str]
+    render: Callable[[Conversation], JSON]
+
+
+MESSAGES = Format(
+    "messages",
+    "/v1/messages",
+    {"x-api-key": "sk-battery", "anthropic-version": "2023-06-01"},
+    messages_body,
+)
+CHAT = Format("chat", "/v1/chat/completions", {"authorization": "Bearer sk-battery"}, chat_body)
+RESPONSES = Format("responses", "/v1/responses", {"authorization": "Bearer sk-battery"},
+                   responses_body)  # fmt: skip
+BEDROCK = Format(
+    "bedrock",
+    f"/bedrock/model/{BEDROCK_MODEL}/invoke",
+    {"authorization": "Bearer sk-battery"},  # (the proxy signs with its own credential)
+    bedrock_body,
+)
+VERTEX = Format(
+    "vertex",
+    f"/vertex/v1/projects/{PROJECT}/locations/us-east5/publishers/anthropic/models/"
+    f"{VERTEX_MODEL}:rawPredict",
+    {"authorization": "Bearer ya29.battery"},
+    vertex_body,
+)
+FORMATS = {f.name: f for f in (MESSAGES, CHAT, RESPONSES, BEDROCK, VERTEX)}
