@@ -58,12 +58,16 @@ async def measure(conversations: int, tag: str) -> float:
                 raw, orjson.loads(raw), headers, wire=ANTHROPIC, store=store, upstream=None,
                 path="/v1/messages", upstream_headers=(),
             )  # fmt: skip
+        import proxy.server.bodies as bodies
         from proxy.server.bodies import Incoming
         from proxy.server.compactor import Asked
         from proxy.server.record import current_or_throwaway
 
-        parse = getattr(compactor, "parser", None)
-        if parse is not None:
+        parse = getattr(compactor, "parser", None)  # the reuse cache's parse, where it is
+        if hasattr(bodies, "continuing"):
+            payload, seen = bodies.continuing(compactor.reuse, ANTHROPIC, "t", headers)(raw)
+            incoming = Incoming(raw, payload, seen=seen)
+        elif parse is not None:
             payload, seen = parse(ANTHROPIC, "t", headers)(raw)
             incoming = Incoming(raw, payload, seen=seen)
         else:

@@ -52,6 +52,7 @@ from proxy.core.commands import (
 from proxy.core.counting import Counted
 from proxy.core.digests import chain_hash
 from proxy.core.duplicate_keys import duplicate_field
+from proxy.core.estimate import margin
 from proxy.core.exact_json import ClientJSON
 from proxy.core.lines import (
     DEFAULT_MAX_LINES,
@@ -63,7 +64,7 @@ from proxy.core.lines import (
     next_tick,
 )
 from proxy.core.outcome import FoldPlan, Outcome, Planned, Recount, Refuse, Rewrite, Untouched
-from proxy.core.planner import plan, without_blobs
+from proxy.core.planner import ESTIMATED_OFFLOAD_SHARE, plan, without_blobs
 from proxy.core.policy import Policy
 from proxy.core.rewrites import fold, recovered_blobs
 from proxy.core.segments import StubbedMemo, vouched_refs
@@ -134,11 +135,14 @@ Driver = Generator[Command, Reply, Decision]
 def compaction(request: CompactionRequest) -> Driver:
     counted = request.counted
     policy, factor = request.policy, request.factor
-    if counted.margin and counted.fits(policy, factor, -counted.margin):
-        if counted.fits(policy, factor, counted.margin):
-            return Decision(Untouched(real(counted.history, factor)), counted.total)
-        request = _recounted(request, counted.estimated)  # whether it fits is exact's to say
-        counted = request.counted
+    if counted.margin and _exact_decides(counted, policy, factor, counted.margin):
+        # Counted exactly until the estimates left cannot change what the window or a fold
+        # threshold says (the offload trigger is the estimate's: proxy/core/planner.py).
+        def decided(now: Counted, rest: int) -> bool:
+            return not _exact_decides(now, policy, factor, rest)
+
+        counted = _exact_until(counted, counted.estimated, decided)
+        request = replace(request, counted=counted)
     if not request.messages or counted.fits(policy, factor):
         return Decision(Untouched(real(counted.history, factor)), counted.total)
     root = root_of(counted.digests)
@@ -243,7 +247,10 @@ def compaction(request: CompactionRequest) -> Driver:
 
 def _duplicated(request: CompactionRequest) -> str | None:
     """A field the proxy reads given twice in one object: the proxy read the last, the
-    upstream may obey the first, and a rewrite would send only the last."""
+    upstream may obey the first, and a rewrite would send only the last. (A body orjson
+    writes back as sent has none: known at no cost, as its encoding asks it anyway.)"""
+    if request.source.canonical:
+        return None
     name = duplicate_field(request.source.raw, request.body)
     return f"the key {name!r} appears more than once in one object" if name else None
 
@@ -278,6 +285,37 @@ def _sent(request: CompactionRequest, rewrite: Rewrite) -> dict[str, Any]:
 def _recounted(request: CompactionRequest, indices: Sequence[int]) -> CompactionRequest:
     """The request with the messages at `indices` counted exactly (Counted.exactly)."""
     return replace(request, counted=request.counted.exactly(indices))
+
+
+def _exact_decides(counted: Counted, policy: Policy, factor: float, slack: int) -> bool:
+    """Whether the window, or the first threshold of the policy (`Policy.quiet_tokens`),
+    lies within `slack` tokens of the count: there, whether it fits is the exact count's
+    to say, unless that threshold is the offload trigger, far enough below where folds
+    are planned for the estimate to decide it (as the planner does)."""
+    near = slack * factor
+    if abs(counted.total * factor - policy.window) <= near:
+        return True
+    quiet = policy.quiet_tokens
+    if abs(counted.history * factor - quiet) > near:
+        return False
+    folds_from = policy.prepare_tokens * ESTIMATED_OFFLOAD_SHARE
+    return quiet < policy.offload_tokens or (counted.history + slack) * factor > folds_from
+
+
+def _exact_until(
+    counted: Counted, indices: Sequence[int], decided: Callable[[Counted, int], bool]
+) -> Counted:
+    """`counted` with the messages at `indices` counted exactly one by one, in their
+    order, until `decided` (given the counts so far and the margin of the estimates still
+    left among them) says the rest's exact counts could not change the decision."""
+    left = list(indices)
+    while left:
+        counted = counted.exactly(left[:1])
+        del left[0]
+        rest = margin(sum(counted.uncertain[n] for n in left)) if counted.uncertain else 0
+        if decided(counted, rest):
+            break
+    return counted
 
 
 def _lines_of(loaded: Loaded) -> list[Line]:

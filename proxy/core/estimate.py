@@ -10,11 +10,14 @@ spaces, backslashes, other ASCII, non-ASCII: one `bytes.translate` and seven cou
 recorded Claude Code session, it errs by 9% at the median and 31% at worst (bias +6%);
 on the corpus's other half by 4-7% and 18% (bench/RESULTS.md, "estimate.py").
 
-The estimate is used only where it decides what an exact count would: the planner asks
-for exact counts (tiktoken, counted once and cached) of the estimated messages when a
-threshold lies within ESTIMATE_ERROR of them, and before any fold (proxy/core/planner.py,
-`Recount`). Text whose mix of bytes lies outside the mix the model was fitted on (base64,
-minified JSON, CJK, runs of spaces...) is not estimated: it is counted exactly.
+Exact counts (tiktoken, counted once and cached) decide where a mistake would cost: the
+planner asks for them when the window or a fold's threshold lies within ESTIMATE_ERROR of
+the estimated messages, and before any fold (proxy/core/planner.py, `Recount`). Short of
+where folds are planned, the offload step is the estimate's to decide: a working set that
+offloads hovers at its trigger, and a wrong call stubs a result a turn early or late
+(bench/offload_estimate.py: about one request in eight on the recorded session). Text
+whose mix of bytes lies outside the mix the model was fitted on (base64, minified JSON,
+CJK, runs of spaces...) is not estimated: it is counted exactly.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from proxy.core.deep_json import sorted_json
 from proxy.core.tokens import TokenCounter, loaded_tools
 from proxy.wire.anthropic_validation import cache_control_count
 
@@ -71,7 +72,14 @@ class CacheUsage:
 def _canonical(value: Any) -> bytes:
     if isinstance(value, dict) and "cache_control" in value:
         value = {k: v for k, v in value.items() if k != "cache_control"}
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    return _sorted(value)
+
+
+def _sorted(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    except TypeError:  # nested deeper than orjson writes (255 levels)
+        return sorted_json(value)
 
 
 def _ttl_of(block: Any) -> str | None:
@@ -153,8 +161,7 @@ def prefix_units(
     digest = hashlib.sha256(model).digest()
     units = []
     for n, (tag, value, cumulative) in enumerate(pieces):
-        canonical = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
-        digest = hashlib.sha256(digest + tag + b"\0" + canonical).digest()
+        digest = hashlib.sha256(digest + tag + b"\0" + _sorted(value)).digest()
         marked = every_boundary or n == len(pieces) - 1
         units.append(Unit(digest, cumulative, "5m" if marked else None, marked))
     return units

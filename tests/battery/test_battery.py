@@ -30,6 +30,7 @@ from tests.battery.generate import (
     FORMATS,
     MUTATIONS,
     Conversation,
+    Format,
     conversations,
     deep_input,
     encode,
@@ -54,8 +55,10 @@ INVALID = 12
 SEED = int(os.environ.get("BATTERY_SEED", "36"))
 
 
-def examples(default: int) -> settings:
-    return settings(
+def examples(default: int) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Hypothesis' settings for a battery test: BATTERY_EXAMPLES examples (else
+    `default`), drawn from BATTERY_SEED, no deadline (each is a real exchange)."""
+    chosen = settings(
         max_examples=battery_examples(default),
         deadline=None,
         database=None,
@@ -66,15 +69,29 @@ def examples(default: int) -> settings:
         ],
     )
 
+    def apply(test: Callable[..., None]) -> Callable[..., None]:
+        return seed(SEED)(chosen(test))
 
-@pytest.fixture
+    return apply
+
+
+# Each exchange takes well under a second, even on a loaded machine.
+TIMEOUT = 120 + 3 * battery_examples(max(VALID, INVALID))
+pytestmark = pytest.mark.timeout(TIMEOUT)
+
+
+Battery = tuple[Serve, requests.Session, Format]
+
+
+@pytest.fixture(params=sorted(FORMATS))
 def battery(
+    request: pytest.FixtureRequest,
     make_standin_thread: Callable[[StandInOptions], RunningStandIn],
     redis_url: str,
     redis_key_prefix: str,
     tmp_path: Path,
     cloud_credentials: Path,
-) -> Iterator[tuple[Serve, requests.Session]]:
+) -> Iterator[Battery]:
     """The stand-in, and serve in front of it with the proxy's own cloud credentials
     (the stand-ins' test ones: AWS keys, a service account whose token endpoint is the
     stand-in's) in its environment."""
@@ -82,7 +99,7 @@ def battery(
     write_service_account(cloud_credentials, standin.url + TOKEN_PATH)
     with serve(standin, redis_url, redis_key_prefix, tmp_path) as running:
         with requests.Session() as client:
-            yield running, client
+            yield running, client, FORMATS[request.param]
         deadline = time.monotonic() + 30  # summaries made ahead of the last examples
         while any(r.status is None for r in standin.recorded) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -101,17 +118,10 @@ def mine(ex: Exchange, marker: str) -> Exchange:
     return Exchange(ex.status, ex.headers, ex.answer, sent)
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", sorted(FORMATS))
-def test_valid_conversations_are_answered_and_kept_exactly(
-    battery: tuple[Serve, requests.Session], name: str
-) -> None:
-    running, client = battery
-    fmt = FORMATS[name]
-
+def test_valid_conversations_are_answered_and_kept_exactly(battery: Battery) -> None:
+    running, client, fmt = battery
     done: list[str] = []  # what compaction did to each example
 
-    @seed(SEED)
     @examples(VALID)
     @given(conversations())
     def one(c: Conversation) -> None:
@@ -121,20 +131,14 @@ def test_valid_conversations_are_answered_and_kept_exactly(
         done.append(ex.headers.get("x-compaction-strategy", "none"))
 
     one()
-    print(name, sorted(done))
     assert set(done) - {"none"}, "the battery's conversations are compacted"
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", sorted(FORMATS))
-def test_broken_requests_are_never_rewritten_nor_summarised(
-    battery: tuple[Serve, requests.Session], name: str
-) -> None:
-    running, client = battery
-    fmt = FORMATS[name]
+def test_broken_requests_are_never_rewritten_nor_summarised(battery: Battery) -> None:
+    running, client, fmt = battery
+    name = fmt.name
     breakers = sorted(MUTATIONS[name]) + sorted(BYTE_MUTATIONS) + ["deep_nesting"]
 
-    @seed(SEED)
     @examples(INVALID)
     @given(conversations(), st.sampled_from(breakers))
     def one(c: Conversation, breaker: str) -> None:

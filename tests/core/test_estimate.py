@@ -1,8 +1,9 @@
 """Count once, estimate where it decides nothing (proxy/core/estimate.py): a large new
 message is estimated within the planner's margin of its exact count; odd text is counted
-exactly; where a threshold lies within the margin the planner has the estimated messages
-counted exactly (once: they are never estimated again), so every decision is the one exact
-counts give."""
+exactly; where a fold's threshold or the window lies within the margin the planner has the
+estimated messages counted exactly (once: they are never estimated again), so those
+decisions are the ones exact counts give; short of where folds are planned, the offload
+step is the estimate's to decide."""
 
 from __future__ import annotations
 
@@ -92,43 +93,86 @@ def test_result_bounds_agree_with_the_count() -> None:
             assert estimate.result_exceeds(counter.count_result, text, limit) == exact
 
 
-# Around the offload trigger (policy below): the planner decides as exact counts would.
+# The policy of the planner's tests below: the offload trigger at 12,000 tokens, folds
+# planned from 56,000 (a summary made ahead), the trigger at 60,000.
 POLICY = Policy(match="*", window=200_000, trigger=60_000, target=40_000, offload_trigger=12_000)
 
 
-def _decide(messages: list[dict[str, Any]], exact: bool, executor: MemoryExecutor) -> bytes:
+def _decide(
+    messages: list[dict[str, Any]], exact: bool, executor: MemoryExecutor, read_result: bool
+) -> bytes:
     counter = executor.counter
-    body = {"model": "m", "messages": messages, "tools": [{"name": "Bash", "input_schema": {}}]}
+    tools = [{"name": "Bash", "input_schema": {}}]
+    # A request the API takes (else it goes up untouched, for the API's own error).
+    body = {"model": "m", "max_tokens": 1024, "messages": messages, "tools": tools}
     counted = count_request(ANTHROPIC, counter, body, messages)
     if exact:
         counted = counted.exactly(counted.estimated)
     source = ClientJSON.written(body)
-    request = CompactionRequest(ANTHROPIC, body, messages, counted, counter, POLICY, 1.0, source)
+    request = CompactionRequest(
+        ANTHROPIC, body, messages, counted, counter, POLICY, 1.0, source, read_result=read_result
+    )
     decision = run(compaction(request), executor)
     return decision.body or orjson.dumps(body)
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.integers(4_000, 16_000), min_size=2, max_size=6))
-def test_decisions_are_those_of_exact_counts(sizes: list[int]) -> None:
+@given(st.lists(st.integers(4_000, 60_000), min_size=2, max_size=8))
+def test_fold_decisions_are_those_of_exact_counts(sizes: list[int]) -> None:
+    # Nothing offloaded (no read_result): the history grows past where folds are planned.
     estimating = MemoryExecutor(TokenCounter())
     exact = MemoryExecutor(TokenCounter())
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Read the logs."}]
     for n, size in enumerate(sizes):
         messages += _result(n, tool_output(n, size))
-        assert _decide(messages, False, estimating) == _decide(messages, True, exact)
+        estimated = _decide(messages, False, estimating, read_result=False)
+        assert estimated == _decide(messages, True, exact, read_result=False)
 
 
-def test_a_threshold_within_the_margin_asks_for_exact_counts() -> None:
+def test_offloading_encodes_no_estimated_result() -> None:
+    # Changed by issue 34: the offload step is decided with the estimates, so a line that
+    # offloads as it grows (its working set kept near the offload trigger) never has its
+    # large results encoded while it stays short of where folds are planned.
+    executor = MemoryExecutor(TokenCounter())
+    encoded: list[int] = []
+    encode = executor.counter._encode_count
+
+    def recorded(text: str) -> int:
+        encoded.append(len(text))
+        return encode(text)
+
+    executor.counter._encode_count = recorded  # type: ignore[method-assign]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Read the logs."}]
+    offloaded = 0
+    for n in range(12):
+        messages += _result(n, tool_output(n, 16_000))  # about 4,400 tokens each
+        offloaded += b'"read_result"' in _decide(messages, False, executor, read_result=True)
+    assert offloaded >= 8
+    assert max(encoded) < estimate.ESTIMATE_MIN_BYTES
+
+
+def _planned(chars: int) -> Any:
     from proxy.core.planner import plan
     from proxy.core.working import PlanInput
 
     counter = TokenCounter()
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Read the logs."}]
-    messages += _result(0, tool_output(0, 44_000))  # about 12,000 tokens: at the trigger
+    messages += _result(0, tool_output(0, chars))
     body = {"model": "m", "messages": messages}
     counted = count_request(ANTHROPIC, counter, body, messages)
     assert counted.estimated
     inp = PlanInput(messages, counted.counts, counted.digests, None, POLICY, counter, ANTHROPIC,
                     counted.fixed, 0, "read_result", uncertain=counted.uncertain)  # fmt: skip
-    assert isinstance(plan(inp), Recount)
+    return plan(inp)
+
+
+def test_a_fold_threshold_within_the_margin_asks_for_exact_counts() -> None:
+    # About 55,000 tokens: within the margin of where the next fold's summary is made
+    # ahead (56,000) and of the trigger (60,000).
+    assert isinstance(_planned(200_000), Recount)
+
+
+def test_the_offload_step_is_the_estimates_to_decide() -> None:
+    # Changed by issue 34 (it asked for exact counts at the offload trigger too): about
+    # 12,000 tokens, at the offload trigger, is planned with the estimate.
+    assert not isinstance(_planned(44_000), Recount)

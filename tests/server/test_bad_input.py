@@ -276,31 +276,22 @@ async def test_an_unanswered_call_is_never_summarised(
         (b"Plan the build. " + words(700, f"turn{n}x"), b"Planned. " + words(700, f"done{n}x"))
         for n in range(3)
     ]
+    history = [
+        part
+        for ask, reply in turns
+        for part in (
+            b'{"role":"user","content":"' + ask + b'"}',
+            b'{"role":"assistant","content":"' + reply + b'"}',
+        )
+    ]
+    go, go_on = b'{"role":"user","content":"Go."}', b'{"role":"user","content":"go on"}'
     if api == "messages":
-        history = [
-            part
-            for ask, reply in turns
-            for part in (
-                b'{"role":"user","content":"' + ask + b'"}',
-                b'{"role":"assistant","content":"' + reply + b'"}',
-            )
-        ]
         call = b'{"role":"assistant","content":[{"type":"tool_use","id":"toolu_u1",'
         call += b'"name":"build","input":{}}]}'
-        body = messages_body([*history, b'{"role":"user","content":"Go."}', call,
-                              b'{"role":"user","content":"go on"}'])  # fmt: skip
+        body = messages_body([*history, go, call, go_on])
         path, headers_sent = "/v1/messages", {}
     else:
-        history = [
-            part
-            for ask, reply in turns
-            for part in (
-                b'{"role":"user","content":"' + ask + b'"}',
-                b'{"role":"assistant","content":"' + reply + b'"}',
-            )
-        ]
-        body = chat_body([*history, b'{"role":"user","content":"Go."}', CHAT_CALL,
-                          b'{"role":"user","content":"go on"}'])  # fmt: skip
+        body = chat_body([*history, go, CHAT_CALL, go_on])
         path, headers_sent = "/v1/chat/completions", OPENAI
 
     status, headers, answer = await post(proxy, path, body, **headers_sent)
