@@ -266,7 +266,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=16)
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--offload-batch", type=int, help="the compacting policy's (default 1)")
     args = parser.parse_args()
+    if args.offload_batch is not None:
+        POLICY["offload_batch"] = args.offload_batch
     runs = asyncio.run(measure(args.rounds, args.calls))
     command = (
         f".venv/bin/python bench/codex_transports.py --rounds {args.rounds} --calls {args.calls}"

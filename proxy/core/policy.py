@@ -47,6 +47,7 @@ class Policy:
     note_cost: int = 48  # tokens reserved for a "history was dropped" note
     offload_threshold: int = 500  # tool results above this many tokens may be offloaded
     keep_results: int = 1  # the newest tool results are never offloaded
+    offload_batch: int = 1  # aged results stubbed together, under the trigger (1: as each ages)
     stub_head_chars: int = 200  # how much of an offloaded result stays in the stub
     read_length: int = 8_000  # default slice length read_result suggests
     summariser_model: str = ""  # empty = the request's own model
@@ -90,6 +91,8 @@ class Policy:
         for name in (*names, "max_read_rounds"):
             if getattr(self, name) < 0:
                 raise PolicyError(f"{where}: {name} must not be negative")
+        if self.offload_batch <= 0:
+            raise PolicyError(f"{where}: offload_batch must be at least 1")
         if self.summary_max_tokens <= 0:
             raise PolicyError(f"{where}: summary_max_tokens must be positive")
         if self.window and self.trigger_tokens > self.window:

@@ -34,8 +34,10 @@ from proxy.core.summary import note_text
 from proxy.core.working import Limits, PlanInput, Working, real, rebuilt, working
 
 
-def offload(work: Working, inp: PlanInput) -> tuple[Working, list[tuple[str, str]]]:
-    """Stub every large text tool result but the newest few; already stubbed ones stay."""
+def offload(work: Working, inp: PlanInput, batch: int = 1) -> tuple[Working, list[tuple[str, str]]]:
+    """Stub every large text tool result but the newest few; already stubbed ones stay.
+    `batch`: none is stubbed until at least that many have aged (the history as sent
+    then stays the same between batches: Codex's WebSocket frames stay incremental)."""
     policy = inp.policy
     candidates: list[tuple[int, ToolResult]] = []  # (segment, result)
     for n, seg in enumerate(work.segments):
@@ -58,7 +60,7 @@ def offload(work: Working, inp: PlanInput) -> tuple[Working, list[tuple[str, str
         ref = ref_for(text)
         stubs.setdefault(n, []).append(Stub(result.block, ref, policy.stub_head_chars))
         blobs.append((ref, text))
-    if not stubs:
+    if not stubs or len(blobs) < batch:
         return work, []
     segments: list[Segment] = []
     for n, seg in enumerate(work.segments):

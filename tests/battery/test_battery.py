@@ -95,7 +95,7 @@ def battery(
     """The stand-in, and serve in front of it with the proxy's own cloud credentials
     (the stand-ins' test ones: AWS keys, a service account whose token endpoint is the
     stand-in's) in its environment."""
-    standin = make_standin_thread(StandInOptions(windows={"*": BATTERY_WINDOW}))
+    standin = make_standin_thread(StandInOptions(windows={"*": BATTERY_WINDOW}, max_recorded=None))
     write_service_account(cloud_credentials, standin.url + TOKEN_PATH)
     with serve(standin, redis_url, redis_key_prefix, tmp_path) as running:
         with requests.Session() as client:

@@ -17,6 +17,7 @@ import argparse
 from bench.facts import (
     FACTS,
     PLANTED_RESULTS,
+    RESULTS_WINDOW,
     kept,
     last_agent_request,
     planted,
@@ -24,7 +25,7 @@ from bench.facts import (
     session,
 )
 from bench.make_trace import SHAPES, reasoning
-from bench.replay import PURPOSE, WINDOW, serve_standin
+from bench.replay import PURPOSE, WINDOW, serve_standin, with_policy
 from proxy.server.app import start
 from proxy.testing.standin import RECORDED
 from tests.server.conftest import proxy_settings
@@ -75,3 +76,30 @@ def test_the_results_session_plants_each_fact_once_in_its_first_results() -> Non
         assert holding == [FACTS.index(fact) // 2], fact.check
     sizes = [len(text) for text in results]
     assert min(sizes) >= 1_000 and max(sizes) <= 26_000
+
+
+async def test_facts_in_offloaded_results_survive_the_fold_that_takes_them(
+    redis_url: str, redis_key_prefix: str
+) -> None:
+    """bench/facts.py's results session, shortened to its first fold (60 turns): the facts
+    sit in the middle of results offloaded long before the fold, so only a summariser
+    shown their originals whole can keep them (the stand-in's keeps those it is shown)."""
+    keeps = tuple(f.check for f in FACTS)
+    url, app, runner = await serve_standin(RESULTS_WINDOW, summary_keeps=keeps)
+    settings = proxy_settings(url, redis_url, **{"store.key_prefix": redis_key_prefix})
+    proxy = await start(with_policy(settings, f"window={RESULTS_WINDOW}"))
+    try:
+        args = argparse.Namespace(session="results", turns=60, seed=12)
+        turns = await session(proxy.url, args)
+    finally:
+        await proxy.stop()
+    recorded = list(app[RECORDED])
+    await runner.cleanup()
+
+    assert len(turns) == 60
+    assert all(r.status == 200 for r in recorded)
+    assert [r for r in recorded if r.headers.get(PURPOSE) == "summary"], "it must fold"
+    last = last_agent_request(recorded)
+    assert "# NOTE:" not in str(last["messages"]), "the planted results must have been folded"
+    held = kept(last)
+    assert len(held) >= 29, f"lost {[f.check for f in FACTS if f not in held]}"
