@@ -64,6 +64,16 @@ def sample_ratio(estimated: int, reported: int) -> float | None:
     return _clamp(reported / estimated)
 
 
+def answer_sample(estimated: int, reported: int, sent: Mapping[str, Any] | None) -> float | None:
+    """What one answer gives calibration: the ratio of the input the upstream reported
+    for its first round (all of it: fresh, written, read) to the estimate of what was
+    `sent`; None when it gives nothing (no estimate or no usage, or a request with media
+    blocks, whose estimate is a flat guess)."""
+    if estimated <= 0 or reported <= 0 or sent is None or not calibrates(sent):
+        return None
+    return _clamp(reported / estimated)
+
+
 # Blocks the counter can only guess at (a flat charge per image, per PDF page, per file):
 # a request holding one says nothing about how text tokenizes.
 MEDIA_TYPES = frozenset(

@@ -28,11 +28,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core.calibration import calibrates, sample_ratio
 from proxy.core.model_names import model_digest
-from proxy.core.usage import Usage
 from proxy.core.wire_format import Request
-from proxy.server.prepared import Prepared
 from proxy.server.tasks import spawn_watched, stop_tasks
 from proxy.store import Store, StoreUnavailable
 
@@ -94,39 +91,16 @@ class Calibration:
             self._spawn(self._refresh(entry, store))
         return entry.value
 
-    def sample(
-        self, wire: Request, prepared: Prepared, reported: Usage | None, store: Store | None
-    ) -> None:
-        """Feed the tenant's calibration with what the upstream `reported` for the first
-        round against the estimate of what was sent (not from requests with media
-        blocks, whose estimate is a flat guess)."""
-        if not prepared.sample or prepared.estimate <= 0 or not prepared.model:
-            return
-        if reported is None or reported.total_input <= 0:
-            return
-        if prepared.sent is None or not calibrates(prepared.sent):
-            return
-        self.record(
-            calibrated_as(wire, prepared.model),
-            prepared.estimate,
-            reported.total_input,
-            store,
-            prepared.tenant,
-        )
-
     def wants_sample(self, model: str, tenant: str = "") -> bool:
         """Whether this request's usage should feed the factor."""
         entry = self._entry(model, tenant)
         entry.seen += 1
         return entry.samples < CALIBRATION_SAMPLES or entry.seen % CALIBRATION_EVERY == 0
 
-    def record(
-        self, model: str, estimate: int, reported: int, store: Store | None, tenant: str = ""
-    ) -> None:
-        """Fold one answer's reported input (all of it: fresh, written, read) into the
-        tenant's factor for the model, fleet-wide when there is a store."""
-        ratio = sample_ratio(estimate, reported)
-        if ratio is None or not model:
+    def record(self, model: str, ratio: float, store: Store | None, tenant: str = "") -> None:
+        """Fold one answer's sample (`answer_sample`: its reported input / its estimate)
+        into the tenant's factor for the model, fleet-wide when there is a store."""
+        if not model:
             return
         entry = self._entry(model, tenant)
         entry.samples += 1

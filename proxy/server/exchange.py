@@ -41,11 +41,13 @@ from typing import Any, Generic, TypeVar
 
 from aiohttp import web
 
+from proxy.core.calibration import answer_sample
 from proxy.core.identity import tenant_of
 from proxy.core.rounds import read_rounds
 from proxy.core.wire_format import WireFormat
 from proxy.server.bodies import BAD_JSON, Incoming, output_tokens
 from proxy.server.budgets import Budget
+from proxy.server.calibration import calibrated_as
 from proxy.server.caller import Caller
 from proxy.server.compactor import Asked, Compactor
 from proxy.server.driving import drive
@@ -222,5 +224,12 @@ class Exchange(Generic[A]):
             if ended.outcome in ENDINGS:
                 log.info(ENDINGS[ended.outcome])
             answer = await merging.finish(ended)
-        compactor.calibration.sample(wire, prepared, record.meter.first_round, self.store)
+        # calibrate: the first round's reported usage against the estimate of what was
+        # sent, when the compactor asked for this request's sample
+        first = record.meter.first_round
+        if prepared.sample and prepared.model and first is not None:
+            ratio = answer_sample(prepared.estimate, first.total_input, prepared.sent)
+            if ratio is not None:
+                calibrated = calibrated_as(wire, prepared.model)
+                compactor.calibration.record(calibrated, ratio, self.store, prepared.tenant)
         return answer
