@@ -15,9 +15,9 @@ from google.genai import errors, types
 
 from proxy.store import Store
 from proxy.store.accounts import Accounts
-from proxy.testing.agent_gemini import DECLARATION
 from proxy.testing.agent_loop import tool_output
 from proxy.testing.standin import StandInOptions
+from tests.gemini_agent import DECLARATION
 from tests.plugins.standin import RunningStandIn
 from tests.server.conftest import SMALL_WINDOW, MakeProxy
 

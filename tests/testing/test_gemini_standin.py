@@ -14,9 +14,9 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from proxy.testing.agent_gemini import DECLARATION
 from proxy.testing.api_gemini import signature, signed_ids
 from proxy.testing.standin import StandInOptions
+from tests.gemini_agent import DECLARATION
 from tests.plugins.standin import RunningStandIn
 
 FLASH = "gemini-2.5-flash"

@@ -1,4 +1,6 @@
-"""The scripted coding agent (agent_loop.py) on the Gemini API, through google-genai.
+"""The scripted coding agent (proxy/testing/agent_loop.py) on the Gemini API, through
+google-genai: a test extra, so this lives in tests/ (all of proxy/ imports with the base
+install alone).
 
 It calls the client's `run_shell_command` function and answers each call with a
 functionResponse (`{"output": ...}`), as Gemini CLI does; the model's turns go back as
