@@ -39,6 +39,15 @@ FIELDS = (
     "previous_response_id",
     "requests",
     "params",
+    # Gemini's (either spelling): its history, system text and generationConfig's caps.
+    "contents",
+    "systemInstruction",
+    "system_instruction",
+    "generationConfig",
+    "generation_config",
+    "maxOutputTokens",
+    "candidateCount",
+    "candidate_count",
 )
 _KEY = re.compile(rb'"(' + b"|".join(f.encode() for f in FIELDS) + rb')"[ \t\r\n]*:')
 # A `\u` escape inside a key: from it, the rest of the string, then a colon.

@@ -3,8 +3,8 @@ speaks; and the ways a request is broken (issue 36's battery).
 
 A conversation is drawn once, neutrally (`Conversation`: turns of user text, tool calls
 with their results, thinking, images, system text), then written in a format's own
-shape by its `Format` (`MESSAGES`, `CHAT`, `RESPONSES`). A format that lands later
-(Gemini, Bedrock) is one more `Format`: a renderer, its path, headers and mutations.
+shape by its `Format` (`MESSAGES`, `CHAT`, `RESPONSES`, `BEDROCK`, `VERTEX`, `GEMINI`):
+a renderer, its path, headers and mutations.
 
 Sizes are chosen around the battery's policy (window 20k, offload from 1.5k, fold at
 6k down to 4k): results of a few to ~2,400 tokens, up to nine turns.
@@ -206,6 +206,55 @@ def vertex_body(c: Conversation) -> JSON:
     return {"anthropic_version": "vertex-2023-10-16", **body}
 
 
+# -- Gemini -------------------------------------------------------------------------------
+
+GEMINI_MODEL = "gemini-2.5-flash"  # (Gemini 2.5: no thought signatures to carry)
+
+
+def gemini_body(c: Conversation) -> JSON:
+    """`contents` of user and model turns, as Gemini CLI sends them: function calls
+    answered by position in the user turn after, results under `output` (`error` when
+    they failed), an image as an inlineData part beside the responses. Server tools,
+    cached system blocks and mid-conversation system messages have no Gemini meaning;
+    `extra_field` (an unknown field would be refused by the API) puts the user's text
+    into the turn of responses before it instead of a turn of its own."""
+    contents: list[JSON] = []
+    for n, turn in enumerate(c.turns):
+        text = turn.user if n else f"[{c.marker}] {turn.user}"
+        if turn.extra_field and contents and contents[-1]["role"] == "user":
+            contents[-1]["parts"].append({"text": text})
+        else:
+            contents.append({"role": "user", "parts": [{"text": text}]})
+        parts: list[JSON] = []
+        if turn.thinking:
+            parts.append({"text": "Let me see.", "thought": True})
+        if turn.reply:
+            parts.append({"text": turn.reply})
+        for call in turn.calls:
+            parts.append({"functionCall": {"name": "run", "args": call.input}})
+        if not turn.calls and not turn.reply:
+            parts.append({"text": "Done."})
+        contents.append({"role": "model", "parts": parts})
+        if turn.calls:
+            answers: list[JSON] = []
+            for call in turn.calls:
+                key = "error" if call.is_error else "output"
+                answers.append({"functionResponse": {"name": "run",
+                                                     "response": {key: call.result}}})  # fmt: skip
+            for call in turn.calls:
+                if call.image:
+                    answers.append({"inlineData": {"mimeType": "image/png", "data": PNG}})
+            contents.append({"role": "user", "parts": answers})
+    contents.append({"role": "user", "parts": [{"text": c.question}]})
+    body: JSON = {"contents": contents}
+    if c.system:
+        body["systemInstruction"] = {"parts": [{"text": c.system}]}
+    declaration = {"name": "run", "parametersJsonSchema": {"type": "object"}}
+    body["tools"] = [{"functionDeclarations": [declaration]}]
+    body["generationConfig"] = {"maxOutputTokens": 300}
+    return body
+
+
 # -- Chat Completions ---------------------------------------------------------------------
 
 
@@ -286,7 +335,7 @@ def encode(body: JSON) -> tuple[bytes, list[bytes]]:
             text = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
         return text.replace(placeholder, BIG_INT)
 
-    history = body.get("input", body.get("messages"))
+    history = body.get("input", body.get("messages", body.get("contents")))
     messages = [written(m) for m in history] if isinstance(history, list) else []
     return written(body), messages
 
@@ -297,8 +346,11 @@ Mutation = Callable[[JSON], JSON]
 
 
 def _history(body: JSON) -> list[JSON]:
-    history: list[JSON] = body["input"] if "input" in body else body["messages"]
-    return history
+    for key in ("input", "messages", "contents"):
+        if key in body:
+            history: list[JSON] = body[key]
+            return history
+    raise KeyError("no history")
 
 
 def orphan_messages(body: JSON) -> JSON:
@@ -313,7 +365,10 @@ def unanswered(body: JSON) -> JSON:
     history = _history(body)
     kept = [m for m in history if not _answers(m)]
     if len(kept) == len(history):  # no call: one is made and never answered
-        if "input" in body:
+        if "contents" in body:
+            call = {"functionCall": {"name": "run", "args": {}}}
+            kept.insert(-1, {"role": "model", "parts": [call]})
+        elif "input" in body:
             kept.insert(-1, {"type": "function_call", "call_id": "call_open", "name": "run",
                              "arguments": "{}"})  # fmt: skip
         elif body["messages"][0].get("role") in ("user", "system") and "tools" in body:
@@ -324,6 +379,9 @@ def unanswered(body: JSON) -> JSON:
 
 def _answers(message: JSON) -> bool:
     if message.get("type") == "function_call_output" or message.get("role") == "tool":
+        return True
+    parts = message.get("parts")
+    if isinstance(parts, list) and any("functionResponse" in p for p in parts):
         return True
     content = message.get("content")
     return isinstance(content, list) and any(
@@ -351,9 +409,23 @@ def orphan_output(body: JSON) -> JSON:
     return body
 
 
+def orphan_response(body: JSON) -> JSON:
+    """A function response no call asked for, before the question."""
+    late = {"functionResponse": {"name": "run", "response": {"output": "late"}}}
+    body["contents"][-1]["parts"].insert(0, late)
+    return body
+
+
+def empty_parts(body: JSON) -> JSON:
+    body["contents"][-1]["parts"] = []
+    return body
+
+
 def empty_text(body: JSON) -> JSON:
     last = _history(body)[-1]
-    if isinstance(last["content"], list):
+    if "parts" in last:
+        last["parts"][-1]["text"] = ""
+    elif isinstance(last["content"], list):
         last["content"][-1]["text"] = ""
     else:
         last["content"] = []
@@ -361,11 +433,14 @@ def empty_text(body: JSON) -> JSON:
 
 
 def unknown_role(body: JSON) -> JSON:
-    body["input"][-1]["role"] = "wizard"
+    _history(body)[-1]["role"] = "wizard"
     return body
 
 
 def string_max_tokens(body: JSON) -> JSON:
+    if "generationConfig" in body:
+        body["generationConfig"]["maxOutputTokens"] = "100"
+        return body
     key = "max_output_tokens" if "input" in body else "max_tokens"
     body[key] = "100"
     return body
@@ -386,7 +461,10 @@ def deep_input(body: JSON) -> JSON:
     for _ in range(DEPTH):
         deep = [deep]
     last = _history(body)[-1]
-    if "input" in body or isinstance(last.get("content"), str):
+    if "contents" in body:  # (a schema holds any JSON; an unknown field the API refuses)
+        schema = body["tools"][0]["functionDeclarations"][0]["parametersJsonSchema"]
+        schema["properties"] = {"deep": {"type": "array", "default": deep}}
+    elif "input" in body or isinstance(last.get("content"), str):
         body["metadata_blob"] = deep  # (an unknown top-level field: passed on)
     else:
         last["content"][-1]["deep"] = deep
@@ -417,6 +495,15 @@ MUTATIONS: dict[str, dict[str, Mutation]] = {
         "string_max_tokens": string_max_tokens,
         "string_stream": string_stream,
     },
+    # Gemini: no `stream` field (the stream is in the path), so no string_stream.
+    "gemini": {
+        "orphan_response": orphan_response,
+        "unanswered_call": unanswered,
+        "empty_text": empty_text,
+        "empty_parts": empty_parts,
+        "unknown_role": unknown_role,
+        "string_max_tokens": string_max_tokens,
+    },
     "responses": {
         "orphan_output": orphan_output,
         "unanswered_call": unanswered,
@@ -439,11 +526,12 @@ def bad_utf8(raw: bytes) -> bytes:
 
 def duplicate_key(raw: bytes) -> bytes:
     """The output cap given twice (every format has one; the proxy reads it)."""
-    return re.sub(rb'"(max_(?:output_)?tokens)":', rb'"\1":1,"\1":', raw, count=1)
+    return re.sub(rb'"(max_(?:output_)?tokens|maxOutputTokens)":', rb'"\1":1,"\1":', raw, count=1)
 
 
 def huge_number(raw: bytes) -> bytes:
-    return raw.replace(b'"max_', b'"n_huge":1' + b"0" * 400 + b',"max_', 1)
+    huge = b'"n_huge":1' + b"0" * 400 + b","
+    return re.sub(rb'"(max_|generationConfig)', lambda m: huge + m.group(0), raw, count=1)
 
 
 BYTE_MUTATIONS: dict[str, Callable[[bytes], bytes]] = {
@@ -484,4 +572,10 @@ VERTEX = Format(
     {"authorization": "Bearer ya29.battery"},
     vertex_body,
 )
-FORMATS = {f.name: f for f in (MESSAGES, CHAT, RESPONSES, BEDROCK, VERTEX)}
+GEMINI = Format(
+    "gemini",
+    f"/v1beta/models/{GEMINI_MODEL}:generateContent",
+    {"x-goog-api-key": "battery-gemini-key"},
+    gemini_body,
+)
+FORMATS = {f.name: f for f in (MESSAGES, CHAT, RESPONSES, BEDROCK, VERTEX, GEMINI)}

@@ -50,7 +50,8 @@ def config_text(upstream: str, redis_url: str, prefix: str) -> str:
     return (
         f'[server]\nport = 0\nhost = "127.0.0.1"\n\n'
         f'[upstream]\nurl = "{upstream}"\nopenai_url = "{upstream}"\n'
-        f'bedrock_url = "{upstream}"\nvertex_url = "{upstream}"\n\n'
+        f'bedrock_url = "{upstream}"\nvertex_url = "{upstream}"\n'
+        f'gemini_url = "{upstream}"\n\n'
         f'[store]\nredis_url = "{redis_url}"\nkey_prefix = "{prefix}"\n\n'
         f"[[policy]]\n{policy}\n"
     )
@@ -122,7 +123,9 @@ def exchange(client: requests.Session, s: Serve, fmt: Format, body: bytes) -> Ex
 
 
 def history_of(body: Any) -> list[Any]:
-    history = body.get("input", body.get("messages")) if isinstance(body, dict) else None
+    history = None
+    if isinstance(body, dict):
+        history = body.get("input", body.get("messages", body.get("contents")))
     return history if isinstance(history, list) else []
 
 
@@ -200,6 +203,9 @@ def assert_answer(fmt: Format, answer: Any) -> None:
     assert isinstance(answer, dict), answer
     if fmt.name in ("messages", "bedrock", "vertex"):
         assert answer["type"] == "message" and answer["content"], answer
+    elif fmt.name == "gemini":
+        parts = answer["candidates"][0]["content"]["parts"]
+        assert parts and any(p.get("text") or p.get("functionCall") for p in parts), answer
     elif fmt.name == "chat":
         message = answer["choices"][0]["message"]
         assert message.get("content") or message.get("tool_calls"), answer

@@ -1,8 +1,8 @@
 """The differential battery (issue 36): Hypothesis draws conversations of the kind agents
 send, valid and broken, and sends each through a real `compaction-proxy serve` (the
 battery's small policy, real Redis) to the strict stand-in, for every format the proxy
-speaks: Messages, Chat, Responses, and Messages in Bedrock's and Vertex's envelopes
-(Gemini is one more `Format` once its route lands). tests/battery/harness.py says what
+speaks: Messages, Chat, Responses, Messages in Bedrock's and Vertex's envelopes, and
+the Gemini API's generateContent. tests/battery/harness.py says what
 is checked of each exchange; the end of each test reads serve's whole log for errors
 that escaped.
 

@@ -63,6 +63,9 @@ DUPLICATES = [
     (b'{"model": "m", "max_tokens": 1, "tools": [{"s": {"model": {}, "max_tokens": {}}}]}', None),
     (b'{"messages": [{"content": "say \\"max_tokens\\": 5, \\u2019"}], "max_tokens": 1}', None),
     (b'{"model": "m", "other": 1, "other": 2}', None),  # not a field the proxy reads
+    (b'{"generationConfig": {"maxOutputTokens": 9, "maxOutputTokens": 1}}', "maxOutputTokens"),
+    (b'{"generation_config": {"candidate_count": 1, "candidate_count": 8}}', "candidate_count"),
+    (b'{"contents": [], "contents": [{"role": "user"}]}', "contents"),
 ]
 
 
