@@ -26,6 +26,11 @@ from proxy.core.model_names import model_matches
 # the window. Each is capped by the window (its share below), for small windows.
 DEFAULT_TRIGGER, DEFAULT_TARGET, DEFAULT_OFFLOAD = 100_000, 80_000, 20_000
 TRIGGER_SHARE, TARGET_SHARE, OFFLOAD_SHARE = 0.5, 0.4, 0.1
+# Aged results stubbed together under the trigger where the API caches repeated prefixes by
+# itself and the proxy places no breakpoint (OpenAI's formats, Gemini): the history as sent
+# stays the same between batches, one cache miss a batch (Codex's WebSocket: 11 of 18 frames
+# incremental at 4, 2 at 1; bench/RESULTS.md, issue 35).
+PREFIX_CACHED_BATCH = 4
 # Fields of a policy that say where its numbers came from, not what they are.
 NOT_SETTINGS = frozenset({"window_source"})
 
@@ -47,7 +52,10 @@ class Policy:
     note_cost: int = 48  # tokens reserved for a "history was dropped" note
     offload_threshold: int = 500  # tool results above this many tokens may be offloaded
     keep_results: int = 1  # the newest tool results are never offloaded
-    offload_batch: int = 1  # aged results stubbed together, under the trigger (1: as each ages)
+    # Aged results stubbed together under the trigger (1: as each ages); 0: the format's
+    # (its Dialect's offload_batch: 1 on Messages, PREFIX_CACHED_BATCH where the API caches
+    # prefixes by itself).
+    offload_batch: int = 0
     stub_head_chars: int = 200  # how much of an offloaded result stays in the stub
     read_length: int = 8_000  # default slice length read_result suggests
     summariser_model: str = ""  # empty = the request's own model
@@ -91,8 +99,8 @@ class Policy:
         for name in (*names, "max_read_rounds"):
             if getattr(self, name) < 0:
                 raise PolicyError(f"{where}: {name} must not be negative")
-        if self.offload_batch <= 0:
-            raise PolicyError(f"{where}: offload_batch must be at least 1")
+        if self.offload_batch < 0:
+            raise PolicyError(f"{where}: offload_batch must not be negative (0: the format's)")
         if self.summary_max_tokens <= 0:
             raise PolicyError(f"{where}: summary_max_tokens must be positive")
         if self.window and self.trigger_tokens > self.window:
