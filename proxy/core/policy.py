@@ -31,8 +31,11 @@ TRIGGER_SHARE, TARGET_SHARE, OFFLOAD_SHARE = 0.5, 0.4, 0.1
 # stays the same between batches, one cache miss a batch (Codex's WebSocket: 11 of 18 frames
 # incremental at 4, 2 at 1; bench/RESULTS.md, issue 35).
 PREFIX_CACHED_BATCH = 4
-# Fields of a policy that say where its numbers came from, not what they are.
-NOT_SETTINGS = frozenset({"window_source"})
+# A policy's thresholds in tokens, made from its settings (Policy.__post_init__).
+THRESHOLDS = ("trigger_tokens", "target_tokens", "offload_tokens", "prepare_tokens", "quiet_tokens")
+# Fields of a policy that are not settings: where its numbers came from, not what they
+# are, and what its settings make.
+NOT_SETTINGS = frozenset({"window_source", *THRESHOLDS})
 
 
 class PolicyError(ValueError):
@@ -65,29 +68,27 @@ class Policy:
     max_read_rounds: int = 4  # read_result round trips per client request
     # Where `window` came from (this policy, the model table, a default): for messages.
     window_source: str = field(default="", compare=False)
+    # The thresholds in tokens the settings above make (0s and shares of the window
+    # resolved), made once with the policy (a request's is memoised per model), so what
+    # reads them reads fields: the fold trigger and target,
+    trigger_tokens: int = field(init=False, compare=False, repr=False)
+    target_tokens: int = field(init=False, compare=False, repr=False)
+    # the offload trigger (never above the fold trigger),
+    offload_tokens: int = field(init=False, compare=False, repr=False)
+    # from here on, the next fold's summary is made ahead, in the background,
+    prepare_tokens: int = field(init=False, compare=False, repr=False)
+    # and up to here there is nothing to plan: no offload, no summary made ahead.
+    quiet_tokens: int = field(init=False, compare=False, repr=False)
 
-    @property
-    def trigger_tokens(self) -> int:
-        return self.trigger or _capped(DEFAULT_TRIGGER, self.window, TRIGGER_SHARE)
-
-    @property
-    def target_tokens(self) -> int:
-        return self.target or _capped(DEFAULT_TARGET, self.window, TARGET_SHARE)
-
-    @property
-    def offload_tokens(self) -> int:
+    def __post_init__(self) -> None:
+        trigger = self.trigger or _capped(DEFAULT_TRIGGER, self.window, TRIGGER_SHARE)
+        target = self.target or _capped(DEFAULT_TARGET, self.window, TARGET_SHARE)
         default = _capped(DEFAULT_OFFLOAD, self.window, OFFLOAD_SHARE)
-        return self.offload_trigger or min(default, self.trigger_tokens)
-
-    @property
-    def prepare_tokens(self) -> int:
-        """From here on, the next fold's summary is made ahead, in the background."""
-        return prepare_at(self.trigger_tokens, self.target_tokens)
-
-    @property
-    def quiet_tokens(self) -> int:
-        """Up to here there is nothing to plan: no offload, no summary made ahead."""
-        return min(self.offload_tokens, self.prepare_tokens)
+        offload = self.offload_trigger or min(default, trigger)
+        prepare = prepare_at(trigger, target)
+        made = trigger, target, offload, prepare, min(offload, prepare)
+        for name, value in zip(THRESHOLDS, made, strict=True):
+            object.__setattr__(self, name, value)
 
     def validate(self) -> Policy:
         where = f"policy {self.match!r}"
