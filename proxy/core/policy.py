@@ -31,6 +31,11 @@ from proxy.core.model_names import model_matches
 # quiet by its byte bound (tests/core/test_quiet_counting.py).
 DEFAULT_TRIGGER, DEFAULT_TARGET, DEFAULT_OFFLOAD = 100_000, 80_000, 20_000
 TRIGGER_SHARE, TARGET_SHARE, OFFLOAD_SHARE = 0.5, 0.4, 0.1
+# Aged results stubbed together under the trigger where the API caches repeated prefixes by
+# itself and the proxy places no breakpoint (OpenAI's formats, Gemini): the history as sent
+# stays the same between batches, one cache miss a batch (Codex's WebSocket: 11 of 18 frames
+# incremental at 4, 2 at 1; bench/RESULTS.md, issue 35).
+PREFIX_CACHED_BATCH = 4
 # A policy's thresholds in tokens, made from its settings (Policy.__post_init__).
 THRESHOLDS = ("trigger_tokens", "target_tokens", "offload_tokens", "prepare_tokens", "quiet_tokens")
 # Fields of a policy that are not settings: where its numbers came from, not what they
@@ -58,7 +63,10 @@ class Policy:
     # ... as many of them as fit in this many tokens (0: no bound; the newest always stays):
     # a result kept whole past its turn is written again when it is stubbed (issue 35)
     keep_results_tokens: int = 8_000
-    offload_batch: int = 1  # aged results stubbed together, under the trigger (1: as each ages)
+    # Aged results stubbed together under the trigger (1: as each ages); 0: the format's
+    # (its Dialect's offload_batch: 1 on Messages, PREFIX_CACHED_BATCH where the API caches
+    # prefixes by itself).
+    offload_batch: int = 0
     stub_head_chars: int = 100  # how much of an offloaded result stays in the stub
     read_length: int = 8_000  # default slice length read_result suggests
     summariser_model: str = ""  # empty = the request's own model
@@ -101,8 +109,8 @@ class Policy:
         for name in (*names, "max_read_rounds"):
             if getattr(self, name) < 0:
                 raise PolicyError(f"{where}: {name} must not be negative")
-        if self.offload_batch <= 0:
-            raise PolicyError(f"{where}: offload_batch must be at least 1")
+        if self.offload_batch < 0:
+            raise PolicyError(f"{where}: offload_batch must not be negative (0: the format's)")
         if self.summary_max_tokens <= 0:
             raise PolicyError(f"{where}: summary_max_tokens must be positive")
         if self.window and self.trigger_tokens > self.window:
