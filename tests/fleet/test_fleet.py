@@ -425,6 +425,13 @@ async def _load(
     await asyncio.gather(*(worker(n) for n in range(4)))
 
 
+def _wait_for(condition: Callable[[], bool], seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the load saw too few answers"
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("policy", ["open", "closed"])
 def test_killing_redis_under_load_follows_the_policy_and_recovers(
     tmp_path: Path,
@@ -448,7 +455,9 @@ def test_killing_redis_under_load_follows_the_policy_and_recovers(
     load = threading.Thread(target=lambda: asyncio.run(_load(fleet.urls, key, stop, seen)))
     try:
         load.start()
-        time.sleep(1.0)
+        # Each phase lasts until it has seen requests to judge (a loaded machine answers
+        # the first ones late), not a fixed time.
+        _wait_for(lambda: sum(1 for _, s in seen if s == 200) >= 8)
         marks["kill"] = time.monotonic()
         assert redis.pid is not None
         os.kill(redis.pid, signal.SIGKILL)
@@ -458,6 +467,7 @@ def test_killing_redis_under_load_follows_the_policy_and_recovers(
         redis.start_sync()
         marks["back"] = time.monotonic()
         time.sleep(2.0)
+        _wait_for(lambda: sum(1 for t, _ in seen if t > marks["back"] + 1.0) >= 8)
         stop.set()
         load.join(60)
         counted_before = quiet_usage(fleet, Scope("key", key_id))["output"]
