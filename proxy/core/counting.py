@@ -85,19 +85,17 @@ class Counted:
     recount: Callable[[Counted, Sequence[int]], Counted] | None = field(
         default=None, compare=False, repr=False
     )
+    # Made once from the counts above, for what reads them (the driver, the shell):
+    history: int = field(init=False, compare=False, repr=False)  # the messages' tokens
+    total: int = field(init=False, compare=False, repr=False)  # ... and the fixed ones
+    # how far the history's estimated part may be from its exact count
+    margin: int = field(init=False, compare=False, repr=False)
 
-    @property
-    def history(self) -> int:
-        return sum(self.counts)
-
-    @property
-    def total(self) -> int:
-        return self.history + self.fixed
-
-    @property
-    def margin(self) -> int:
-        """How far the history's estimated part may be from its exact count."""
-        return margin(sum(self.uncertain)) if self.uncertain else 0
+    def __post_init__(self) -> None:
+        history = sum(self.counts)
+        object.__setattr__(self, "history", history)
+        object.__setattr__(self, "total", history + self.fixed)
+        object.__setattr__(self, "margin", margin(sum(self.uncertain)) if self.uncertain else 0)
 
     def fits(self, policy: Policy, factor: float, slack: int = 0) -> bool:
         """Under the window and below anything the policy does (offload, a summary made

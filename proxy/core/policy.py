@@ -26,8 +26,16 @@ from proxy.core.model_names import model_matches
 # the window. Each is capped by the window (its share below), for small windows.
 DEFAULT_TRIGGER, DEFAULT_TARGET, DEFAULT_OFFLOAD = 100_000, 80_000, 20_000
 TRIGGER_SHARE, TARGET_SHARE, OFFLOAD_SHARE = 0.5, 0.4, 0.1
-# Fields of a policy that say where its numbers came from, not what they are.
-NOT_SETTINGS = frozenset({"window_source"})
+# Aged results stubbed together under the trigger where the API caches repeated prefixes by
+# itself and the proxy places no breakpoint (OpenAI's formats, Gemini): the history as sent
+# stays the same between batches, one cache miss a batch (Codex's WebSocket: 11 of 18 frames
+# incremental at 4, 2 at 1; bench/RESULTS.md, issue 35).
+PREFIX_CACHED_BATCH = 4
+# A policy's thresholds in tokens, made from its settings (Policy.__post_init__).
+THRESHOLDS = ("trigger_tokens", "target_tokens", "offload_tokens", "prepare_tokens", "quiet_tokens")
+# Fields of a policy that are not settings: where its numbers came from, not what they
+# are, and what its settings make.
+NOT_SETTINGS = frozenset({"window_source", *THRESHOLDS})
 
 
 class PolicyError(ValueError):
@@ -47,7 +55,10 @@ class Policy:
     note_cost: int = 48  # tokens reserved for a "history was dropped" note
     offload_threshold: int = 500  # tool results above this many tokens may be offloaded
     keep_results: int = 1  # the newest tool results are never offloaded
-    offload_batch: int = 1  # aged results stubbed together, under the trigger (1: as each ages)
+    # Aged results stubbed together under the trigger (1: as each ages); 0: the format's
+    # (its Dialect's offload_batch: 1 on Messages, PREFIX_CACHED_BATCH where the API caches
+    # prefixes by itself).
+    offload_batch: int = 0
     stub_head_chars: int = 200  # how much of an offloaded result stays in the stub
     read_length: int = 8_000  # default slice length read_result suggests
     summariser_model: str = ""  # empty = the request's own model
@@ -57,29 +68,27 @@ class Policy:
     max_read_rounds: int = 4  # read_result round trips per client request
     # Where `window` came from (this policy, the model table, a default): for messages.
     window_source: str = field(default="", compare=False)
+    # The thresholds in tokens the settings above make (0s and shares of the window
+    # resolved), made once with the policy (a request's is memoised per model), so what
+    # reads them reads fields: the fold trigger and target,
+    trigger_tokens: int = field(init=False, compare=False, repr=False)
+    target_tokens: int = field(init=False, compare=False, repr=False)
+    # the offload trigger (never above the fold trigger),
+    offload_tokens: int = field(init=False, compare=False, repr=False)
+    # from here on, the next fold's summary is made ahead, in the background,
+    prepare_tokens: int = field(init=False, compare=False, repr=False)
+    # and up to here there is nothing to plan: no offload, no summary made ahead.
+    quiet_tokens: int = field(init=False, compare=False, repr=False)
 
-    @property
-    def trigger_tokens(self) -> int:
-        return self.trigger or _capped(DEFAULT_TRIGGER, self.window, TRIGGER_SHARE)
-
-    @property
-    def target_tokens(self) -> int:
-        return self.target or _capped(DEFAULT_TARGET, self.window, TARGET_SHARE)
-
-    @property
-    def offload_tokens(self) -> int:
+    def __post_init__(self) -> None:
+        trigger = self.trigger or _capped(DEFAULT_TRIGGER, self.window, TRIGGER_SHARE)
+        target = self.target or _capped(DEFAULT_TARGET, self.window, TARGET_SHARE)
         default = _capped(DEFAULT_OFFLOAD, self.window, OFFLOAD_SHARE)
-        return self.offload_trigger or min(default, self.trigger_tokens)
-
-    @property
-    def prepare_tokens(self) -> int:
-        """From here on, the next fold's summary is made ahead, in the background."""
-        return prepare_at(self.trigger_tokens, self.target_tokens)
-
-    @property
-    def quiet_tokens(self) -> int:
-        """Up to here there is nothing to plan: no offload, no summary made ahead."""
-        return min(self.offload_tokens, self.prepare_tokens)
+        offload = self.offload_trigger or min(default, trigger)
+        prepare = prepare_at(trigger, target)
+        made = trigger, target, offload, prepare, min(offload, prepare)
+        for name, value in zip(THRESHOLDS, made, strict=True):
+            object.__setattr__(self, name, value)
 
     def validate(self) -> Policy:
         where = f"policy {self.match!r}"
@@ -91,8 +100,8 @@ class Policy:
         for name in (*names, "max_read_rounds"):
             if getattr(self, name) < 0:
                 raise PolicyError(f"{where}: {name} must not be negative")
-        if self.offload_batch <= 0:
-            raise PolicyError(f"{where}: offload_batch must be at least 1")
+        if self.offload_batch < 0:
+            raise PolicyError(f"{where}: offload_batch must not be negative (0: the format's)")
         if self.summary_max_tokens <= 0:
             raise PolicyError(f"{where}: summary_max_tokens must be positive")
         if self.window and self.trigger_tokens > self.window:

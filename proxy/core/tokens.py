@@ -221,7 +221,8 @@ class TokenCounter:
         was counted, so that equal bytes counted two ways get two keys."""
         return domain, len(data), hash(self._salt + data if self._salt else data)
 
-    def _cached(self, key: CountKey) -> int | None:
+    def cached(self, key: CountKey) -> int | None:
+        """The count cached under a key made by `key`, if any (see `remembered`)."""
         count = self._cache.pop(key, None)
         if count is None:
             self._misses += 1
@@ -230,7 +231,8 @@ class TokenCounter:
         self._hits += 1
         return count
 
-    def _remember(self, key: CountKey, count: int) -> int:
+    def remember(self, key: CountKey, count: int) -> int:
+        """Keep a count under a key made by `key`; the oldest go past the cache's size."""
         cache = self._cache
         cache[key] = count
         while len(cache) > self._max_size:
@@ -240,18 +242,11 @@ class TokenCounter:
                 break
         return count
 
-    def cached(self, key: CountKey) -> int | None:
-        """The count cached under a key made by `key`, if any (see `remembered`)."""
-        return self._cached(key)
-
-    def remember(self, key: CountKey, count: int) -> int:
-        return self._remember(key, count)
-
     def remembered(self, key: CountKey, compute: Callable[[], int]) -> int:
         """A count cached under a key made by `key` (e.g. of a whole message's JSON)."""
-        count = self._cached(key)
+        count = self.cached(key)
         if count is None:
-            count = self._remember(key, compute())
+            count = self.remember(key, compute())
         return count
 
     def _count_utf8(self, data: bytes) -> int:
@@ -259,10 +254,10 @@ class TokenCounter:
         if not data:
             return 0
         key = self.key(data, TEXT_DOMAIN)
-        count = self._cached(key)
+        count = self.cached(key)
         if count is None:
             text = data.decode("utf-8", "surrogatepass")
-            count = self._remember(key, self._encode_count(text))
+            count = self.remember(key, self._encode_count(text))
         return count
 
     # -- the public counts ---------------------------------------------------------
@@ -382,9 +377,9 @@ class TokenCounter:
         if not isinstance(data, str):
             return extras + PDF_UNKNOWN_PAGES * PDF_TOKENS_PER_PAGE
         key = self.key(_utf8(data), PDF_DOMAIN)
-        count = self._cached(key)
+        count = self.cached(key)
         if count is None:
-            count = self._remember(key, pdf_tokens_from_base64(data))
+            count = self.remember(key, pdf_tokens_from_base64(data))
         return extras + count
 
 

@@ -110,9 +110,13 @@ class StreamMerger(RoundsMerger):
         self._next_index = 0
         self._usages: list[dict[str, Any]] = []  # every finished round's usage, as given
         self._start_usage: dict[str, Any] = {}  # what the client's message_start told
-        self.reset()
+        self._reset()
 
-    def reset(self) -> None:
+    def begin_round(self) -> None:
+        self.next_round()
+        self._reset()
+
+    def _reset(self) -> None:
         self._raw_usage: dict[str, Any] = {}  # this round's usage as the upstream gave it
         self._stop_sequence: Any = None
         self._index_map: dict[int, int | None] = {}  # upstream index -> client (None: held)
@@ -154,7 +158,9 @@ class StreamMerger(RoundsMerger):
             return []
         return [event.raw]  # an event type we do not know: pass it on as it came
 
-    def ended(self, round_: Round) -> Round:
+    def end_round(self) -> Round:
+        """The round just finished (after its last event, or after the stream ended)."""
+        round_ = self.round
         content: list[dict[str, Any]] = []
         for index in sorted(self._blocks):
             block = self._blocks[index]
@@ -173,12 +179,12 @@ class StreamMerger(RoundsMerger):
         self._usages.append(dict(self._raw_usage))
         return round_
 
-    def as_it_came(self) -> list[bytes] | None:
-        if self._last_delta is None or self._last_stop is None:
-            return None
-        return [self._last_delta.raw, self._last_stop.raw]
-
-    def ending(self, note: str | None) -> list[bytes]:
+    def finish(self, note: str | None = None) -> list[bytes]:
+        """The closing events: the upstream's own when they stand, else the merge
+        policy's, ending with `note` when the proxy has one (why the rounds stopped)."""
+        last_stop = self._last_stop
+        if self.ends_as_upstream(note) and self._last_delta is not None and last_stop is not None:
+            return [self._last_delta.raw, last_stop.raw]
         out: list[bytes] = []
         if note is not None:
             out += _text_block_events(self._next_index, note)

@@ -196,9 +196,13 @@ class ChatStreamMerger(RoundsMerger):
         self._sent_text = False
         self._usages: list[dict[str, Any]] = []  # every finished round's usage, as given
         self._usage_seen = False
-        self.reset()
+        self._reset()
 
-    def reset(self) -> None:
+    def begin_round(self) -> None:
+        self.next_round()
+        self._reset()
+
+    def _reset(self) -> None:
         self._raw_usage: dict[str, Any] = {}
         self._index_map: dict[int, int | None] = {}  # upstream index -> client (None: held)
         self._calls: dict[int, dict[str, Any]] = {}
@@ -331,7 +335,9 @@ class ChatStreamMerger(RoundsMerger):
             out.append(delta)
         return out, changed
 
-    def ended(self, round_: Round) -> Round:
+    def end_round(self) -> Round:
+        """The round just finished (after its last chunk, or after the stream ended)."""
+        round_ = self.round
         calls = []
         for index in sorted(self._calls):
             call = self._calls[index]
@@ -351,10 +357,11 @@ class ChatStreamMerger(RoundsMerger):
             self._usages.append(dict(self._raw_usage))
         return round_
 
-    def as_it_came(self) -> list[bytes]:
-        return [*self._held, self._done.raw] if self._done is not None else list(self._held)
-
-    def ending(self, note: str | None) -> list[bytes]:
+    def finish(self, note: str | None = None) -> list[bytes]:
+        """The closing chunks: the upstream's own when they stand, else the merge
+        policy's, ending with `note` when the proxy has one (why the rounds stopped)."""
+        if self.ends_as_upstream(note):
+            return [*self._held, self._done.raw] if self._done is not None else list(self._held)
         last = self.round
         reason = told_stop(last.stop_reason, last.client_calls > 0)
         head = {**self._head, "object": "chat.completion.chunk"}

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.core.errors import ProxyError
-from proxy.core.sse import Event
 from proxy.core.tokens import TokenCounter
 from proxy.core.wire_format import JSON, MergeState, Round
 
@@ -123,22 +122,14 @@ class FormatCounter:
 
 
 class RoundsMerger:
-    """Several streamed rounds, one client answer (a `RoundMerger`, proxy/core/
-    wire_format.py): the lifecycle every format's merger shares. Rounds are counted, each
-    begun open and ended as a `Round`; the read_result calls held back are counted with
-    their output tokens; the answer ends as the upstream ended it when one round held
-    nothing back and no note is due (every event then went out as the very bytes that
-    came in), else as the format ends it, telling the client what its merge policy says
-    (the stop reason its own, the usage it acts on: the functions that merge the
-    format's whole answers too). A format gives:
-
-    - `feed(event)`: the bytes for the client of one upstream event (setting `state`
-      when the round stops or fails);
-    - `reset()`: its per-round state afresh; `ended(round)`: the round just finished
-      (its assistant turn, reads, client calls, usage, asks_to_read), what it held back
-      counted;
-    - `as_it_came()`: the upstream's own ending (None: there is none to give);
-    - `ending(note)`: its own ending, `note` (why the rounds stopped) included.
+    """What every format's stream merger keeps of an answer's rounds (a `RoundMerger`,
+    proxy/core/wire_format.py): how many were begun, the one being read (begun open, ended
+    as a `Round`), whether a read_result call was held back in any of them and the output
+    tokens of those calls. It calls nothing of the format's: each format's merger begins,
+    reads and ends its rounds itself and writes the answer's one ending (`finish`: the
+    upstream's own when `ends_as_upstream`, else what the format's merge policy tells the
+    client, the stop reason its own and the usage it acts on: the functions that merge
+    the format's whole answers too), so the transport talks to one object, in one module.
     """
 
     def __init__(self, tool: str) -> None:
@@ -149,40 +140,13 @@ class RoundsMerger:
         self.held_any = False  # a read_result call was held back, in some round
         self.held_tokens = 0  # output the client did not see (those calls)
 
-    def begin_round(self) -> None:
+    def next_round(self) -> None:
+        """A round begins: counted, open, nothing read of it yet."""
         self.rounds += 1
         self.round = Round()
         self.state = MergeState.OPEN
-        self.reset()
 
-    def end_round(self) -> Round:
-        """The round just finished (after its last event, or after the stream ended)."""
-        self.round = self.ended(self.round)
-        return self.round
-
-    def finish(self, note: str | None = None) -> list[bytes]:
-        """The closing events: the upstream's own when one round held nothing back, else
-        the format's, ending with `note` when the proxy has one (why the rounds stopped)."""
-        if self.rounds == 1 and not self.held_any and note is None:
-            closing = self.as_it_came()
-            if closing is not None:
-                return closing
-        return self.ending(note)
-
-    # -- the format's part ----------------------------------------------------------------
-
-    def feed(self, event: Event) -> list[bytes]:
-        """The bytes to send the client for one upstream event (often the event itself)."""
-        raise NotImplementedError
-
-    def reset(self) -> None:
-        raise NotImplementedError
-
-    def ended(self, round_: Round) -> Round:
-        raise NotImplementedError
-
-    def as_it_came(self) -> list[bytes] | None:
-        raise NotImplementedError
-
-    def ending(self, note: str | None) -> list[bytes]:
-        raise NotImplementedError
+    def ends_as_upstream(self, note: str | None) -> bool:
+        """Whether the answer ends as the upstream ended it: one round, nothing held back,
+        no note due (every event then went out as the very bytes that came in)."""
+        return self.rounds == 1 and not self.held_any and note is None

@@ -212,9 +212,13 @@ class ResponsesStreamMerger(RoundsMerger):
         self._head: dict[str, Any] = {}  # the first round's response (from created)
         self._shown: list[Any] = []  # items the client was shown, in its order
         self._shown_usage: list[object] = []  # usage of the rounds that showed something
-        self.reset()
+        self._reset()
 
-    def reset(self) -> None:
+    def begin_round(self) -> None:
+        self.next_round()
+        self._reset()
+
+    def _reset(self) -> None:
         self._map: dict[int, int] = {}  # upstream output_index -> client index or _HELD
         self._pending: dict[int, list[tuple[Event, dict[str, Any]]]] = {}  # reasoning
         self._items: dict[int, dict[str, Any]] = {}  # done items, by upstream index
@@ -321,7 +325,8 @@ class ResponsesStreamMerger(RoundsMerger):
 
     # -- rounds ---------------------------------------------------------------------------
 
-    def ended(self, round_: Round) -> Round:
+    def end_round(self) -> Round:
+        """The round just finished (after its last event, or after the stream ended)."""
         response = (self._end or {}).get("response")
         response = response if isinstance(response, dict) else {}
         output = _output(response) or [self._items[i] for i in sorted(self._items)]
@@ -329,16 +334,16 @@ class ResponsesStreamMerger(RoundsMerger):
         if self._showed:
             self._shown_usage.append(response.get("usage"))
             self.held_tokens += held_tokens(output, self.tool)
-        return round_of(output, response.get("status"), response.get("usage"), self.tool)
+        self.round = round_of(output, response.get("status"), response.get("usage"), self.tool)
+        return self.round
 
-    def as_it_came(self) -> list[bytes] | None:
-        if self._pending:
-            return None  # held reasoning: the format's own ending shows it
+    def finish(self, note: str | None = None) -> list[bytes]:
+        """The closing events: the upstream's own when they stand (held reasoning is
+        shown by the format's own ending), else the merge policy's, ending with `note`
+        when the proxy has one (why the rounds stopped)."""
         end = self._end or {}
-        return [self._emit(self._end_event, end)] if self._end_event is not None else []
-
-    def ending(self, note: str | None) -> list[bytes]:
-        end = self._end or {}
+        if self.ends_as_upstream(note) and not self._pending:
+            return [self._emit(self._end_event, end)] if self._end_event is not None else []
         reading = note is not None
         out: list[bytes] = []
         if reading:
