@@ -21,7 +21,6 @@ request's 503, naming what to set).
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
@@ -29,7 +28,6 @@ from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDict
-from yarl import URL
 
 from proxy.core.errors import InvalidRequest, NotFound
 from proxy.core.usage import Usage
@@ -39,11 +37,11 @@ from proxy.server.eventstream_codec import merged_codecs
 from proxy.server.exchange import Adjusted, ConversationRoute, Exchange
 from proxy.server.headers import upstream_request_headers
 from proxy.server.record import current_or_throwaway
-from proxy.server.refresh_ahead import CredentialUnavailable, MissingCredential
+from proxy.server.refresh_ahead import ProxySigner
 from proxy.server.relay import relay
 from proxy.server.routes import expect_for, handle_conversation
 from proxy.server.state import SETTINGS
-from proxy.server.upstream import Headers, Upstream
+from proxy.server.upstream import Upstream
 from proxy.wire.anthropic_bedrock import (
     BEDROCK,
     BEDROCK_ENVELOPE,
@@ -59,78 +57,40 @@ from proxy.wire.anthropic_rounds import anthropic_usage
 
 BEDROCK_UPSTREAM = web.AppKey("bedrock_upstream", Upstream)
 BEDROCK_CONTROL = web.AppKey("bedrock_control_upstream", Upstream)
-# What a client sends that must not reach AWS: its own signature, and a proxy key. Its
-# other `x-amz-*` headers (an SDK's user agent) go too: AWS wants every `x-amz-*` header
-# signed, and the proxy signs only its own.
-_NEVER_SENT = bedrock_auth.CLIENT_AUTH | {"x-api-key"}
 
 
-def _never_sent(name: str) -> bool:
-    return name in _NEVER_SENT or name.startswith("x-amz-")
-
-
-class BedrockSigner:
-    """Signs every request of the Bedrock upstreams with the proxy's credential
-    (`Signer`), found once (proxy/server/bedrock_auth.py)."""
-
-    def __init__(self, region: str, env: Mapping[str, str]) -> None:
-        self._region, self._env = region, env
-        self._auth: bedrock_auth.BedrockAuth | None = None
-        self._finding = asyncio.Lock()
-
-    async def auth(self) -> bedrock_auth.BedrockAuth:
-        """The credential; raises MissingCredential naming what to set."""
-        async with self._finding:
-            if self._auth is None:
-                self._auth = await bedrock_auth.resolve(self._region, self._env)
-            return self._auth
-
-    async def sign(self, method: str, url: URL, headers: Headers, body: bytes) -> Headers:
-        try:
-            auth = await self.auth()
-        except MissingCredential as e:
-            raise CredentialUnavailable(f"compaction-proxy cannot call Bedrock: {e}") from None
-        kept = [(n, v) for n, v in headers if not _never_sent(n.lower())]
-        return kept + await auth.headers(method, str(url), body)
-
-    @property
-    def described(self) -> str:
-        """Which credential signs (never the credential), for the start-up line."""
-        if self._auth is None:
-            return "its credential looked for at the first request"
-        return f"signed with {self._auth.described}"
-
-    async def close(self) -> None:
-        if self._auth is not None:
-            await self._auth.close()
+def signer(region: str, env: Mapping[str, str]) -> ProxySigner:
+    """Signs every request of the Bedrock upstreams (proxy/server/bedrock_auth.py)."""
+    return ProxySigner(
+        "Bedrock", lambda: bedrock_auth.resolve(region, env), bedrock_auth.never_sent, "signed"
+    )
 
 
 def described(app: web.Application) -> str:
     """Where Bedrock requests go and how they are signed, for the start-up line."""
     upstream = app[BEDROCK_UPSTREAM]
-    signer = upstream.signer
-    assert isinstance(signer, BedrockSigner)
+    assert isinstance(upstream.signer, ProxySigner)
     where = upstream.shown_url or "none (no AWS region: upstream.bedrock_region, AWS_REGION)"
-    return f"{where} ({signer.described})"
+    return f"{where} ({upstream.signer.described})"
 
 
 async def bedrock_lifetime(app: web.Application) -> AsyncIterator[None]:
     """The runtime's and the control plane's upstreams, one signer for both."""
     settings = app[SETTINGS].upstream
     region = bedrock_auth.region_of(settings.bedrock_region, os.environ)
-    signer = BedrockSigner(settings.bedrock_region, os.environ)
+    signs = signer(settings.bedrock_region, os.environ)
     if settings.bedrock_url or settings.bedrock_region:
-        await signer.auth()  # configured for Bedrock: a missing credential stops start-up
+        await signs.auth()  # configured for Bedrock: a missing credential stops start-up
     runtime = settings.bedrock_url or (bedrock_auth.runtime_url(region) if region else "")
     control = settings.bedrock_url or (bedrock_auth.control_plane_url(region) if region else "")
-    app[BEDROCK_UPSTREAM] = Upstream(replace(settings, url=runtime), signer=signer)
-    app[BEDROCK_CONTROL] = Upstream(replace(settings, url=control), signer=signer)
+    app[BEDROCK_UPSTREAM] = Upstream(replace(settings, url=runtime), signer=signs)
+    app[BEDROCK_CONTROL] = Upstream(replace(settings, url=control), signer=signs)
     try:
         yield
     finally:
         await app[BEDROCK_UPSTREAM].close()
         await app[BEDROCK_CONTROL].close()
-        await signer.close()
+        await signs.close()
 
 
 async def _checked(exchange: Exchange[Any], body: bytes, payload: dict[str, Any]) -> Adjusted:

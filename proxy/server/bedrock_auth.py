@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import botocore.session
@@ -64,8 +64,11 @@ def region_of(setting: str, env: Mapping[str, str]) -> str:
     return ""
 
 
-def without_client_auth(headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [(n, v) for n, v in headers if n.lower() not in CLIENT_AUTH]
+def never_sent(name: str) -> bool:
+    """What a client sends that must not reach AWS (`name` in lower case): its own
+    signature, and a proxy key. Its other `x-amz-*` headers (an SDK's user agent) go too:
+    AWS wants every `x-amz-*` header signed, and the proxy signs only its own."""
+    return name in CLIENT_AUTH or name == "x-api-key" or name.startswith("x-amz-")
 
 
 class BedrockAuth(Protocol):

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from yarl import URL
 
 from proxy.core.errors import UpstreamError
 
@@ -89,3 +92,58 @@ class RefreshAhead:
         task = self._running
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
+
+
+class Credential(Protocol):
+    """The proxy's credential for one provider: the headers that authorise one request."""
+
+    described: str  # which credential, for the start-up line (never the credential)
+
+    async def headers(self, method: str, url: str, body: bytes, /) -> list[tuple[str, str]]: ...
+    async def close(self) -> None: ...
+
+
+Headers = list[tuple[str, str]]
+
+
+class ProxySigner:
+    """Authorises (`Signer`) every request of a provider's upstreams with the proxy's own
+    credential, found once by `find` (raising MissingCredential naming what to set); the
+    client's own credential headers (`never_sent`) are dropped."""
+
+    def __init__(
+        self,
+        provider: str,
+        find: Callable[[], Awaitable[Credential]],
+        never_sent: Callable[[str], bool],
+        verb: str,
+    ) -> None:
+        self._provider, self._find, self._never_sent, self._verb = provider, find, never_sent, verb
+        self._auth: Credential | None = None
+        self._finding = asyncio.Lock()
+
+    async def auth(self) -> Credential:
+        async with self._finding:
+            if self._auth is None:
+                self._auth = await self._find()
+            return self._auth
+
+    async def sign(self, method: str, url: URL, headers: Headers, body: bytes) -> Headers:
+        try:
+            auth = await self.auth()
+        except MissingCredential as e:
+            message = f"compaction-proxy cannot call {self._provider}: {e}"
+            raise CredentialUnavailable(message) from None
+        kept = [(n, v) for n, v in headers if not self._never_sent(n.lower())]
+        return kept + await auth.headers(method, str(url), body)
+
+    @property
+    def described(self) -> str:
+        """Which credential (never the credential), for the start-up line."""
+        if self._auth is None:
+            return "its credential looked for at the first request"
+        return f"{self._verb} with {self._auth.described}"
+
+    async def close(self) -> None:
+        if self._auth is not None:
+            await self._auth.close()

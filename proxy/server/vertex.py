@@ -18,14 +18,12 @@ stops it, naming what to set), else at the first Vertex request (that request's 
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
-from yarl import URL
 
 from proxy.config import UpstreamSettings
 from proxy.core.errors import InvalidRequest, NotFound
@@ -33,10 +31,10 @@ from proxy.server import vertex_auth
 from proxy.server.errors import register_error_shapes, under
 from proxy.server.exchange import Adjusted, ConversationRoute, Exchange
 from proxy.server.logs import redacted_url
-from proxy.server.refresh_ahead import CredentialUnavailable, MissingCredential
+from proxy.server.refresh_ahead import ProxySigner
 from proxy.server.routes import expect_for, handle_conversation
 from proxy.server.state import SETTINGS
-from proxy.server.upstream import Headers, Upstream
+from proxy.server.upstream import Upstream
 from proxy.wire.anthropic_vertex import (
     PREFIX,
     VERTEX,
@@ -56,45 +54,15 @@ MAX_LOCATIONS = 64
 _NEVER_SENT = frozenset({"authorization", "x-api-key"})
 
 
-class VertexSigner:
-    """Authorises every request of the Vertex upstreams with the proxy's access token
-    (`Signer`), its credentials found once."""
-
-    def __init__(self) -> None:
-        self._auth: vertex_auth.VertexAuth | None = None
-        self._finding = asyncio.Lock()
-
-    async def auth(self) -> vertex_auth.VertexAuth:
-        """The credential; raises MissingCredential naming what to set."""
-        async with self._finding:
-            if self._auth is None:
-                self._auth = await vertex_auth.resolve()
-            return self._auth
-
-    async def sign(self, method: str, url: URL, headers: Headers, body: bytes) -> Headers:
-        try:
-            auth = await self.auth()
-        except MissingCredential as e:
-            raise CredentialUnavailable(f"compaction-proxy cannot call Vertex AI: {e}") from None
-        kept = [(n, v) for n, v in headers if n.lower() not in _NEVER_SENT]
-        return kept + await auth.headers()
-
-    @property
-    def described(self) -> str:
-        """Which credential authorises (never the credential), for the start-up line."""
-        if self._auth is None:
-            return "its credential looked for at the first request"
-        return f"authorised with {self._auth.described}"
-
-    async def close(self) -> None:
-        if self._auth is not None:
-            await self._auth.close()
+def signer() -> ProxySigner:
+    """Authorises every request of the Vertex upstreams (proxy/server/vertex_auth.py)."""
+    return ProxySigner("Vertex AI", vertex_auth.resolve, _NEVER_SENT.__contains__, "authorised")
 
 
 class VertexUpstreams:
     """The configured Vertex upstream, or one per location the paths name."""
 
-    def __init__(self, settings: UpstreamSettings, signer: VertexSigner) -> None:
+    def __init__(self, settings: UpstreamSettings, signer: ProxySigner) -> None:
         self._settings = settings
         self.signer = signer
         self.shown_url = redacted_url(settings.vertex_url)
@@ -129,10 +97,10 @@ def described(app: web.Application) -> str:
 
 async def vertex_lifetime(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS].upstream
-    signer = VertexSigner()
+    signs = signer()
     if settings.vertex_url:
-        await signer.auth()  # configured for Vertex: a missing credential stops start-up
-    app[VERTEX_UPSTREAMS] = VertexUpstreams(settings, signer)
+        await signs.auth()  # configured for Vertex: a missing credential stops start-up
+    app[VERTEX_UPSTREAMS] = VertexUpstreams(settings, signs)
     try:
         yield
     finally:

@@ -65,7 +65,8 @@ class VertexAuth:
         except google.auth.exceptions.GoogleAuthError as e:
             raise MissingCredential(f"no access token for Vertex AI: {e}") from None
 
-    async def headers(self) -> list[tuple[str, str]]:
+    async def headers(self, *_: object) -> list[tuple[str, str]]:
+        """(Whatever the request: a bearer token covers any.)"""
         await self._refresh.ready()
         return [("Authorization", f"Bearer {self._credentials.token}")]
 

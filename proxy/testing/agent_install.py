@@ -11,6 +11,9 @@ import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 NPM_CI_TIMEOUT = 900
 
@@ -38,6 +41,30 @@ def install(folder: Path) -> None:
     )
     if done.returncode != 0:
         raise AgentInstallError(f"npm ci failed in {folder}:\n{done.stdout}\n{done.stderr}")
+
+
+def clean_env(home: Path, extra: Mapping[str, str] | None, **fixed: str) -> dict[str, str]:
+    """A clean environment: nothing of the caller's (keys, settings) but PATH and locale;
+    then `fixed`, then `extra`."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
+    env.update(HOME=str(home), **fixed)
+    env.update(extra or {})
+    return env
+
+
+def json_lines(text: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """A CLI's JSON-lines output: the objects, and the lines that were not JSON."""
+    events: list[dict[str, Any]] = []
+    unparsed: list[str] = []
+    for line in text.splitlines():
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            unparsed.append(line)
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events, unparsed
 
 
 async def run_cli(

@@ -25,15 +25,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.core.model_names import anthropic_name
 from proxy.core.tokens import TokenCounter
 from proxy.core.usage import Usage as CoreUsage
 from proxy.testing import api_messages
 from proxy.testing.answering import serve
 from proxy.testing.api import Event, Refusal, event
-from proxy.testing.api_messages import MessagesApi
+from proxy.testing.api_messages import EnvelopedMessages
 from proxy.testing.aws_sigv4 import check_request
-from proxy.testing.reply import Reply, Usage
 from proxy.testing.standin_http import (
     COUNTER,
     OPTIONS,
@@ -109,52 +107,31 @@ def authorised(request: web.Request, body: bytes) -> Refusal | None:
     return None if refused is None else Refusal(403, refused.error, refused.message)
 
 
-class BedrockApi(MessagesApi):
-    """Messages, as bedrock-runtime carries it: the model in the path, not the body."""
-
+class BedrockApi(EnvelopedMessages):
     faults = FAULTS
     unparsable = "Malformed input request: {error}, please reformat your input and try again."
+    envelope_fields = ("anthropic_version", "anthropic_beta")
 
     def __init__(self, counter: TokenCounter, target: RuntimeTarget) -> None:
-        super().__init__(counter)
+        super().__init__(counter, "bedrock", target.model)
         self.target = target
-        self.name = f"bedrock {target.model}"  # the answer depends on the path's model
 
     def refuse(self, refusal: Refusal, request_id: str) -> web.Response:
         return refusal_response(refusal)
-
-    def gate(self, headers: Mapping[str, str]) -> Refusal | None:
-        return None  # the signature is checked over the body too: see `handle_runtime`
-
-    def _as_messages(self, body: Any) -> Any:
-        if not isinstance(body, dict):
-            return body
-        plain = {k: v for k, v in body.items() if k not in ("anthropic_version", "anthropic_beta")}
-        return {"model": anthropic_name(self.target.model), **plain}
 
     def invalid(self, body: Any) -> Refusal | None:
         if not isinstance(body, dict):
             return Refusal(400, "ValidationException", "Malformed input request.")
         problem = envelope_problem(body)
         if problem is None and self.target.operation is Operation.COUNT_TOKENS:
-            problem = validate_count_tokens_request(self._as_messages(body))
+            problem = validate_count_tokens_request(self.as_messages(body))
             return Refusal(400, "ValidationException", problem) if problem else None
         if problem is not None:
             return Refusal(400, "ValidationException", problem)
-        return super().invalid(self._as_messages(body))
-
-    def count(self, body: Any) -> int:
-        return super().count(self._as_messages(body))
-
-    def model(self, body: Any) -> str:
-        return self.target.model
+        return super().invalid(self.as_messages(body))
 
     def streaming(self, body: Any) -> bool:
         return self.target.operation is Operation.STREAM
-
-    def whole(self, body: Any, reply: Reply, usage: Usage) -> dict[str, Any]:
-        # Bedrock answers with the model's Anthropic name, whatever id the path gave.
-        return {**super().whole(body, reply, usage), "model": anthropic_name(self.target.model)}
 
     def response_headers(
         self, headers: Mapping[str, str], whole: dict[str, Any] | None

@@ -244,20 +244,28 @@ STREAM_ERROR = event(
 )  # fmt: skip
 
 
-class ChatApi(Api):
-    name = "chat"
-    ignored = ("stream", "stream_options")
+class OpenAIApi(Api):
+    """What OpenAI's APIs share: a Bearer credential, errors in OpenAI's shape."""
+
     unparsable = "We could not parse the JSON body of your request. ({error})"
     faults = OPENAI_FAULTS
-
-    def __init__(self, counter: TokenCounter) -> None:
-        self.counter = ChatCounter(counter)
 
     def refuse(self, refusal: Refusal, request_id: str) -> web.Response:
         return openai_error(refusal)
 
     def gate(self, headers: Mapping[str, str]) -> Refusal | None:
         return openai_gate(headers)
+
+    def streaming(self, body: Any) -> bool:
+        return body.get("stream") is True
+
+
+class ChatApi(OpenAIApi):
+    name = "chat"
+    ignored = ("stream", "stream_options")
+
+    def __init__(self, counter: TokenCounter) -> None:
+        self.counter = ChatCounter(counter)
 
     def invalid(self, body: Any) -> Refusal | None:
         return invalid(validate_chat_request(body))
@@ -273,9 +281,6 @@ class ChatApi(Api):
 
     def read(self, body: Any) -> Prompt:
         return read(body)
-
-    def streaming(self, body: Any) -> bool:
-        return body.get("stream") is True
 
     def whole(self, body: Any, reply: Reply, usage: Usage) -> dict[str, Any]:
         return completion(body, self.model(body), reply, usage)

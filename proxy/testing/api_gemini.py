@@ -379,9 +379,6 @@ class GeminiApi(Api):
     def refuse(self, refusal: Refusal, request_id: str) -> web.Response:
         return google_error(refusal)
 
-    def gate(self, headers: Mapping[str, str]) -> Refusal | None:
-        return None  # the key (header or query) and the model are checked by the route
-
     def invalid(self, body: Any) -> Refusal | None:
         found = check_request(body, self.model_id)
         if found is not None:

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.core.model_names import anthropic_name
 from proxy.core.tokens import TokenCounter
 from proxy.testing import api_gemini
 from proxy.testing.answering import serve
@@ -272,6 +273,37 @@ class MessagesApi(Api):
 
     def stream_error(self, events: list[Event]) -> Event:
         return STREAM_ERROR
+
+
+class EnvelopedMessages(MessagesApi):
+    """Messages as a cloud carries it (Bedrock, Vertex): the model in the path, not the
+    body; the platform checks the credential itself (no `gate`); the envelope's own fields
+    are not the Messages API's; the answer names the model by its Anthropic name."""
+
+    envelope_fields: tuple[str, ...] = ("anthropic_version",)
+
+    def __init__(self, counter: TokenCounter, cloud: str, model: str) -> None:
+        super().__init__(counter)
+        self.model_id = model
+        self.name = f"{cloud} {model}"  # the answer depends on the path's model
+
+    def gate(self, headers: Mapping[str, str]) -> Refusal | None:
+        return None
+
+    def as_messages(self, body: Any) -> Any:
+        if not isinstance(body, dict):
+            return body
+        plain = {k: v for k, v in body.items() if k not in self.envelope_fields}
+        return {"model": anthropic_name(self.model_id), **plain}
+
+    def count(self, body: Any) -> int:
+        return super().count(self.as_messages(body))
+
+    def model(self, body: Any) -> str:
+        return self.model_id
+
+    def whole(self, body: Any, reply: Reply, usage: Usage) -> dict[str, Any]:
+        return {**super().whole(body, reply, usage), "model": anthropic_name(self.model_id)}
 
 
 async def handle_messages(request: web.Request) -> web.StreamResponse:

@@ -47,8 +47,8 @@ from aiohttp import web
 
 from proxy.core.tokens import TokenCounter
 from proxy.testing.answering import serve
-from proxy.testing.api import Api, Event, Refusal
-from proxy.testing.api_chat import OPENAI_FAULTS, invalid, openai_error, openai_gate
+from proxy.testing.api import Event, Refusal
+from proxy.testing.api_chat import OpenAIApi, invalid, openai_error, openai_gate
 from proxy.testing.cache import Unit
 from proxy.testing.codex_scenario import Scenario
 from proxy.testing.prompt import COMPACTION, SUMMARY, TURN, Entry, Part, Prompt, Result, Text
@@ -65,12 +65,11 @@ from proxy.testing.responses_items import (
     ItemCounter,
     check_seals,
     offered_custom,
-    part_texts,
     seal,
     sealed_text,
 )
 from proxy.testing.standin_http import COUNTER, request_digest
-from proxy.wire.responses_units import input_items
+from proxy.wire.responses_units import input_items, part_texts
 from proxy.wire.responses_validation import validate_responses_request, window_error
 
 REASONS = {"thinking": True}
@@ -223,21 +222,13 @@ def turn_state(headers: Mapping[str, str], options: ResponsesOptions) -> dict[st
     return {"x-codex-turn-state": "sts_" + hashlib.sha256(str(turn).encode()).hexdigest()[:24]}
 
 
-class ResponsesApi(Api):
+class ResponsesApi(OpenAIApi):
     name = "responses"
     defaults = REASONS  # its models reason whenever `reasoning` is set
-    unparsable = "We could not parse the JSON body of your request. ({error})"
-    faults = OPENAI_FAULTS
 
     def __init__(self, options: ResponsesOptions, counter: TokenCounter) -> None:
         self.options = options
         self.counter = ItemCounter(counter, options.seal_key)
-
-    def refuse(self, refusal: Refusal, request_id: str) -> web.Response:
-        return openai_error(refusal)
-
-    def gate(self, headers: Mapping[str, str]) -> Refusal | None:
-        return openai_gate(headers)
 
     def invalid(self, body: Any) -> Refusal | None:
         refusal = invalid(validate_responses_request(body, openai=self.options.plays_openai))
@@ -261,9 +252,6 @@ class ResponsesApi(Api):
 
     def read(self, body: Any) -> Prompt:
         return read(body, self.options.seal_key)
-
-    def streaming(self, body: Any) -> bool:
-        return body.get("stream") is True
 
     def whole(self, body: Any, reply: Reply, usage: Usage) -> dict[str, Any]:
         head = {"id": f"resp_{reply.digest[:32]}", "model": self.model(body)}

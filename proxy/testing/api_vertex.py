@@ -13,7 +13,6 @@ Answers and the model's own errors are Anthropic's (SSE, JSON, Messages errors).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -24,9 +23,8 @@ from proxy.core.tokens import TokenCounter
 from proxy.testing import api_messages
 from proxy.testing.answering import serve
 from proxy.testing.api import Refusal
-from proxy.testing.api_messages import MessagesApi
+from proxy.testing.api_messages import EnvelopedMessages, MessagesApi
 from proxy.testing.google_oauth import TokenEndpoint
-from proxy.testing.reply import Reply, Usage
 from proxy.testing.standin_http import COUNTER, OPTIONS, RECORD, request_id, scaled
 from proxy.wire.anthropic_validation import validate_count_tokens_request
 from proxy.wire.anthropic_vertex import VertexTarget, envelope_problem, google_error, vertex_target
@@ -62,22 +60,10 @@ def platform_refusal(request: web.Request, target: VertexTarget | None) -> web.R
     return None
 
 
-class VertexApi(MessagesApi):
-    """Messages, as Vertex carries it: the model in the path, not the body."""
-
+class VertexApi(EnvelopedMessages):
     def __init__(self, counter: TokenCounter, target: VertexTarget) -> None:
-        super().__init__(counter)
+        super().__init__(counter, "vertex", target.model)
         self.target = target
-        self.name = f"vertex {target.model}"  # the answer depends on the path's model
-
-    def gate(self, headers: Mapping[str, str]) -> Refusal | None:
-        return None  # the access token was checked (platform_refusal)
-
-    def _as_messages(self, body: Any) -> Any:
-        if not isinstance(body, dict):
-            return body
-        plain = {k: v for k, v in body.items() if k != "anthropic_version"}
-        return {"model": anthropic_name(self.target.model), **plain}
 
     def invalid(self, body: Any) -> Refusal | None:
         if not isinstance(body, dict):
@@ -85,17 +71,7 @@ class VertexApi(MessagesApi):
         problem = envelope_problem(body, self.target)
         if problem is not None:
             return Refusal(400, "invalid_request_error", problem)
-        return super().invalid(self._as_messages(body))
-
-    def count(self, body: Any) -> int:
-        return super().count(self._as_messages(body))
-
-    def model(self, body: Any) -> str:
-        return self.target.model
-
-    def whole(self, body: Any, reply: Reply, usage: Usage) -> dict[str, Any]:
-        # Vertex answers with the model's Anthropic name, whatever id the path gave.
-        return {**super().whole(body, reply, usage), "model": anthropic_name(self.target.model)}
+        return super().invalid(self.as_messages(body))
 
 
 async def handle_predict(request: web.Request) -> web.StreamResponse:

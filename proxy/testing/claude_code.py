@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from proxy.testing.agent_install import AgentInstallError, run_cli
+from proxy.testing.agent_install import AgentInstallError, clean_env, json_lines, run_cli
 
 PACKAGE = "@anthropic-ai/claude-code"
 
@@ -62,9 +60,6 @@ class ClaudeCodeRun:
         result = self.result
         return str(result.get("result") or "") if result else ""
 
-    def assistant_messages(self) -> list[dict[str, Any]]:
-        return [e["message"] for e in self.events if e.get("type") == "assistant"]
-
     def transcripts(self) -> str:
         """Everything Claude Code wrote under its HOME (session transcripts, saved tool
         output), as one text."""
@@ -79,19 +74,17 @@ class ClaudeCodeRun:
 
 
 def claude_env(base_url: str, home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A clean environment: nothing of the caller's (keys, settings) but PATH and locale."""
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
-    env.update(
-        HOME=str(home),
+    # As root the CLI refuses to skip permission prompts unless told it is in a sandbox.
+    root = {"IS_SANDBOX": "1"} if hasattr(os, "geteuid") and os.geteuid() == 0 else {}
+    return clean_env(
+        home,
+        extra,
         ANTHROPIC_BASE_URL=base_url,
         ANTHROPIC_API_KEY="sk-ant-test-harness",
         DISABLE_TELEMETRY="1",
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        **root,
     )
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        env["IS_SANDBOX"] = "1"  # else the CLI refuses to skip permission prompts as root
-    env.update(extra or {})
-    return env
 
 
 async def run_claude_code(
@@ -119,12 +112,5 @@ async def run_claude_code(
     argv += list(extra_args)
     env = claude_env(base_url, home, extra_env)
     returncode, stdout, stderr = await run_cli(argv, cwd=workdir, env=env, time_limit=time_limit)
-    events = []
-    for line in stdout.splitlines():
-        try:
-            event = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(event, dict):
-            events.append(event)
+    events, _ = json_lines(stdout)
     return ClaudeCodeRun(returncode, events, stdout, stderr, home, workdir, argv)

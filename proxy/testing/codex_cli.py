@@ -18,14 +18,14 @@ The Codex binary is the one tests/agents/package.json pins (`npm ci` there), or
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from proxy.testing.agent_install import json_lines, run_cli
 
 AGENTS_DIR = Path(__file__).resolve().parents[2] / "tests" / "agents"
 CUSTOM_PROVIDER = "standin"
@@ -156,37 +156,6 @@ async def run_codex(
 ) -> CodexRun:
     """Run `codex exec --json` once; the caller's event loop keeps serving meanwhile."""
     argv, env = codex_command(prompt, config, work_dir, home_dir, api_key)
-    process = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-        cwd=work_dir,
-        start_new_session=True,  # its children die with it at a timeout
-    )
-    timed_out = False
-    try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), time_limit)
-    except TimeoutError:
-        timed_out = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, 9)
-        stdout, stderr = await process.communicate()
-    events: list[dict[str, Any]] = []
-    unparsed: list[str] = []
-    for line in stdout.decode(errors="replace").splitlines():
-        try:
-            event = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            unparsed.append(line)
-            continue
-        if isinstance(event, dict):
-            events.append(event)
-    return CodexRun(
-        None if timed_out else process.returncode,
-        events,
-        stderr.decode(errors="replace"),
-        timed_out,
-        unparsed,
-    )
+    returncode, stdout, stderr = await run_cli(argv, cwd=work_dir, env=env, time_limit=time_limit)
+    events, unparsed = json_lines(stdout)
+    return CodexRun(returncode, events, stderr, returncode is None, unparsed)

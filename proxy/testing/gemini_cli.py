@@ -9,7 +9,6 @@ and returns what it printed.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from proxy.testing.agent_install import AgentInstallError, run_cli
+from proxy.testing.agent_install import AgentInstallError, clean_env, run_cli
 
 PACKAGE = "@google/gemini-cli"
 API_KEY = "gemini-cli-test-key"
@@ -60,17 +59,14 @@ class GeminiCliRun:
 
 
 def gemini_env(base_url: str, home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A clean environment: nothing of the caller's (keys, settings) but PATH and locale."""
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
-    env.update(
-        HOME=str(home),
+    return clean_env(
+        home,
+        extra,
         GEMINI_API_KEY=API_KEY,
         GOOGLE_GEMINI_BASE_URL=base_url,
         GEMINI_CLI_TRUST_WORKSPACE="true",
         NO_BROWSER="true",
     )
-    env.update(extra or {})
-    return env
 
 
 async def run_gemini_cli(

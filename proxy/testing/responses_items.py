@@ -25,7 +25,7 @@ import orjson
 
 from proxy.core.tokens import TokenCounter
 from proxy.testing.cache import Unit, prefix_units
-from proxy.wire.responses_units import input_items
+from proxy.wire.responses_units import input_items, part_texts
 
 SEAL_PREFIX = "sti1."
 ITEM_OVERHEAD = 4
@@ -81,17 +81,6 @@ def check_seals(body: dict[str, Any], key: bytes, accept_foreign: bool) -> str |
         if mine is None and not accept_foreign:
             return str(item.get("id") or f"input[{i}]")
     return None
-
-
-def part_texts(content: Any) -> list[str]:
-    """The texts of a message's content or an output's (a string, or parts)."""
-    if isinstance(content, str):
-        return [content]
-    texts = []
-    for part in content if isinstance(content, list) else ():
-        if isinstance(part, dict) and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-    return texts
 
 
 def sealed_text(item: dict[str, Any], key: bytes) -> str | None:

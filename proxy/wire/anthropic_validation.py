@@ -260,7 +260,6 @@ class _Turn:
     """Consecutive same-role messages merged into one, as the API sees them."""
 
     role: str
-    first_index: int
     blocks: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (msg index, block)
 
 
@@ -273,7 +272,7 @@ def merged_turns(messages: list[Any]) -> list[_Turn]:
         content = message["content"]
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not turns or turns[-1].role != role:
-            turns.append(_Turn(role, i))
+            turns.append(_Turn(role))
         turns[-1].blocks.extend((i, block) for block in blocks)
     return turns
 

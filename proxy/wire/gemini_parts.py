@@ -36,7 +36,6 @@ from proxy.core.tokens import (
 from proxy.wire.common import FormatCounter
 
 Part = Mapping[str, Any]
-CONTENT_ROLES = ("user", "model")
 
 # The kinds of data a part holds (the API's `data` oneof).
 DATA_FIELDS = (
@@ -112,12 +111,6 @@ def is_thought(part: Part) -> bool:
 def signature_of(part: Part) -> str | None:
     value = field(part, "thoughtSignature")
     return value if isinstance(value, str) else None
-
-
-def call_name(part: Part) -> str:
-    call = field(part, "functionCall")
-    name = call.get("name") if isinstance(call, dict) else None
-    return name if isinstance(name, str) else ""
 
 
 # -- function responses as text ------------------------------------------------------------

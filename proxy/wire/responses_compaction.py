@@ -23,7 +23,6 @@ from proxy.core.seal import is_sealed
 from proxy.core.sse import encode_event
 from proxy.wire.responses_units import input_items, item_type
 
-SEALED_MARK = b'"encrypted_content":"cpx1.'  # a cheap look at the bytes before parsing
 SUMMARY_HEADER = (
     "[compaction-proxy: summary of the conversation before it was compacted; the earlier"
     " messages are no longer available]"

@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+import yarl
 
+from proxy.server.bedrock import signer
 from proxy.server.bedrock_auth import (
     BEARER_ENV,
     CLIENT_AUTH,
@@ -23,7 +25,6 @@ from proxy.server.bedrock_auth import (
     region_of,
     resolve,
     sign,
-    without_client_auth,
 )
 from proxy.server.refresh_ahead import MissingCredential
 from proxy.testing.aws_sigv4 import TEST_BEDROCK_KEY, TEST_CREDENTIALS, check_request
@@ -57,14 +58,20 @@ def test_a_signature_covers_exactly_the_method_path_query_and_bytes_sent() -> No
     assert expired is not None and "expired" in expired.message
 
 
-def test_the_clients_own_signature_never_goes_upstream() -> None:
+async def test_the_clients_own_signature_never_goes_upstream() -> None:
     client = [
         ("Authorization", "AWS4-HMAC-SHA256 Credential=theirs"),
         ("X-Amz-Date", "20260101T000000Z"),
         ("x-amz-security-token", "theirs"),
         ("Content-Type", "application/json"),
     ]
-    assert without_client_auth(client) == [("Content-Type", "application/json")]
+    # The signer the Bedrock upstreams use: the client's signature out, the proxy's in.
+    signs = signer("us-east-1", {BEARER_ENV: "the-proxys-key"})
+    sent = await signs.sign("POST", yarl.URL(URL), client, BODY)
+    assert sent == [
+        ("Content-Type", "application/json"),
+        ("Authorization", "Bearer the-proxys-key"),
+    ]
     assert {"authorization", "x-amz-security-token"} <= CLIENT_AUTH
 
 
