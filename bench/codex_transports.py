@@ -239,12 +239,14 @@ def report(runs: dict[str, list[Run]], command: str) -> str:
         " upstream socket opened before the 101, or the upgrade refused upstream) is within"
         " that spread. Relayed untouched, the WebSocket keeps what it is for (the same frames and"
         " bytes as direct: only new items after previous_response_id). Compacted, the proxy"
-        " sends the whole rewritten input at every crossing, and with this policy (a result"
-        " offloaded as it leaves the keep window, issue 12's incremental offload) nearly"
-        f" every turn is one: {median([float(r.incremental) for r in runs['ws proxy']]):.0f}"
+        " sends the whole rewritten input at every crossing: an offload step (on the"
+        " Responses API aged results are stubbed in batches, the format's offload_batch,"
+        " so the history as sent stays the same between them) or a fold:"
+        f" {median([float(r.incremental) for r in runs['ws proxy']]):.0f}"
         f" of {median([float(r.requests) for r in runs['ws proxy']]):.0f} frames went"
-        " incremental, so its upstream bytes are those of HTTP through the proxy (which"
-        " are still well under Codex's own HTTP bytes, the history being compacted).",
+        " incremental; its upstream bytes are between the WebSocket's direct and HTTP"
+        " through the proxy (which are still well under Codex's own HTTP bytes, the"
+        " history being compacted).",
         "",
     ]
     return "\n".join(lines)
@@ -266,7 +268,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=16)
     parser.add_argument("--write", action="store_true")
-    parser.add_argument("--offload-batch", type=int, help="the compacting policy's (default 1)")
+    parser.add_argument(
+        "--offload-batch",
+        type=int,
+        help="the compacting policy's (default: the format's, 4 on Responses)",
+    )
     args = parser.parse_args()
     if args.offload_batch is not None:
         POLICY["offload_batch"] = args.offload_batch

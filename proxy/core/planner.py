@@ -73,8 +73,10 @@ def plan(inp: PlanInput) -> Planned:
     if offloading and work.tokens > limits.offload_at:
         # An offload step: every large result that has left the keep window becomes a
         # stub, added after what is frozen (stubs already sent never change).
-        # Under the trigger in batches (the policy's offload_batch); over it, all at once.
-        batch = inp.policy.offload_batch if work.tokens <= limits.trigger else 1
+        # Under the trigger in batches (the policy's offload_batch, else the format's);
+        # over it, all at once.
+        batch = inp.policy.offload_batch or inp.dialect.offload_batch
+        batch = batch if work.tokens <= limits.trigger else 1
         work, blobs = offload(work, inp, batch)
     unsure, estimated = _unsure(inp, work)
     if unsure and work.tokens + unsure > limits.prepare_at:

@@ -203,6 +203,13 @@ class Dialect(Protocol):
         None when the format has no breakpoints or the message already carries one."""
         ...
 
+    # How many aged results are stubbed together under the trigger when the policy names
+    # no batch (its offload_batch 0): 1 where the proxy places a breakpoint before the
+    # next result to stub (each step then reads the turns between from the cache);
+    # OFFLOAD_BATCH where the API caches repeated prefixes by itself (the history as sent
+    # stays the same between batches: Codex's WebSocket frames stay incremental).
+    offload_batch: int
+
 
 class Summaries(Protocol):
     """The summariser's call in the format."""

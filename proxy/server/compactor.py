@@ -129,6 +129,9 @@ class Asked:
     policy_override: Mapping[str, int] | None = None  # a key's or team's numbers
     spend: SummaryBudget = FREE_SUMMARIES  # what summaries made for it may spend
     summarise: SummaryCall = _no_summariser  # the summariser call, through its upstream
+    # Set once the request's answer starts (or it ends): a summary made ahead goes up only
+    # then, its prefix cached by this request (None: at once).
+    answer_started: asyncio.Event | None = None
 
 
 class Compactor:
@@ -349,6 +352,7 @@ class Compactor:
             summariser=self.summariser,
             summarise=asked.summarise,
             background=self.spawn,
+            answer_started=asked.answer_started,
             count=self.counter.count_text,
             spend=asked.spend,
             on_background_call=self.on_background_summary,

@@ -33,6 +33,7 @@ envelope and own step); between transports, the `Transport`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -144,6 +145,18 @@ class Exchange(Generic[A]):
         return self.caller.tenant or tenant_of(self.request.headers)
 
     async def run(self) -> A:
+        """The exchange; a summary it has made ahead goes up once its answer starts (or
+        once it ends without one), so that summary's call, reading the conversation's
+        prefix, finds it in the provider's cache written by this request."""
+        started = asyncio.Event()
+        self.record.on_answer = started.set
+        try:
+            return await self._run(started)
+        finally:
+            self.record.on_answer = None
+            started.set()
+
+    async def _run(self, started: asyncio.Event) -> A:
         route, transport, record, budget = self.route, self.transport, self.record, self.budget
         wire, envelope, compactor = route.wire, route.envelope, self.compactor
         metered = route.compacts and budget.applies
@@ -178,7 +191,14 @@ class Exchange(Generic[A]):
             )
             betas = envelope.betas(headers, incoming.payload)
             asked = Asked(
-                headers, model, betas, caller.tenant, caller.policy, budget.summaries(), summarise
+                headers,
+                model,
+                betas,
+                caller.tenant,
+                caller.policy,
+                budget.summaries(),
+                summarise,
+                answer_started=started,
             )
             prepared = await compactor.prepare(incoming, wire, self.store, asked, record)
         else:

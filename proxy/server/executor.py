@@ -8,6 +8,7 @@ without the store (proxy/server/driving.py `drive` runs the driver with it).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
@@ -65,7 +66,9 @@ class StoreExecutor:
         on_background_call: Callable[[bool], None],
         on_lines: Callable[[float], None] = _ignore_count,
         on_evicted: Callable[[float], None] = _ignore_count,
+        answer_started: asyncio.Event | None = None,
     ) -> None:
+        self.answer_started = answer_started  # a summary made ahead goes up after it
         self.on_lines = on_lines  # told how many lines a load found (metrics)
         self.on_evicted = on_evicted  # ... and how many a crossing evicted
         self.store = store
@@ -155,6 +158,7 @@ class StoreExecutor:
                     count=self.count,
                     spend=self.spend,
                     on_call=self.on_background_call,
+                    after=self.answer_started,
                 )
             )
         return Started()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Callable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 
@@ -51,6 +52,9 @@ class RequestRecord:
     team: str = ""
     rejected: str = ""  # why a key or budget check refused the request ("tokens", ...)
     trace_id: str = ""  # the request's trace (hex) when it is traced and sampled
+    # Told once, when the upstream answer starts (a summary made ahead waits for it: the
+    # request's prefix is in the provider's cache from then on).
+    on_answer: Callable[[], None] | None = None
 
     def reads_answers_as(self, scan: UsageScan | None) -> None:
         """The wire format whose answers this request relays (how usage is read)."""
@@ -94,6 +98,9 @@ class RequestRecord:
         if self.upstream_answered is None:
             self.upstream_answered = time.perf_counter()
             self.upstream_request_id = request_id[:64]
+        told, self.on_answer = self.on_answer, None
+        if told is not None:
+            told()
 
 
 # A request's id only ties its log line, span and admin stats together: it need not be

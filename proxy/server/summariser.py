@@ -12,6 +12,7 @@ releases it), so no second replica pays for the same summary in between.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -333,6 +334,11 @@ def note_record(note: PreparedSummary, **more: object) -> dict[str, object]:
     return {**record, **more}
 
 
+# How long a summary made ahead waits for the answer of the request it was made from to
+# start (its prefix is in the provider's cache from then on), at most (seconds).
+ANSWER_WAIT = 30.0
+
+
 async def prepare_summary(
     command: PrepareSummary,
     *,
@@ -344,16 +350,22 @@ async def prepare_summary(
     count: Callable[[str], int],
     spend: SummaryBudget,
     on_call: Callable[[bool], None],
+    after: asyncio.Event | None = None,
 ) -> None:
     """Make the next fold's summary in the background, once for the fleet (the same lock
     as a summary made at a crossing), and keep its note in the root (what it folds and
     what its call saw: proxy/core/lines.py): first as being made (so no replica starts it
     again), then with its text. The call is reserved in the caller's budgets before it is
     made and settled to its usage; a budget that refuses it, like a failure, leaves a
-    failed note (the crossing then makes the summary itself, or packs)."""
+    failed note (the crossing then makes the summary itself, or packs). The call goes up
+    once `after` is set (the answer of the request it was made from has started: made in
+    place, it reads that request's prefix, which the provider caches only then), or after
+    ANSWER_WAIT."""
     key = command.ask.key
     tracing.note({"compaction.tenant": tenant, "compaction.conversation": conversation})
-    lock = SummaryLock(store, tenant, conversation, key, settings.timeout)
+    # The lock's time covers the wait for the answer to start, then the call.
+    held = settings.timeout + (ANSWER_WAIT if after is not None else 0.0)
+    lock = SummaryLock(store, tenant, conversation, key, held)
     try:
         if not await lock.acquire():
             tracing.note({"compaction.summary": "busy"})
@@ -361,7 +373,9 @@ async def prepare_summary(
     except StoreUnavailable:
         return
     async with lock:
-        await _make_ahead(command, lock, count=count, spend=spend, call=call, on_call=on_call)
+        await _make_ahead(
+            command, lock, count=count, spend=spend, call=call, on_call=on_call, after=after
+        )
 
 
 async def _make_ahead(
@@ -372,8 +386,10 @@ async def _make_ahead(
     count: Callable[[str], int],
     spend: SummaryBudget,
     on_call: Callable[[bool], None],
+    after: asyncio.Event | None = None,
 ) -> None:
-    """The summary made ahead, its lock held (the caller releases it)."""
+    """The summary made ahead, its lock held (the caller releases it); its note is kept
+    (the next request of the line sees it being made) before the call waits for `after`."""
     store, tenant, conversation, key = lock.store, lock.tenant, lock.conversation, lock.key
     note = command.note  # None: the summary is stored, no crossing is told of it
 
@@ -390,6 +406,9 @@ async def _make_ahead(
             return
         if note is not None:
             await keep(note_record(note), command.evict_notes)
+        if after is not None and not after.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(after.wait(), ANSWER_WAIT)
         try:
             text, usage = await call(command.ask)
         except (SummariserFailed, UpstreamError, TimeoutError) as e:

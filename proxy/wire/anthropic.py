@@ -224,6 +224,8 @@ class MessagesRequest:
 class MessagesDialect:
     """How the planner sees a Messages history and what it writes into one (`Dialect`)."""
 
+    offload_batch = 1  # the proxy's breakpoint before the next result to stub: as each ages
+
     message_shape = staticmethod(message_shape)
     stubbed_message = staticmethod(stubbed_message)
     render_transcript = staticmethod(render_transcript)

@@ -26,6 +26,7 @@ from proxy.core import offload, summary
 from proxy.core.errors import ProxyError
 from proxy.core.history import Shape
 from proxy.core.offload import Stub, ToolResult
+from proxy.core.policy import PREFIX_CACHED_BATCH
 from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
 from proxy.core.usage import LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
@@ -230,6 +231,8 @@ class ChatRequest:
 
 class ChatDialect:
     """How the planner sees a Chat history and what it writes into one (`Dialect`)."""
+
+    offload_batch = PREFIX_CACHED_BATCH  # OpenAI caches prompt prefixes by itself
 
     message_shape = staticmethod(message_shape)
     render_transcript = staticmethod(render_transcript)

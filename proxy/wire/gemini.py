@@ -36,6 +36,7 @@ from proxy.core import offload, summary
 from proxy.core.errors import ProxyError
 from proxy.core.history import Shape
 from proxy.core.offload import Stub, ToolResult
+from proxy.core.policy import PREFIX_CACHED_BATCH
 from proxy.core.tokens import TokenCounter
 from proxy.core.usage import LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
@@ -240,6 +241,8 @@ class GeminiRequest:
 
 class GeminiDialect:
     """How the planner sees Gemini contents and what it writes into them (`Dialect`)."""
+
+    offload_batch = PREFIX_CACHED_BATCH  # the API caches repeated prefixes by itself
 
     message_shape = staticmethod(message_shape)
     render_transcript = staticmethod(render_transcript)

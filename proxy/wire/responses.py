@@ -32,6 +32,7 @@ import orjson
 
 from proxy.core import offload, summary
 from proxy.core.errors import ProxyError
+from proxy.core.policy import PREFIX_CACHED_BATCH
 from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
 from proxy.core.usage import LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
@@ -250,6 +251,8 @@ class ResponsesRequest:
 
 class ResponsesDialect:
     """How the planner sees units of Responses items and what it writes (`Dialect`)."""
+
+    offload_batch = PREFIX_CACHED_BATCH  # OpenAI caches prompt prefixes by itself
 
     message_shape = staticmethod(unit_shape)
     tool_results = staticmethod(tool_results)

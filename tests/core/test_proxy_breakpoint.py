@@ -5,10 +5,19 @@ on, instead of writing the turn between the stubbed region and that result again
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from itertools import pairwise
 
-from proxy.core.outcome import Rewrite
+from proxy.core.checkpoint import Checkpoint
+from proxy.core.outcome import Planned, Rewrite
+from proxy.wire.anthropic import ANTHROPIC
+from proxy.wire.chat import CHAT
+from proxy.wire.gemini import GEMINI
+from proxy.wire.responses import RESPONSES
 from tests.core.test_planner import conversation, planned, policy
+from tests.core.test_planner_chat import conversation as chat_conversation
+from tests.core.test_planner_chat import planned as chat_planned
 
 OFFLOADING = policy(window=200_000, trigger=100_000, target=80_000, offload_trigger=2_000)
 
@@ -61,3 +70,37 @@ def test_in_batches_the_history_sent_stays_the_same_between_them() -> None:
     # After the first step (all that had aged), one step every three turns, of three.
     assert len(steps) >= 4 and all(stubbed == 3 for _, stubbed in steps[1:])
     assert all(b - a == 3 for (a, _), (b, _) in pairwise(steps[1:]))
+
+
+def _offload_steps(plan_at: Callable[[int, Checkpoint | None], Planned], turns: int) -> list[int]:
+    """The turns at which an offload step stubbed results, the policy naming no batch."""
+    stored: Checkpoint | None = None
+    steps = []
+    for n in range(6, turns):
+        out = plan_at(n, stored)
+        assert isinstance(out, Rewrite)
+        stored = out.checkpoint or stored
+        if out.strategy == "offload":
+            steps.append(n)
+    return steps
+
+
+def test_the_batch_is_the_formats_when_the_policy_names_none() -> None:
+    # Messages: the proxy's breakpoint makes a step every turn cheap, so as each ages.
+    # OpenAI's formats (and Gemini) cache prefixes by themselves, with no breakpoint to
+    # place: PREFIX_CACHED_BATCH results at once, the history unchanged between.
+    assert OFFLOADING.offload_batch == 0
+    assert ANTHROPIC.offload_batch == 1
+    assert CHAT.offload_batch == RESPONSES.offload_batch == GEMINI.offload_batch > 1
+    messages = conversation(24, result_words=400)
+    on_messages = _offload_steps(
+        lambda n, cp: planned(messages[: 2 * n + 1], cp, policy=OFFLOADING), 24
+    )
+    assert all(b - a == 1 for a, b in pairwise(on_messages)) and len(on_messages) >= 10
+    chat = chat_conversation(24, result_words=400)
+    chat_policy = replace(OFFLOADING, keep_last=2, offload_threshold=300, note_cost=60)
+    on_chat = _offload_steps(
+        lambda n, cp: chat_planned(chat[: 2 * n + 2], cp, policy=chat_policy), 24
+    )
+    assert len(on_chat) >= 3
+    assert all(b - a == CHAT.offload_batch for a, b in pairwise(on_chat[1:]))

@@ -109,17 +109,12 @@ async def test_a_long_gemini_session_stays_valid_and_within_the_window(
         assert r.path_qs == f"/v1/models/{MODEL}:generateContent"
         assert r.headers["x-goog-api-key"] == "gemini-e2e-key"
     # Made in place: all of it but the ask is the conversation's request as it went
-    # upstream, read from the implicit cache. A summary made ahead goes up beside the
-    # request it is made from, so when it arrives first it finds less of it cached: the
-    # cache never reads more than that prefix, and reads all of it once the request is in.
-    whole = 0
+    # upstream, read whole from the implicit cache: a summary made ahead goes up once the
+    # answer of the request it is made from has started, so that prefix is cached by then.
     for r in summaries:
         body = orjson.loads(r.body)
         prefix = counter.count_request({**body, "contents": body["contents"][:-1]})
-        cached = r.usage.get("cachedContentTokenCount", 0)
-        assert 0 < cached <= prefix, (cached, prefix)
-        whole += cached == prefix
-    assert whole, "no summary read the conversation's whole prefix from the cache"
+        assert r.usage.get("cachedContentTokenCount") == prefix
     print(
         f"\n{'stream' if stream else 'whole'}: {len(summaries)} summaries,"
         f" {len([s for s in strategies if s and s != 'checkpoint'])} crossings,"
