@@ -20,15 +20,19 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from proxy import tracing
 from proxy.config import ServerSettings
 from proxy.core.commands import GetSummary
 from proxy.core.counting import (
+    BOUNDED_FORMATS,
     Counted,
     cannot_cross,
     count_request,
     count_tokens,
     count_unless_quiet,
+    history_quiet,
 )
 from proxy.core.deep_json import ORJSON_DEPTH, too_deep
 from proxy.core.driver import CompactionRequest, compaction
@@ -69,6 +73,11 @@ DEFAULT_REUSE_BYTES = ServerSettings().reuse_max_bytes
 
 
 POLICY_MEMO_SIZE = 4096
+# A body of up to this many times the quiet tokens (calibrated) has its history written
+# out to be measured when the reuse cache has not laid it out (Claude Code's tools and
+# system prompt alone are some 40 KB: its short histories come with bodies twice the
+# default offload trigger).
+HISTORY_WRITTEN_SHARE = 4
 
 
 def _ignore(ok: bool) -> None:
@@ -94,6 +103,28 @@ def _written_by_orjson(seen: Seen | None, body: Mapping[str, Any]) -> bool | Non
     """True when the reuse cache knows the body is orjson's writing of what it parsed
     (where each message lies: `Seen.layout`); None: not known, to be found if needed."""
     return True if seen is not None and seen.payload is body and seen.layout else None
+
+
+def _history_bytes(
+    seen: Seen | None,
+    messages: Sequence[Mapping[str, Any]],
+    size: int,
+    policy: Policy,
+    factor: float,
+) -> int | None:
+    """The bytes of orjson's writing of the history: where the reuse cache laid the body
+    out, read off its layout; else written, when the body is small enough that its
+    history may prove it quiet (None: not known)."""
+    if seen is not None and seen.layout is not None:
+        ends = seen.layout.ends
+        if len(ends) == len(messages):
+            return ends[-1] - seen.layout.head + 2 if ends else 2  # (with its brackets)
+    if size * factor > HISTORY_WRITTEN_SHARE * policy.quiet_tokens:
+        return None  # a history this large is rarely quiet: counting decides
+    try:
+        return len(orjson.dumps(messages))
+    except orjson.JSONEncodeError:
+        return None
 
 
 def _new_bytes(seen: Seen | None, size: int) -> int:
@@ -315,6 +346,12 @@ class Compactor:
         seen = incoming.seen
         if seen is not None and seen.payload is not body:
             seen = None  # (kept for another body than the one compacted)
+        if not sample and wire.name in BOUNDED_FORMATS:
+            history = _history_bytes(seen, messages, len(body_bytes), policy, factor)
+            if history is not None and history_quiet(
+                wire, body_bytes, history, len(messages), policy, factor
+            ):
+                return untouched  # not counted: its history's bytes prove it quiet
         # Off the loop when what is new to count is large (what the line's last request
         # repeats is counted already: proxy/core/reuse.py).
         size = _new_bytes(seen, len(body_bytes))
