@@ -194,6 +194,7 @@ class Compactor:
         self._background: set[asyncio.Task[None]] = set()
         # (model, 1M beta asked) -> its policy (a glob match and a table lookup each)
         self._policy_of: dict[tuple[str, bool], Policy] = {}
+        self._wants_1m: dict[str, bool] = {}  # betas -> whether they ask for the 1M window
         self._warned: set[str] = set()  # models not in the model table, warned of once
         self.stubbed: StubbedMemo = {}  # stubbed messages built, shared by all requests
         self.on_background_summary = on_background_summary
@@ -228,7 +229,12 @@ class Compactor:
         reaches 1M only with `context-1m-...` gets that window when it is asked for)."""
         if override:
             return policy_for(model, self.policies, override, betas=betas)
-        beta = wants_1m(betas)
+        beta = self._wants_1m.get(betas)
+        if beta is None:  # (a client sends the same betas with every request)
+            beta = wants_1m(betas)
+            if len(self._wants_1m) >= POLICY_MEMO_SIZE:
+                self._wants_1m.clear()
+            self._wants_1m[betas] = beta
         found = self._policy_of.get((model, beta))
         if found is None:
             found = policy_for(model, self.policies, betas=betas)
