@@ -159,14 +159,14 @@ def grep_steps(work: Path) -> list[dict[str, Any]]:
     return found
 
 
-def log_steps(work: Path) -> list[dict[str, str]]:
-    """Bash commands paging through the logs, each showing 15-28 KB."""
+def log_steps(work: Path, seed: int = 0) -> list[dict[str, str]]:
+    """Bash commands paging through the logs, each showing 15-28 KB (`seed`: other pages)."""
     commands = []
     for n in range(TURNS):
-        name = ("git-history.log", "dpkg.log", "apt-term.log")[(n // 3) % 3]
+        name = ("git-history.log", "dpkg.log", "apt-term.log")[(n // 3 + seed) % 3]
         text = (work / "logs" / name).read_text(errors="replace").splitlines(keepends=True)
-        want = SMALLEST + (n * 7_919) % (LARGEST - SMALLEST)
-        first = 1 + (n * 977) % max(1, len(text) // 2)
+        want = SMALLEST + ((n + seed * 13) * 7_919) % (LARGEST - SMALLEST)
+        first = 1 + ((n + seed * 31) * 977) % max(1, len(text) // 2)
         size, last = 0, first
         while last <= len(text) and size + len(text[last - 1]) <= want:
             size += len(text[last - 1])
@@ -177,13 +177,19 @@ def log_steps(work: Path) -> list[dict[str, str]]:
     return commands
 
 
-def scenario(work: Path) -> Scenario:
+def scenario(work: Path, seed: int = 0) -> Scenario:
+    """The turns: Read, Grep and Bash in turn (seed 0, the recorded session); another seed
+    (a held-out session) pages the logs twice as often, from other places, reads other
+    files, and searches with other patterns first."""
     whole, halves = read_steps(work)
     greps = grep_steps(work)
-    logs = log_steps(work)
+    logs = log_steps(work, seed)
+    if seed:
+        whole.reverse()
+        greps = greps[seed % len(greps) :] + greps[: seed % len(greps)]
     steps: list[Step] = []
     for n in range(TURNS):
-        kind = n % 3
+        kind = n % 3 if not seed else (2, 0, 2, 1)[n % 4]
         if kind == 0 and n % 12 == 9 and len(halves) >= 2:  # now and then, two at once
             a, b = halves.pop(0), halves.pop(len(halves) // 2)
             calls: tuple[dict[str, Any], ...] = (
@@ -220,13 +226,13 @@ def _recorded(requests: list[Any]) -> list[Recorded]:
     return out
 
 
-async def record(out: Path, time_limit: float) -> None:
+async def record(out: Path, time_limit: float, seed: int = 0) -> None:
     root = Path(tempfile.mkdtemp(prefix="session-"))
     try:
         work = make_workdir(root)
         home = root / "home"
         home.mkdir()
-        script = scenario(work)
+        script = scenario(work, seed)
         options = StandInOptions(windows={"*": 1_000_000}, max_recorded=None, scenario=script)
         runner, url = await start("127.0.0.1", 0, options)
         try:
@@ -254,6 +260,7 @@ async def record(out: Path, time_limit: float) -> None:
             "recorded": time.strftime("%Y-%m-%d", time.gmtime()),
             "python": platform.python_version(),
             "turns": TURNS,
+            "seed": seed,
         }
         write_session(out, meta, requests)
         describe(requests, out)
@@ -283,9 +290,12 @@ def main() -> None:
         "--out", type=Path, default=ROOT / "bench" / "sessions" / "claude-code-opus-5-5.zst"
     )
     parser.add_argument("--time-limit", type=float, default=1800)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="another session's turns (0: the recorded one's)"
+    )
     args = parser.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    asyncio.run(record(args.out, args.time_limit))
+    asyncio.run(record(args.out, args.time_limit, args.seed))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from proxy.core.digests import FORMS, Canonical, canonical, digest
 from proxy.core.estimate import ESTIMATE_MIN_BYTES, estimate_tokens, margin
 from proxy.core.policy import Policy
 from proxy.core.reuse import Known, Seen
-from proxy.core.tokens import MESSAGE_OVERHEAD, CountKey, TokenCounter
+from proxy.core.tokens import MESSAGE_OVERHEAD, CountKey, TokenCounter, referenced_tools
 from proxy.core.wire_format import MessageCounter, Request, WireFormat
 
 # Estimated tokens a body can hold beyond one per byte (the tools preamble and such).
@@ -193,7 +193,7 @@ def _count(
         for known, message in zip(facts, messages, strict=True)
     ]
     found = [_exact(base, known) for known in facts]
-    fixed = _fixed_tokens(wire, counter, body, seen)
+    fixed = _fixed_tokens(wire, counter, body, seen, facts)
     if policy is not None and wire.name in BOUNDED_FORMATS:
         # The cached counts alone over a threshold (a crossing): no bound of the new
         # messages can make it fit, so their bytes are not summed for one.
@@ -313,18 +313,36 @@ def _digest(known: Known) -> bytes:
 
 
 def _fixed_tokens(
-    wire: Request, counter: MessageCounter, body: Mapping[str, Any], seen: Seen | None
+    wire: Request,
+    counter: MessageCounter,
+    body: Mapping[str, Any],
+    seen: Seen | None,
+    facts: Sequence[Known] = (),
 ) -> int:
-    """The system prompt's and tools' tokens, kept while they are the same objects (a
-    deferred tool loaded by a message makes them depend on the messages: made each time)."""
-    parts = tuple(body.get(name) for name in FIXED_FIELDS)
-    if seen is None or _defers(body.get("tools")):
+    """The system prompt's and tools' tokens, kept while they are the same objects; with
+    a deferred tool (tool search: it counts once a `tool_reference` of the messages
+    loads it), while the messages also name the same tools (each message's names found
+    once, kept with its facts)."""
+    if seen is None:
         return wire.fixed_tokens(counter, body)
-    fixed = seen.fixed_value("fixed_tokens", parts)
+    parts = tuple(body.get(name) for name in FIXED_FIELDS)
+    names = _loading(facts) if _defers(body.get("tools")) else None
+    fixed = seen.fixed_value("fixed_tokens", parts, names)
     if fixed is None:
         fixed = wire.fixed_tokens(counter, body)
-        seen.keep_fixed("fixed_tokens", parts, fixed)
+        seen.keep_fixed("fixed_tokens", parts, fixed, names)
     return int(fixed)
+
+
+def _loading(facts: Sequence[Known]) -> frozenset[str]:
+    """The tool names the messages' `tool_reference` blocks give (tokens.referenced_tools),
+    each message scanned once."""
+    names: set[str] = set()
+    for known in facts:
+        if known.tool_refs is None:
+            known.tool_refs = frozenset(referenced_tools([known.message]))
+        names |= known.tool_refs
+    return frozenset(names)
 
 
 def _outside(wire: Request, body: Mapping[str, Any], seen: Seen | None) -> int:

@@ -40,9 +40,22 @@ def credential(headers: Mapping[str, str]) -> str:
     return token.strip() if scheme.lower() == "bearer" else auth.strip()
 
 
+# Tenants by credential, made once: a request asks for its tenant in several steps, and
+# an agent sends the same credential with every request (bounded: emptied when full).
+_TENANTS: dict[str, str] = {}
+TENANTS_KEPT = 4096
+
+
 def tenant_of(headers: Mapping[str, str]) -> str:
     secret = credential(headers)
-    return "t" + hashlib.blake2b(secret.encode(), key=_TENANT_KEY, digest_size=10).hexdigest()
+    tenant = _TENANTS.get(secret)
+    if tenant is None:
+        digest = hashlib.blake2b(secret.encode(), key=_TENANT_KEY, digest_size=10)
+        tenant = "t" + digest.hexdigest()
+        if len(_TENANTS) >= TENANTS_KEPT:
+            _TENANTS.clear()
+        _TENANTS[secret] = tenant
+    return tenant
 
 
 def conversation_of(headers: Mapping[str, str], view: IdentityView, tenant: str) -> str:

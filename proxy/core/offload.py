@@ -96,12 +96,17 @@ def refs_in(text: str) -> list[str]:
 
 
 def stub_text(text: str, ref: str, tool: str, head_chars: int, read_length: int) -> str:
+    """The result's head, then what it was and how to read on, in as few tokens as say
+    it (about 44 with the ref; bench/RESULTS.md, issue 35): its size, its ref, and the
+    call that reads from where the head ends. The call that made it (the tool and its
+    arguments) is not repeated: it stays whole in the message just before, in every
+    format, as long as the stub does (a fold takes both)."""
     head = _head(text, head_chars)
     shown = len(head)
     length = min(read_length, MAX_READ_CHARS)
     return (
-        f"{head}\n[compaction-proxy offloaded this result: {len(text):,} characters, the first"
-        f' {shown:,} above. {tool}(ref="{ref}", start={shown}, length={length}) reads more.]'
+        f"{head}\n[compaction-proxy offloaded this result: {len(text):,} characters;"
+        f' {tool}(ref="{ref}", start={shown}, length={length}) reads on]'
     )
 
 

@@ -23,7 +23,12 @@ from proxy.core.model_names import model_matches
 # chosen by bench/sweep.py over the long-tool and chat-heavy traces (bench/RESULTS.md,
 # "Policy defaults by measurement"), not shares of whatever window a model has: a turn
 # past the trigger is paid at the larger size, and a summary keeps what it keeps whatever
-# the window. Each is capped by the window (its share below), for small windows.
+# the window. Each is capped by the window (its share below), for small windows. The
+# stub head and keep window by bench/optimal.py's floor and `replay` on recorded Claude
+# Code sessions (bench/RESULTS.md, issue 35); an offload trigger of 10,000 would cost
+# 0.018x less there (the first offload rewrites the whole prompt: read_result joins the
+# tools), but a Claude Code first turn (10.6 KB of messages) would no longer be proved
+# quiet by its byte bound (tests/core/test_quiet_counting.py).
 DEFAULT_TRIGGER, DEFAULT_TARGET, DEFAULT_OFFLOAD = 100_000, 80_000, 20_000
 TRIGGER_SHARE, TARGET_SHARE, OFFLOAD_SHARE = 0.5, 0.4, 0.1
 # Aged results stubbed together under the trigger where the API caches repeated prefixes by
@@ -55,11 +60,14 @@ class Policy:
     note_cost: int = 48  # tokens reserved for a "history was dropped" note
     offload_threshold: int = 500  # tool results above this many tokens may be offloaded
     keep_results: int = 1  # the newest tool results are never offloaded
+    # ... as many of them as fit in this many tokens (0: no bound; the newest always stays):
+    # a result kept whole past its turn is written again when it is stubbed (issue 35)
+    keep_results_tokens: int = 8_000
     # Aged results stubbed together under the trigger (1: as each ages); 0: the format's
     # (its Dialect's offload_batch: 1 on Messages, PREFIX_CACHED_BATCH where the API caches
     # prefixes by itself).
     offload_batch: int = 0
-    stub_head_chars: int = 200  # how much of an offloaded result stays in the stub
+    stub_head_chars: int = 100  # how much of an offloaded result stays in the stub
     read_length: int = 8_000  # default slice length read_result suggests
     summariser_model: str = ""  # empty = the request's own model
     summary_max_tokens: int = (
@@ -96,7 +104,8 @@ class Policy:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise PolicyError(f"{where}: {name} must be a positive number of tokens")
-        names = ("window", "trigger", "target", "offload_trigger", "keep_last", "keep_results")
+        names = ("window", "trigger", "target", "offload_trigger", "keep_last", "keep_results",
+                 "keep_results_tokens")  # fmt: skip
         for name in (*names, "max_read_rounds"):
             if getattr(self, name) < 0:
                 raise PolicyError(f"{where}: {name} must not be negative")

@@ -62,6 +62,7 @@ class Known:
     digest: bytes | None = None  # its match digest, None until made
     json: bytes | None = None  # what the digest is of, kept until the digest is made
     raw: bytes | None = None  # its JSON when made while parsing, until counting takes it
+    tool_refs: frozenset[str] | None = None  # the tools its tool_reference blocks load
 
 
 @dataclass(slots=True)
@@ -84,8 +85,8 @@ class Seen:
     layout_tried: bool = False
     known: dict[int, Known] = field(default_factory=dict)  # by the message's id
     # Values computed from parts that stay the same objects between requests (the system
-    # prompt, the tools): name -> (those objects, the value).
-    fixed: dict[str, tuple[tuple[object, ...], Any]] = field(default_factory=dict)
+    # prompt, the tools): name -> (those objects, what else they depend on, the value).
+    fixed: dict[str, tuple[tuple[object, ...], object, Any]] = field(default_factory=dict)
     # What the planner built of the line's segments (working.BuiltMemo).
     built: dict[int, Any] = field(default_factory=dict)
     reused: int = 0  # messages this request took from the one before
@@ -101,17 +102,19 @@ class Seen:
             found = self.known[id(message)] = Known(message)
         return found
 
-    def fixed_value(self, name: str, parts: tuple[object, ...]) -> Any:
-        """A value kept for these very objects (None: none)."""
+    def fixed_value(self, name: str, parts: tuple[object, ...], also: object = None) -> Any:
+        """A value kept for these very objects and an equal `also` (None: none)."""
         found = self.fixed.get(name)
-        if found is None or len(found[0]) != len(parts):
+        if found is None or len(found[0]) != len(parts) or found[1] != also:
             return None
         if all(a is b for a, b in zip(found[0], parts, strict=True)):
-            return found[1]
+            return found[2]
         return None
 
-    def keep_fixed(self, name: str, parts: tuple[object, ...], value: Any) -> None:
-        self.fixed[name] = (parts, value)
+    def keep_fixed(
+        self, name: str, parts: tuple[object, ...], value: Any, also: object = None
+    ) -> None:
+        self.fixed[name] = (parts, also, value)
 
 
 @dataclass

@@ -48,7 +48,7 @@ def offload(work: Working, inp: PlanInput, batch: int = 1) -> tuple[Working, lis
             if result.block not in done:
                 candidates.append((n, result))
     # The newest results stay, and so does every result given in the same message as one.
-    newest = candidates[len(candidates) - policy.keep_results :] if policy.keep_results else []
+    newest = kept(candidates, inp)
     protected = {n for n, _ in newest}
     stubs: dict[int, list[Stub]] = {}
     blobs: list[tuple[str, str]] = []
@@ -72,6 +72,21 @@ def offload(work: Working, inp: PlanInput, batch: int = 1) -> tuple[Working, lis
         merged = tuple(sorted(earlier + stubs[n], key=lambda s: s.block))
         segments.append(Stubbed(seg.index, merged))
     return rebuilt(work, segments, stubs.keys(), inp), blobs
+
+
+def kept(candidates: list[tuple[int, ToolResult]], inp: PlanInput) -> list[tuple[int, ToolResult]]:
+    """The newest keep_results of the results not yet stubbed (oldest first), as many of
+    them as fit in keep_results_tokens (the newest whatever its size)."""
+    policy = inp.policy
+    newest = candidates[len(candidates) - policy.keep_results :] if policy.keep_results else []
+    if policy.keep_results_tokens <= 0 or len(newest) < 2:
+        return newest
+    total = 0
+    for n in range(len(newest) - 1, -1, -1):
+        total += inp.counter.count_result(newest[n][1].content)
+        if total > policy.keep_results_tokens and n < len(newest) - 1:
+            return newest[n + 1 :]
+    return newest
 
 
 def stubbable(result: ToolResult, inp: PlanInput) -> bool:

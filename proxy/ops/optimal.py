@@ -87,6 +87,9 @@ class Rules:
     keep_last: int = 6  # group starts that stay verbatim after the fold point
     keep_results: int = 1  # the newest results stay verbatim (at least 1: the model's input)
     summary_tokens: int = 6_500  # a summary's size (the proxy's cap, facts budget apart)
+    # ... and of those, only as many as fit in this many tokens (0: no bound; the newest
+    # result stays whatever its size)
+    keep_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,10 +159,19 @@ def _fold_points(shape: Shape, req: Request, keep_last: int) -> list[int]:
     return [0] + [i for i in usable if i > 0]
 
 
-def _offload_limit(shape: Shape, req: Request, keep_results: int, sums: _Sums) -> int:
-    """The largest k request `req` allows: the newest keep_results results stay verbatim."""
+def _offload_limit(shape: Shape, req: Request, rules: Rules, sums: _Sums) -> int:
+    """The largest k request `req` allows: the newest keep_results results stay verbatim,
+    as many of them as fit in keep_tokens (the newest always)."""
     results = [i for i in range(req.messages) if shape.messages[i].result]
-    kept = results[-max(1, keep_results) :] if results else []
+    kept = results[-max(1, rules.keep_results) :] if results else []
+    if rules.keep_tokens and kept:
+        total, first = 0, len(kept) - 1
+        for n in range(len(kept) - 1, -1, -1):
+            total += shape.messages[kept[n]].tokens
+            if n < len(kept) - 1 and total > rules.keep_tokens:
+                break
+            first = n
+        kept = kept[first:]
     first_kept = kept[0] if kept else req.messages
     return sums.below[min(first_kept, req.messages)]
 
@@ -176,7 +188,7 @@ def cheapest(shape: Shape, rules: Rules, prices: Prices | None = None) -> Schedu
     for req in shape.requests:
         out = req.output * prices.output
         folds = _fold_points(shape, req, rules.keep_last)
-        limit = _offload_limit(shape, req, rules.keep_results, sums)
+        limit = _offload_limit(shape, req, rules, sums)
         now: dict[tuple[int, int], float] = {}
         came: dict[tuple[int, int], tuple[tuple[int, int], str]] = {}
 
@@ -290,8 +302,70 @@ def unmanaged(shape: Shape, prices: Prices | None = None) -> float:
     return total
 
 
+# What a schedule's cost pays for (`bill`), the first four the same in every schedule
+# of a conversation whose newest result stays whole: what no policy saves.
+PARTS = ("fixed", "output", "new", "context", "kept", "stubs", "rewrite", "summary")
+
+
+def bill(
+    shape: Shape, rules: Rules, states: Sequence[tuple[int, int]], prices: Prices | None = None
+) -> dict[str, float]:
+    """A schedule's cost (`states`: its (f, k) per request, as `cheapest` gives them) by
+    what it pays for, billed the slow way (each prompt a list of items, the prefix it
+    shares with the previous one found by comparing them), in PARTS:
+
+    - fixed: system and tools, read (or written when they grow);
+    - output: the answers;
+    - new: each message written the first time it is sent, whole (the unmanaged run
+      writes it too);
+    - context: messages other than offloadable results, read whole;
+    - kept: offloadable results read whole (what keeping a result verbatim costs);
+    - stubs: stubs, written and read (what a stub's size costs);
+    - rewrite: whole messages written again (those after a newly stubbed result, a fold's);
+    - summary: summaries written and read, and the summariser calls.
+    """
+    prices = prices or Prices()
+    sums = _Sums(shape, rules)
+    offloadable = set(sums.offloadable)
+    parts = dict.fromkeys(PARTS, 0.0)
+    before: list[tuple[str, int, int]] = []
+    fixed_before, f_before, sent = 0, 0, set()
+    for req, (f, k) in zip(shape.requests, states, strict=True):
+        stubbed = set(sums.offloadable[sums.below[f] : k])
+        items: list[tuple[str, int, int]] = [("summary", f, sums.summary(f))] if f else []
+        for i in range(f, req.messages):
+            whole = i not in stubbed
+            items.append(("whole" if whole else "stub", i, shape.messages[i].tokens if whole
+                          else shape.messages[i].stubbed))  # fmt: skip
+        # system and tools: read as far as the previous request sent them (what they add
+        # is written, and, as in `cheapest`, does not move what follows out of the cache)
+        parts["fixed"] += min(fixed_before, req.fixed) * prices.read
+        parts["fixed"] += max(0, req.fixed - fixed_before) * prices.write
+        shared = True
+        if f > f_before:  # a fold: the summariser reads the conversation up to it
+            into = req.fixed + sums.summary(f_before)
+            into += sums.stubbed_prefix[f] - sums.stubbed_prefix[f_before]
+            parts["summary"] += into * prices.read + sums.summary(f) * prices.output
+            shared = False
+        for n, (form, i, tokens) in enumerate(items):
+            shared = shared and n < len(before) and before[n] == (form, i, tokens)
+            if form == "summary":
+                parts["summary"] += tokens * (prices.read if shared else prices.write)
+            elif form == "stub":
+                parts["stubs"] += tokens * (prices.read if shared else prices.write)
+            elif shared:
+                parts["kept" if i in offloadable else "context"] += tokens * prices.read
+            else:
+                parts["rewrite" if i in sent else "new"] += tokens * prices.write
+                sent.add(i)
+        parts["output"] += req.output * prices.output
+        before, fixed_before, f_before = items, req.fixed, f
+    return parts
+
+
 def rules_for(policy: Policy) -> Rules:
-    """The floor's rules for a policy: its window, keep_last, keep_results and summary
+    """The floor's rules for a policy: its window, keep_last, keep_results (within
+    keep_results_tokens) and summary
     size (the proxy's summary_tokens at the cap, less the facts budget:
     proxy/core/summariser_input.py)."""
     from proxy.core.summariser_input import FACTS_MAX, FACTS_MIN
@@ -302,6 +376,7 @@ def rules_for(policy: Policy) -> Rules:
         window=policy.window,
         keep_last=policy.keep_last,
         keep_results=max(1, policy.keep_results),
+        keep_tokens=policy.keep_results_tokens,
         summary_tokens=max(cap - facts, cap // 2),
     )
 

@@ -28,7 +28,7 @@ from proxy.core.errors import Forbidden, NotAuthenticated
 from proxy.core.errors import StoreUnavailable as CannotCheck
 from proxy.core.identity import credential
 from proxy.server.budgets import TICKET, admission
-from proxy.server.caller import CALLER, Caller, count_rejection
+from proxy.server.caller import ANONYMOUS, CALLER, Caller, count_rejection
 from proxy.server.fleet import FLEET
 from proxy.server.passthrough import API_PREFIX, handle_passthrough
 from proxy.server.record import current_or_throwaway
@@ -112,6 +112,7 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
     app = request.app
     path = request.path
     if app[SETTINGS].auth.keys != "required" or path in OPEN_PATHS or is_admin_path(path):
+        request[CALLER] = ANONYMOUS  # (said, so that reading it raises no KeyError)
         return await handler(request)
     text = credential(request.headers)
     key_id = proxy_keys.key_id_of(text)

@@ -318,6 +318,21 @@ def test_offload_respects_keep_results(keep_results: int) -> None:
     assert len(out.blobs) == 12 - keep_results
 
 
+@pytest.mark.parametrize(("bound", "kept"), [(0, 3), (1, 1), (1.5, 1), (2.5, 2), (3.5, 3)])
+def test_the_keep_window_is_bounded_in_tokens(bound: float, kept: int) -> None:
+    """keep_results_tokens: of the newest keep_results results, only as many as fit stay
+    whole (the newest whatever its size)."""
+    messages = conversation(12)
+    one = COUNTER.count_result(messages[-1]["content"][0]["content"])
+    limits = policy(keep_results=3, keep_results_tokens=int(bound * one), trigger=12_000,
+                    target=8_000)  # fmt: skip
+    out = planned(messages, policy=limits)
+    assert isinstance(out, Rewrite)
+    assert len(out.blobs) == 12 - kept
+    whole = [m for m in out.messages[-2 * kept :] if m["role"] == "user"]
+    assert all("offloaded this result" not in str(m["content"]) for m in whole)
+
+
 def test_an_offload_step_rebuilds_only_the_messages_it_stubs() -> None:
     from proxy.core.segments import Stub, Stubbed, Verbatim
     from proxy.core.working import rebuilt, working

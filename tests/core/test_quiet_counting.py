@@ -242,3 +242,54 @@ def test_count_tokens_is_count_request_without_the_digests(
     counts = count_tokens(wire, counter, body, body["messages"])
     exact = count_request(wire, TokenCounter(), body, body["messages"])
     assert counts == dataclasses.replace(exact, digests=[])
+
+
+def test_deferred_tools_kept_per_line_follow_the_tools_the_messages_load() -> None:
+    """The fixed count of a line with a deferred tool (tool search) is kept while the
+    system, the tools and the tools the messages load stay the same; a new message that
+    loads the deferred tool (a `tool_reference`) changes it, as counting afresh does."""
+    from proxy.core.reuse import Reuse
+
+    tools = [
+        {"name": "Bash", "description": "run " * 50, "input_schema": {"type": "object"}},
+        {
+            "name": "Deep",
+            "description": "deferred " * 400,
+            "input_schema": {"type": "object"},
+            "defer_loading": True,
+        },
+    ]
+    asks = {"role": "user", "content": [{"type": "text", "text": "find a tool " * 20}]}
+    call = {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "toolu_1", "name": "ToolSearch", "input": {}}],
+    }
+    loads = {
+        "role": "user",
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": "toolu_1",
+                "content": [{"type": "tool_reference", "tool_name": "Deep"}],
+            }
+        ],
+    }
+
+    def body(messages: list[dict[str, Any]]) -> bytes:
+        return orjson.dumps(
+            {"model": "m", "messages": messages, "system": "sys " * 30, "tools": tools}
+        )
+
+    reuse, counter = Reuse(1 << 30), TokenCounter()
+    wire = ANTHROPIC
+    fixed = []
+    for messages in ([asks], [asks], [asks, call, loads], [asks, call, loads]):
+        payload, seen = reuse.parse("k", body(messages), "messages")
+        assert seen is not None
+        counted = counting._count(
+            wire, counter, payload, wire.messages(payload), None, 1.0, seen=seen
+        )
+        assert counted is not None
+        assert counted.fixed == wire.fixed_tokens(wire.counter(TokenCounter()), payload)
+        fixed.append(counted.fixed)
+    assert fixed[0] == fixed[1] < fixed[2] == fixed[3]

@@ -24,6 +24,7 @@ from proxy.ops.optimal import (
     Request,
     Rules,
     Shape,
+    bill,
     cheapest,
     rules_for,
     shape_of,
@@ -50,6 +51,7 @@ def shapes(draw: st.DrawFn) -> tuple[Shape, Rules]:
         keep_last=draw(st.integers(0, 2)),
         keep_results=draw(st.integers(1, 2)),
         summary_tokens=draw(st.integers(1, 30)),
+        keep_tokens=draw(st.sampled_from([0, 30, 80])),
     )
     return Shape(tuple(messages), requests), rules
 
@@ -64,6 +66,12 @@ def _states(shape: Shape, req: Request, rules: Rules) -> list[tuple[int, int]]:
     ]
     results = [i for i in range(req.messages) if msgs[i].result]
     kept = results[-rules.keep_results :]
+    while (
+        rules.keep_tokens
+        and len(kept) > 1
+        and sum(msgs[i].tokens for i in kept) > rules.keep_tokens
+    ):
+        kept = kept[1:]  # as many of the newest as fit, the newest whatever its size
     first_kept = kept[0] if kept else req.messages
     limit = sum(1 for i in offloadable if i < first_kept)
     out = []
@@ -158,6 +166,15 @@ def test_cheapest_is_the_exhaustive_minimum(case: tuple[Shape, Rules]) -> None:
     assert _allowed(tuple(found.states))
     assert _bill(shape, rules, tuple(found.states)) == pytest.approx(found.cost)
     assert found.largest <= rules.window
+    # what it pays for adds up to what it costs; output and first writes are the
+    # unmanaged run's
+    parts = bill(shape, rules, found.states)
+    assert sum(parts.values()) == pytest.approx(found.cost)
+    assert parts["output"] == pytest.approx(sum(r.output for r in shape.requests) * PRICES.output)
+    sent = max(r.messages for r in shape.requests)
+    firsts = sum(m.tokens for m in shape.messages[:sent]) * PRICES.write
+    assert parts["new"] <= firsts + 1e-9
+    assert parts["new"] + parts["rewrite"] + parts["stubs"] + parts["summary"] >= 0
 
 
 @settings(max_examples=100, deadline=None)
