@@ -236,7 +236,8 @@ async def demo(api: str, turns: int, out: Path, stream: TextIO, pace: float = 0.
                 await _drive(api, proxy.url, turns, observed, on_turn, pace)
             finally:
                 progress.close()
-            sent = _last_sent(standin.app[RECORDED])
+            recorded = standin.app[RECORDED]
+            sent = _last_sent(recorded)
         finally:
             await proxy.stop()
             await standin.cleanup()
@@ -300,7 +301,8 @@ def facts_kept(client: Sequence[Any], sent: Sequence[Any], fmt: Dialect) -> Fact
     """What of the conversation the agent holds (`client`, its last request's messages)
     the last request the proxy sent upstream (`sent`) still carries: each fact found in
     its messages, else in the result of a ref it names (read_result serves it whole)."""
-    sources, results = [], []
+    sources: list[facts.Source] = []
+    results: list[str] = []
     for message in client:
         tool_results = fmt.tool_results(message)
         kind = facts.TOOL_RESULT if tool_results else facts.CONVERSATION
