@@ -251,6 +251,7 @@ def rewrite_of(
         summary = "reused"  # the history sent holds a summary made at an earlier crossing
     if inp.tool is None and reason == "" and strategy.crossing:
         reason = "offload_off"
+    at = breakpoint_at(work, inp)  # (before the refs: core/segments.py is read once)
     return Rewrite(
         messages=work.messages,
         tool=tool,
@@ -261,7 +262,7 @@ def rewrite_of(
         blobs=blobs or [],
         checkpoint=stored,
         refs=vouched_refs(work.segments),  # every ref the history may read
-        breakpoint_at=breakpoint_at(work, inp),
+        breakpoint_at=at,
         summary=summary,
         reason=reason,
     )

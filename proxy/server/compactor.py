@@ -401,6 +401,7 @@ class Compactor:
             on_background_call=self.on_background_summary,
             on_lines=self.on_lines,
             on_evicted=self.on_evicted,
+            record=record,
         )
         # Planning a huge history takes seconds of pure work: off the event loop.
         off = size > self.off_loop_bytes

@@ -399,7 +399,7 @@ def test_stubbed_messages_are_built_once_and_reused_byte_for_byte(
     def never(*_: Any) -> Any:
         raise AssertionError("a stubbed message was built again")
 
-    monkeypatch.setattr(ANTHROPIC, "stubbed_message", never)
+    monkeypatch.setattr(ANTHROPIC, "with_results", never)
     _, reused = commands_of(compaction(memo_request(grown, memo)), store)
     assert reused.rewrite is not None and reused.rewrite.strategy == "checkpoint"
     assert reused.body == fresh.body and reused.estimate == fresh.estimate
@@ -442,7 +442,7 @@ def test_chat_tool_messages_with_string_content_are_reused_from_the_memo(
     def never(*_: Any) -> Any:
         raise AssertionError("a stubbed message was built again")
 
-    monkeypatch.setattr(type(CHAT), "stubbed_message", never)
+    monkeypatch.setattr(type(CHAT), "with_results", never)
     _, reused = commands_of(compaction(chat_request(grown, memo)), store)
     assert reused.rewrite is not None and reused.rewrite.strategy == "checkpoint"
     assert reused.body == fresh.body and reused.estimate == fresh.estimate
