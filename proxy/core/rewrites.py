@@ -124,16 +124,19 @@ def tail_uncached(work: Working, inp: PlanInput, at: int | None) -> bool:
     result still whole (the next to stub), one result stays whole (keep_results 1), each
     is stubbed as it ages (no batches), and the next request, adding a turn the size of
     the one after the breakpoint, would be past the offload trigger (it then takes an
-    offload step). Written to the cache it would cost 1.25 a token and never be read
-    whole; sent uncached, 1.0. Should the next request not stub it after all (a smaller
-    turn, a turn without a tool result, an edited history), it is written then: 0.9 a
-    token more than a read, once."""
+    offload step) and not past where summaries are made ahead. Written to the cache it
+    would cost 1.25 a token and never be read whole; sent uncached, 1.0. Should the next
+    request not stub it after all (a smaller turn, a turn without a tool result, an
+    edited history), it is written then: 0.9 a token more than a read, once."""
     if at is None or at + 1 >= len(work.segments) or inp.policy.keep_results > 1:
         return False
     if (inp.policy.offload_batch or inp.dialect.offload_batch) != 1:
         return False
     tail = sum(shape.tokens for shape in work.shapes[at + 1 :])
-    if work.tokens + tail <= limits_of(inp).offload_at:
+    limits = limits_of(inp)
+    if not limits.offload_at < work.tokens + tail <= limits.prepare_at:
+        # (past prepare_at, a summary made in place from this request or the next reads
+        # its prefix from the cache, the newest result included: it is cached)
         return False
     nxt = work.segments[at + 1]
     if not isinstance(nxt, Verbatim):
