@@ -64,6 +64,26 @@ def cannot_cross(body: bytes, policy: Policy, factor: float) -> bool:
     return b'"source"' not in body
 
 
+def history_quiet(
+    wire: Request, body: bytes, history_bytes: int, messages: int, policy: Policy, factor: float
+) -> bool:
+    """Whether bytes alone prove the request under the window and every threshold, when
+    the body's size (`cannot_cross`) does not: the whole request by the body's bytes, as
+    there, and the history by its JSON's (`history_bytes`: orjson's writing of the
+    messages, list and commas included), each message costing at most its JSON's bytes
+    plus MESSAGE_OVERHEAD (tests/core/test_count_bound.py). An agent's system prompt and
+    tools (Claude Code's: 31 KB) count against the window alone, so a short history is
+    proven quiet without counting anything. What it says quiet, `count_unless_quiet`
+    says quiet too (every term of its bound is at most this one's). Messages and Chat
+    only (BOUNDED_FORMATS); a body with a `source` (an image or document) is counted."""
+    if wire.name not in BOUNDED_FORMATS:
+        return False
+    if (len(body) + BYTE_BOUND_SLACK) * factor > policy.window:
+        return False
+    bound = history_bytes + messages * MESSAGE_OVERHEAD
+    return bound * factor <= policy.quiet_tokens and b'"source"' not in body
+
+
 @dataclass(frozen=True, slots=True)
 class Counted:
     fixed: int  # system prompt + tools, estimated

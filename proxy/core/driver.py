@@ -34,7 +34,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from proxy.core.checkpoint import Checkpoint, Line, root_of
+from proxy.core.checkpoint import Line, root_of
 from proxy.core.commands import (
     Command,
     GetSummary,
@@ -51,7 +51,7 @@ from proxy.core.commands import (
 )
 from proxy.core.counting import Counted
 from proxy.core.digests import chain_hash
-from proxy.core.duplicate_keys import duplicate_field
+from proxy.core.duplicate_keys import duplicated
 from proxy.core.estimate import margin
 from proxy.core.exact_json import ClientJSON
 from proxy.core.lines import (
@@ -62,12 +62,13 @@ from proxy.core.lines import (
     evicted_notes,
     is_most_recent,
     next_tick,
+    renewal,
 )
 from proxy.core.outcome import FoldPlan, Outcome, Planned, Recount, Refuse, Rewrite, Untouched
 from proxy.core.planner import ESTIMATED_OFFLOAD_SHARE, plan, without_blobs
 from proxy.core.policy import Policy
 from proxy.core.rewrites import fold, recovered_blobs
-from proxy.core.segments import StubbedMemo, vouched_refs
+from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TOOLS_PREAMBLE
 from proxy.core.wire_format import MessageCounter, WireFormat
 from proxy.core.working import BuiltMemo, PlanInput, real
@@ -146,12 +147,13 @@ def compaction(request: CompactionRequest) -> Driver:
     if not request.messages or counted.fits(policy, factor):
         return Decision(Untouched(real(counted.history, factor)), counted.total)
     root = root_of(counted.digests)
+    read_result = _read_result(request)  # (what the planner writes stubs for)
     loaded = yield LoadConversation(root)
     assert isinstance(loaded, Loaded)
     lines = _lines_of(loaded)
     notes = _notes_of(loaded)
     line = best_line(lines, counted.digests)
-    inp = _plan_input(request, loaded, line, best_note(notes, counted.digests))
+    inp = _plan_input(request, loaded, line, best_note(notes, counted.digests), read_result)
     crossed = False
     outcome: Planned = plan(inp)
     while isinstance(outcome, Recount):
@@ -161,7 +163,10 @@ def compaction(request: CompactionRequest) -> Driver:
     if _acts(outcome):
         # Nothing is rewritten or summarised from a history the API would refuse: it goes
         # up as it came, and the API's own error reaches the client.
-        invalid = request.wire.request_error(request.body, request.model) or _duplicated(request)
+        source = request.source  # (a body orjson writes back as sent has no duplicate)
+        invalid = request.wire.request_error(request.body, request.model) or (
+            None if source.canonical else duplicated(source.raw, request.body)
+        )
         if invalid is not None:
             tokens = real(counted.history, factor)
             return Decision(Untouched(tokens, reason="invalid_request"), counted.total,
@@ -180,14 +185,17 @@ def compaction(request: CompactionRequest) -> Driver:
             known = (outcome.key, text)
         had = "waited" if got.waited else "reused" if got.reused else "made"
         outcome = fold(outcome, text, summary=had)
-    declined = ""
+    checked: _Checked | None = None
     if isinstance(outcome, Rewrite):
-        outcome, declined = _checked(request, outcome)
+        checked = _checked(request, outcome)
+        outcome = checked.outcome
     if isinstance(outcome, Rewrite) and outcome.checkpoint is not None:
         new = {ref for ref, _ in outcome.blobs}
         kept = tuple(ref for ref in outcome.refs if ref not in new)
         before = line.checkpoint if line is not None else None
-        checkpoint, touch = _renewal(request, before, outcome.checkpoint, kept)
+        checkpoint, touch = renewal(
+            before, outcome.checkpoint, kept, request.now, request.renew_every
+        )
         saved = yield SaveCrossing(
             root,
             checkpoint,
@@ -221,7 +229,8 @@ def compaction(request: CompactionRequest) -> Driver:
                 outcome = fold(outcome, paid, summary="reused" if made is None else "made")
             if isinstance(outcome, Rewrite):
                 outcome = replace(outcome, checkpoint=None, reason="store_unavailable")
-                outcome, declined = _checked(request, outcome)
+                checked = _checked(request, outcome)
+                outcome = checked.outcome
     if isinstance(outcome, (Rewrite, Untouched)) and outcome.prepare is not None:
         # The next fold's summary, made in the background: no turn waits for it. Its
         # note says what its call sees (this whole history): only a history that begins
@@ -242,17 +251,8 @@ def compaction(request: CompactionRequest) -> Driver:
         # the least recently used line is the one a new line evicts.
         touched = yield TouchLine(root, line.name, next_tick(lines))
         assert isinstance(touched, Started)
-    return replace(_decision(request, inp, outcome, failure), declined=declined)
-
-
-def _duplicated(request: CompactionRequest) -> str | None:
-    """A field the proxy reads given twice in one object: the proxy read the last, the
-    upstream may obey the first, and a rewrite would send only the last. (A body orjson
-    writes back as sent has none: known at no cost, as its encoding asks it anyway.)"""
-    if request.source.canonical:
-        return None
-    name = duplicate_field(request.source.raw, request.body)
-    return f"the key {name!r} appears more than once in one object" if name else None
+    declined = checked.declined if checked is not None else ""
+    return replace(_decision(request, inp, outcome, failure, checked), declined=declined)
 
 
 def _acts(outcome: Planned) -> bool:
@@ -260,20 +260,34 @@ def _acts(outcome: Planned) -> bool:
     return not isinstance(outcome, Untouched) or outcome.prepare is not None
 
 
-def _checked(request: CompactionRequest, rewrite: Rewrite) -> tuple[Outcome, str]:
-    """The rewrite, when the API would take it; else (a planner's fault: the request
-    itself keeps the rules) what the API would answer the client's own request: the
-    client's bytes, or within the window's refusal when they exceed it. Never an empty
-    history or one the API refuses in place of the client's."""
-    invalid = request.wire.request_error(_sent(request, rewrite), request.model)
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """A rewrite as the API would answer it: `outcome` the rewrite itself, with the body
+    it sends (`sent`, and `body` encoded: built, checked and encoded once), or what
+    stands in for it, and why (`declined`)."""
+
+    outcome: Outcome
+    declined: str = ""
+    sent: dict[str, Any] | None = None
+    body: bytes | None = None
+
+
+def _checked(request: CompactionRequest, rewrite: Rewrite) -> _Checked:
+    """The rewrite with what it sends, when the API would take it; else (a planner's
+    fault: the request itself keeps the rules) what the API would answer the client's own
+    request: the client's bytes, or within the window's refusal when they exceed it.
+    Never an empty history or one the API refuses in place of the client's."""
+    sent = _sent(request, rewrite)
+    invalid = request.wire.request_error(sent, request.model)
     if invalid is None:
-        return rewrite, ""
+        return _Checked(rewrite, sent=sent, body=request.source.encode(sent))
     counted, policy = request.counted, request.policy
     tokens = real(counted.history, request.factor)
+    declined = f"invalid_rewrite: {invalid}"
     if (counted.history + counted.fixed) * request.factor > policy.window:
         told = f"prompt is too long: about {tokens} tokens of history > {policy.window} maximum"
-        return Refuse(told, reason="invalid_rewrite"), f"invalid_rewrite: {invalid}"
-    return Untouched(tokens, reason="invalid_rewrite"), f"invalid_rewrite: {invalid}"
+        return _Checked(Refuse(told, reason="invalid_rewrite"), declined)
+    return _Checked(Untouched(tokens, reason="invalid_rewrite"), declined)
 
 
 def _sent(request: CompactionRequest, rewrite: Rewrite) -> dict[str, Any]:
@@ -333,25 +347,6 @@ def _notes_of(loaded: Loaded) -> list[PreparedSummary]:
     return notes
 
 
-def _renewal(
-    request: CompactionRequest, before: Checkpoint | None, made: Checkpoint, kept: Sequence[str]
-) -> tuple[Checkpoint, tuple[str, ...]]:
-    """The checkpoint to save and the refs whose TTLs to renew. Incremental offload makes
-    nearly every turn a crossing, and renewing every ref a long conversation names at each
-    of them is work that grows with the conversation: refs the previous checkpoint named
-    were renewed (or written) at its `renewed_at` or later, so within `renew_every` of
-    that they are left alone (an eviction among them is then found at the next renewal)."""
-    now, every = request.now, request.renew_every
-    if now <= 0 or every <= 0:
-        return made, tuple(kept)
-    if before is None:
-        return replace(made, renewed_at=now), tuple(kept)
-    last = before.renewed_at
-    if 0 < last <= now < last + every and set(kept) <= set(vouched_refs(before.segments)):
-        return replace(made, renewed_at=last), ()
-    return replace(made, renewed_at=now), tuple(kept)
-
-
 def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
     """In place when the summariser is the conversation's own model (its prefix is then
     read from the prompt cache), else a request of its own holding the transcript."""
@@ -392,29 +387,35 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
     return replace(ask, body=body, encoded=encoded, fallback=transcript)
 
 
+def _read_result(request: CompactionRequest) -> tuple[str | None, int]:
+    """read_result's name in this request (None: the shell answers none for it, or the
+    client's tools leave no name free) and what adding its tool adds to the request's
+    tokens (tool counts are additive: no re-hashing the client's tools)."""
+    wire, body = request.wire, request.body
+    tool = wire.tool_name(body) if request.read_result else None
+    if not tool:
+        return tool, 0
+    tools = body.get("tools")
+    preamble = TOOLS_PREAMBLE if isinstance(tools, list) and tools else 0
+    return tool, request.counter.count_tools([wire.read_result_tool(tool)]) - preamble
+
+
 def _plan_input(
     request: CompactionRequest,
     loaded: Loaded,
     line: Line | None,
     prepared: PreparedSummary | None,
+    read_result: tuple[str | None, int],
 ) -> PlanInput:
-    wire, body, counter = request.wire, request.body, request.counter
-    tool = wire.tool_name(body) if request.read_result else None
-    tools = body.get("tools")
-    tool_list = tools if isinstance(tools, list) else []
-    tool_tokens = 0
-    if tool:
-        injected = wire.read_result_tool(tool)
-        # What adding it adds (tool counts are additive: no re-hashing the client's tools).
-        tool_tokens = counter.count_tools([injected]) - (TOOLS_PREAMBLE if tool_list else 0)
+    tool, tool_tokens = read_result
     return PlanInput(
         messages=request.messages,
         counts=request.counted.counts,
         digests=request.counted.digests,
         checkpoint=line.checkpoint if line is not None else None,
         policy=request.policy,
-        counter=counter,
-        dialect=wire,
+        counter=request.counter,
+        dialect=request.wire,
         fixed_tokens=request.counted.fixed,
         tool_tokens=tool_tokens,
         tool=tool,
@@ -429,7 +430,11 @@ def _plan_input(
 
 
 def _decision(
-    request: CompactionRequest, inp: PlanInput, outcome: Planned, failure: str
+    request: CompactionRequest,
+    inp: PlanInput,
+    outcome: Planned,
+    failure: str,
+    checked: _Checked | None = None,
 ) -> Decision:
     if isinstance(outcome, Untouched):
         return Decision(outcome, request.counted.total, summary_failure=failure)
@@ -437,9 +442,10 @@ def _decision(
         return Decision(outcome, request.counted.total)
     assert isinstance(outcome, Rewrite), "a store-less plan never folds"
     estimate = inp.fixed_tokens + (inp.tool_tokens if outcome.tool else 0) + outcome.estimate
-    sent = _sent(request, outcome)
+    # Every rewrite is checked before it is decided: what the check built and encoded.
+    assert checked is not None and checked.outcome is outcome
     return Decision(
-        outcome, estimate, sent=sent, body=request.source.encode(sent), summary_failure=failure
+        outcome, estimate, sent=checked.sent, body=checked.body, summary_failure=failure
     )
 
 

@@ -55,6 +55,14 @@ _ESCAPED_KEY = re.compile(rb'\\u[0-9a-fA-F]{4}(?:[^"\\]|\\.)*"[ \t\r\n]*:', re.D
 _FIELD_SET = frozenset(FIELDS)
 
 
+def duplicated(raw: bytes, parsed: Any) -> str | None:
+    """Why a body is declined when a field the proxy reads is given twice in one object
+    (the proxy read the last, the upstream may obey the first, and a rewrite would send
+    only the last), else None."""
+    name = duplicate_field(raw, parsed)
+    return f"the key {name!r} appears more than once in one object" if name else None
+
+
 def duplicate_field(raw: bytes, parsed: Any) -> str | None:
     """The name of a field the proxy reads that appears twice in one object of the JSON
     body `raw` (already parsed, by orjson, as `parsed`), else None."""

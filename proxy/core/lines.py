@@ -27,10 +27,12 @@ first message (proxy/store/redis.py), so a load stays one round trip.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
-from proxy.core.checkpoint import Line
+from proxy.core.checkpoint import Checkpoint, Line
 from proxy.core.commands import PreparedSummary
 from proxy.core.digests import chain_hash
+from proxy.core.segments import vouched_refs
 
 __all__ = [
     "Line", "begins_with", "best_line", "best_note", "evicted", "evicted_notes", "next_tick",
@@ -78,6 +80,26 @@ def best_note(notes: Iterable[PreparedSummary], digests: Sequence[bytes]) -> Pre
 
 def next_tick(lines: Iterable[Line]) -> int:
     return 1 + max((line.used for line in lines), default=0)
+
+
+def renewal(
+    before: Checkpoint | None, made: Checkpoint, kept: Sequence[str], now: int, every: int
+) -> tuple[Checkpoint, tuple[str, ...]]:
+    """The checkpoint a crossing saves on its line and the refs whose TTLs to renew, at
+    the shell's clock `now` (seconds) renewing them at most `every` seconds (0 for either:
+    at every crossing). Incremental offload makes nearly every turn a crossing, and
+    renewing every ref a long conversation names at each of them is work that grows with
+    the conversation: refs the line's previous checkpoint (`before`) named were renewed
+    (or written) at its `renewed_at` or later, so within `every` of that they are left
+    alone (an eviction among them is then found at the next renewal)."""
+    if now <= 0 or every <= 0:
+        return made, tuple(kept)
+    if before is None:
+        return replace(made, renewed_at=now), tuple(kept)
+    last = before.renewed_at
+    if 0 < last <= now < last + every and set(kept) <= set(vouched_refs(before.segments)):
+        return replace(made, renewed_at=last), ()
+    return replace(made, renewed_at=now), tuple(kept)
 
 
 def is_most_recent(line: Line, lines: Sequence[Line]) -> bool:

@@ -277,7 +277,7 @@ def rewrite_of(
         summary = "reused"  # the history sent holds a summary made at an earlier crossing
     if inp.tool is None and reason == "" and strategy.crossing:
         reason = "offload_off"
-    at = breakpoint_at(work, inp)
+    at = breakpoint_at(work, inp)  # (before the refs: core/segments.py is read once)
     return Rewrite(
         messages=work.messages,
         tool=tool,

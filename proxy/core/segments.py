@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from proxy.core.offload import Stub
+from proxy.core.offload import Stub, stub_text
 
 if TYPE_CHECKING:
     from proxy.core.wire_format import Dialect
@@ -113,10 +113,30 @@ def material(
         return dict(messages[seg.index])
     if isinstance(seg, Stubbed):
         name = tool or "read_result"
-        return dialect.stubbed_message(messages[seg.index], seg.stubs, name, read_length)
+        return stubbed(dialect, messages[seg.index], seg.stubs, name, read_length)
     if isinstance(seg, Summary):
         return dialect.summary_message(seg.text, seg.folded)
     return dialect.note_message(seg.text)
+
+
+def stubbed(
+    dialect: Dialect,
+    message: Mapping[str, Any],
+    stubs: Sequence[Stub],
+    tool: str,
+    read_length: int,
+) -> dict[str, Any]:
+    """A copy of the message with the results at the stubs' blocks replaced by their
+    stubs: the proxy writes each stub's text (offload.stub_text, from the result's text as
+    the format reads it: `Dialect.tool_results`), the format only puts it in place (a
+    result holding anything but text stays as it is)."""
+    results = {result.block: result.text for result in dialect.tool_results(message)}
+    texts: dict[int, str] = {}
+    for stub in stubs:
+        text = results.get(stub.block)
+        if text is not None:
+            texts[stub.block] = stub_text(text, stub.ref, tool, stub.head_chars, read_length)
+    return dialect.with_results(message, texts)
 
 
 # Stubbed messages already built, with their counts, by what makes them (the original's

@@ -52,7 +52,9 @@ def folding(
     """The fold of the groups labelled `fold`, its summary taking at most `room`
     (estimated) tokens, with what its summariser needs."""
     members = [m for g in work.groups if g.label in fold for m in g.members]
-    summary_tokens = min(real(room, inp.factor), inp.policy.summary_max_tokens)
+    summary_tokens = min(
+        real(room, inp.factor), inp.policy.summary_max_tokens, _to_carry(work, members, inp)
+    )
     facts_budget = min(FACTS_MAX, max(FACTS_MIN, summary_tokens // 5))
     folds = summary_key(work.segments, members, inp.digests)
     return FoldPlan(
@@ -74,6 +76,26 @@ def folding(
         ahead=ahead,
     )
 
+
+def _to_carry(work: Working, members: Sequence[int], inp: PlanInput) -> int:
+    """The summary's cap by what it must carry, in real tokens: an earlier summary it
+    folds, whole (what that one carried goes on), and SUMMARY_SHARE of the folded turns as
+    the client sent them (their results whole: what the summariser is shown of them);
+    at least SUMMARY_FLOOR. (The policy's summary_max_tokens and the fold's room bound it.)"""
+    earlier = sum(work.shapes[m].tokens for m in members if made_here(work.segments[m]))
+    sent = sum(
+        inp.counts[seg.index]
+        for seg in (work.segments[m] for m in members)
+        if isinstance(seg, (Verbatim, Stubbed))
+    )
+    carried = real(earlier, inp.factor) + math.ceil(SUMMARY_SHARE * real(sent, inp.factor))
+    return max(SUMMARY_FLOOR, carried)
+
+
+# A summary's cap when its fold is small (`_to_carry`): a share of what it folds, and at
+# least a floor in tokens; a fold at the default trigger of a 200,000-token or larger
+# window folds about 80,000 tokens or more (results whole) and so gets the policy's cap.
+SUMMARY_SHARE, SUMMARY_FLOOR = 0.05, 1_000
 
 # The line of identifiers a summary left out (proxy/core/facts.py) may take a fifth of the
 # summary's cap, at least FACTS_MIN and at most FACTS_MAX tokens; the summariser keeps at

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from proxy.core.errors import ProxyError
 from proxy.core.history import Shape
-from proxy.core.offload import Stub, ToolResult
+from proxy.core.offload import ToolResult
 from proxy.core.sse import Event
 from proxy.core.tokens import TokenCounter
 from proxy.core.usage import Usage, UsageScan
@@ -175,10 +175,10 @@ class Dialect(Protocol):
         """The tool results the message gives, by block (what a Stub names)."""
         ...
 
-    def stubbed_message(
-        self, message: Message, stubs: Sequence[Stub], tool: str, read_length: int
-    ) -> JSON:
-        """A copy of the message with the results at the stubs' blocks replaced by stubs."""
+    def with_results(self, message: Message, texts: Mapping[int, str]) -> JSON:
+        """A copy of the message with the tool results at these blocks (as `tool_results`
+        numbers them) replaced by these texts, every other field kept: the stubs the
+        proxy wrote (proxy/core/segments.py, `stubbed`)."""
         ...
 
     def summary_message(self, text: str, folded: int) -> JSON: ...

@@ -17,7 +17,8 @@ import asyncio
 import logging
 import sys
 import tempfile
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -26,8 +27,11 @@ import orjson
 
 from proxy.config import ServerSettings, Settings, StoreSettings, UpstreamSettings
 from proxy.console import fail
+from proxy.core import facts
+from proxy.core.offload import ref_for, refs_in
 from proxy.core.policy import Policy
 from proxy.core.tokens import default_counter
+from proxy.core.wire_format import Dialect
 from proxy.ops.progress import Progress
 from proxy.wire import ANTHROPIC, CHAT
 
@@ -36,6 +40,7 @@ DEMO_POLICY: dict[str, Any] = {"match": "*", "window": 24_000, "trigger": 12_000
 RESULT_CHARS = 3_000  # each tool result: a build log of about 1,200 tokens
 MODELS = {"messages": "claude-sonnet-4-6", "chat": "gpt-5-mini"}
 API_PATHS = ("/v1/messages", "/v1/chat/completions")
+PURPOSE = "x-compaction-proxy-purpose"  # the header of the proxy's own calls (a summary)
 PACE = 0.15  # seconds between turns on a terminal: the stand-in answers in milliseconds
 
 
@@ -190,7 +195,7 @@ async def _drive(
 async def demo(api: str, turns: int, out: Path, stream: TextIO, pace: float = 0.0) -> Observed:
     from proxy.server.app import start
     from proxy.server.state import STORE
-    from proxy.testing.standin import StandInOptions
+    from proxy.testing.standin import RECORDED, StandInOptions
     from proxy.testing.standin import start as start_standin
 
     def say(line: str = "") -> None:
@@ -231,11 +236,23 @@ async def demo(api: str, turns: int, out: Path, stream: TextIO, pace: float = 0.
                 await _drive(api, proxy.url, turns, observed, on_turn, pace)
             finally:
                 progress.close()
+            recorded = standin.app[RECORDED]
+            sent = _last_sent(recorded)
         finally:
             await proxy.stop()
             await standin.cleanup()
-    _report(api, observed, out, say)
+    _report(api, observed, out, say, sent)
     return observed
+
+
+def _last_sent(recorded: Sequence[Any]) -> list[Any]:
+    """The messages of the last agent request the stand-in answered (not a summariser's
+    call, not the proxy's read_result rounds' continuations: the last one is the turn's)."""
+    for r in reversed(recorded):
+        if r.path_qs.split("?")[0] in API_PATHS and not r.headers.get(PURPOSE):
+            messages = orjson.loads(r.body).get("messages")
+            return messages if isinstance(messages, list) else []
+    return []
 
 
 def _demo_policies() -> list[Policy]:
@@ -256,7 +273,60 @@ def _setup_lines(api: str, turns: int) -> list[str]:
     ]
 
 
-def _report(api: str, observed: Observed, out: Path, say: Callable[[str], None]) -> None:
+@dataclass(frozen=True, slots=True)
+class FactsKept:
+    """The facts of a conversation (identifiers of a rare shape, proxy/core/facts.py) and
+    where its last request upstream has them: in its messages, or behind a ref it names."""
+
+    facts: tuple[str, ...]
+    kept: tuple[str, ...]
+    readable: tuple[str, ...]
+    identifiers: int = 0  # every identifier of the conversation, template values too
+    identifiers_kept: int = 0  # ... in the last request's messages
+
+    def line(self) -> str:
+        behind = f", {len(self.readable)} more through a ref it names" if self.readable else ""
+        lost = [f for f in self.facts if f not in self.kept and f not in self.readable]
+        shown = ", ".join(lost[:5]) + (", ..." if len(lost) > 5 else "")
+        return (
+            f"facts of the conversation (identifiers of a rare shape) in the last request"
+            f" the proxy sent: {len(self.kept)} of {len(self.facts)}{behind}"
+            + (f" (not kept: {shown})" if lost else "")
+            + f"; all identifiers, template values too: {self.identifiers_kept}"
+            f" of {self.identifiers}"
+        )
+
+
+def facts_kept(client: Sequence[Any], sent: Sequence[Any], fmt: Dialect) -> FactsKept:
+    """What of the conversation the agent holds (`client`, its last request's messages)
+    the last request the proxy sent upstream (`sent`) still carries: each fact found in
+    its messages, else in the result of a ref it names (read_result serves it whole)."""
+    sources: list[facts.Source] = []
+    results: list[str] = []
+    for message in client:
+        tool_results = fmt.tool_results(message)
+        kind = facts.TOOL_RESULT if tool_results else facts.CONVERSATION
+        sources.append(facts.Source(kind, fmt.render_transcript([message])))
+        results.extend(t for t in (r.text for r in tool_results) if t is not None)
+    ranked = facts.rank(sources)
+    shapes = Counter(facts.shape(f) for f in ranked)
+    telling = tuple(f for f in ranked if shapes[facts.shape(f)] < facts.TEMPLATED)
+    text = "\n".join(fmt.render_transcript([m]) for m in sent)
+    named = set(refs_in(text))
+    behind = "\n".join(r for r in results if ref_for(r) in named)
+    kept = tuple(f for f in telling if f in text)
+    readable = tuple(f for f in telling if f not in kept and f in behind)
+    present = sum(1 for f in ranked if f in text)
+    return FactsKept(telling, kept, readable, len(ranked), present)
+
+
+def _report(
+    api: str,
+    observed: Observed,
+    out: Path,
+    say: Callable[[str], None],
+    sent: Sequence[Any] = (),
+) -> None:
     from proxy.ops.replay import replay, summary_lines
     from proxy.ops.report import render_report
 
@@ -266,6 +336,8 @@ def _report(api: str, observed: Observed, out: Path, say: Callable[[str], None])
     say(f"prompt tokens read from the upstream's cache: {share:.0f}%")
     policies = _demo_policies()
     fmt = CHAT if api == "chat" else ANTHROPIC
+    if observed.bodies and sent:
+        say(facts_kept(observed.bodies[-1]["messages"], sent, fmt).line())
     result = replay(observed.bodies, policies, default_counter(), fmt=fmt)
     say("replayed without and with the proxy (as `compaction-proxy replay` does):")
     for line in summary_lines(result):

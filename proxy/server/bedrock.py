@@ -45,11 +45,11 @@ from proxy.server.upstream import Upstream
 from proxy.wire.anthropic_bedrock import (
     BEDROCK,
     BEDROCK_ENVELOPE,
-    METRIC_HEADERS,
     PREFIX,
     Operation,
     envelope_problem,
     is_control_plane,
+    metric_headers,
     runtime_path,
     runtime_target,
 )
@@ -105,15 +105,9 @@ def merged_metrics(headers: CIMultiDict[str], answer: Mapping[str, Any]) -> None
     """A merged whole answer's invocation metric headers: its (summed) usage's."""
     usage = answer.get("usage")
     told = anthropic_usage(usage) if isinstance(usage, dict) else Usage()
-    counts = {
-        "inputTokenCount": told.input_tokens,
-        "outputTokenCount": told.output_tokens,
-        "cacheReadInputTokenCount": told.cache_read_input_tokens,
-        "cacheWriteInputTokenCount": told.cache_creation_input_tokens,
-    }
-    for header, key in METRIC_HEADERS:
-        if key in counts:
-            headers[header] = str(counts[key])
+    for header, value in metric_headers(told, 0):
+        if not header.endswith("-Latency"):  # (the upstream's latency stays as it said)
+            headers[header] = value
 
 
 RUNTIME = ConversationRoute(

@@ -30,6 +30,8 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Callable
+from functools import partial
 from types import TracebackType
 
 from aiohttp import web
@@ -38,7 +40,7 @@ from proxy.core.budget import DEFAULT_MAX_OUTPUT, Amounts, over_limit_message, r
 from proxy.core.errors import BudgetRefused
 from proxy.core.errors import StoreUnavailable as CannotCheck
 from proxy.core.usage import Usage, UsageMeter
-from proxy.server.caller import Caller, count_rejection
+from proxy.server.caller import Caller, caller_of, count_rejection
 from proxy.server.fleet import FLEET, Fleet
 from proxy.server.record import current_or_throwaway
 from proxy.server.state import SETTINGS
@@ -52,20 +54,30 @@ STORE_DOWN_RETRY_AFTER = 2  # seconds a fail-closed refusal asks the client to w
 
 
 class Ticket:
-    def __init__(self, request: web.Request, caller: Caller) -> None:
-        self.request = request
+    """One request's budgets, reserved and settled, given what it uses: the caller, the
+    fleet's accounts and settlements, what to do while the store is down (the
+    `budgets.on_store_down` setting), how a refusal is counted (`rejected(reason)`), and
+    the request's one meter (the usage its answer reports)."""
+
+    def __init__(
+        self,
+        caller: Caller,
+        fleet: Fleet,
+        on_store_down: str,
+        rejected: Callable[[str], None],
+        meter: UsageMeter,
+    ) -> None:
         self.caller = caller
-        self.meter: UsageMeter = current_or_throwaway().meter  # the request's one meter
+        self._fleet = fleet
+        self._on_store_down = on_store_down
+        self._rejected = rejected
+        self.meter = meter
         self.held: list[Held] = []
         self.reserved = Amounts()  # summed over the reservation and its top-ups
         self.one_hour_cache = False
         self.uncounted = False  # admitted (in part) without a reservation: Redis was away
         self.charge_reserved = False  # charge the reservation whole (a batch)
         self.gate = Amounts()  # held by the gate, part of the request's reservation
-
-    @property
-    def _fleet(self) -> Fleet:
-        return self.request.app[FLEET]
 
     async def reserve(
         self, estimated_input: int, max_tokens: int, *, one_hour_cache: bool = False
@@ -172,7 +184,7 @@ class Ticket:
 
     def _over_budget(self, refused: Refused, want: Amounts, counts: bool = True) -> BudgetRefused:
         if counts:
-            count_rejection(self.request.app, "tokens")
+            self._rejected("tokens")
         wanted = dict(zip(("input", "output", "weighted"), want.as_tuple(), strict=True))
         message = over_limit_message(
             refused.scope.label,
@@ -189,16 +201,16 @@ class Ticket:
         replica's allowance for the key) or say why not."""
         fleet = self._fleet
         key_id = self.caller.key_id or ""
-        if self.request.app[SETTINGS].budgets.on_store_down == "open":
+        if self._on_store_down == "open":
             if fleet.admit_uncounted(key_id, want, new=not self.uncounted):
                 return None
-            count_rejection(self.request.app, "outage_allowance")
+            self._rejected("outage_allowance")
             return CannotCheck(
                 "compaction-proxy cannot check budgets right now (its store is unreachable)"
                 " and this key has used what may go uncounted meanwhile; retry shortly",
                 retry_after=STORE_DOWN_RETRY_AFTER,
             )
-        count_rejection(self.request.app, "store_unavailable")
+        self._rejected("store_unavailable")
         return CannotCheck(
             "compaction-proxy cannot check budgets right now (its store is unreachable);"
             " retry shortly",
@@ -307,7 +319,13 @@ _ONE_HOUR = re.compile(rb'"ttl"\s*:\s*"1h"')
 
 
 def admission(request: web.Request, caller: Caller) -> Ticket:
-    return Ticket(request, caller)
+    """The ticket of a request the app serves: its dependencies read here, once, from the
+    app (the fleet, the setting, the metrics a refusal counts on) and the request's
+    current record (its meter)."""
+    app = request.app
+    on_store_down = app[SETTINGS].budgets.on_store_down
+    rejected = partial(count_rejection, app)
+    return Ticket(caller, app[FLEET], on_store_down, rejected, current_or_throwaway().meter)
 
 
 class Budget:
@@ -374,4 +392,8 @@ def _one_hour(sent: bytes) -> bool:
 
 
 def budget_of(request: web.Request) -> Budget:
+    # A ticket is only ever admitted for a key's caller: without one there is none to
+    # look for (a miss raises a KeyError inside aiohttp's request, 1.4 us).
+    if caller_of(request).key_id is None:
+        return Budget(None)
     return Budget(request.get(TICKET))

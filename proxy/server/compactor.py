@@ -20,15 +20,19 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from proxy import tracing
 from proxy.config import ServerSettings
 from proxy.core.commands import GetSummary
 from proxy.core.counting import (
+    BOUNDED_FORMATS,
     Counted,
     cannot_cross,
     count_request,
     count_tokens,
     count_unless_quiet,
+    history_quiet,
 )
 from proxy.core.deep_json import ORJSON_DEPTH, too_deep
 from proxy.core.driver import CompactionRequest, compaction
@@ -69,6 +73,11 @@ DEFAULT_REUSE_BYTES = ServerSettings().reuse_max_bytes
 
 
 POLICY_MEMO_SIZE = 4096
+# A body of up to this many times the quiet tokens (calibrated) has its history written
+# out to be measured when the reuse cache has not laid it out (Claude Code's tools and
+# system prompt alone are some 40 KB: its short histories come with bodies twice the
+# default offload trigger).
+HISTORY_WRITTEN_SHARE = 4
 
 
 def _ignore(ok: bool) -> None:
@@ -94,6 +103,28 @@ def _written_by_orjson(seen: Seen | None, body: Mapping[str, Any]) -> bool | Non
     """True when the reuse cache knows the body is orjson's writing of what it parsed
     (where each message lies: `Seen.layout`); None: not known, to be found if needed."""
     return True if seen is not None and seen.payload is body and seen.layout else None
+
+
+def _history_bytes(
+    seen: Seen | None,
+    messages: Sequence[Mapping[str, Any]],
+    size: int,
+    policy: Policy,
+    factor: float,
+) -> int | None:
+    """The bytes of orjson's writing of the history: where the reuse cache laid the body
+    out, read off its layout; else written, when the body is small enough that its
+    history may prove it quiet (None: not known)."""
+    if seen is not None and seen.layout is not None:
+        ends = seen.layout.ends
+        if len(ends) == len(messages):
+            return ends[-1] - seen.layout.head + 2 if ends else 2  # (with its brackets)
+    if size * factor > HISTORY_WRITTEN_SHARE * policy.quiet_tokens:
+        return None  # a history this large is rarely quiet: counting decides
+    try:
+        return len(orjson.dumps(messages))
+    except orjson.JSONEncodeError:
+        return None
 
 
 def _new_bytes(seen: Seen | None, size: int) -> int:
@@ -163,6 +194,7 @@ class Compactor:
         self._background: set[asyncio.Task[None]] = set()
         # (model, 1M beta asked) -> its policy (a glob match and a table lookup each)
         self._policy_of: dict[tuple[str, bool], Policy] = {}
+        self._wants_1m: dict[str, bool] = {}  # betas -> whether they ask for the 1M window
         self._warned: set[str] = set()  # models not in the model table, warned of once
         self.stubbed: StubbedMemo = {}  # stubbed messages built, shared by all requests
         self.on_background_summary = on_background_summary
@@ -197,7 +229,12 @@ class Compactor:
         reaches 1M only with `context-1m-...` gets that window when it is asked for)."""
         if override:
             return policy_for(model, self.policies, override, betas=betas)
-        beta = wants_1m(betas)
+        beta = self._wants_1m.get(betas)
+        if beta is None:  # (a client sends the same betas with every request)
+            beta = wants_1m(betas)
+            if len(self._wants_1m) >= POLICY_MEMO_SIZE:
+                self._wants_1m.clear()
+            self._wants_1m[betas] = beta
         found = self._policy_of.get((model, beta))
         if found is None:
             found = policy_for(model, self.policies, betas=betas)
@@ -315,6 +352,12 @@ class Compactor:
         seen = incoming.seen
         if seen is not None and seen.payload is not body:
             seen = None  # (kept for another body than the one compacted)
+        if not sample and wire.name in BOUNDED_FORMATS:
+            history = _history_bytes(seen, messages, len(body_bytes), policy, factor)
+            if history is not None and history_quiet(
+                wire, body_bytes, history, len(messages), policy, factor
+            ):
+                return untouched  # not counted: its history's bytes prove it quiet
         # Off the loop when what is new to count is large (what the line's last request
         # repeats is counted already: proxy/core/reuse.py).
         size = _new_bytes(seen, len(body_bytes))
@@ -358,6 +401,7 @@ class Compactor:
             on_background_call=self.on_background_summary,
             on_lines=self.on_lines,
             on_evicted=self.on_evicted,
+            record=record,
         )
         # Planning a huge history takes seconds of pure work: off the event loop.
         off = size > self.off_loop_bytes

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from multidict import CIMultiDict, CIMultiDictProxy
+
 from proxy.core.commands import GetSummary
 
 
@@ -42,6 +44,8 @@ class Envelope(Protocol):
 
 def betas_of(headers: Mapping[str, str]) -> str:
     """Every `anthropic-beta` value of the request, as one comma list."""
+    if isinstance(headers, CIMultiDictProxy | CIMultiDict):  # a request's: looked up
+        return ",".join(headers.getall("anthropic-beta", ()))
     return ",".join(v for k, v in headers.items() if k.lower() == "anthropic-beta")
 
 

@@ -30,6 +30,7 @@ from proxy.core.commands import (
     SummaryReply,
     TouchLine,
 )
+from proxy.server.record import RequestRecord
 from proxy.server.summariser import (
     SummariserSettings,
     SummaryBudget,
@@ -67,7 +68,9 @@ class StoreExecutor:
         on_lines: Callable[[float], None] = _ignore_count,
         on_evicted: Callable[[float], None] = _ignore_count,
         answer_started: asyncio.Event | None = None,
+        record: RequestRecord | None = None,
     ) -> None:
+        self.record = record  # the request's: a summary made for it is counted on it
         self.answer_started = answer_started  # a summary made ahead goes up after it
         self.on_lines = on_lines  # told how many lines a load found (metrics)
         self.on_evicted = on_evicted  # ... and how many a crossing evicted
@@ -174,6 +177,7 @@ class StoreExecutor:
             settings=self.summariser,
             call=self.summarise,
             spend=self.spend,
+            record=self.record,
         )
         if obtained.lock is not None:
             self._held.append(obtained.lock)

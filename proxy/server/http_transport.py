@@ -198,7 +198,6 @@ class HttpMerging:
                     headers.add(name, value)
                 self.out = web.StreamResponse(status=200, headers=headers)
                 await self.out.prepare(transport.request)
-                self.merger = self.wire.merger(self.tool)
         if self.out is None:
             return self._whole_round(await transport.upstream.read(response))
         return await self._stream_round(response)
@@ -240,8 +239,11 @@ class HttpMerging:
     # -- a stream ---------------------------------------------------------------------
 
     async def _stream_round(self, response: aiohttp.ClientResponse) -> Answered | Failed:
-        out, codec, merger = self.out, self.codec, self.merger
-        assert out is not None and codec is not None and merger is not None
+        out, codec = self.out, self.codec
+        assert out is not None and codec is not None
+        if self.merger is None:  # the stream's first round: its merger, for every round
+            self.merger = self.wire.merger(self.tool)
+        merger = self.merger
         transport = self.transport
         merger.begin_round()
         decoder = codec.decoder()

@@ -24,7 +24,6 @@ from aiohttp.http_exceptions import HttpProcessingError
 from proxy.server.record import RequestRecord
 
 REQUEST_LOGGER = "compaction_proxy.requests"
-FORMATS = ("human", "json")
 _PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 

@@ -47,6 +47,7 @@ from proxy.server.errors import new_request_id
 from proxy.server.exchange import Adjusted, ConversationRoute, Exchange
 from proxy.server.executor import StoreExecutor
 from proxy.server.prepared import Prepared
+from proxy.server.record import RequestRecord
 from proxy.server.routes import expect_for, handle_conversation
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.seal_key import SealKey
@@ -178,6 +179,7 @@ async def _summary(
     tenant: str,
     conversation: str,
     call: SummaryCall,
+    record: RequestRecord,
 ) -> SummaryReply:
     """The conversation's summary for `need`: the stored one, or made once for the fleet
     and stored before a sealed reference names it."""
@@ -192,6 +194,7 @@ async def _summary(
         count=compactor.counter.count_text,
         spend=FREE_SUMMARIES,
         on_background_call=compactor.on_background_summary,
+        record=record,
     )
     try:
         reply = await executor(need)
@@ -267,7 +270,7 @@ async def serve_compaction(exchange: Exchange[Any], payload: dict[str, Any]) -> 
     await budget.reserve(estimate, need.summary_tokens, b"")
     tenant, conversation = identities(RESPONSES, payload, request.headers, exchange.tenant)
     made = len(record.meter.extra)
-    reply = await _summary(compactor, need, store, tenant, conversation, asked.summarise)
+    reply = await _summary(compactor, need, store, tenant, conversation, asked.summarise, record)
     if reply.text is None:
         raise UpstreamError(f"compaction-proxy could not summarise the history ({reply.failure})")
     record.summary = "reused" if reply.reused else "made"

@@ -36,7 +36,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from proxy.core.errors import NotAuthenticated, ProxyError, UpgradeRequired
 from proxy.core.errors import StoreUnavailable as CannotCheck
 from proxy.server import record as records
-from proxy.server.budgets import STORE_DOWN_RETRY_AFTER, TICKET, Ticket, budget_of
+from proxy.server.budgets import STORE_DOWN_RETRY_AFTER, TICKET, admission, budget_of
 from proxy.server.caller import CALLER, caller_of, count_rejection
 from proxy.server.errors import render
 from proxy.server.exchange import Exchange
@@ -157,7 +157,7 @@ class Relay(SocketPair):
         request = self.frames_request
         if not self.has_budgets:
             return contextlib.nullcontext()
-        ticket = Ticket(request, caller_of(request))  # meters the current (frame's) record
+        ticket = admission(request, caller_of(request))  # meters the current (frame's) record
         request[TICKET] = ticket
         return ticket
 

@@ -28,7 +28,7 @@ from proxy.core.usage import Usage
 from proxy.core.wire_format import WireFormat
 from proxy.server.envelope import Envelope
 from proxy.server.headers import upstream_request_headers
-from proxy.server.record import current_or_throwaway
+from proxy.server.record import RequestRecord
 from proxy.server.upstream import Upstream
 from proxy.store import Store, StoreUnavailable, SummaryLock
 from proxy.store.keys import SUMMARY  # the store kind summaries are kept under
@@ -94,6 +94,7 @@ async def obtain_summary(
     settings: SummariserSettings,
     call: SummaryCall,
     spend: SummaryBudget = FREE_SUMMARIES,
+    record: RequestRecord | None = None,
 ) -> Obtained:
     key = need.key
     # Held through the call and until the crossing's writes (then released).
@@ -112,7 +113,8 @@ async def obtain_summary(
         return Obtained(SummaryReply(None, failure=f"store unavailable: {e}"))
     if not lock.held:
         return Obtained(await _wait_for_other(store, tenant, conversation, key, settings))
-    record = current_or_throwaway()
+    if record is None:  # (no request's: a throwaway counts the call)
+        record = RequestRecord("", "", "")
     try:
         if not await spend.at_crossing(summary_input(need), need.summary_tokens):
             await lock.release()

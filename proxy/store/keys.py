@@ -34,6 +34,13 @@ PREPARED = "prepared"  # (before lines: a root's one note of a summary made ahea
 LINES = "lines"
 
 _WHITESPACE = re.compile(r"\s")
+# What a label may be, per set of characters it must not hold: one compiled match per
+# key (no per-character loop for the names every Redis command is addressed by); the
+# reason a name is refused is worked out only when it is (`_check`).
+_TENANT = re.compile(r"[^\s{}:]+")
+_CONVERSATION = re.compile(r"[^\s{}]+")
+_BLOB_TENANT = re.compile(r"[^\s{}:/]+")
+_KIND = _TENANT
 
 
 def _check(label: str, value: str, forbidden: str) -> None:
@@ -55,14 +62,22 @@ def check_prefix(prefix: str) -> str:
 
 def hash_tag(tenant: str, conversation: str) -> str:
     """The text Redis Cluster hashes for every key of this conversation."""
-    _check("tenant", tenant, "{}:")
-    _check("conversation", conversation, "{}")
+    if _TENANT.fullmatch(tenant) is None or _CONVERSATION.fullmatch(conversation) is None:
+        _check("tenant", tenant, "{}:")
+        _check("conversation", conversation, "{}")
     return f"{tenant}:{conversation}"
 
 
 def conversation_key(prefix: str, tenant: str, conversation: str, kind: str, name: str) -> str:
-    _check("kind", kind, "{}:")
-    return f"{prefix}{{{hash_tag(tenant, conversation)}}}:{kind}:{name}"
+    if (
+        _KIND.fullmatch(kind) is None
+        or _TENANT.fullmatch(tenant) is None
+        or _CONVERSATION.fullmatch(conversation) is None
+    ):
+        _check("kind", kind, "{}:")
+        _check("tenant", tenant, "{}:")
+        _check("conversation", conversation, "{}")
+    return f"{prefix}{{{tenant}:{conversation}}}:{kind}:{name}"  # (hash_tag's tag)
 
 
 BLOB_BUCKETS = 16
@@ -70,13 +85,15 @@ BLOB_BUCKETS = 16
 
 def blob_key(prefix: str, tenant: str, ref: str) -> str:
     """Where a tenant's blob lives, shared by all of its conversations."""
-    _check("tenant", tenant, "{}:/")
+    if _BLOB_TENANT.fullmatch(tenant) is None:
+        _check("tenant", tenant, "{}:/")
     bucket = hashlib.blake2b(ref.encode(), digest_size=1).digest()[0] % BLOB_BUCKETS
     return f"{prefix}{{{tenant}/{bucket:x}}}:blob:{ref}"
 
 
 def global_key(prefix: str, kind: str, name: str) -> str:
-    _check("kind", kind, "{}:")
+    if _KIND.fullmatch(kind) is None:
+        _check("kind", kind, "{}:")
     return f"{prefix}g:{kind}:{name}"
 
 

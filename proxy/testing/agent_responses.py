@@ -23,6 +23,7 @@ from proxy.testing.agent_loop import (
     tool_output,
     turn_script,
 )
+from proxy.wire.responses_units import text_message
 
 INSTRUCTIONS = RULES
 TOOLS = [
@@ -39,10 +40,6 @@ TOOLS = [
     },
     {"type": "custom", "name": "apply_patch", "description": "Apply a patch."},
 ]
-
-
-def message(role: str, text: str) -> dict[str, Any]:
-    return {"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}
 
 
 @dataclass
@@ -62,7 +59,7 @@ class ResponsesAgent:
     result_chars: int
 
     def opening(self) -> list[dict[str, Any]]:
-        return [message("developer", INSTRUCTIONS), self.user(TASK)]
+        return [text_message("developer", INSTRUCTIONS), self.user(TASK)]
 
     async def ask(self, turn: int, history: list[dict[str, Any]]) -> ResponsesTurn:
         script = turn_script(turn, self.read_every, "exec_command", "cmd", f"Running step {turn}.")
@@ -100,7 +97,7 @@ class ResponsesAgent:
         return [{"type": "function_call_output", "call_id": c, "output": output} for c in call_ids]
 
     def user(self, text: str) -> dict[str, Any]:
-        return message("user", text)
+        return text_message("user", text)
 
 
 async def run_responses_agent(

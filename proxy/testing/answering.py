@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,7 @@ from proxy.testing.standin_http import (
 from proxy.testing.summary import summarise
 
 ANALYSIS_MEMO_SIZE = 64
+INVALID = "invalid_request_error"  # (each API's `refuse` says it in its own words)
 
 
 Answer = Refusal | Streamed | Whole
@@ -203,6 +204,28 @@ def _decided(
     summary = f"{text}\n{note}" if note else text
     reply = decide(prompt, script, counter, digest, summary=summary)
     return dataclasses.replace(reply, kind=COMPACTION if prompt.asks == COMPACTION else kind)
+
+
+Checked = tuple[Any, Refusal | None]  # what is counted, or why the API refuses the body
+
+
+async def count_tokens(
+    request: web.Request,
+    api: Api,
+    check: Callable[[Any], Checked],
+    answer: Callable[[int], dict[str, Any]],
+) -> web.Response:
+    """A token-counting route: the body parsed (the API's 400 when it is not JSON) and
+    `check`ed, what it names counted by the API's counter (times token_scale)."""
+    record = request[RECORD]
+    try:
+        counted, refusal = check(orjson.loads(record.body))
+    except orjson.JSONDecodeError as exc:
+        counted, refusal = None, Refusal(400, INVALID, api.unparsable.format(error=exc))
+    if refusal is not None:
+        record.error = refusal.message
+        return api.refuse(refusal, request_id(request))
+    return web.json_response(answer(scaled(api.count(counted), request.app[OPTIONS])))
 
 
 async def serve(request: web.Request, api: Api, framing: Framing = SSE) -> web.StreamResponse:

@@ -26,9 +26,8 @@ import orjson
 from aiohttp import web
 
 from proxy.core.tokens import TokenCounter
-from proxy.core.usage import Usage as CoreUsage
 from proxy.testing import api_messages
-from proxy.testing.answering import serve
+from proxy.testing.answering import Checked, count_tokens, serve
 from proxy.testing.api import Event, Refusal, event
 from proxy.testing.api_messages import EnvelopedMessages
 from proxy.testing.aws_sigv4 import check_request
@@ -38,7 +37,6 @@ from proxy.testing.standin_http import (
     RECORD,
     Framing,
     request_id,
-    scaled,
 )
 from proxy.wire.anthropic_bedrock import (
     ERROR_TYPE_HEADER,
@@ -55,6 +53,7 @@ from proxy.wire.anthropic_bedrock import (
     invocation_metrics,
     metric_headers,
 )
+from proxy.wire.anthropic_rounds import anthropic_usage
 from proxy.wire.anthropic_validation import validate_count_tokens_request
 
 ACCOUNT = "123456789012"
@@ -136,28 +135,19 @@ class BedrockApi(EnvelopedMessages):
     def response_headers(
         self, headers: Mapping[str, str], whole: dict[str, Any] | None
     ) -> Mapping[str, str]:
-        return dict(metric_headers(_usage(whole), 1000)) if whole is not None else {}
+        return (
+            dict(metric_headers(anthropic_usage(whole["usage"]), 1000)) if whole is not None else {}
+        )
 
     def events(self, body: Any, whole: dict[str, Any], chunk_tokens: int) -> list[Event]:
         events = super().events(body, whole, chunk_tokens)
         last = orjson.loads(events[-1].data)
-        last[METRICS_FIELD] = invocation_metrics(_usage(whole), 1000, 100)
+        last[METRICS_FIELD] = invocation_metrics(anthropic_usage(whole["usage"]), 1000, 100)
         return [*events[:-1], event(events[-1].kind, events[-1].name, last)]
 
     def stream_error(self, events: list[Event]) -> Event:
         error = {"type": "modelStreamErrorException", "message": "The model stream broke."}
         return event("end", "error", {"type": "error", "error": error})
-
-
-def _usage(whole: Mapping[str, Any]) -> CoreUsage:
-    """The answer's usage, as the invocation metrics read it."""
-    u = whole["usage"]
-    return CoreUsage(
-        input_tokens=u["input_tokens"],
-        cache_creation_input_tokens=u["cache_creation_input_tokens"],
-        cache_read_input_tokens=u["cache_read_input_tokens"],
-        output_tokens=u["output_tokens"],
-    )
 
 
 def _frame(item: Event) -> bytes:
@@ -183,33 +173,20 @@ async def handle_runtime(request: web.Request) -> web.StreamResponse:
         return refusal_response(refusal)
     api = BedrockApi(request.app[COUNTER], target)
     if target.operation is Operation.COUNT_TOKENS:
-        return await _count_tokens(request, api, body)
+        return await _count_tokens(request, api)
     return await serve(request, api, EVENT_STREAM_FRAMING)
 
 
-async def _count_tokens(request: web.Request, api: BedrockApi, raw: bytes) -> web.Response:
-    try:
-        wrapped = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        return refusal_response(_malformed(api, exc))
-    inner = counted_body(wrapped) if isinstance(wrapped, dict) else None
-    if inner is None:
-        message = "Malformed input request: expected input.invokeModel.body (base64)."
-        return refusal_response(Refusal(400, "ValidationException", message))
-    try:
-        body = orjson.loads(inner)
-    except orjson.JSONDecodeError as exc:
-        return refusal_response(_malformed(api, exc))
-    refused = api.invalid(body)
-    if refused is not None:
-        request[RECORD].error = refused.message
-        return refusal_response(refused)
-    tokens = scaled(api.count(body), request.app[OPTIONS])
-    return web.json_response({"inputTokens": tokens})
+async def _count_tokens(request: web.Request, api: BedrockApi) -> web.Response:
+    def check(wrapped: Any) -> Checked:
+        inner = counted_body(wrapped) if isinstance(wrapped, dict) else None
+        if inner is None:
+            message = "Malformed input request: expected input.invokeModel.body (base64)."
+            return None, Refusal(400, "ValidationException", message)
+        body = orjson.loads(inner)  # (not JSON: the unparsable 400, as the wrapper's)
+        return body, api.invalid(body)
 
-
-def _malformed(api: BedrockApi, error: Exception) -> Refusal:
-    return Refusal(400, "ValidationException", api.unparsable.format(error=error))
+    return await count_tokens(request, api, check, lambda n: {"inputTokens": n})
 
 
 async def handle_inference_profiles(request: web.Request) -> web.Response:

@@ -36,7 +36,7 @@ import orjson
 from aiohttp import web
 
 from proxy.core.tokens import TokenCounter
-from proxy.testing.answering import serve
+from proxy.testing.answering import Checked, count_tokens, serve
 from proxy.testing.api import Api, Event, Refusal, event, text_pieces
 from proxy.testing.cache import Unit, prefix_units
 from proxy.testing.prompt import Entry, Part, Prompt, Result, Text
@@ -46,8 +46,6 @@ from proxy.testing.standin_http import (
     OPTIONS,
     RECORD,
     Framing,
-    request_id,
-    scaled,
 )
 from proxy.wire.gemini import error_payload, status_name
 from proxy.wire.gemini_parts import (
@@ -471,7 +469,8 @@ async def handle_model(request: web.Request) -> web.StreamResponse:
         return google_error(refusal)
     model = model.removeprefix("models/")
     if method == "countTokens":
-        return await _count_tokens(request, GeminiApi(request.app[COUNTER], model))
+        api = GeminiApi(request.app[COUNTER], model)
+        return await count_tokens(request, api, _counted, _tokens)
     streaming = method == "streamGenerateContent"
     api = GeminiApi(request.app[COUNTER], model, streaming)
     framing = ARRAY if streaming and request.query.get("alt") != "sse" else SSE
@@ -481,22 +480,18 @@ async def handle_model(request: web.Request) -> web.StreamResponse:
 COUNT_FIELDS = frozenset({"contents", "generateContentRequest", "generate_content_request"})
 
 
-async def _count_tokens(request: web.Request, api: GeminiApi) -> web.Response:
-    try:
-        body = orjson.loads(request[RECORD].body)
-    except orjson.JSONDecodeError as exc:
-        unparsable = Refusal(400, "INVALID_ARGUMENT", api.unparsable.format(error=exc))
-        return api.refuse(unparsable, request_id(request))
+def _counted(body: Any) -> Checked:
     refusal = _count_refusal(body)
     if refusal is not None:
-        request[RECORD].error = refusal.message
-        return api.refuse(refusal, request_id(request))
+        return None, refusal
     inner = field(body, "generateContentRequest")
     counted = dict(inner) if isinstance(inner, dict) else {"contents": body.get("contents") or []}
     counted.pop("model", None)
-    tokens = scaled(api.count(counted), request.app[OPTIONS])
-    details = [{"modality": "TEXT", "tokenCount": tokens}]
-    return web.json_response({"totalTokens": tokens, "promptTokensDetails": details})
+    return counted, None
+
+
+def _tokens(n: int) -> dict[str, Any]:
+    return {"totalTokens": n, "promptTokensDetails": [{"modality": "TEXT", "tokenCount": n}]}
 
 
 def _count_refusal(body: Any) -> Refusal | None:

@@ -26,18 +26,16 @@ from aiohttp import web
 from proxy.core.model_names import anthropic_name
 from proxy.core.tokens import TokenCounter
 from proxy.testing import api_gemini
-from proxy.testing.answering import serve
+from proxy.testing.answering import Checked, count_tokens, serve
 from proxy.testing.api import Api, Event, Refusal, event, json_pieces, text_pieces
 from proxy.testing.cache import Unit, prompt_units
 from proxy.testing.prompt import Entry, Part, Prompt, Result, Text
 from proxy.testing.reply import Call, Reply, Stop, Usage
 from proxy.testing.standin_http import (
     COUNTER,
-    OPTIONS,
     api_error,
     credential,
     request_id,
-    scaled,
 )
 from proxy.wire.anthropic_validation import (
     thinking_signature,
@@ -310,23 +308,17 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
     return await serve(request, MessagesApi(request.app[COUNTER]))
 
 
+def counted(body: Any) -> Checked:
+    message = validate_count_tokens_request(body)
+    return body, Refusal(400, INVALID, message) if message else None
+
+
 async def handle_count_tokens(request: web.Request) -> web.Response:
     api = MessagesApi(request.app[COUNTER])
     refusal = api.gate(request.headers)
-    if refusal is None:
-        try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError as exc:
-            refusal = Refusal(400, INVALID, api.unparsable.format(error=exc))
-        else:
-            message = validate_count_tokens_request(body)
-            refusal = Refusal(400, INVALID, message) if message else None
     if refusal is not None:
         return api.refuse(refusal, request_id(request))
-    tokens = scaled(api.count(body), request.app[OPTIONS])
-    return web.Response(
-        body=orjson.dumps({"input_tokens": tokens}), content_type="application/json"
-    )
+    return await count_tokens(request, api, counted, lambda n: {"input_tokens": n})
 
 
 def _model(model_id: str, name: str, created: str) -> dict[str, str]:

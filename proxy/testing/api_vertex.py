@@ -15,18 +15,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from proxy.core.model_names import anthropic_name
 from proxy.core.tokens import TokenCounter
 from proxy.testing import api_messages
-from proxy.testing.answering import serve
+from proxy.testing.answering import Checked, count_tokens, serve
 from proxy.testing.api import Refusal
-from proxy.testing.api_messages import EnvelopedMessages, MessagesApi
+from proxy.testing.api_messages import EnvelopedMessages, MessagesApi, counted
 from proxy.testing.google_oauth import TokenEndpoint
-from proxy.testing.standin_http import COUNTER, OPTIONS, RECORD, request_id, scaled
-from proxy.wire.anthropic_validation import validate_count_tokens_request
+from proxy.testing.standin_http import COUNTER
 from proxy.wire.anthropic_vertex import VertexTarget, envelope_problem, google_error, vertex_target
 
 TOKENS: web.AppKey[TokenEndpoint] = web.AppKey("standin_vertex_tokens", TokenEndpoint)
@@ -86,22 +84,16 @@ async def handle_predict(request: web.Request) -> web.StreamResponse:
 
 
 async def _count_tokens(request: web.Request, target: VertexTarget) -> web.Response:
-    api = MessagesApi(request.app[COUNTER])
-    try:
-        body = orjson.loads(request[RECORD].body)
-    except orjson.JSONDecodeError as exc:
-        refusal = Refusal(400, "invalid_request_error", api.unparsable.format(error=exc))
-        return api.refuse(refusal, request_id(request))
-    problem = envelope_problem(body, target) if isinstance(body, dict) else "not an object"
-    if problem is None:
+    def check(body: Any) -> Checked:
+        problem = envelope_problem(body, target) if isinstance(body, dict) else "not an object"
+        if problem is not None:
+            return None, Refusal(400, "invalid_request_error", problem)
         plain = {k: v for k, v in body.items() if k != "anthropic_version"}
         plain["model"] = anthropic_name(str(body["model"]))
-        problem = validate_count_tokens_request(plain)
-    if problem is not None:
-        request[RECORD].error = problem
-        return api.refuse(Refusal(400, "invalid_request_error", problem), request_id(request))
-    tokens = scaled(api.count(plain), request.app[OPTIONS])
-    return web.json_response({"input_tokens": tokens})
+        return counted(plain)
+
+    api = MessagesApi(request.app[COUNTER])
+    return await count_tokens(request, api, check, lambda n: {"input_tokens": n})
 
 
 def add_routes(app: web.Application) -> None:

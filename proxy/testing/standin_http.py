@@ -30,8 +30,6 @@ from proxy.testing.scenario import Scenario
 from proxy.testing.script import Script
 
 SUMMARY_PURPOSE = "summary"
-
-
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
@@ -97,23 +95,11 @@ class RecordedRequest:
 
 
 RECORDED: web.AppKey[list[RecordedRequest]] = web.AppKey("standin_recorded", list)
-
-
 OPTIONS: web.AppKey[StandInOptions] = web.AppKey("standin_options", StandInOptions)
-
-
 CACHE: web.AppKey[PromptCache] = web.AppKey("standin_cache", PromptCache)
-
-
 FAULT_COUNTS: web.AppKey[Counter[str]] = web.AppKey("standin_fault_counts", Counter)
-
-
 COUNTER: web.AppKey[TokenCounter] = web.AppKey("standin_counter", TokenCounter)
-
-
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("standin_request_id", str)
-
-
 RECORD: web.RequestKey[RecordedRequest] = web.RequestKey("standin_record", RecordedRequest)
 
 

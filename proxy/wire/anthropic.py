@@ -22,7 +22,7 @@ from proxy.core import model_facts, offload, summary
 from proxy.core.commands import GetSummary
 from proxy.core.errors import ProxyError
 from proxy.core.history import Shape
-from proxy.core.offload import Stub, ToolResult
+from proxy.core.offload import ToolResult
 from proxy.core.tokens import TokenCounter, loaded_tools
 from proxy.core.usage import LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
@@ -113,21 +113,16 @@ def choose_tool_name(tools: object) -> str | None:
     return offload.free_tool_name({t.get("name") for t in listed if isinstance(t, dict)})
 
 
-def stubbed_message(message: Message, stubs: Sequence[Stub], tool: str, read_length: int) -> JSON:
-    """A copy of a user message with the named tool_result blocks replaced by stubs.
-
-    Every other field of each block (is_error, cache_control, unknown ones) is kept.
-    """
+def with_results(message: Message, texts: Mapping[int, str]) -> JSON:
+    """A copy of a user message with the tool_result blocks at these indices holding
+    these texts (as a string, or one text part where the content was a list of parts);
+    every other field of each block (is_error, cache_control, unknown ones) is kept."""
     content = list(message["content"])
-    for stub in stubs:
-        block = dict(content[stub.block])
-        text = offload.result_text(block)
-        if text is None:
-            continue
-        body = offload.stub_text(text, stub.ref, tool, stub.head_chars, read_length)
+    for index, text in texts.items():
+        block = dict(content[index])
         original = block.get("content")
-        block["content"] = body if isinstance(original, str) else [{"type": "text", "text": body}]
-        content[stub.block] = block
+        block["content"] = text if isinstance(original, str) else [{"type": "text", "text": text}]
+        content[index] = block
     return {**message, "content": content}
 
 
@@ -227,7 +222,7 @@ class MessagesDialect:
     offload_batch = 1  # the proxy's breakpoint before the next result to stub: as each ages
 
     message_shape = staticmethod(message_shape)
-    stubbed_message = staticmethod(stubbed_message)
+    with_results = staticmethod(with_results)
     render_transcript = staticmethod(render_transcript)
     read_result_tool = staticmethod(read_result_tool)
 

@@ -25,7 +25,7 @@ import orjson
 from proxy.core import offload, summary
 from proxy.core.errors import ProxyError
 from proxy.core.history import Shape
-from proxy.core.offload import Stub, ToolResult
+from proxy.core.offload import ToolResult
 from proxy.core.policy import PREFIX_CACHED_BATCH
 from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
 from proxy.core.usage import LineKind, Usage
@@ -246,19 +246,12 @@ class ChatDialect:
             return []
         return [ToolResult(0, message.get("tool_call_id"), message.get("content"))]
 
-    def stubbed_message(
-        self, message: Message, stubs: Sequence[Stub], tool: str, read_length: int
-    ) -> JSON:
+    def with_results(self, message: Message, texts: Mapping[int, str]) -> JSON:
         out = dict(message)
-        for stub in stubs:
-            if stub.block != 0:
-                continue
+        text = texts.get(0)  # (a tool message is one result: block 0)
+        if text is not None:
             original = message.get("content")
-            text = offload.content_text(original)
-            if text is None:
-                continue
-            body = offload.stub_text(text, stub.ref, tool, stub.head_chars, read_length)
-            out["content"] = body if isinstance(original, str) else [{"type": "text", "text": body}]
+            out["content"] = text if isinstance(original, str) else [{"type": "text", "text": text}]
         return out
 
     def summary_message(self, text: str, folded: int) -> JSON:

@@ -35,7 +35,7 @@ import orjson
 from proxy.core import offload, summary
 from proxy.core.errors import ProxyError
 from proxy.core.history import Shape
-from proxy.core.offload import Stub, ToolResult
+from proxy.core.offload import ToolResult
 from proxy.core.policy import PREFIX_CACHED_BATCH
 from proxy.core.tokens import TokenCounter
 from proxy.core.usage import LineKind, Usage
@@ -259,19 +259,12 @@ class GeminiDialect:
             if (text := response_text(response)) is not None
         ]
 
-    def stubbed_message(
-        self, message: Message, stubs: Sequence[Stub], tool: str, read_length: int
-    ) -> JSON:
+    def with_results(self, message: Message, texts: Mapping[int, str]) -> JSON:
         parts = list(message.get("parts") or [])
-        for stub in stubs:
-            part = parts[stub.block]
+        for index, text in texts.items():
+            part = parts[index]
             key = "functionResponse" if "functionResponse" in part else "function_response"
-            response = part.get(key)
-            text = response_text(response) if isinstance(response, dict) else None
-            if text is None:
-                continue
-            body = offload.stub_text(text, stub.ref, tool, stub.head_chars, read_length)
-            parts[stub.block] = {**part, key: with_response_text(response, body)}
+            parts[index] = {**part, key: with_response_text(part[key], text)}
         return {**message, "parts": parts}
 
     def summary_message(self, text: str, folded: int) -> JSON:

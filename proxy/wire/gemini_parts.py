@@ -274,9 +274,6 @@ def media_tokens(part: Part, blob: Mapping[str, Any], counter: TokenCounter) -> 
     return max(1, _base64_bytes(data) // 4)
 
 
-_SIGNATURE_NAMES = ("thoughtSignature", "thought_signature")
-
-
 class GeminiCounter(FormatCounter):
     """Token estimates for Gemini contents, on top of the shared counter (and its cache).
     Estimates, like the other formats': calibration against the usage the API reports

@@ -47,12 +47,12 @@ from proxy.wire.responses_units import (
     item_type,
     part_texts,
     render_transcript,
-    stubbed_unit,
     text_message,
     tool_names,
     tool_results,
     unit_items,
     unit_shape,
+    unit_with_results,
     units_of,
     user_text_unit,
 )
@@ -256,7 +256,7 @@ class ResponsesDialect:
 
     message_shape = staticmethod(unit_shape)
     tool_results = staticmethod(tool_results)
-    stubbed_message = staticmethod(stubbed_unit)
+    with_results = staticmethod(unit_with_results)
     render_transcript = staticmethod(render_transcript)
     read_result_tool = staticmethod(read_result_tool)
     note_message = staticmethod(user_text_unit)

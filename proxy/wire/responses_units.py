@@ -232,23 +232,16 @@ def tool_results(unit: Mapping[str, Any]) -> list[offload.ToolResult]:
     ]
 
 
-def stubbed_unit(
-    unit: Mapping[str, Any], stubs: Sequence[offload.Stub], tool: str, read_length: int
-) -> Unit:
-    """A copy of the unit with the outputs at the stubs' blocks replaced by stubs (every
-    other field of the output item kept)."""
+def unit_with_results(unit: Mapping[str, Any], texts: Mapping[int, str]) -> Unit:
+    """A copy of the unit with the outputs at these items holding these texts (as a
+    string, or one input_text part where the output was a list of parts); every other
+    field of the output item kept."""
     items = list(unit_items(unit))
-    for stub in stubs:
-        if not 0 <= stub.block < len(items) or item_type(items[stub.block]) not in STUBBABLE:
-            continue
-        item = items[stub.block]
+    for index, text in texts.items():
+        item = items[index]
         original = item.get("output")
-        text = offload.content_text(output_parts(original))
-        if text is None:
-            continue
-        body = offload.stub_text(text, stub.ref, tool, stub.head_chars, read_length)
-        stubbed = body if isinstance(original, str) else [{"type": "input_text", "text": body}]
-        items[stub.block] = {**item, "output": stubbed}
+        stubbed = text if isinstance(original, str) else [{"type": "input_text", "text": text}]
+        items[index] = {**item, "output": stubbed}
     return {**unit, "items": items}
 
 

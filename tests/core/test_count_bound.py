@@ -18,7 +18,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.counting import count_request, count_unless_quiet, history_bound
+from proxy.core.counting import count_request, count_unless_quiet, history_bound, history_quiet
 from proxy.core.policy import Policy
 from proxy.core.tokens import TOOLS_PREAMBLE, TokenCounter
 from proxy.wire import ANTHROPIC, CHAT
@@ -159,3 +159,47 @@ def test_the_injected_tool_costs_what_adding_it_adds(tools: list[Any], name: str
     counter = TokenCounter()
     added = counter.count_tools([*tools, injected]) - counter.count_tools(tools)
     assert added == counter.count_tools([injected]) - (TOOLS_PREAMBLE if tools else 0)
+
+
+def _history_quiet_holds(wire: Any, body: dict[str, Any], policy: Policy, factor: float) -> bool:
+    """history_quiet on the body as sent (orjson's writing); when it says quiet, the
+    exact counts fit and count_unless_quiet says quiet too (with nothing cached)."""
+    messages = wire.messages(body)
+    raw = orjson.dumps(body)
+    quiet = history_quiet(wire, raw, len(orjson.dumps(messages)), len(messages), policy, factor)
+    if quiet:
+        exact = count_request(wire, TokenCounter(), body, messages)
+        assert exact.fits(policy, factor), "waved through a history over a threshold"
+        assert count_unless_quiet(wire, TokenCounter(), body, messages, policy, factor) is None
+    return quiet
+
+
+@settings(max_examples=200, deadline=None)
+@given(anthropic_bodies(), st.data(), st.floats(0.5, 2.0))
+def test_the_history_bytes_prove_only_what_exact_counts_say(
+    body: dict[str, Any], data: st.DataObject, factor: float
+) -> None:
+    policy = data.draw(policy_near(len(orjson.dumps(request_messages(body)))))
+    _history_quiet_holds(ANTHROPIC, body, policy, factor)
+
+
+@settings(max_examples=100, deadline=None)
+@given(chat_bodies(), st.data(), st.floats(0.5, 2.0))
+def test_the_history_bytes_prove_only_what_exact_counts_say_for_chat(
+    body: dict[str, Any], data: st.DataObject, factor: float
+) -> None:
+    policy = data.draw(policy_near(len(orjson.dumps(CHAT.messages(body)))))
+    _history_quiet_holds(CHAT, body, policy, factor)
+
+
+def test_a_short_history_under_big_tools_is_quiet_by_its_bytes() -> None:
+    """The recorded Claude Code turn (49 KB, 31 KB of it tools): its body's size is over
+    the default offload trigger, its history's bytes (10 KB) are under it; with an image
+    it is counted."""
+    body = json.loads((AGENT / "claude-code-turn1.json").read_text())["body"]
+    policy = Policy(window=1_000_000)
+    assert _history_quiet_holds(ANTHROPIC, body, policy, 1.0)
+    assert not _history_quiet_holds(ANTHROPIC, body, policy, 3.0)  # calibrated up
+    image = {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}
+    shown = {**body, "messages": [*body["messages"], {"role": "user", "content": [image]}]}
+    assert not _history_quiet_holds(ANTHROPIC, shown, policy, 1.0)

@@ -28,11 +28,11 @@ from proxy.core.counting import count_request
 from proxy.core.driver import (
     CompactionRequest,
     Decision,
-    _renewal,
     commands_of,
     compaction,
 )
 from proxy.core.exact_json import ClientJSON
+from proxy.core.lines import renewal
 from proxy.core.outcome import Refuse, Rewrite, Untouched
 from proxy.core.policy import Policy
 from proxy.core.segments import StubbedMemo, refs_of
@@ -399,7 +399,7 @@ def test_stubbed_messages_are_built_once_and_reused_byte_for_byte(
     def never(*_: Any) -> Any:
         raise AssertionError("a stubbed message was built again")
 
-    monkeypatch.setattr(ANTHROPIC, "stubbed_message", never)
+    monkeypatch.setattr(ANTHROPIC, "with_results", never)
     _, reused = commands_of(compaction(memo_request(grown, memo)), store)
     assert reused.rewrite is not None and reused.rewrite.strategy == "checkpoint"
     assert reused.body == fresh.body and reused.estimate == fresh.estimate
@@ -442,7 +442,7 @@ def test_chat_tool_messages_with_string_content_are_reused_from_the_memo(
     def never(*_: Any) -> Any:
         raise AssertionError("a stubbed message was built again")
 
-    monkeypatch.setattr(type(CHAT), "stubbed_message", never)
+    monkeypatch.setattr(type(CHAT), "with_results", never)
     _, reused = commands_of(compaction(chat_request(grown, memo)), store)
     assert reused.rewrite is not None and reused.rewrite.strategy == "checkpoint"
     assert reused.body == fresh.body and reused.estimate == fresh.estimate
@@ -500,10 +500,11 @@ def test_a_ref_the_previous_checkpoint_did_not_name_is_renewed_at_once() -> None
     named = refs_of(before.segments)
     made = dataclasses.replace(before, renewed_at=0)
     asked = timed(conversation(12), 1_010)
-    assert _renewal(asked, before, made, named) == (dataclasses.replace(made, renewed_at=1_000), ())
-    checkpoint, touch = _renewal(asked, before, made, [*named, "r_0123456789abcdef"])
+    clock = asked.now, asked.renew_every
+    assert renewal(before, made, named, *clock) == (dataclasses.replace(made, renewed_at=1_000), ())
+    checkpoint, touch = renewal(before, made, [*named, "r_0123456789abcdef"], *clock)
     assert touch == (*named, "r_0123456789abcdef") and checkpoint.renewed_at == 1_010
-    checkpoint, touch = _renewal(asked, None, made, named)
+    checkpoint, touch = renewal(None, made, named, *clock)
     assert touch == tuple(named) and checkpoint.renewed_at == 1_010
 
 

@@ -4,11 +4,18 @@ and the facts a summary must keep include those only the originals hold."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from typing import Any
 
 from proxy.core.offload import ref_for
 from proxy.core.outcome import FoldPlan, Rewrite
-from proxy.core.summariser_input import IN_PLACE_OVERHEAD, ORIGINALS_TOKENS
+from proxy.core.summariser_input import (
+    IN_PLACE_OVERHEAD,
+    ORIGINALS_TOKENS,
+    SUMMARY_FLOOR,
+    SUMMARY_SHARE,
+)
 from tests.core.test_planner import COUNTER, conversation, planned, policy
 
 # A window wide enough that the originals' budget, not the window, bounds them.
@@ -52,3 +59,23 @@ def test_originals_past_the_budget_are_cut_to_it() -> None:
     assert "characters cut" in ask and original not in ask
     # Cut by the messages' counts, rendered as text: within a few percent of the budget.
     assert COUNTER.count_text(ask) <= ORIGINALS_TOKENS * 1.05 + IN_PLACE_OVERHEAD
+
+
+def test_the_summary_cap_is_sized_by_what_it_must_carry() -> None:
+    # A fold of a few small turns: a twentieth of what it folds as the client sent it,
+    # at least SUMMARY_FLOOR, not the policy's cap.
+    small = policy(window=200_000, trigger=8_000, target=4_000, summary_max_tokens=4_000)
+    messages = conversation(40, result_words=60)
+    crossing = planned(messages, policy=small)
+    # (Its summary is made ahead while the window has room: the fold it will take.)
+    out = crossing if isinstance(crossing, FoldPlan) else getattr(crossing, "prepare", None)
+    assert isinstance(out, FoldPlan)
+    members = [m for g in out.work.groups if g.label in out.fold for m in g.members]
+    sent = sum(COUNTER.count_message(messages[m]) for m in members)
+    cap = out.summary_tokens + out.facts_budget
+    assert cap == max(SUMMARY_FLOOR, math.ceil(SUMMARY_SHARE * sent)) < small.summary_max_tokens
+    # The policy's cap bounds it.
+    capped = planned(messages, policy=replace(small, summary_max_tokens=cap - 100))
+    bounded = capped if isinstance(capped, FoldPlan) else getattr(capped, "prepare", None)
+    assert isinstance(bounded, FoldPlan)
+    assert bounded.summary_tokens + bounded.facts_budget == cap - 100

@@ -14,10 +14,11 @@ import pytest
 
 from proxy.server.app import RunningProxy
 from proxy.testing.agent import tool_output
-from proxy.testing.agent_responses import INSTRUCTIONS, TOOLS, message
+from proxy.testing.agent_responses import INSTRUCTIONS, TOOLS
 from proxy.testing.api_responses import ResponsesOptions
 from proxy.testing.standin import RecordedRequest, StandInOptions
 from proxy.wire.responses_compaction import MISSING_NOTE, SUMMARY_HEADER
+from proxy.wire.responses_units import text_message as message
 from tests.plugins.responses import MakeResponsesStandIn
 from tests.plugins.standin import RunningStandIn
 from tests.server.conftest import SMALL_WINDOW, MakeProxy

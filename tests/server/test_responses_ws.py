@@ -21,11 +21,12 @@ from proxy.server.lifecycle import LIFECYCLE
 from proxy.server.logs import REQUEST_LOGGER
 from proxy.store.accounts import Accounts, Scope
 from proxy.testing.agent import tool_output
-from proxy.testing.agent_responses import INSTRUCTIONS, TOOLS, message
+from proxy.testing.agent_responses import INSTRUCTIONS, TOOLS
 from proxy.testing.api_responses import ResponsesOptions
 from proxy.testing.responses_items import ItemCounter
 from proxy.testing.standin import RecordedRequest, StandInOptions
 from proxy.wire.responses_units import input_items
+from proxy.wire.responses_units import text_message as message
 from tests.plugins.responses import MakeResponsesStandIn
 from tests.plugins.standin import RunningStandIn
 from tests.server.conftest import SMALL_WINDOW, SMALL_WINDOW_POLICY, MakeProxy, proxy_settings

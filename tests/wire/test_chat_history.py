@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from proxy.core.history import GroupKind, Shape, group_history, pack_messages
 from proxy.core.pack import pack_context
+from proxy.core.segments import stubbed as stubbed_message
 from proxy.core.tokens import TokenCounter
 from proxy.wire.chat import (
     CHAT,
@@ -75,11 +76,11 @@ def test_stubs_summaries_and_notes_are_valid_chat_messages() -> None:
     from proxy.core.offload import Stub
 
     tool = {"role": "tool", "tool_call_id": "a", "content": "x" * 5000, "name": "Bash"}
-    stubbed = CHAT.stubbed_message(tool, [Stub(0, "r_" + "0" * 16, 100)], "read_result", 800)
+    stubbed = stubbed_message(CHAT, tool, [Stub(0, "r_" + "0" * 16, 100)], "read_result", 800)
     assert stubbed["tool_call_id"] == "a" and stubbed["name"] == "Bash"
     assert 'read_result(ref="r_0000000000000000", start=100' in stubbed["content"]
     parts = {**tool, "content": [{"type": "text", "text": "y" * 5000}]}
-    stubbed = CHAT.stubbed_message(parts, [Stub(0, "r_" + "1" * 16, 100)], "read_result", 800)
+    stubbed = stubbed_message(CHAT, parts, [Stub(0, "r_" + "1" * 16, 100)], "read_result", 800)
     assert stubbed["content"][0]["type"] == "text" and len(stubbed["content"]) == 1
     assert CHAT.summary_message("notes", 4)["role"] == "user"
     assert isinstance(CHAT.note_message("dropped")["content"], str)

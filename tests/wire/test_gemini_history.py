@@ -13,6 +13,7 @@ import orjson
 from proxy.core.errors import BudgetRefused, ContextTooLong
 from proxy.core.history import group_history
 from proxy.core.offload import Stub
+from proxy.core.segments import stubbed as stubbed_message
 from proxy.core.tokens import TokenCounter
 from proxy.core.usage import LineKind, Usage
 from proxy.wire.gemini import GEMINI, read_result_tool
@@ -71,7 +72,9 @@ def test_function_responses_are_offloaded_as_text_and_stubbed_in_their_field() -
     results = GEMINI.tool_results(turn)
     assert [(r.block, r.call_id) for r in results] == [(0, "run_shell_command"), (1, "get")]
     assert results[0].text == "y" * 5000 and results[1].text == '{"rows":[1,2],"more":true}'
-    stubbed = GEMINI.stubbed_message(turn, [Stub(0, REF, 100), Stub(1, REF, 5)], "read_result", 800)
+    stubbed = stubbed_message(
+        GEMINI, turn, [Stub(0, REF, 100), Stub(1, REF, 5)], "read_result", 800
+    )
     first = stubbed["parts"][0]["functionResponse"]
     assert first["name"] == "run_shell_command" and list(first["response"]) == ["output"]
     assert f'read_result(ref="{REF}", start=100' in first["response"]["output"]
@@ -86,7 +89,7 @@ def test_snake_case_fields_are_read_as_the_api_reads_them() -> None:
         "parts": [{"function_response": {"name": "ls", "response": {"output": "z" * 900}}}],
     }
     assert GEMINI.message_shape(turn, 1).answers == ("call0",)
-    stubbed = GEMINI.stubbed_message(turn, [Stub(0, REF, 10)], "read_result", 800)
+    stubbed = stubbed_message(GEMINI, turn, [Stub(0, REF, 10)], "read_result", 800)
     assert "read_result(ref=" in stubbed["parts"][0]["function_response"]["response"]["output"]
     body = {
         "system_instruction": {"parts": [{"text": "be brief"}]},

@@ -13,6 +13,7 @@ from proxy.core.errors import ContextTooLong
 from proxy.core.history import GroupKind, group_history
 from proxy.core.identity import conversation_of
 from proxy.core.offload import Stub
+from proxy.core.segments import stubbed as stubbed_message
 from proxy.core.sse import SSEDecoder
 from proxy.core.tokens import TokenCounter
 from proxy.core.usage import LineKind, UsageMeter
@@ -120,7 +121,7 @@ def test_a_stub_replaces_an_output_string_or_parts_and_keeps_its_fields() -> Non
     assert [result.block for result in results] == [0, 1]
     assert results[1].content == [{"type": "text", "text": text}]
     stubs = [Stub(0, "r_" + "a" * 16, 100), Stub(1, "r_" + "b" * 16, 100)]
-    out = RESPONSES.stubbed_message(unit, stubs, "read_result", 4000)
+    out = stubbed_message(RESPONSES, unit, stubs, "read_result", 4000)
     first, second = out["items"]
     assert first["id"] == "fco_1" and first["call_id"] == "a"
     assert first["output"].startswith("line of the log\n") and 'ref="r_aaaa' in first["output"]
