@@ -234,11 +234,13 @@ class MessagesDialect:
         content = message.get("content")
         if message.get("role") != "user" or not isinstance(content, list):
             return []
-        return [
-            ToolResult(b, block.get("tool_use_id"), block.get("content"))
-            for b, block in enumerate(content)
-            if isinstance(block, dict) and block.get("type") == "tool_result"
-        ]
+        results = []
+        for b, block in enumerate(content):
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                inner = block.get("content")
+                text = offload.content_text(inner)
+                results.append(ToolResult(b, block.get("tool_use_id"), inner, text))
+        return results
 
     def summary_message(self, text: str, folded: int) -> JSON:
         return text_message(summary.summary_text(text, folded))

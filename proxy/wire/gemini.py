@@ -254,7 +254,7 @@ class GeminiDialect:
         if role_of(message) == "model":
             return []
         return [
-            ToolResult(i, str(response.get("id") or response.get("name") or ""), text)
+            ToolResult(i, str(response.get("id") or response.get("name") or ""), text, text)
             for i, response in function_responses(message)
             if (text := response_text(response)) is not None
         ]
