@@ -52,11 +52,11 @@ from proxy.server.ws_pair import HANDSHAKE, Gone, SocketPair
 from proxy.server.ws_transport import FrameTransport, KeptResponses, relay_response
 from proxy.store import StoreUnavailable
 from proxy.wire.responses import RESPONSES
+from proxy.wire.responses_units import input_items
 from proxy.wire.responses_ws import (
     CREATE,
     error_frame,
     error_frame_of,
-    input_list,
     is_error_frame,
     kept_after,
     resolve,
@@ -215,7 +215,7 @@ class Relay(SocketPair):
             record=record,
         )
         end = await exchange.run()
-        kept.client = kept_after(input_list(payload), end) if end is not None else None
+        kept.client = kept_after(input_items(payload), end) if end is not None else None
         return _status_of(end)
 
 

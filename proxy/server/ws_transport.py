@@ -28,6 +28,7 @@ from proxy.server.record import RequestRecord
 from proxy.server.transport import Outgoing, Refused
 from proxy.server.ws_pair import SocketPair, send_message
 from proxy.wire.responses import RESPONSES
+from proxy.wire.responses_units import input_items
 from proxy.wire.responses_ws import (
     Kept,
     as_event,
@@ -35,7 +36,6 @@ from proxy.wire.responses_ws import (
     error_frame_of,
     frame_of,
     frames_of_sse,
-    input_list,
     is_error_frame,
     kept_after,
     upstream_frame,
@@ -93,10 +93,10 @@ class FrameTransport:
             body is outgoing.body
             and not outgoing.rewritten
             and frame.get("previous_response_id") == up_frame.get("previous_response_id")
-            and len(input_list(frame)) == len(input_list(up_frame))
+            and len(input_items(frame)) == len(input_items(up_frame))
         )
         await self.pair.to_upstream(self.raw if same else up_frame, reused)
-        return input_list(sent)
+        return input_items(sent)
 
     async def relay(self, outgoing: Outgoing) -> End:
         await self.send(outgoing, outgoing.body)
@@ -131,7 +131,7 @@ async def relay_response(
         await pair.to_client(message.data)
         if ends_response(event):
             _metered(record, event, sent)
-            kept.upstream = kept_after(input_list(sent), event) if sent is not None else None
+            kept.upstream = kept_after(input_items(sent), event) if sent is not None else None
             return event
 
 
