@@ -76,9 +76,9 @@ DEFAULT_REUSE_BYTES = ServerSettings().reuse_max_bytes
 POLICY_MEMO_SIZE = 4096
 # A body of up to this many times the quiet tokens (calibrated) has its history written
 # out to be measured when the reuse cache has not laid it out (Claude Code's tools and
-# system prompt alone are some 40 KB: its short histories come with bodies twice the
-# default offload trigger).
-HISTORY_WRITTEN_SHARE = 4
+# system prompt alone are some 40 KB: its first turn, 49 KB with 10.6 KB of messages, is
+# four times the default offload trigger, 12,000); a larger one is counted.
+HISTORY_WRITTEN_SHARE = 8
 
 
 def _ignore(ok: bool) -> None:
