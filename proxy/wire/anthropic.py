@@ -257,6 +257,18 @@ class MessagesDialect:
         last = {**content[-1], "cache_control": {"type": "ephemeral"}}
         return {**message, "content": [*content[:-1], last]}
 
+    def without_breakpoints(self, message: Message) -> JSON | None:
+        content = message.get("content")
+        if not isinstance(content, list):
+            return None
+        if not any(isinstance(b, dict) and "cache_control" in b for b in content):
+            return None
+        blocks = [
+            {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b
+            for b in content
+        ]
+        return {**message, "content": blocks}
+
 
 class MessagesSummaries:
     """The summariser's call on the Messages API (`Summaries`)."""

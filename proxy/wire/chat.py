@@ -264,6 +264,9 @@ class ChatDialect:
     def with_breakpoint(self, message: Message) -> JSON | None:
         return None  # OpenAI caches prompt prefixes without breakpoints
 
+    def without_breakpoints(self, message: Message) -> JSON | None:
+        return None
+
 
 class ChatSummaries:
     """The summariser's call on Chat Completions (`Summaries`)."""

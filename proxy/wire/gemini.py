@@ -276,6 +276,9 @@ class GeminiDialect:
     def with_breakpoint(self, message: Message) -> JSON | None:
         return None  # no breakpoints: the API caches repeated prefixes by itself
 
+    def without_breakpoints(self, message: Message) -> JSON | None:
+        return None
+
 
 # The thinking a summary call asks for: the notes matter, not deep reasoning (Gemini 3
 # takes a level, 2.5 a budget; neither changes the prefix the cache reads).
