@@ -138,11 +138,9 @@ class ToolResult:
     block: int
     call_id: str | None
     content: object
-
-    @property
-    def text(self) -> str | None:
-        """Its text, or None when it holds anything but text (then it is never stubbed)."""
-        return content_text(self.content)
+    # Its text (`content_text` of its content, made once by the format that reads it),
+    # or None when it holds anything but text (then it is never stubbed).
+    text: str | None
 
 
 @dataclass(frozen=True, slots=True)

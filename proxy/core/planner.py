@@ -26,12 +26,10 @@ from dataclasses import replace
 from proxy.core.checkpoint import Checkpoint
 from proxy.core.commands import PreparedSummary
 from proxy.core.digests import chain_hashes
-from proxy.core.estimate import margin
 from proxy.core.fold import plan_compaction
 from proxy.core.history import compaction_turns, pinned_tokens
 from proxy.core.outcome import FoldPlan, Planned, Recount, Refuse, Rewrite, Untouched
 from proxy.core.rewrites import fold, offload, pack, rewrite_of
-from proxy.core.segments import Verbatim
 from proxy.core.strategy import Strategy
 from proxy.core.summariser_input import folding, member_digests
 from proxy.core.working import Limits, PlanInput, Working, limits_of, real, segments_for, working
@@ -59,7 +57,7 @@ def plan(inp: PlanInput) -> Planned:
     before = real(sum(inp.counts), inp.factor)
     blobs: list[tuple[str, str]] = []
     offloading = bool(inp.tool and inp.store_ok and inp.offload_ok)
-    unsure, estimated = _unsure(inp, work)
+    unsure, estimated = work.unsure, work.estimated
     near = offloading and unsure and abs(work.tokens - limits.offload_at) <= unsure
     if near and work.tokens + unsure > limits.prepare_at * ESTIMATED_OFFLOAD_SHARE:
         # Within reach of where folds are planned, whether to offload is the exact
@@ -78,7 +76,7 @@ def plan(inp: PlanInput) -> Planned:
         batch = inp.policy.offload_batch or inp.dialect.offload_batch
         batch = batch if work.tokens <= limits.trigger else 1
         work, blobs = offload(work, inp, batch)
-    unsure, estimated = _unsure(inp, work)
+    unsure, estimated = work.unsure, work.estimated
     if unsure and work.tokens + unsure > limits.prepare_at:
         # Near or past where folds are planned (a summary made ahead, the fold, a pack):
         # which turns they take, and the keys they are stored under, are the exact
@@ -143,17 +141,6 @@ def plan(inp: PlanInput) -> Planned:
         if awaited is not None:
             return awaited
     return planned
-
-
-def _unsure(inp: PlanInput, work: Working) -> tuple[int, tuple[int, ...]]:
-    """How far the work's tokens may be from their exact count (the margin of the
-    estimated counts among its client messages as sent), and those messages."""
-    if not inp.uncertain:
-        return 0, ()
-    estimated = tuple(
-        seg.index for seg in work.segments if isinstance(seg, Verbatim) and inp.uncertain[seg.index]
-    )
-    return margin(sum(inp.uncertain[n] for n in estimated)), estimated
 
 
 def _awaited(plan: FoldPlan, ready: PreparedSummary) -> FoldPlan | None:

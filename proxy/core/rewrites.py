@@ -31,7 +31,7 @@ from proxy.core.segments import (
 )
 from proxy.core.strategy import Strategy
 from proxy.core.summary import note_text
-from proxy.core.working import Limits, PlanInput, Working, real, rebuilt, working
+from proxy.core.working import Limits, PlanInput, Working, limits_of, real, rebuilt, working
 
 
 def offload(work: Working, inp: PlanInput, batch: int = 1) -> tuple[Working, list[tuple[str, str]]]:
@@ -116,6 +116,32 @@ def breakpoint_at(work: Working, inp: PlanInput) -> int | None:
         if any(stubbable(r, inp) for r in inp.dialect.tool_results(work.messages[n])):
             return n - 1
     return last
+
+
+def tail_uncached(work: Working, inp: PlanInput, at: int | None) -> bool:
+    """Whether what follows the proxy's breakpoint (`at`) goes uncached: it is the newest
+    result, whole, and the next request stubs it. So when the breakpoint stands before a
+    result still whole (the next to stub), one result stays whole (keep_results 1), each
+    is stubbed as it ages (no batches), and the next request, adding a turn the size of
+    the one after the breakpoint, would be past the offload trigger (it then takes an
+    offload step) and not past where summaries are made ahead. Written to the cache it
+    would cost 1.25 a token and never be read whole; sent uncached, 1.0. Should the next
+    request not stub it after all (a smaller turn, a turn without a tool result, an
+    edited history), it is written then: 0.9 a token more than a read, once."""
+    if at is None or at + 1 >= len(work.segments) or inp.policy.keep_results > 1:
+        return False
+    if (inp.policy.offload_batch or inp.dialect.offload_batch) != 1:
+        return False
+    tail = sum(shape.tokens for shape in work.shapes[at + 1 :])
+    limits = limits_of(inp)
+    if not limits.offload_at < work.tokens + tail <= limits.prepare_at:
+        # (past prepare_at, a summary made in place from this request or the next reads
+        # its prefix from the cache, the newest result included: it is cached)
+        return False
+    nxt = work.segments[at + 1]
+    if not isinstance(nxt, Verbatim):
+        return False
+    return any(stubbable(r, inp) for r in inp.dialect.tool_results(work.messages[at + 1]))
 
 
 def fold(need: FoldPlan, text: str | None, *, summary: str) -> Rewrite | Refuse:
@@ -263,6 +289,7 @@ def rewrite_of(
         checkpoint=stored,
         refs=vouched_refs(work.segments),  # every ref the history may read
         breakpoint_at=at,
+        uncached_tail=tail_uncached(work, inp, at),
         summary=summary,
         reason=reason,
     )

@@ -203,6 +203,11 @@ class Dialect(Protocol):
         None when the format has no breakpoints or the message already carries one."""
         ...
 
+    def without_breakpoints(self, message: Message) -> JSON | None:
+        """A copy of the message without its prompt-cache breakpoints, or None when it
+        carries none (or the format has none)."""
+        ...
+
     # How many aged results are stubbed together under the trigger when the policy names
     # no batch (its offload_batch 0): 1 where the proxy places a breakpoint before the
     # next result to stub (each step then reads the turns between from the cache);

@@ -25,6 +25,7 @@ from typing import Any
 from proxy.core.checkpoint import Checkpoint
 from proxy.core.commands import PreparedSummary
 from proxy.core.digests import EXACT, STRING_AS_BLOCK
+from proxy.core.estimate import margin
 from proxy.core.history import Group, Shape, group_history
 from proxy.core.lines import begins_with
 from proxy.core.policy import Policy, prepare_at
@@ -129,6 +130,10 @@ class Working:
     shapes: list[Shape]
     groups: list[Group]
     tokens: int  # of all shapes: the planner asks for it often
+    # How far `tokens` may be from the exact count: the margin of the estimated counts
+    # among the client's messages it sends as they came (Verbatim), and those messages.
+    unsure: int = 0
+    estimated: tuple[int, ...] = ()
 
 
 def segments_for(
@@ -152,7 +157,20 @@ def working(segments: list[Segment], inp: PlanInput) -> Working:
         messages.append(message)
         shapes.append(shape)
         tokens += shape.tokens
-    return Working(segments, messages, shapes, group_history(shapes), tokens)
+    unsure, estimated = _unsure(segments, inp)
+    return Working(segments, messages, shapes, group_history(shapes), tokens, unsure, estimated)
+
+
+def _unsure(segments: Sequence[Segment], inp: PlanInput) -> tuple[int, tuple[int, ...]]:
+    """How far the tokens of a history built of these segments may be from their exact
+    count (the margin of the estimated counts among its client messages as sent), and
+    those messages."""
+    if not inp.uncertain:
+        return 0, ()
+    estimated = tuple(
+        seg.index for seg in segments if isinstance(seg, Verbatim) and inp.uncertain[seg.index]
+    )
+    return margin(sum(inp.uncertain[n] for n in estimated)), estimated
 
 
 def _built(seg: Segment, inp: PlanInput) -> tuple[dict[str, Any], Shape]:
@@ -204,7 +222,8 @@ def rebuilt(
         message, shape = _built(segments[n], inp)
         tokens += shape.tokens - shapes[n].tokens
         messages[n], shapes[n] = message, shape
-    return Working(segments, messages, shapes, group_history(shapes), tokens)
+    unsure, estimated = _unsure(segments, inp)
+    return Working(segments, messages, shapes, group_history(shapes), tokens, unsure, estimated)
 
 
 def stubbed_message(seg: Stubbed, inp: PlanInput) -> tuple[dict[str, Any], int]:

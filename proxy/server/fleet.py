@@ -38,6 +38,7 @@ from aiohttp import web
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from proxy.config import Settings
 from proxy.core.budget import Amounts
 from proxy.server.metrics import METRICS, Metrics
 from proxy.server.state import SETTINGS, STORE
@@ -79,8 +80,13 @@ class _Entry:
 
 
 class Fleet:
-    def __init__(self, app: web.Application) -> None:
-        self.app = app
+    """Keys and budgets shared by the replicas, given what it uses: the settings (auth's
+    cache and outage trust, budgets' store-down behaviour and allowance, the store's
+    prefix and TTL) and the metrics it reports to (None: an app without them)."""
+
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self._metrics = metrics
         self.store: Store | None = None  # the fleet's own client (budgets.timeout)
         self._accounts: Accounts | None = None
         self._keys: dict[str, _Entry] = {}
@@ -108,15 +114,11 @@ class Fleet:
 
     @property
     def cache_seconds(self) -> float:
-        return self.app[SETTINGS].auth.cache_seconds
-
-    @property
-    def _metrics(self) -> Metrics | None:
-        return self.app.get(METRICS)
+        return self.settings.auth.cache_seconds
 
     def open(self, url: str) -> None:
         """Connect (lazily) to the shared Redis at `url`."""
-        settings = self.app[SETTINGS]
+        settings = self.settings
         self.store = Store.from_url(
             url,
             prefix=settings.store.key_prefix,
@@ -156,7 +158,7 @@ class Fleet:
             log.warning(
                 "fleet store unreachable (%s); budgets fail %s until it returns",
                 type(error).__name__,
-                self.app[SETTINGS].budgets.on_store_down,
+                self.settings.budgets.on_store_down,
             )
 
     def store_answered(self) -> None:
@@ -240,7 +242,7 @@ class Fleet:
         outage, and only when every revocation made before the outage would have
         reached this replica: the revocation watch listened from the record's fetch
         until the outage began."""
-        settings = self.app[SETTINGS]
+        settings = self.settings
         horizon = settings.auth.outage_trust_seconds
         if settings.budgets.on_store_down != "open" or horizon <= 0 or not self.outage:
             return False
@@ -315,7 +317,7 @@ class Fleet:
         """Whether this replica may admit `want` for the key without a reservation
         (Redis unreachable, `on_store_down = "open"`): within the outage allowance.
         `new`: a request not admitted uncounted before (counted in the metric)."""
-        allowance = self.app[SETTINGS].budgets.outage_allowance
+        allowance = self.settings.budgets.outage_allowance
         used = self._uncounted.get(key_id, 0) + want.input + want.output
         if used > allowance:
             return False
@@ -444,7 +446,7 @@ async def fleet_lifetime(app: web.Application) -> AsyncIterator[None]:
     """Keys and budgets for the app's lifetime: registered after the store (the fleet
     uses the same Redis, through its own client), so pending settlements are sent
     before the store stops."""
-    fleet = app[FLEET] = Fleet(app)
+    fleet = app[FLEET] = Fleet(app[SETTINGS], app.get(METRICS))
     state = app[STORE]
     url = app[SETTINGS].store.redis_url
     if state.embedded is not None:

@@ -29,7 +29,6 @@ import logging
 import time
 from typing import Any
 
-import orjson
 from aiohttp import WSCloseCode, web
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -52,13 +51,14 @@ from proxy.server.ws_pair import HANDSHAKE, Gone, SocketPair
 from proxy.server.ws_transport import FrameTransport, KeptResponses, relay_response
 from proxy.store import StoreUnavailable
 from proxy.wire.responses import RESPONSES
+from proxy.wire.responses_units import input_items
 from proxy.wire.responses_ws import (
     CREATE,
     error_frame,
     error_frame_of,
-    input_list,
     is_error_frame,
     kept_after,
+    parsed_frame,
     resolve,
 )
 
@@ -101,7 +101,7 @@ class Relay(SocketPair):
     # -- one response.create --------------------------------------------------------------
 
     async def on_frame(self, text: str) -> bool:
-        frame = _parsed(text)
+        frame = parsed_frame(text)
         if frame is None or frame.get("type") != CREATE:
             return False  # not a request: the upstream's to answer
         await self._create(text, frame)
@@ -215,16 +215,8 @@ class Relay(SocketPair):
             record=record,
         )
         end = await exchange.run()
-        kept.client = kept_after(input_list(payload), end) if end is not None else None
+        kept.client = kept_after(input_items(payload), end) if end is not None else None
         return _status_of(end)
-
-
-def _parsed(text: str) -> dict[str, Any] | None:
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _status_of(end: dict[str, Any] | None) -> int:

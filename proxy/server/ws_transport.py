@@ -28,6 +28,7 @@ from proxy.server.record import RequestRecord
 from proxy.server.transport import Outgoing, Refused
 from proxy.server.ws_pair import SocketPair, send_message
 from proxy.wire.responses import RESPONSES
+from proxy.wire.responses_units import input_items
 from proxy.wire.responses_ws import (
     Kept,
     as_event,
@@ -35,9 +36,9 @@ from proxy.wire.responses_ws import (
     error_frame_of,
     frame_of,
     frames_of_sse,
-    input_list,
     is_error_frame,
     kept_after,
+    parsed_frame,
     upstream_frame,
 )
 
@@ -93,10 +94,10 @@ class FrameTransport:
             body is outgoing.body
             and not outgoing.rewritten
             and frame.get("previous_response_id") == up_frame.get("previous_response_id")
-            and len(input_list(frame)) == len(input_list(up_frame))
+            and len(input_items(frame)) == len(input_items(up_frame))
         )
         await self.pair.to_upstream(self.raw if same else up_frame, reused)
-        return input_list(sent)
+        return input_items(sent)
 
     async def relay(self, outgoing: Outgoing) -> End:
         await self.send(outgoing, outgoing.body)
@@ -119,7 +120,7 @@ async def relay_response(
             assert pair.client is not None
             await send_message(pair.client, message)  # (a binary frame: Codex's error to read)
             continue
-        event = _parsed(message.data)
+        event = parsed_frame(message.data)
         if event is None:
             await pair.to_client(message.data)
             continue
@@ -131,7 +132,7 @@ async def relay_response(
         await pair.to_client(message.data)
         if ends_response(event):
             _metered(record, event, sent)
-            kept.upstream = kept_after(input_list(sent), event) if sent is not None else None
+            kept.upstream = kept_after(input_items(sent), event) if sent is not None else None
             return event
 
 
@@ -170,7 +171,7 @@ class FrameMerging:
             record.answered()
             if message.type != WSMsgType.TEXT:
                 continue  # nothing of a response: not the client's to see mid-merge
-            event = _parsed(message.data)
+            event = parsed_frame(message.data)
             if event is None:
                 continue
             if is_error_frame(event):
@@ -195,7 +196,7 @@ class FrameMerging:
         for piece in self.merger.finish(ended.note):
             text = frame_of(piece)
             await pair.to_client(text)
-            final = _parsed(text)
+            final = parsed_frame(text)
         self.transport.record.meter.complete = True
         return final
 
@@ -208,7 +209,7 @@ async def send_made(pair: SocketPair, record: RequestRecord, answer: web.StreamR
     if answer.status != 200:
         frame = error_frame_of(answer.status, raw, answer.headers)
         await pair.to_client(frame)
-        return _parsed(frame)
+        return parsed_frame(frame)
     if answer.content_type == "text/event-stream":
         frames = frames_of_sse(raw)
     else:
@@ -221,16 +222,8 @@ async def send_made(pair: SocketPair, record: RequestRecord, answer: web.StreamR
     end = None
     for text in frames:
         await pair.to_client(text)
-        event = _parsed(text)
+        event = parsed_frame(text)
         if event is not None and ends_response(event):
             end = event
     record.meter.complete = True
     return end
-
-
-def _parsed(text: str) -> dict[str, Any] | None:
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None

@@ -26,7 +26,6 @@ import orjson
 from aiohttp import web
 
 from proxy.core.tokens import TokenCounter
-from proxy.core.usage import Usage as CoreUsage
 from proxy.testing import api_messages
 from proxy.testing.answering import Checked, count_tokens, serve
 from proxy.testing.api import Event, Refusal, event
@@ -54,6 +53,7 @@ from proxy.wire.anthropic_bedrock import (
     invocation_metrics,
     metric_headers,
 )
+from proxy.wire.anthropic_rounds import anthropic_usage
 from proxy.wire.anthropic_validation import validate_count_tokens_request
 
 ACCOUNT = "123456789012"
@@ -135,28 +135,19 @@ class BedrockApi(EnvelopedMessages):
     def response_headers(
         self, headers: Mapping[str, str], whole: dict[str, Any] | None
     ) -> Mapping[str, str]:
-        return dict(metric_headers(_usage(whole), 1000)) if whole is not None else {}
+        return (
+            dict(metric_headers(anthropic_usage(whole["usage"]), 1000)) if whole is not None else {}
+        )
 
     def events(self, body: Any, whole: dict[str, Any], chunk_tokens: int) -> list[Event]:
         events = super().events(body, whole, chunk_tokens)
         last = orjson.loads(events[-1].data)
-        last[METRICS_FIELD] = invocation_metrics(_usage(whole), 1000, 100)
+        last[METRICS_FIELD] = invocation_metrics(anthropic_usage(whole["usage"]), 1000, 100)
         return [*events[:-1], event(events[-1].kind, events[-1].name, last)]
 
     def stream_error(self, events: list[Event]) -> Event:
         error = {"type": "modelStreamErrorException", "message": "The model stream broke."}
         return event("end", "error", {"type": "error", "error": error})
-
-
-def _usage(whole: Mapping[str, Any]) -> CoreUsage:
-    """The answer's usage, as the invocation metrics read it."""
-    u = whole["usage"]
-    return CoreUsage(
-        input_tokens=u["input_tokens"],
-        cache_creation_input_tokens=u["cache_creation_input_tokens"],
-        cache_read_input_tokens=u["cache_read_input_tokens"],
-        output_tokens=u["output_tokens"],
-    )
 
 
 def _frame(item: Event) -> bytes:

@@ -234,11 +234,13 @@ class MessagesDialect:
         content = message.get("content")
         if message.get("role") != "user" or not isinstance(content, list):
             return []
-        return [
-            ToolResult(b, block.get("tool_use_id"), block.get("content"))
-            for b, block in enumerate(content)
-            if isinstance(block, dict) and block.get("type") == "tool_result"
-        ]
+        results = []
+        for b, block in enumerate(content):
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                inner = block.get("content")
+                text = offload.content_text(inner)
+                results.append(ToolResult(b, block.get("tool_use_id"), inner, text))
+        return results
 
     def summary_message(self, text: str, folded: int) -> JSON:
         return text_message(summary.summary_text(text, folded))
@@ -254,6 +256,18 @@ class MessagesDialect:
             return None  # the client's own breakpoint: never moved
         last = {**content[-1], "cache_control": {"type": "ephemeral"}}
         return {**message, "content": [*content[:-1], last]}
+
+    def without_breakpoints(self, message: Message) -> JSON | None:
+        content = message.get("content")
+        if not isinstance(content, list):
+            return None
+        if not any(isinstance(b, dict) and "cache_control" in b for b in content):
+            return None
+        blocks = [
+            {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b
+            for b in content
+        ]
+        return {**message, "content": blocks}
 
 
 class MessagesSummaries:

@@ -244,7 +244,8 @@ class ChatDialect:
     def tool_results(self, message: Message) -> list[ToolResult]:
         if message.get("role") != "tool":
             return []
-        return [ToolResult(0, message.get("tool_call_id"), message.get("content"))]
+        content = message.get("content")
+        return [ToolResult(0, message.get("tool_call_id"), content, offload.content_text(content))]
 
     def with_results(self, message: Message, texts: Mapping[int, str]) -> JSON:
         out = dict(message)
@@ -262,6 +263,9 @@ class ChatDialect:
 
     def with_breakpoint(self, message: Message) -> JSON | None:
         return None  # OpenAI caches prompt prefixes without breakpoints
+
+    def without_breakpoints(self, message: Message) -> JSON | None:
+        return None
 
 
 class ChatSummaries:

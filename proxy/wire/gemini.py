@@ -254,7 +254,7 @@ class GeminiDialect:
         if role_of(message) == "model":
             return []
         return [
-            ToolResult(i, str(response.get("id") or response.get("name") or ""), text)
+            ToolResult(i, str(response.get("id") or response.get("name") or ""), text, text)
             for i, response in function_responses(message)
             if (text := response_text(response)) is not None
         ]
@@ -275,6 +275,9 @@ class GeminiDialect:
 
     def with_breakpoint(self, message: Message) -> JSON | None:
         return None  # no breakpoints: the API caches repeated prefixes by itself
+
+    def without_breakpoints(self, message: Message) -> JSON | None:
+        return None
 
 
 # The thinking a summary call asks for: the notes matter, not deep reasoning (Gemini 3

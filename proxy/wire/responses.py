@@ -270,6 +270,9 @@ class ResponsesDialect:
     def with_breakpoint(self, message: Message) -> JSON | None:
         return None  # OpenAI caches prompt prefixes without breakpoints
 
+    def without_breakpoints(self, message: Message) -> JSON | None:
+        return None
+
 
 class ResponsesSummaries:
     """The summariser's call on the Responses API (`Summaries`)."""

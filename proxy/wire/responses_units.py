@@ -225,11 +225,14 @@ def tool_results(unit: Mapping[str, Any]) -> list[offload.ToolResult]:
     """The stubbable outputs of an outputs unit, by item index."""
     if unit.get("unit") != "outputs":
         return []
-    return [
-        offload.ToolResult(n, answer_key(item), output_parts(item.get("output")))
-        for n, item in enumerate(unit_items(unit))
-        if item_type(item) in STUBBABLE
-    ]
+    results = []
+    for n, item in enumerate(unit_items(unit)):
+        if item_type(item) in STUBBABLE:
+            parts = output_parts(item.get("output"))
+            results.append(
+                offload.ToolResult(n, answer_key(item), parts, offload.content_text(parts))
+            )
+    return results
 
 
 def unit_with_results(unit: Mapping[str, Any], texts: Mapping[int, str]) -> Unit:

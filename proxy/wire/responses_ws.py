@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from proxy.core.sse import Event, encode_event
+from proxy.wire.responses_units import input_items
 
 CREATE = "response.create"
 ENDS = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -45,12 +46,13 @@ class Kept:
     items: tuple[Any, ...]
 
 
-def input_list(body: Mapping[str, Any]) -> list[Any]:
-    """The input as items: a string input is one user message."""
-    value = body.get("input")
-    if isinstance(value, str):
-        return [{"type": "message", "role": "user", "content": value}]
-    return list(value) if isinstance(value, list) else []
+def parsed_frame(text: str) -> dict[str, Any] | None:
+    """A text frame's JSON object (None: not JSON, or not an object)."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def resolve(kept: Kept | None, frame: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -62,14 +64,14 @@ def resolve(kept: Kept | None, frame: Mapping[str, Any]) -> dict[str, Any] | Non
         return body
     if kept is None or previous != kept.id:
         return None
-    body["input"] = [*kept.items, *input_list(frame)]
+    body["input"] = [*kept.items, *input_items(frame)]
     return body
 
 
 def upstream_frame(kept: Kept | None, sent: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
     """The frame for a request as the proxy sends it, and how many items it leaves to
     the kept response (0: the whole input goes)."""
-    items = input_list(sent)
+    items = input_items(sent)
     frame: dict[str, Any] = {"type": CREATE, **sent}
     if kept is not None and kept.items and _extends(items, kept.items):
         frame["previous_response_id"] = kept.id
