@@ -88,6 +88,11 @@ def main() -> None:
             )
             parts = bill(shape, rules, floor.states)
             print("  pays for: " + ", ".join(f"{p} {parts[p] / plain:.3f}x" for p in PARTS))
+            tail = sum(bill(shape, rules, floor.states, uncached_tail=True).values())
+            print(
+                f"  the same schedule with each result the next request stubs sent uncached:"
+                f" {tail:,.0f} units ({tail / plain:.3f}x)"
+            )
 
 
 def _ints(text: str) -> list[int]:

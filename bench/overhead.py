@@ -715,7 +715,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
             "proxy); the added latency is the steadier figure. Of the proxy's CPU per 50 KB "
             "request, parsing the body and counting it (the system prompt and tools exactly, "
             "against the count cache; the messages bounded by their bytes: the 49 KB turn is "
-            "over the byte bound of the default offload_trigger, 20,000) are about a fifth "
+            "over the byte bound of the default offload_trigger, 12,000) are about a fifth "
             "each; the rest is aiohttp's server and client work, the socket writes, the "
             "headers, the record and the metrics (the profile section below).",
             "",

@@ -65,23 +65,41 @@ def cannot_cross(body: bytes, policy: Policy, factor: float) -> bool:
 
 
 def history_quiet(
-    wire: Request, body: bytes, history_bytes: int, messages: int, policy: Policy, factor: float
+    wire: Request,
+    size: int,
+    history_bytes: int,
+    messages: int,
+    sourced: bool,
+    policy: Policy,
+    factor: float,
 ) -> bool:
     """Whether bytes alone prove the request under the window and every threshold, when
-    the body's size (`cannot_cross`) does not: the whole request by the body's bytes, as
-    there, and the history by its JSON's (`history_bytes`: orjson's writing of the
+    the body's size (`cannot_cross`) does not: the whole request by the body's `size`,
+    as there, and the history by its JSON's (`history_bytes`: orjson's writing of the
     messages, list and commas included), each message costing at most its JSON's bytes
     plus MESSAGE_OVERHEAD (tests/core/test_count_bound.py). An agent's system prompt and
     tools (Claude Code's: 31 KB) count against the window alone, so a short history is
-    proven quiet without counting anything. What it says quiet, `count_unless_quiet`
-    says quiet too (every term of its bound is at most this one's). Messages and Chat
-    only (BOUNDED_FORMATS); a body with a `source` (an image or document) is counted."""
-    if wire.name not in BOUNDED_FORMATS:
+    proven quiet without counting anything. `sourced`: the history's JSON holds a
+    `source` (an image or document, charged per pixel or page), or the system prompt
+    holds anything but text (`text_system`): then it is counted. What it says quiet,
+    `count_unless_quiet` says quiet too (every term of its bound is at most this one's).
+    Messages and Chat only (BOUNDED_FORMATS)."""
+    if sourced or wire.name not in BOUNDED_FORMATS:
         return False
-    if (len(body) + BYTE_BOUND_SLACK) * factor > policy.window:
+    if (size + BYTE_BOUND_SLACK) * factor > policy.window:
         return False
-    bound = history_bytes + messages * MESSAGE_OVERHEAD
-    return bound * factor <= policy.quiet_tokens and b'"source"' not in body
+    return (history_bytes + messages * MESSAGE_OVERHEAD) * factor <= policy.quiet_tokens
+
+
+def text_system(body: Mapping[str, Any]) -> bool:
+    """Whether the body's system prompt (if any) is text alone: a string or text blocks
+    (all the Messages API takes there), whose tokens its bytes bound."""
+    system = body.get("system")
+    if system is None or isinstance(system, str):
+        return True
+    return isinstance(system, list) and all(
+        isinstance(block, dict) and block.get("type") == "text" for block in system
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -456,22 +456,24 @@ MAX_BREAKPOINTS = 4
 def _with_proxy_breakpoint(request: CompactionRequest, rewrite: Rewrite) -> list[dict[str, Any]]:
     """The rewritten messages, with one cache breakpoint of the proxy's at the end of the
     stubbed region when the request has room for it (fewer than four). The client's own
-    are never moved or removed; the region's end moves only as it grows."""
-    return _marked(request, rewrite.messages, rewrite.breakpoint_at)
+    are never moved, and removed only from the newest result the next request stubs
+    (`Rewrite.uncached_tail`); the region's end moves only as it grows."""
+    return _marked(request, rewrite.messages, rewrite.breakpoint_at, rewrite.uncached_tail)
 
 
 def _marked(
-    request: CompactionRequest, messages: list[dict[str, Any]], at: int | None
+    request: CompactionRequest,
+    messages: list[dict[str, Any]],
+    at: int | None,
+    uncached_tail: bool = False,
 ) -> list[dict[str, Any]]:
     if at is None:
         return messages
     client = request.counted.breakpoints
     if client >= MAX_BREAKPOINTS:
         return messages
-    marked = request.wire.with_breakpoint(messages[at])
-    if marked is None:
-        return messages
-    return [*messages[:at], marked, *messages[at + 1 :]]
+    marked = request.wire.with_breakpoint(messages, at, uncached_tail)
+    return messages if marked is None else marked
 
 
 def run(driver: Generator[C, R, T], execute: Callable[[C], R]) -> T:

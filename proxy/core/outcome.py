@@ -80,6 +80,10 @@ class Rewrite:
     reason: str = ""  # a REASONS key when the outcome is not what the policy aimed at
     alone: bool = False  # planned apart from the conversation's rewrite: store nothing
     breakpoint_at: int | None = None  # the last message of the stubbed region
+    # What follows breakpoint_at is the result the next request stubs: the client's own
+    # breakpoints after it are dropped, so it is sent uncached (1.0 a token) rather than
+    # written to the cache (1.25) never to be read whole (issue 35).
+    uncached_tail: bool = False
     prepare: FoldPlan | None = None  # a fold to summarise ahead, in the background
 
 

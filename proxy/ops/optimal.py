@@ -94,6 +94,7 @@ class Rules:
 
 @dataclass(frozen=True, slots=True)
 class Prices:
+    input: float = CACHE_MODEL.input
     read: float = CACHE_MODEL.cache_read
     write: float = CACHE_MODEL.cache_write
     output: float = CACHE_MODEL.output
@@ -308,7 +309,12 @@ PARTS = ("fixed", "output", "new", "context", "kept", "stubs", "rewrite", "summa
 
 
 def bill(
-    shape: Shape, rules: Rules, states: Sequence[tuple[int, int]], prices: Prices | None = None
+    shape: Shape,
+    rules: Rules,
+    states: Sequence[tuple[int, int]],
+    prices: Prices | None = None,
+    *,
+    uncached_tail: bool = False,
 ) -> dict[str, float]:
     """A schedule's cost (`states`: its (f, k) per request, as `cheapest` gives them) by
     what it pays for, billed the slow way (each prompt a list of items, the prefix it
@@ -323,6 +329,10 @@ def bill(
     - stubs: stubs, written and read (what a stub's size costs);
     - rewrite: whole messages written again (those after a newly stubbed result, a fold's);
     - summary: summaries written and read, and the summariser calls.
+
+    `uncached_tail`: a result sent whole for the first time and stubbed by the next
+    request is sent uncached (input price) rather than written, as the proxy does when
+    it drops the client's breakpoint on it (`Rewrite.uncached_tail`); the rest as above.
     """
     prices = prices or Prices()
     sums = _Sums(shape, rules)
@@ -330,8 +340,11 @@ def bill(
     parts = dict.fromkeys(PARTS, 0.0)
     before: list[tuple[str, int, int]] = []
     fixed_before, f_before, sent = 0, 0, set()
-    for req, (f, k) in zip(shape.requests, states, strict=True):
+    later = [*states[1:], None]
+    for req, (f, k), after in zip(shape.requests, states, later, strict=True):
         stubbed = set(sums.offloadable[sums.below[f] : k])
+        # results the next request stubs: never read whole from the cache
+        going = set(sums.offloadable[k : after[1]]) if uncached_tail and after else set()
         items: list[tuple[str, int, int]] = [("summary", f, sums.summary(f))] if f else []
         for i in range(f, req.messages):
             whole = i not in stubbed
@@ -356,7 +369,8 @@ def bill(
             elif shared:
                 parts["kept" if i in offloadable else "context"] += tokens * prices.read
             else:
-                parts["rewrite" if i in sent else "new"] += tokens * prices.write
+                price = prices.input if i in going and i not in sent else prices.write
+                parts["rewrite" if i in sent else "new"] += tokens * price
                 sent.add(i)
         parts["output"] += req.output * prices.output
         before, fixed_before, f_before = items, req.fixed, f

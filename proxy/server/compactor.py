@@ -33,6 +33,7 @@ from proxy.core.counting import (
     count_tokens,
     count_unless_quiet,
     history_quiet,
+    text_system,
 )
 from proxy.core.deep_json import ORJSON_DEPTH, too_deep
 from proxy.core.driver import CompactionRequest, compaction
@@ -75,9 +76,9 @@ DEFAULT_REUSE_BYTES = ServerSettings().reuse_max_bytes
 POLICY_MEMO_SIZE = 4096
 # A body of up to this many times the quiet tokens (calibrated) has its history written
 # out to be measured when the reuse cache has not laid it out (Claude Code's tools and
-# system prompt alone are some 40 KB: its short histories come with bodies twice the
-# default offload trigger).
-HISTORY_WRITTEN_SHARE = 4
+# system prompt alone are some 40 KB: its first turn, 49 KB with 10.6 KB of messages, is
+# four times the default offload trigger, 12,000); a larger one is counted.
+HISTORY_WRITTEN_SHARE = 8
 
 
 def _ignore(ok: bool) -> None:
@@ -107,24 +108,45 @@ def _written_by_orjson(seen: Seen | None, body: Mapping[str, Any]) -> bool | Non
 
 def _history_bytes(
     seen: Seen | None,
+    body: bytes,
     messages: Sequence[Mapping[str, Any]],
-    size: int,
     policy: Policy,
     factor: float,
-) -> int | None:
-    """The bytes of orjson's writing of the history: where the reuse cache laid the body
-    out, read off its layout; else written, when the body is small enough that its
-    history may prove it quiet (None: not known)."""
-    if seen is not None and seen.layout is not None:
-        ends = seen.layout.ends
-        if len(ends) == len(messages):
-            return ends[-1] - seen.layout.head + 2 if ends else 2  # (with its brackets)
-    if size * factor > HISTORY_WRITTEN_SHARE * policy.quiet_tokens:
+) -> tuple[int, bytes, int] | None:
+    """The bytes of orjson's writing of the history: its size, and where to look for a
+    `source` in it (bytes, start, end). Where the reuse cache laid the body out, read
+    off its layout (the body itself is searched, in place); else written, when the body
+    is small enough that its history may prove it quiet (None: not known)."""
+    if seen is not None and seen.layout is not None and seen.raw is body:
+        layout = seen.layout
+        if len(layout.ends) == len(messages):
+            end = layout.ends[-1] if layout.ends else layout.head
+            return end - layout.head + 2, body, layout.head  # (+2: its brackets)
+    if len(body) * factor > HISTORY_WRITTEN_SHARE * policy.quiet_tokens:
         return None  # a history this large is rarely quiet: counting decides
     try:
-        return len(orjson.dumps(messages))
+        written = orjson.dumps(messages)
     except orjson.JSONEncodeError:
         return None
+    return len(written), written, 0
+
+
+def _quiet_by_bytes(
+    wire: Request,
+    body_bytes: bytes,
+    body: Mapping[str, Any],
+    history: tuple[int, bytes, int],
+    messages: int,
+    policy: Policy,
+    factor: float,
+) -> bool:
+    """history_quiet, the `source` searched for (in the history's bytes, and the system
+    prompt's blocks) only once the sizes say quiet."""
+    size, where, start = history
+    if not history_quiet(wire, len(body_bytes), size, messages, False, policy, factor):
+        return False
+    sourced = where.find(b'"source"', start, start + size) >= 0
+    return not sourced and text_system(body)
 
 
 def _new_bytes(seen: Seen | None, size: int) -> int:
@@ -353,9 +375,9 @@ class Compactor:
         if seen is not None and seen.payload is not body:
             seen = None  # (kept for another body than the one compacted)
         if not sample and wire.name in BOUNDED_FORMATS:
-            history = _history_bytes(seen, messages, len(body_bytes), policy, factor)
-            if history is not None and history_quiet(
-                wire, body_bytes, history, len(messages), policy, factor
+            history = _history_bytes(seen, body_bytes, messages, policy, factor)
+            if history is not None and _quiet_by_bytes(
+                wire, body_bytes, body, history, len(messages), policy, factor
             ):
                 return untouched  # not counted: its history's bytes prove it quiet
         # Off the loop when what is new to count is large (what the line's last request

@@ -29,7 +29,6 @@ import logging
 import time
 from typing import Any
 
-import orjson
 from aiohttp import WSCloseCode, web
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -59,6 +58,7 @@ from proxy.wire.responses_ws import (
     error_frame_of,
     is_error_frame,
     kept_after,
+    parsed_frame,
     resolve,
 )
 
@@ -101,7 +101,7 @@ class Relay(SocketPair):
     # -- one response.create --------------------------------------------------------------
 
     async def on_frame(self, text: str) -> bool:
-        frame = _parsed(text)
+        frame = parsed_frame(text)
         if frame is None or frame.get("type") != CREATE:
             return False  # not a request: the upstream's to answer
         await self._create(text, frame)
@@ -217,14 +217,6 @@ class Relay(SocketPair):
         end = await exchange.run()
         kept.client = kept_after(input_items(payload), end) if end is not None else None
         return _status_of(end)
-
-
-def _parsed(text: str) -> dict[str, Any] | None:
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _status_of(end: dict[str, Any] | None) -> int:

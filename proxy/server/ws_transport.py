@@ -38,6 +38,7 @@ from proxy.wire.responses_ws import (
     frames_of_sse,
     is_error_frame,
     kept_after,
+    parsed_frame,
     upstream_frame,
 )
 
@@ -119,7 +120,7 @@ async def relay_response(
             assert pair.client is not None
             await send_message(pair.client, message)  # (a binary frame: Codex's error to read)
             continue
-        event = _parsed(message.data)
+        event = parsed_frame(message.data)
         if event is None:
             await pair.to_client(message.data)
             continue
@@ -170,7 +171,7 @@ class FrameMerging:
             record.answered()
             if message.type != WSMsgType.TEXT:
                 continue  # nothing of a response: not the client's to see mid-merge
-            event = _parsed(message.data)
+            event = parsed_frame(message.data)
             if event is None:
                 continue
             if is_error_frame(event):
@@ -195,7 +196,7 @@ class FrameMerging:
         for piece in self.merger.finish(ended.note):
             text = frame_of(piece)
             await pair.to_client(text)
-            final = _parsed(text)
+            final = parsed_frame(text)
         self.transport.record.meter.complete = True
         return final
 
@@ -208,7 +209,7 @@ async def send_made(pair: SocketPair, record: RequestRecord, answer: web.StreamR
     if answer.status != 200:
         frame = error_frame_of(answer.status, raw, answer.headers)
         await pair.to_client(frame)
-        return _parsed(frame)
+        return parsed_frame(frame)
     if answer.content_type == "text/event-stream":
         frames = frames_of_sse(raw)
     else:
@@ -221,16 +222,8 @@ async def send_made(pair: SocketPair, record: RequestRecord, answer: web.StreamR
     end = None
     for text in frames:
         await pair.to_client(text)
-        event = _parsed(text)
+        event = parsed_frame(text)
         if event is not None and ends_response(event):
             end = event
     record.meter.complete = True
     return end
-
-
-def _parsed(text: str) -> dict[str, Any] | None:
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None

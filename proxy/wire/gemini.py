@@ -273,7 +273,9 @@ class GeminiDialect:
     def note_message(self, text: str) -> JSON:
         return text_content(text)
 
-    def with_breakpoint(self, message: Message) -> JSON | None:
+    def with_breakpoint(
+        self, messages: Sequence[JSON], at: int, uncached_tail: bool
+    ) -> list[JSON] | None:
         return None  # no breakpoints: the API caches repeated prefixes by itself
 
 

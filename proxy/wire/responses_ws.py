@@ -46,6 +46,15 @@ class Kept:
     items: tuple[Any, ...]
 
 
+def parsed_frame(text: str) -> dict[str, Any] | None:
+    """A text frame's JSON object (None: not JSON, or not an object)."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def resolve(kept: Kept | None, frame: Mapping[str, Any]) -> dict[str, Any] | None:
     """The whole request a `response.create` frame stands for (its fields without the
     frame's own), or None when it names a response this socket does not keep."""

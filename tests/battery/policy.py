@@ -15,6 +15,9 @@ BATTERY_POLICY: dict[str, Any] = {
     "keep_last": 2,
     "keep_results": 1,
     "offload_threshold": 200,
+    # Each result offloaded as it ages in every format (Chat, Responses and Gemini batch
+    # by default): the battery checks what a rewrite looks like, with a few of them.
+    "offload_batch": 1,
     "stub_head_chars": 200,
     "summary_max_tokens": 600,
 }

@@ -18,7 +18,13 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.counting import count_request, count_unless_quiet, history_bound, history_quiet
+from proxy.core.counting import (
+    count_request,
+    count_unless_quiet,
+    history_bound,
+    history_quiet,
+    text_system,
+)
 from proxy.core.policy import Policy
 from proxy.core.tokens import TOOLS_PREAMBLE, TokenCounter
 from proxy.wire import ANTHROPIC, CHAT
@@ -165,8 +171,10 @@ def _history_quiet_holds(wire: Any, body: dict[str, Any], policy: Policy, factor
     """history_quiet on the body as sent (orjson's writing); when it says quiet, the
     exact counts fit and count_unless_quiet says quiet too (with nothing cached)."""
     messages = wire.messages(body)
-    raw = orjson.dumps(body)
-    quiet = history_quiet(wire, raw, len(orjson.dumps(messages)), len(messages), policy, factor)
+    history = orjson.dumps(messages)
+    sourced = b'"source"' in history or not text_system(body)
+    size = len(orjson.dumps(body))
+    quiet = history_quiet(wire, size, len(history), len(messages), sourced, policy, factor)
     if quiet:
         exact = count_request(wire, TokenCounter(), body, messages)
         assert exact.fits(policy, factor), "waved through a history over a threshold"
@@ -203,3 +211,5 @@ def test_a_short_history_under_big_tools_is_quiet_by_its_bytes() -> None:
     image = {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}
     shown = {**body, "messages": [*body["messages"], {"role": "user", "content": [image]}]}
     assert not _history_quiet_holds(ANTHROPIC, shown, policy, 1.0)
+    # (the API takes text alone in the system prompt; anything else there is counted)
+    assert not _history_quiet_holds(ANTHROPIC, {**body, "system": [image]}, policy, 1.0)

@@ -15,7 +15,7 @@ from proxy.wire.anthropic import ANTHROPIC
 from proxy.wire.chat import CHAT
 from proxy.wire.gemini import GEMINI
 from proxy.wire.responses import RESPONSES
-from tests.core.test_planner import conversation, planned, policy
+from tests.core.test_planner import COUNTER, conversation, planned, policy
 from tests.core.test_planner_chat import conversation as chat_conversation
 from tests.core.test_planner_chat import planned as chat_planned
 
@@ -104,3 +104,54 @@ def test_the_batch_is_the_formats_when_the_policy_names_none() -> None:
     )
     assert len(on_chat) >= 3
     assert all(b - a == CHAT.offload_batch for a, b in pairwise(on_chat[1:]))
+
+
+def test_the_newest_result_goes_uncached_when_the_next_request_stubs_it() -> None:
+    """Stubbed by the next request, the newest result is never read whole from the cache:
+    the proxy's breakpoint before it carries the cache, and the client's own on it is
+    dropped, so it is sent uncached (1.0 a token) instead of written (1.25)."""
+    from proxy.core.driver import commands_of, compaction
+    from tests.core.test_driver import Store, request
+
+    messages = conversation(14, result_words=400)
+    newest = messages[-1]["content"][-1]
+    messages[-1] = {**messages[-1], "content": [{**newest, "cache_control": {"type": "ephemeral"}}]}
+    _, decision = commands_of(compaction(request(messages, OFFLOADING)), Store())
+    rewrite = decision.rewrite
+    assert rewrite is not None and rewrite.uncached_tail and decision.sent is not None
+    sent = decision.sent["messages"]
+    assert rewrite.breakpoint_at == len(sent) - 2
+    assert sent[-2]["content"][-1]["cache_control"] == {"type": "ephemeral"}  # the proxy's
+    assert all("cache_control" not in block for block in sent[-1]["content"])
+    assert sent[-1]["content"][0]["content"] == newest["content"]  # whole, only unmarked
+    assert b'"cache_control"' in (decision.body or b"")
+
+    # Where the next request may keep it whole, the client's breakpoint stays.
+    for kept in (
+        replace(OFFLOADING, keep_results=2),  # the next request keeps it whole
+        replace(OFFLOADING, offload_batch=3),  # stubbed with others, later
+    ):
+        _, decision = commands_of(compaction(request(messages, kept)), Store())
+        rewrite = decision.rewrite
+        assert rewrite is not None and not rewrite.uncached_tail and decision.sent is not None
+        assert decision.sent["messages"][-1]["content"][-1]["cache_control"] == {
+            "type": "ephemeral"
+        }
+
+
+def test_the_newest_result_stays_cached_when_the_next_turn_may_not_offload() -> None:
+    """Under the offload trigger even with a turn like the newest added, the next request
+    may leave the newest result whole: it is written to the cache as the client asked.
+    Past it by that turn, it is not."""
+    messages = conversation(14, result_words=400)
+    first = planned(messages, policy=OFFLOADING)
+    assert isinstance(first, Rewrite) and first.uncached_tail
+    history = sum(COUNTER.count_message(m) for m in first.messages)
+    newest = COUNTER.count_message(first.messages[-1])
+    high = replace(OFFLOADING, offload_trigger=history + newest + 10)
+    assert first.checkpoint is not None
+    quiet = planned(messages, first.checkpoint, policy=high)
+    assert isinstance(quiet, Rewrite) and quiet.strategy == "checkpoint"
+    assert not quiet.uncached_tail
+    near = replace(OFFLOADING, offload_trigger=history + newest - 10)
+    assert planned(messages, first.checkpoint, policy=near).uncached_tail

@@ -175,6 +175,16 @@ def test_cheapest_is_the_exhaustive_minimum(case: tuple[Shape, Rules]) -> None:
     firsts = sum(m.tokens for m in shape.messages[:sent]) * PRICES.write
     assert parts["new"] <= firsts + 1e-9
     assert parts["new"] + parts["rewrite"] + parts["stubs"] + parts["summary"] >= 0
+    # a result the next request stubs, sent uncached: only its first write is cheaper, by
+    # the write price less the input price on each such result's tokens
+    tail = bill(shape, rules, found.states, uncached_tail=True)
+    assert {p: v for p, v in tail.items() if p != "new"} == {
+        p: v for p, v in parts.items() if p != "new"
+    }
+    offloadable = [i for i, m in enumerate(shape.messages) if m.stubbed < m.tokens]
+    going = {i for (_, k0), (_, k1) in itertools.pairwise(found.states) for i in offloadable[k0:k1]}
+    saved = sum(shape.messages[i].tokens for i in going)
+    assert 0 <= parts["new"] - tail["new"] <= saved * (PRICES.write - PRICES.input) + 1e-9
 
 
 @settings(max_examples=100, deadline=None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import count, pairwise
@@ -153,3 +154,24 @@ def test_a_stream_silent_inside_an_event_ends_with_an_error_event(rig: Rig) -> N
     assert events[0] == parse_events(start_event)[0]
     assert events[-1][0] == "error" and len(events) == 2
     assert b"event: ping" not in body
+
+
+@pytest.mark.parametrize("first", [[], [b"event: ping\nda"]], ids=["nothing", "half an event"])
+def test_the_headers_do_not_wait_for_the_first_event(rig: Rig, first: list[Any]) -> None:
+    """The answer's headers go out with its first bytes only when those have arrived
+    with them: an upstream that sends its headers and then nothing (or half an event)
+    for a while has them relayed at once."""
+    path = f"/v1/messages?case={next(rig.cases)}"
+    rig.upstream.scripts[path] = [*first, 1.5, b"ta: {}\n\n" if first else sse("ping", {})]
+    target = urlsplit(rig.proxy.url)
+    connection = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+    try:
+        began = time.monotonic()
+        connection.request("POST", path, BODY, {"content-type": "application/json"})
+        response = connection.getresponse()
+        headed = time.monotonic() - began
+        body = response.read()
+    finally:
+        connection.close()
+    assert response.status == 200 and headed < 1.0
+    assert parse_events(body) == [("ping", "{}")]
