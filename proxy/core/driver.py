@@ -472,13 +472,8 @@ def _marked(
     client = request.counted.breakpoints
     if client >= MAX_BREAKPOINTS:
         return messages
-    marked = request.wire.with_breakpoint(messages[at])
-    if marked is None:
-        return messages
-    tail = messages[at + 1 :]
-    if uncached_tail:
-        tail = [request.wire.without_breakpoints(m) or m for m in tail]
-    return [*messages[:at], marked, *tail]
+    marked = request.wire.with_breakpoint(messages, at, uncached_tail)
+    return messages if marked is None else marked
 
 
 def run(driver: Generator[C, R, T], execute: Callable[[C], R]) -> T:

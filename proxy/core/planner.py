@@ -85,12 +85,20 @@ def plan(inp: PlanInput) -> Planned:
     if work.tokens <= _recross_at(limits, stored):
         quiet: Untouched | Rewrite
         if blobs:
-            quiet = rewrite_of(inp, work, inp.tool, Strategy.OFFLOAD, before, blobs=blobs)
+            quiet = rewrite_of(
+                inp, work, inp.tool, Strategy.OFFLOAD, before, blobs=blobs, limits=limits
+            )
         elif stored is None:
             quiet = Untouched(before)
         else:
             quiet = rewrite_of(
-                inp, work, stored.tool, Strategy.CHECKPOINT, before, checkpoint=False
+                inp,
+                work,
+                stored.tool,
+                Strategy.CHECKPOINT,
+                before,
+                checkpoint=False,
+                limits=limits,
             )
         if inp.store_ok and work.tokens > limits.prepare_at:
             # The next fold's summary, made ahead unless one made (or being made) ahead

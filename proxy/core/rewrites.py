@@ -31,7 +31,7 @@ from proxy.core.segments import (
 )
 from proxy.core.strategy import Strategy
 from proxy.core.summary import note_text
-from proxy.core.working import Limits, PlanInput, Working, limits_of, real, rebuilt, working
+from proxy.core.working import Limits, PlanInput, Working, real, rebuilt, working
 
 
 def offload(work: Working, inp: PlanInput, batch: int = 1) -> tuple[Working, list[tuple[str, str]]]:
@@ -99,49 +99,41 @@ def stubbable(result: ToolResult, inp: PlanInput) -> bool:
     return result_exceeds(inp.counter.count_result, result.content, policy.offload_threshold)
 
 
-def breakpoint_at(work: Working, inp: PlanInput) -> int | None:
+def breakpoint_at(
+    work: Working, inp: PlanInput, limits: Limits | None = None
+) -> tuple[int | None, bool]:
     """Where the proxy's cache breakpoint goes: the last message the next offload step
     leaves as it is, the one before the oldest result still whole that will be stubbed
     as it ages. The next request then reads all before that result from the cache and
     writes from its stub on; a breakpoint at the end of the stubbed region would have it
     write the turn between again, once per turn. With no such result, the end of the
-    stubbed region (None: nothing stubbed, no breakpoint of the proxy's)."""
+    stubbed region (None: nothing stubbed, no breakpoint of the proxy's).
+
+    And whether what follows it goes uncached (`Rewrite.uncached_tail`): it is the newest
+    result, whole, and the next request stubs it. So when one result stays whole
+    (keep_results 1), each is stubbed as it ages (no batches), and the next request,
+    adding a turn the size of the one after the breakpoint, would be past the offload
+    trigger (it then takes an offload step) and not past where summaries are made ahead
+    (they read their prefix from the cache). Written to the cache it would cost 1.25 a
+    token and never be read whole; sent uncached, 1.0. Should the next request not stub
+    it after all (a smaller turn, a turn without a tool result, an edited history), it
+    is written then: 0.9 a token more than a read, once. `limits` None (a fold, a pack):
+    never."""
     last = last_stub(work.segments)
     if last is None:
-        return None
+        return None, False
     for n in range(last + 1, len(work.segments)):
         seg = work.segments[n]
         if not isinstance(seg, Verbatim):
             continue
         if any(stubbable(r, inp) for r in inp.dialect.tool_results(work.messages[n])):
-            return n - 1
-    return last
-
-
-def tail_uncached(work: Working, inp: PlanInput, at: int | None) -> bool:
-    """Whether what follows the proxy's breakpoint (`at`) goes uncached: it is the newest
-    result, whole, and the next request stubs it. So when the breakpoint stands before a
-    result still whole (the next to stub), one result stays whole (keep_results 1), each
-    is stubbed as it ages (no batches), and the next request, adding a turn the size of
-    the one after the breakpoint, would be past the offload trigger (it then takes an
-    offload step) and not past where summaries are made ahead. Written to the cache it
-    would cost 1.25 a token and never be read whole; sent uncached, 1.0. Should the next
-    request not stub it after all (a smaller turn, a turn without a tool result, an
-    edited history), it is written then: 0.9 a token more than a read, once."""
-    if at is None or at + 1 >= len(work.segments) or inp.policy.keep_results > 1:
-        return False
-    if (inp.policy.offload_batch or inp.dialect.offload_batch) != 1:
-        return False
-    tail = sum(shape.tokens for shape in work.shapes[at + 1 :])
-    limits = limits_of(inp)
-    if not limits.offload_at < work.tokens + tail <= limits.prepare_at:
-        # (past prepare_at, a summary made in place from this request or the next reads
-        # its prefix from the cache, the newest result included: it is cached)
-        return False
-    nxt = work.segments[at + 1]
-    if not isinstance(nxt, Verbatim):
-        return False
-    return any(stubbable(r, inp) for r in inp.dialect.tool_results(work.messages[at + 1]))
+            batch = inp.policy.offload_batch or inp.dialect.offload_batch
+            one = inp.policy.keep_results <= 1 and batch == 1
+            if limits is None or not one:
+                return n - 1, False
+            after = work.tokens + sum(shape.tokens for shape in work.shapes[n:])
+            return n - 1, limits.offload_at < after <= limits.prepare_at
+    return last, False
 
 
 def fold(need: FoldPlan, text: str | None, *, summary: str) -> Rewrite | Refuse:
@@ -260,7 +252,10 @@ def rewrite_of(
     summary: str = "",
     summary_key: str | None = None,
     reason: str = "",
+    limits: Limits | None = None,
 ) -> Rewrite:
+    """The outcome of a step; `limits` (an offload step's or a checkpoint's under the
+    trigger): whether the newest result may go uncached (`breakpoint_at`)."""
     stored = None
     if checkpoint:
         # The rewrite frozen over the whole prefix this request sent.
@@ -277,7 +272,8 @@ def rewrite_of(
         summary = "reused"  # the history sent holds a summary made at an earlier crossing
     if inp.tool is None and reason == "" and strategy.crossing:
         reason = "offload_off"
-    at = breakpoint_at(work, inp)  # (before the refs: core/segments.py is read once)
+    # (before the refs: core/segments.py is read once)
+    at, uncached_tail = breakpoint_at(work, inp, limits)
     return Rewrite(
         messages=work.messages,
         tool=tool,
@@ -289,7 +285,7 @@ def rewrite_of(
         checkpoint=stored,
         refs=vouched_refs(work.segments),  # every ref the history may read
         breakpoint_at=at,
-        uncached_tail=tail_uncached(work, inp, at),
+        uncached_tail=uncached_tail,
         summary=summary,
         reason=reason,
     )

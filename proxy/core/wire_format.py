@@ -198,14 +198,12 @@ class Dialect(Protocol):
         """The injected tool's definition in this format: the same bytes every time."""
         ...
 
-    def with_breakpoint(self, message: Message) -> JSON | None:
-        """A copy of the message with a prompt-cache breakpoint on its last block, or
-        None when the format has no breakpoints or the message already carries one."""
-        ...
-
-    def without_breakpoints(self, message: Message) -> JSON | None:
-        """A copy of the message without its prompt-cache breakpoints, or None when it
-        carries none (or the format has none)."""
+    def with_breakpoint(
+        self, messages: Sequence[JSON], at: int, uncached_tail: bool
+    ) -> list[JSON] | None:
+        """The messages with a prompt-cache breakpoint on the last block of message `at`
+        (`uncached_tail`: and the client's own after it dropped), or None when the format
+        has no breakpoints or that message already carries one."""
         ...
 
     # How many aged results are stubbed together under the trigger when the policy names

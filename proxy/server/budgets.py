@@ -322,10 +322,10 @@ def admission(request: web.Request, caller: Caller) -> Ticket:
     """The ticket of a request the app serves: its dependencies read here, once, from the
     app (the fleet, the setting, the metrics a refusal counts on) and the request's
     current record (its meter)."""
-    app = request.app
+    app, record = request.app, current_or_throwaway()
     on_store_down = app[SETTINGS].budgets.on_store_down
-    rejected = partial(count_rejection, app)
-    return Ticket(caller, app[FLEET], on_store_down, rejected, current_or_throwaway().meter)
+    rejected = partial(count_rejection, app, record=record)
+    return Ticket(caller, app[FLEET], on_store_down, rejected, record.meter)
 
 
 class Budget:

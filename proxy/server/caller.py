@@ -9,7 +9,7 @@ from aiohttp import web
 
 from proxy.core.identity import tenant_of
 from proxy.server.metrics import count_budget_rejection
-from proxy.server.record import current_or_throwaway
+from proxy.server.record import RequestRecord, current_or_throwaway
 from proxy.store.accounts import Scope
 
 
@@ -46,8 +46,9 @@ def tenant_of_request(request: web.Request) -> str:
     return caller_of(request).tenant or tenant_of(request.headers)
 
 
-def count_rejection(app: web.Application, reason: str) -> None:
-    """Count a request refused by a key or budget check (`reason`: a fixed word)."""
-    current_or_throwaway().rejected = reason
+def count_rejection(app: web.Application, reason: str, record: RequestRecord | None = None) -> None:
+    """Count a request refused by a key or budget check (`reason`: a fixed word) on its
+    record (`record`, else the current one) and in the app's metrics."""
+    (record if record is not None else current_or_throwaway()).rejected = reason
     with contextlib.suppress(KeyError):  # an app built without metrics
         count_budget_rejection(app, reason)

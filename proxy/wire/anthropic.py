@@ -248,26 +248,32 @@ class MessagesDialect:
     def note_message(self, text: str) -> JSON:
         return text_message(text)
 
-    def with_breakpoint(self, message: Message) -> JSON | None:
+    def with_breakpoint(
+        self, messages: Sequence[JSON], at: int, uncached_tail: bool
+    ) -> list[JSON] | None:
+        message = messages[at]
         content = message.get("content")
         if not isinstance(content, list) or not content or not isinstance(content[-1], dict):
             return None
         if any(isinstance(b, dict) and "cache_control" in b for b in content):
             return None  # the client's own breakpoint: never moved
         last = {**content[-1], "cache_control": {"type": "ephemeral"}}
-        return {**message, "content": [*content[:-1], last]}
+        tail = list(messages[at + 1 :])
+        if uncached_tail:  # the newest result, stubbed by the next request (issue 35)
+            tail = [_unmarked(m) for m in tail]
+        return [*messages[:at], {**message, "content": [*content[:-1], last]}, *tail]
 
-    def without_breakpoints(self, message: Message) -> JSON | None:
-        content = message.get("content")
-        if not isinstance(content, list):
-            return None
-        if not any(isinstance(b, dict) and "cache_control" in b for b in content):
-            return None
-        blocks = [
-            {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b
-            for b in content
-        ]
-        return {**message, "content": blocks}
+
+def _unmarked(message: Message) -> JSON:
+    """The message without the client's prompt-cache breakpoints."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return dict(message)
+    blocks = [
+        {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b
+        for b in content
+    ]
+    return {**message, "content": blocks}
 
 
 class MessagesSummaries:

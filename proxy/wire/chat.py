@@ -261,11 +261,10 @@ class ChatDialect:
     def note_message(self, text: str) -> JSON:
         return {"role": "user", "content": text}
 
-    def with_breakpoint(self, message: Message) -> JSON | None:
+    def with_breakpoint(
+        self, messages: Sequence[JSON], at: int, uncached_tail: bool
+    ) -> list[JSON] | None:
         return None  # OpenAI caches prompt prefixes without breakpoints
-
-    def without_breakpoints(self, message: Message) -> JSON | None:
-        return None
 
 
 class ChatSummaries:

@@ -273,11 +273,10 @@ class GeminiDialect:
     def note_message(self, text: str) -> JSON:
         return text_content(text)
 
-    def with_breakpoint(self, message: Message) -> JSON | None:
+    def with_breakpoint(
+        self, messages: Sequence[JSON], at: int, uncached_tail: bool
+    ) -> list[JSON] | None:
         return None  # no breakpoints: the API caches repeated prefixes by itself
-
-    def without_breakpoints(self, message: Message) -> JSON | None:
-        return None
 
 
 # The thinking a summary call asks for: the notes matter, not deep reasoning (Gemini 3

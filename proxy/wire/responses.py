@@ -267,11 +267,10 @@ class ResponsesDialect:
     def summary_message(self, text: str, folded: int) -> JSON:
         return user_text_unit(summary.summary_text(text, folded))
 
-    def with_breakpoint(self, message: Message) -> JSON | None:
+    def with_breakpoint(
+        self, messages: Sequence[JSON], at: int, uncached_tail: bool
+    ) -> list[JSON] | None:
         return None  # OpenAI caches prompt prefixes without breakpoints
-
-    def without_breakpoints(self, message: Message) -> JSON | None:
-        return None
 
 
 class ResponsesSummaries:

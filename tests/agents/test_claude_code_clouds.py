@@ -91,8 +91,8 @@ cache_seconds = 0.0
 [[policy]]
 match = "*"
 window = {SMALL_WINDOW}
-trigger = 13000
-target = 10000
+trigger = 10000
+target = 7000
 summary_max_tokens = 2000
 """
 
@@ -157,7 +157,7 @@ async def test_claude_code_in_cloud_mode_with_a_small_window(
 ) -> None:
     """64 Bash turns of ~4,700-token logs through a 60k window; before every fourth turn
     from the seventh on, the model reads two slices of offloaded results. Every result is
-    offloaded as it ages, the stubbed history folds into summaries past 13k (the history
+    offloaded as it ages, the stubbed history folds into summaries past 10k (the history
     the proxy counts: Claude Code's system prompt and tools come on top). Claude Code is
     sized to compact by itself from ~67k (its smallest CLAUDE_CODE_AUTO_COMPACT_WINDOW):
     told the truth, it never gets there."""

@@ -46,8 +46,8 @@ CONFIG = f"""
 [[policy]]
 match = "gemini-*"
 window = {SMALL_WINDOW}
-trigger = 9000
-target = 6000
+trigger = 7000
+target = 5000
 summary_max_tokens = 2000
 """
 COMPRESS_AT = 0.07  # of the CLI's 1,048,576-token limit: about 73k, over the window
@@ -140,7 +140,7 @@ def session_failures(
 async def test_gemini_cli_forty_tool_steps_in_a_small_window(
     agent_stack: MakeStack, gemini_cli: list[str], tmp_path: Path
 ) -> None:
-    """40 shell steps of ~2,700-token logs through a 40k window, folded from 9k of history
+    """40 shell steps of ~2,700-token logs through a 40k window, folded from 7k of history
     (the CLI's system prompt and tools aside); from the eighth step on, every fourth step
     first reads an offloaded result."""
     options = StandInOptions(
