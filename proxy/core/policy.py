@@ -29,7 +29,7 @@ from proxy.core.model_names import model_matches
 # 20,000, results are stubbed as they age instead of two or three at once (0.526x ->
 # 0.509x there); 12,000 still proves a Claude Code first turn (10.6 KB of messages) quiet
 # by its byte bound (tests/core/test_quiet_counting.py), 10,000 (0.508x) would not.
-DEFAULT_TRIGGER, DEFAULT_TARGET, DEFAULT_OFFLOAD = 100_000, 80_000, 12_000
+DEFAULT_TRIGGER, DEFAULT_TARGET, DEFAULT_OFFLOAD = 60_000, 30_000, 12_000
 TRIGGER_SHARE, TARGET_SHARE, OFFLOAD_SHARE = 0.5, 0.4, 0.1
 # Aged results stubbed together under the trigger where the API caches repeated prefixes by
 # itself and the proxy places no breakpoint (OpenAI's formats, Gemini): the history as sent

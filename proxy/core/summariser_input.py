@@ -93,8 +93,8 @@ def _to_carry(work: Working, members: Sequence[int], inp: PlanInput) -> int:
 
 
 # A summary's cap when its fold is small (`_to_carry`): a share of what it folds, and at
-# least a floor in tokens; a fold at the default trigger of a 200,000-token or larger
-# window folds about 80,000 tokens or more (results whole) and so gets the policy's cap.
+# least a floor in tokens; a fold of 80,000 tokens or more as the client sent them
+# (results whole), or one that carries an earlier summary, gets the policy's cap.
 SUMMARY_SHARE, SUMMARY_FLOOR = 0.05, 1_000
 
 # The line of identifiers a summary left out (proxy/core/facts.py) may take a fifth of the
@@ -223,11 +223,12 @@ def _tool_of(work: Working, inp: PlanInput) -> str | None:
 IN_PLACE_OVERHEAD = 600  # tokens of the in-place prompt's own words, with a margin
 # How much of the folded turns' offloaded results the in-place call shows whole (tokens).
 # They follow the cached prefix, so they are paid at the full input price, once per fold
-# (at most ORIGINALS_TOKENS input units, about six turns of a 100,000-token history read
+# (at most ORIGINALS_TOKENS input units, about ten turns of a 60,000-token history read
 # from the cache); a fact the summary could not see is lost for the rest of the session.
-# Sized for real sessions: a fold at the default trigger takes about 40 turns of
+# Sized for real sessions: a fold at the trigger of 100,000 took about 40 turns of
 # bench/facts.py's results session (results of 1,000 to 24,000 characters), whose
-# originals come to about 57,000 tokens; seven of Claude Code's ~8,600-token reads.
+# originals came to about 57,000 tokens (at the default 60,000 / 30,000 about 32,000 a
+# fold); seven of Claude Code's ~8,600-token reads.
 ORIGINALS_TOKENS = 60_000
 MIN_PIECE_TOKENS = 150  # what a piece cut to its head and tail still takes, about
 

@@ -2,7 +2,7 @@
 
 Everything runs in this process, on free loopback ports: the stand-in upstream (both APIs),
 the proxy with the embedded Redis in a temporary state directory and a small policy (a
-24,000-token window, so compaction comes within a few turns instead of 100,000 tokens),
+24,000-token window, so compaction comes within a few turns instead of 60,000 tokens),
 and the scripted coding agent (proxy/testing/agent.py) through the real anthropic SDK, or
 the openai SDK with `--api chat`. Each turn prints one line: what the proxy did, the
 history tokens before and after, and the share of the prompt read from the upstream's

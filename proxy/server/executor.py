@@ -35,9 +35,10 @@ from proxy.server.summariser import (
     SummariserSettings,
     SummaryBudget,
     SummaryCall,
+    begin_ahead,
     finished,
+    make_ahead,
     obtain_summary,
-    prepare_summary,
     prepared_of,
 )
 from proxy.store import Store, StoreUnavailable, SummaryLock
@@ -108,7 +109,7 @@ class StoreExecutor:
             case GetSummary():
                 return await self._summary(command)
             case PrepareSummary():
-                return self._prepare(command)
+                return await self._prepare(command)
             case TouchLine():
                 return self._touch_line(command)
             case SaveCrossing():
@@ -146,20 +147,28 @@ class StoreExecutor:
             self.background(touch())
         return Started()
 
-    def _prepare(self, command: PrepareSummary) -> Started:
-        """Start the summary made ahead, off the request: it must outlive it (the caller
-        pays when it is made) and never hold it up."""
-        if self.store is not None:
+    async def _prepare(self, command: PrepareSummary) -> Started:
+        """Begin the summary made ahead here (its lock, its reservation, its note: a few
+        store round trips, so the next request of the line sees it being made), and make
+        it off the request: it must outlive it (the caller pays when it is made) and never
+        hold it up."""
+        store = self.store
+        if store is None:
+            return Started()
+        ahead = await begin_ahead(
+            command,
+            store=store,
+            tenant=self.tenant,
+            conversation=self.conversation,
+            settings=self.summariser,
+            spend=self.spend,
+        )
+        if ahead is not None:
             self.background(
-                prepare_summary(
-                    command,
-                    store=self.store,
-                    tenant=self.tenant,
-                    conversation=self.conversation,
-                    settings=self.summariser,
+                make_ahead(
+                    ahead,
                     call=self.summarise,
                     count=self.count,
-                    spend=self.spend,
                     on_call=self.on_background_call,
                     after=self.answer_started,
                 )

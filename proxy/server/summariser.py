@@ -341,73 +341,101 @@ def note_record(note: PreparedSummary, **more: object) -> dict[str, object]:
 ANSWER_WAIT = 30.0
 
 
-async def prepare_summary(
+@dataclass(slots=True)
+class Ahead:
+    """A summary made ahead, begun: its lock held, its call reserved in the caller's
+    budgets (`apart`), its note kept as being made."""
+
+    command: PrepareSummary
+    lock: SummaryLock
+    apart: Settles
+
+
+async def begin_ahead(
     command: PrepareSummary,
     *,
     store: Store,
     tenant: str,
     conversation: str,
     settings: SummariserSettings,
-    call: SummaryCall,
-    count: Callable[[str], int],
     spend: SummaryBudget,
-    on_call: Callable[[bool], None],
-    after: asyncio.Event | None = None,
-) -> None:
-    """Make the next fold's summary in the background, once for the fleet (the same lock
-    as a summary made at a crossing), and keep its note in the root (what it folds and
-    what its call saw: proxy/core/lines.py): first as being made (so no replica starts it
-    again), then with its text. The call is reserved in the caller's budgets before it is
-    made and settled to its usage; a budget that refuses it, like a failure, leaves a
-    failed note (the crossing then makes the summary itself, or packs). The call goes up
-    once `after` is set (the answer of the request it was made from has started: made in
-    place, it reads that request's prefix, which the provider caches only then), or after
-    ANSWER_WAIT."""
-    key = command.ask.key
-    tracing.note({"compaction.tenant": tenant, "compaction.conversation": conversation})
+) -> Ahead | None:
+    """Begin the next fold's summary made ahead, once for the fleet (the same lock as a
+    summary made at a crossing): the lock, the call reserved in the caller's budgets, its
+    note kept in the root as being made (what it folds and what its call saw:
+    proxy/core/lines.py), so that the next request of the line, and every replica, sees
+    it being made. None when another replica makes it, the store is away, or a budget
+    refuses it (a failed note then: the crossing makes the summary itself, or packs).
+    Awaited in the request that asks for it (a few store round trips), so the note is
+    there before its answer is; `make_ahead` then makes it in the background."""
     # The lock's time covers the wait for the answer to start, then the call.
-    held = settings.timeout + (ANSWER_WAIT if after is not None else 0.0)
-    lock = SummaryLock(store, tenant, conversation, key, held)
+    lock = SummaryLock(store, tenant, conversation, command.ask.key, settings.timeout + ANSWER_WAIT)
+    note = command.note  # None: the summary is stored, no crossing is told of it
     try:
         if not await lock.acquire():
-            tracing.note({"compaction.summary": "busy"})
-            return  # another replica is making it
+            return None  # another replica is making it
     except StoreUnavailable:
-        return
-    async with lock:
-        await _make_ahead(
-            command, lock, count=count, spend=spend, call=call, on_call=on_call, after=after
-        )
-
-
-async def _make_ahead(
-    command: PrepareSummary,
-    lock: SummaryLock,
-    *,
-    call: SummaryCall,
-    count: Callable[[str], int],
-    spend: SummaryBudget,
-    on_call: Callable[[bool], None],
-    after: asyncio.Event | None = None,
-) -> None:
-    """The summary made ahead, its lock held (the caller releases it); its note is kept
-    (the next request of the line sees it being made) before the call waits for `after`."""
-    store, tenant, conversation, key = lock.store, lock.tenant, lock.conversation, lock.key
-    note = command.note  # None: the summary is stored, no crossing is told of it
-
-    async def keep(record: dict[str, object], evict: Sequence[str] = ()) -> None:
-        if note is not None:
-            await store.put_note(tenant, conversation, command.root, note.seen, record, evict)
-
+        return None
     apart: Settles | None = None
     try:
         apart = await spend.ahead(summary_input(command.ask), command.ask.summary_tokens)
-        if apart is None:
-            if note is not None:
-                await keep(note_record(note, failed=True), command.evict_notes)
-            return
         if note is not None:
-            await keep(note_record(note), command.evict_notes)
+            record = note_record(note) if apart is not None else note_record(note, failed=True)
+            await store.put_note(
+                tenant, conversation, command.root, note.seen, record, command.evict_notes
+            )
+        if apart is not None:
+            return Ahead(command, lock, apart)
+    except StoreUnavailable as e:
+        log.info("summary made ahead not begun: %s", e)
+    except BaseException:
+        if apart is not None:
+            apart.settle(None)
+        await lock.release()
+        raise
+    if apart is not None:
+        apart.settle(None)  # not begun: a refund
+    await lock.release()
+    return None
+
+
+async def make_ahead(
+    ahead: Ahead,
+    *,
+    call: SummaryCall,
+    count: Callable[[str], int],
+    on_call: Callable[[bool], None],
+    after: asyncio.Event | None = None,
+) -> None:
+    """Make the summary begun ahead, in the background, and release its lock: its call
+    goes up once `after` is set (the answer of the request it was made from has started:
+    made in place, it reads that request's prefix, which the provider caches only then),
+    or after ANSWER_WAIT; then it is stored, and its note given its text (or said
+    failed). The call is settled to its usage in the caller's budgets."""
+    lock = ahead.lock
+    tracing.note({"compaction.tenant": lock.tenant, "compaction.conversation": lock.conversation})
+    async with lock:
+        await _make_ahead(ahead, call=call, count=count, on_call=on_call, after=after)
+
+
+async def _make_ahead(
+    ahead: Ahead,
+    *,
+    call: SummaryCall,
+    count: Callable[[str], int],
+    on_call: Callable[[bool], None],
+    after: asyncio.Event | None = None,
+) -> None:
+    """The summary made ahead, its lock held (the caller releases it)."""
+    command, lock, apart = ahead.command, ahead.lock, ahead.apart
+    store, tenant, conversation, key = lock.store, lock.tenant, lock.conversation, lock.key
+    note = command.note  # None: the summary is stored, no crossing is told of it
+
+    async def keep(record: dict[str, object]) -> None:
+        if note is not None:
+            await store.put_note(tenant, conversation, command.root, note.seen, record, ())
+
+    try:
         if after is not None and not after.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(after.wait(), ANSWER_WAIT)
@@ -434,5 +462,4 @@ async def _make_ahead(
     except StoreUnavailable as e:
         log.info("summary made ahead not stored: %s", e)
     finally:
-        if apart is not None:
-            apart.settle(None)  # no call made (cancelled, the store away): a refund
+        apart.settle(None)  # no call made (cancelled, the store away): a refund

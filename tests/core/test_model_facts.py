@@ -72,7 +72,7 @@ def test_a_policy_window_overrides_the_table_and_one_without_takes_it() -> None:
 
 def test_the_fold_points_are_tokens_capped_by_the_window_not_shares_of_it() -> None:
     wide = policy_for("claude-opus-5-5", DEFAULT_POLICIES)
-    assert (wide.trigger_tokens, wide.target_tokens) == (100_000, 80_000)  # not 500k / 400k
+    assert (wide.trigger_tokens, wide.target_tokens) == (60_000, 30_000)  # not 500k / 400k
     small = policy_for("gpt-4o", DEFAULT_POLICIES)
     assert small.trigger_tokens <= small.window // 2 and small.target_tokens < small.trigger_tokens
 

@@ -87,7 +87,7 @@ def test_operator_mistakes_are_named(run: Any) -> None:
 
 
 def test_a_policy_no_model_could_use_is_refused_when_set(run: Any) -> None:
-    """`--target 150000` alone sits above the built-in trigger (100,000): every request of
+    """`--target 150000` alone sits above the built-in trigger (60,000): every request of
     the key would fail its policy. Refused when set, with what to do instead."""
     code, created, _ = run("keys", "create", "--team", "policies")
     key_id = created["id"]

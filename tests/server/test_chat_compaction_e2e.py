@@ -136,10 +136,11 @@ async def test_a_long_chat_conversation_stays_valid_cached_and_cheap(
     await proxy.app[COMPACTOR].settled()
     summaries = [r for r in standin.recorded if r.headers.get(PURPOSE) == "summary"]
     # Each summary is asked for once: at a fold, or ahead of it (the last one may be
-    # made ahead for a fold the session did not reach).
+    # made ahead for a fold the session did not reach; a fold that came while its summary
+    # was still being made ahead waited for it: "waited", under load).
     said = [t.headers.get("x-compaction-summary") for t in turns]
-    used = said.count("made") + said.count("ahead")
-    assert 1 <= used <= len(summaries) <= used + 1
+    used = said.count("made") + said.count("ahead") + said.count("waited")
+    assert 1 <= used <= len(summaries) <= used + 1, said
     for r in summaries:  # the summariser spoke Chat to the same upstream
         assert r.path_qs == CHAT and orjson.loads(r.body)["messages"][0]["role"] == "system"
 

@@ -1,9 +1,9 @@
 """Planted facts survive the chat-heavy session's folds with the default policy.
 
-bench/facts.py's session, shortened to 100 turns (two folds, where the full 160 turns make
-three; the loss happens at the first): the chat shape's seeded reasoning, 30 facts planted
+bench/facts.py's session, shortened to 100 turns (several folds, the loss happens at the
+first): the chat shape's seeded reasoning, 30 facts planted
 in its first 15 turns (ports, paths, names, settings, decisions with their reason), live
-through a proxy with the built-in policy (window 200,000, trigger 100,000) to the
+through a proxy with the built-in policy (window 200,000, trigger 60,000) to the
 stand-in, whose summariser writes notes capped at summary_max_tokens. What the summary
 leaves out, the proxy appends from the identifiers it ranks (proxy/core/facts.py): a fact
 of a shape it did not recognise (`port 6391`, `HTTP 409`, `s3://...`, `ledger.strict_mode`,
