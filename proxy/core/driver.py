@@ -183,7 +183,10 @@ def compaction(request: CompactionRequest) -> Driver:
             if not got.reused:  # finished with its facts by the executor (GetSummary)
                 made = (outcome.key, text)
             known = (outcome.key, text)
-        had = "waited" if got.waited else "reused" if got.reused else "made"
+        # A summary being made ahead that was stored by the time this request asked for
+        # it was made ahead for this fold, not found from an earlier crossing.
+        found = "ahead" if outcome.ahead else "reused"
+        had = "waited" if got.waited else found if got.reused else "made"
         outcome = fold(outcome, text, summary=had)
     checked: _Checked | None = None
     if isinstance(outcome, Rewrite):

@@ -319,6 +319,27 @@ def test_at_the_wait_point_the_summary_still_in_the_making_is_waited_for() -> No
     assert rewrite.tokens_after <= small.trigger_tokens
 
 
+def test_a_summary_made_ahead_stored_before_the_fold_asked_says_ahead() -> None:
+    """At the wait point the note still said "being made", but the summary was stored
+    by the time the crossing asked for it: made ahead for this fold (the request did not
+    wait), not one from an earlier crossing (x-compaction-summary, summaries_total)."""
+    small = policy(offload_threshold=100_000, summary_max_tokens=1_000)
+    store = Store(summary="notes made ahead")
+    commands_of(compaction(request(history_between(7_200, 8_000), small)), store)
+
+    def stored(command: Command) -> Reply:
+        if isinstance(command, GetSummary):
+            assert command.ahead
+            return SummaryReply("notes made ahead", reused=True)
+        return store(command)
+
+    far = history_between(11_000, 16_000)
+    _, decision = commands_of(compaction(request(far, small)), stored)
+    rewrite = decision.rewrite
+    assert rewrite is not None and rewrite.strategy == "summary"
+    assert rewrite.summary == "ahead"
+
+
 def test_a_fold_at_the_windows_edge_has_its_summary_made_from_the_transcript() -> None:
     """In place, the summariser's request is the whole history plus the prompt and the
     summary: a crossing with no room left for them (put off to the window's edge) sends
