@@ -192,10 +192,17 @@ def test_an_orphaned_server_on_the_state_dir_is_shut_down_first(tmp_path: Path) 
         stdout=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 15
-        while not socket_path.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
         with redis.Redis.from_url(f"unix://{socket_path}") as client:
+            # The socket file is there from its bind, before the server listens on it:
+            # wait for an answer, not for the file.
+            deadline = time.monotonic() + 15
+            while True:
+                try:
+                    client.ping()
+                    break
+                except redis.ConnectionError:
+                    assert time.monotonic() < deadline, "the orphan never answered"
+                    time.sleep(0.01)
             client.set("k", "from the orphan")
         with EmbeddedRedis(tmp_path) as server:
             assert orphan.wait(15) == 0
