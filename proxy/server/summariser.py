@@ -412,54 +412,38 @@ async def make_ahead(
     made in place, it reads that request's prefix, which the provider caches only then),
     or after ANSWER_WAIT; then it is stored, and its note given its text (or said
     failed). The call is settled to its usage in the caller's budgets."""
-    lock = ahead.lock
+    command, lock, apart = ahead.command, ahead.lock, ahead.apart
     tracing.note({"compaction.tenant": lock.tenant, "compaction.conversation": lock.conversation})
     async with lock:
-        await _make_ahead(ahead, call=call, count=count, on_call=on_call, after=after)
-
-
-async def _make_ahead(
-    ahead: Ahead,
-    *,
-    call: SummaryCall,
-    count: Callable[[str], int],
-    on_call: Callable[[bool], None],
-    after: asyncio.Event | None = None,
-) -> None:
-    """The summary made ahead, its lock held (the caller releases it)."""
-    command, lock, apart = ahead.command, ahead.lock, ahead.apart
-    store, tenant, conversation, key = lock.store, lock.tenant, lock.conversation, lock.key
-    note = command.note  # None: the summary is stored, no crossing is told of it
-
-    async def keep(record: dict[str, object]) -> None:
-        if note is not None:
-            await store.put_note(tenant, conversation, command.root, note.seen, record, ())
-
-    try:
-        if after is not None and not after.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(after.wait(), ANSWER_WAIT)
+        store, tenant, conversation, key = lock.store, lock.tenant, lock.conversation, lock.key
+        note = command.note  # None: the summary is stored, no crossing is told of it
         try:
-            text, usage = await call(command.ask)
-        except (SummariserFailed, UpstreamError, TimeoutError) as e:
-            on_call(False)
-            log.warning("summary made ahead failed: %s (%s)", type(e).__name__, e)
-            text, usage = "", None
-        else:
-            on_call(True)
-        apart.settle(usage)
-        if not text.strip():
-            tracing.note({"compaction.summary": "failed"})
-            # Said, so the crossing asks for it itself rather than wait for it.
+            if after is not None and not after.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(after.wait(), ANSWER_WAIT)
+            try:
+                text, usage = await call(command.ask)
+            except (SummariserFailed, UpstreamError, TimeoutError) as e:
+                on_call(False)
+                log.warning("summary made ahead failed: %s (%s)", type(e).__name__, e)
+                text, usage = "", None
+            else:
+                on_call(True)
+            apart.settle(usage)
+            if not text.strip():
+                tracing.note({"compaction.summary": "failed"})
+                # Said, so the crossing asks for it itself rather than wait for it.
+                if note is not None:
+                    record = note_record(note, failed=True)
+                    await store.put_note(tenant, conversation, command.root, note.seen, record, ())
+                return
+            text = await finished(command.ask, text, count)
+            await store.put_json(tenant, conversation, SUMMARY, key, text)
             if note is not None:
-                await keep(note_record(note, failed=True))
-            return
-        text = await finished(command.ask, text, count)
-        await store.put_json(tenant, conversation, SUMMARY, key, text)
-        if note is not None:
-            await keep(note_record(note, text=text))
-        tracing.note({"compaction.summary": "made"})
-    except StoreUnavailable as e:
-        log.info("summary made ahead not stored: %s", e)
-    finally:
-        apart.settle(None)  # no call made (cancelled, the store away): a refund
+                record = note_record(note, text=text)
+                await store.put_note(tenant, conversation, command.root, note.seen, record, ())
+            tracing.note({"compaction.summary": "made"})
+        except StoreUnavailable as e:
+            log.info("summary made ahead not stored: %s", e)
+        finally:
+            apart.settle(None)  # no call made (cancelled, the store away): a refund
