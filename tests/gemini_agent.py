@@ -16,7 +16,14 @@ from typing import Any
 from google import genai
 from google.genai import types
 
-from proxy.testing.agent_loop import RULES, TASK, proxy_headers, script_headers, tool_output
+from proxy.testing.agent_loop import (
+    RULES,
+    TASK,
+    ScriptedAgent,
+    proxy_headers,
+    script_headers,
+    tool_output,
+)
 from proxy.testing.agent_loop import turn_script as loop_turn_script
 
 TOOL = "run_shell_command"
@@ -55,14 +62,8 @@ def _assembled(chunks: list[types.GenerateContentResponse]) -> types.Content:
 
 
 @dataclass
-class GeminiAgent:
+class GeminiAgent(ScriptedAgent):
     client: genai.Client
-    model: str
-    stream: bool
-    read_every: int
-    conversation: str | None
-    max_tokens: int
-    result_chars: int
 
     def opening(self) -> list[dict[str, Any]]:
         return [self.user(TASK)]

@@ -16,6 +16,7 @@ from proxy.testing import agent_loop
 from proxy.testing.agent_loop import (
     RULES,
     TASK,
+    ScriptedAgent,
     proxy_headers,
     script_headers,
     tool_output,
@@ -58,14 +59,8 @@ def _with_breakpoint(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @dataclass
-class MessagesAgent:
+class MessagesAgent(ScriptedAgent):
     client: anthropic.AsyncAnthropic
-    model: str
-    stream: bool
-    read_every: int
-    conversation: str | None
-    max_tokens: int
-    result_chars: int
     output: Callable[[int, int], str]
     text: Callable[[int], str] | None
 

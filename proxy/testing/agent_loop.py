@@ -10,6 +10,7 @@ to replay the same long conversation with and without the proxy.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import orjson
@@ -65,6 +66,19 @@ def script_headers(script: Mapping[str, Any], conversation: str | None = None) -
 def proxy_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """The proxy's x-compaction-* response headers."""
     return {k: v for k, v in headers.items() if k.startswith("x-compaction")}
+
+
+@dataclass
+class ScriptedAgent:
+    """What a scripted agent of any API is given (each names its SDK client's type)."""
+
+    client: Any
+    model: str
+    stream: bool
+    read_every: int  # every so many turns the model reads an offloaded result first
+    conversation: str | None  # sent as x-conversation-id
+    max_tokens: int
+    result_chars: int
 
 
 class Adapter(Protocol[T]):

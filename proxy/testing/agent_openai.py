@@ -17,6 +17,7 @@ from proxy.testing import agent_loop
 from proxy.testing.agent_loop import (
     RULES,
     TASK,
+    ScriptedAgent,
     proxy_headers,
     script_headers,
     tool_output,
@@ -48,14 +49,8 @@ class ChatTurn:
 
 
 @dataclass
-class ChatAgent:
+class ChatAgent(ScriptedAgent):
     client: openai.AsyncOpenAI
-    model: str
-    stream: bool
-    read_every: int
-    conversation: str | None
-    max_tokens: int
-    result_chars: int
 
     def opening(self) -> list[dict[str, Any]]:
         return [{"role": "system", "content": SYSTEM}, self.user(TASK)]
