@@ -114,7 +114,13 @@ class HttpTransport:
             headers.append(("Accept-Encoding", "identity"))
         request = self.request
         response = await self.upstream.send(
-            request.method, self.path, headers, body, stream=outgoing.stream, purpose=purpose
+            request.method,
+            self.path,
+            headers,
+            body,
+            stream=outgoing.stream,
+            purpose=purpose,
+            model=self.record.model,
         )
         self.record.answered(response.headers.get(self.wire.request_id_header, ""))
         return response

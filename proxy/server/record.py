@@ -1,9 +1,10 @@
 """What happened to the request being handled, noted from anywhere below the handler.
 
 The metrics middleware opens a `RequestRecord` per request and makes it current (a
-context variable, so it follows the handler's task and the tasks it spawns). Code deep
-in the pipeline notes events on it without the app or the request being passed down;
-with no record current (benchmarks, the replay command) `current()` is None. The record
+context variable, so it follows the handler's task and the tasks it spawns). The
+middlewares and the handlers read it and hand it to what is below them (the exchange,
+the compactor and its executor: docs/design.md#state); with no record current
+(benchmarks, the replay command) `current()` is None. The record
 holds the request's one `UsageMeter`: the relay and the read_result rounds feed it, and
 metrics, calibration and budgets read it. Only numbers and fixed words are recorded,
 never prompt text or credentials.

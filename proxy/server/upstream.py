@@ -28,7 +28,6 @@ from yarl import URL
 from proxy import tracing
 from proxy.config import UpstreamSettings
 from proxy.core.errors import UpstreamError, UpstreamGarbage, UpstreamTimeout, UpstreamUnreachable
-from proxy.server import record as records
 from proxy.server.logs import redacted_url
 
 if TYPE_CHECKING:  # at run time imported only when tracing is on (proxy/tracing.py)
@@ -228,8 +227,8 @@ class Upstream:
         """Send a request; returns once the response headers are in (an UpstreamError
         when none came). The caller must release() or close() the response. With tracing
         on the call has its own CLIENT span (`purpose`: request, read_round, summary;
-        `model`: the one asked for, else the request's), whose context the upstream gets
-        as its `traceparent`."""
+        `model`: the one asked for, as its sender knows it), whose context the upstream
+        gets as its `traceparent`."""
         url = self.url(path_qs)
         sent = list(headers)
         try:
@@ -278,8 +277,6 @@ class Upstream:
         provider, operation = next((v for p, v in _GENAI_PATHS if path.startswith(p)), ("", ""))
         if provider:
             attributes["gen_ai.provider.name"] = attributes["gen_ai.system"] = provider
-            record = records.current()
-            model = model or (record.model if record is not None else "")
             if model:
                 attributes["gen_ai.request.model"] = model
         if operation:
