@@ -16,7 +16,10 @@ used go first). Samples come from the usage the upstream reported for the first 
 an answer, against the estimate of what was sent (proxy/core/calibration.py clamps and
 checks them). After a warm-up of CALIBRATION_SAMPLES requests, one response in
 CALIBRATION_EVERY feeds it: each sample costs a Redis round trip, and a ratio that changes
-slowly needs few of them. Without a store the same mean is kept in memory.
+slowly needs few of them. A request hands its sample to the replica's one writer (a task
+that writes them in turn, started with the first) and is done with it; a sample that
+finds CALIBRATION_QUEUE of them waiting is dropped (a sample, not state: the mean has
+plenty). Without a store the same mean is kept in memory.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ CALIBRATION_REFRESH = 30.0  # seconds a replica trusts its copy of a factor
 CALIBRATION_SAMPLES = 20
 CALIBRATION_EVERY = 16
 CALIBRATION_ENTRIES = 20_000  # (tenant, model) factors one replica keeps
+CALIBRATION_QUEUE = 1_000  # samples waiting for the writer, at most
 
 
 def calibrated_as(wire: Request, model: str) -> str:
@@ -62,10 +66,14 @@ class _Factor:
 
 
 class Calibration:
-    def __init__(self, entries: int = CALIBRATION_ENTRIES) -> None:
+    def __init__(
+        self, entries: int = CALIBRATION_ENTRIES, waiting: int = CALIBRATION_QUEUE
+    ) -> None:
         self._factors: OrderedDict[tuple[str, str], _Factor] = OrderedDict()
         self._entries = entries
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # the writer, the refreshes
+        self._samples: asyncio.Queue[tuple[_Factor, float, Store]] = asyncio.Queue(waiting)
+        self._writer: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
         return len(self._factors)
@@ -107,7 +115,12 @@ class Calibration:
         if store is None:
             self._local(entry, ratio)
             return
-        self._spawn(self._record(ratio, entry, store))
+        try:
+            self._samples.put_nowait((entry, ratio, store))
+        except asyncio.QueueFull:
+            return
+        if self._writer is None or self._writer.done():  # (one that failed was logged)
+            self._writer = spawn_watched(self._tasks, self._write(), "calibration")
 
     @staticmethod
     def _local(entry: _Factor, ratio: float) -> None:
@@ -125,6 +138,12 @@ class Calibration:
         finally:
             entry.fetched = time.monotonic()
             entry.refreshing = False
+
+    async def _write(self) -> None:
+        """The writer: each sample in turn, for as long as the replica runs."""
+        while True:
+            entry, ratio, store = await self._samples.get()
+            await self._record(ratio, entry, store)
 
     async def _record(self, ratio: float, entry: _Factor, store: Store) -> None:
         try:
