@@ -82,14 +82,14 @@ async def handle_responses_get(request: web.Request) -> web.StreamResponse:
             "WebSocket connections to /v1/responses are not served by this compaction-proxy;"
             " use HTTP POST."
         )
-    return await Relay(request).serve()
+    return await Relay(request, records.current()).serve()
 
 
 class Relay(SocketPair):
     """One client socket, its upstream socket, and what each keeps of the last response."""
 
-    def __init__(self, request: web.Request) -> None:
-        super().__init__(request)
+    def __init__(self, request: web.Request, upgrade: RequestRecord | None) -> None:
+        super().__init__(request, upgrade)
         self.kept = KeptResponses()  # what each side keeps of the last response
         # What each frame is handled as: the upgrade request without its handshake
         # headers (the summariser's POSTs must not carry Sec-WebSocket-Key), the caller's.

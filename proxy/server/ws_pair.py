@@ -32,10 +32,10 @@ from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 from multidict import CIMultiDict
 
 from proxy.core.errors import ProxyError, UpgradeRequired, UpstreamError
-from proxy.server import record as records
 from proxy.server.headers import client_response_headers, upstream_request_headers
 from proxy.server.lifecycle import LIFECYCLE
 from proxy.server.metrics import METRICS
+from proxy.server.record import RequestRecord
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.state import SETTINGS
 from proxy.server.upstream import Upstream
@@ -71,8 +71,9 @@ class SocketPair:
     """One client socket and its upstream socket; `on_frame` (a subclass's) answers each
     client text frame while no response is under way."""
 
-    def __init__(self, request: web.Request) -> None:
+    def __init__(self, request: web.Request, upgrade: RequestRecord | None) -> None:
         self.request = request
+        self.upgrade = upgrade  # the upgrade request's record (None: none kept)
         self.app = request.app
         self.settings = request.app[SETTINGS].responses
         self.upstream: Upstream = request.app[OPENAI_UPSTREAM]
@@ -146,7 +147,7 @@ class SocketPair:
             await up.close()
             raise
         self.metrics.websocket_sessions.labels("relayed").inc()
-        upgrade = records.current()
+        upgrade = self.upgrade
         if upgrade is not None:  # the upgrade was answered; its frames count as their own
             upgrade.meter.complete = True  # (a client that goes away is no 499 of it)
         self.metrics.websocket_open.inc()
