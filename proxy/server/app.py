@@ -225,7 +225,7 @@ def create_app(settings: Settings) -> web.Application:
         on_evicted=metrics.checkpoints_evicted.inc,
     )
     metrics.watch_reuse(app[COMPACTOR].reuse)
-    app[RESPONSES_STATE] = ResponsesState()
+    app[RESPONSES_STATE] = ResponsesState(settings.responses.codex_compaction)
     # Started in this order, stopped in the reverse: nothing outlives what it uses.
     if traced is not None:  # first: the upstream client's spans need it; flushed last
         app.cleanup_ctx.append(tracing_lifetime(traced))

@@ -24,6 +24,7 @@ which runs each `response.create` frame as an exchange (proxy/server/exchange.py
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -51,7 +52,6 @@ from proxy.server.record import RequestRecord
 from proxy.server.routes import expect_for, handle_conversation
 from proxy.server.routing import OPENAI_UPSTREAM
 from proxy.server.seal_key import SealKey
-from proxy.server.state import SETTINGS
 from proxy.server.summariser import FREE_SUMMARIES, SummaryCall, SummaryCalls
 from proxy.store import Store
 from proxy.wire.responses import RESPONSES, asks_for_summary
@@ -74,51 +74,64 @@ SERVED_HEADER = "x-compaction-codex-compaction"
 
 @dataclass
 class ResponsesState:
+    """What the Responses route keeps for the app's lifetime; its handlers run `route`,
+    whose own step (`before`) is given this state."""
+
+    codex_compaction: str = "auto"  # [responses] codex_compaction
     seal_key: SealKey = field(default_factory=SealKey)
     lacking: set[str] = field(default_factory=set)  # upstreams that refused a compaction_trigger
+    route: ConversationRoute = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.route = ConversationRoute(
+            OPENAI_UPSTREAM,
+            RESPONSES,
+            bad_json=BAD_JSON,
+            before=functools.partial(before, self),
+        )
 
 
 RESPONSES_STATE = web.AppKey("responses_state", ResponsesState)
+BAD_JSON = "We could not parse the JSON body of your request"
 
 
-async def before(exchange: Exchange[Any], body: bytes, payload: dict[str, Any]) -> Adjusted:
+async def before(
+    state: ResponsesState, exchange: Exchange[Any], body: bytes, payload: dict[str, Any]
+) -> Adjusted:
     request = exchange.request
     if b'"cpx1.' in body or is_encoded(request):  # (compressed bytes hide the mark)
         found = sealed_items(payload)
         if found:
-            opened = await _expand(exchange, payload, found)
+            opened = await _expand(state, exchange, payload, found)
             # The rest of the request as the client wrote it (compressed: as parsed).
             source = None if is_encoded(request) else ClientJSON(body, payload)
             body = source.encode(opened) if source is not None else orjson.dumps(opened)
             payload = opened
     if is_trigger(payload):
-        return await _trigger(exchange, body, payload)
+        return await _trigger(state, exchange, body, payload)
     if asks_for_summary(payload):
         return Adjusted(body, payload, read_result=False)
     return Adjusted(body, payload)
 
 
-RESPONSES_ROUTE = ConversationRoute(
-    OPENAI_UPSTREAM,
-    RESPONSES,
-    bad_json="We could not parse the JSON body of your request",
-    before=before,
-)
-expect_responses = expect_for(RESPONSES_ROUTE)
+expect_responses = expect_for(ConversationRoute(OPENAI_UPSTREAM, RESPONSES))
 
 
 async def handle_responses(request: web.Request) -> web.StreamResponse:
-    return await handle_conversation(request, RESPONSES_ROUTE)
+    return await handle_conversation(request, request.app[RESPONSES_STATE].route)
 
 
 # -- sealed compaction items --------------------------------------------------------------
 
 
 async def _expand(
-    exchange: Exchange[Any], payload: dict[str, Any], found: list[tuple[int, str]]
+    state: ResponsesState,
+    exchange: Exchange[Any],
+    payload: dict[str, Any],
+    found: list[tuple[int, str]],
 ) -> dict[str, Any]:
     store = exchange.store
-    key = await exchange.request.app[RESPONSES_STATE].seal_key.get(store)
+    key = await state.seal_key.get(store)
     tenant = exchange.tenant
     texts = {n: await _summary_text(store, key, tenant, content) for n, content in found}
     missing = sum(1 for text in texts.values() if text is None)
@@ -151,13 +164,14 @@ async def _summary_text(
 # -- Codex's compaction_trigger -----------------------------------------------------------
 
 
-async def _trigger(exchange: Exchange[Any], body: bytes, payload: dict[str, Any]) -> Adjusted:
-    app = exchange.request.app
-    mode = app[SETTINGS].responses.codex_compaction
+async def _trigger(
+    state: ResponsesState, exchange: Exchange[Any], body: bytes, payload: dict[str, Any]
+) -> Adjusted:
+    mode = state.codex_compaction
     upstream = exchange.upstream.base_url
-    state = app[RESPONSES_STATE]
     if mode == "serve" or (mode == "auto" and upstream in state.lacking):
-        return Adjusted(body, payload, answer=await serve_compaction(exchange, payload))
+        answer = await serve_compaction(state, exchange, payload)
+        return Adjusted(body, payload, answer=answer)
     if mode != "auto":
         return Adjusted(body, payload, read_result=False)
 
@@ -167,7 +181,7 @@ async def _trigger(exchange: Exchange[Any], body: bytes, payload: dict[str, Any]
             return None  # refused for another reason: the client gets that answer
         state.lacking.add(upstream)
         log.info("the upstream does not know compaction_trigger; the proxy serves them")
-        return await serve_compaction(exchange, payload)
+        return await serve_compaction(state, exchange, payload)
 
     return Adjusted(body, payload, read_result=False, on_refusal=refused)
 
@@ -242,11 +256,13 @@ def _summary_need(
     return GetSummary(key, body, summary_tokens, whole.model), estimate
 
 
-async def serve_compaction(exchange: Exchange[Any], payload: dict[str, Any]) -> web.Response:
+async def serve_compaction(
+    state: ResponsesState, exchange: Exchange[Any], payload: dict[str, Any]
+) -> web.Response:
     """Answer a compaction_trigger with one compaction item sealing a reference to the
     proxy's own summary of the history (compacted first, as a turn would be)."""
     request, store = exchange.request, exchange.store
-    seal_key = await request.app[RESPONSES_STATE].seal_key.get(store)
+    seal_key = await state.seal_key.get(store)
     if store is None or seal_key is None:
         raise StoreUnavailable("compaction-proxy cannot compact without its store; try again")
     history = {**payload, "input": input_items(payload)[:-1]}

@@ -44,7 +44,7 @@ from proxy.server.logs import REQUEST_LOG
 from proxy.server.metrics import METRICS, REQUEST_ENDED
 from proxy.server.passthrough import handle_passthrough
 from proxy.server.record import RequestRecord, new_record_id
-from proxy.server.responses import RESPONSES_ROUTE
+from proxy.server.responses import RESPONSES_STATE
 from proxy.server.state import COMPACTOR, SETTINGS, STORE
 from proxy.server.traces import request_span
 from proxy.server.ws_pair import HANDSHAKE, Gone, SocketPair
@@ -204,7 +204,7 @@ class Relay(SocketPair):
             self, kept, record, raw, frame, payload, key_checks=caller.key_id is not None
         )
         exchange = Exchange(
-            RESPONSES_ROUTE,
+            app[RESPONSES_STATE].route,
             transport,
             request,
             caller=caller,
