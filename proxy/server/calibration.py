@@ -25,6 +25,7 @@ plenty). Without a store the same mean is kept in memory.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections import OrderedDict
 from collections.abc import Coroutine
@@ -120,7 +121,11 @@ class Calibration:
         except asyncio.QueueFull:
             return
         if self._writer is None or self._writer.done():  # (one that failed was logged)
-            self._writer = spawn_watched(self._tasks, self._write(), "calibration")
+            # In a context of its own: not the request's that happens to start it (its
+            # record, its trace span), whose work it outlives.
+            writer = self._write()
+            context = contextvars.Context()
+            self._writer = spawn_watched(self._tasks, writer, "calibration", context=context)
 
     @staticmethod
     def _local(entry: _Factor, ratio: float) -> None:

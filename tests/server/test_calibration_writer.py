@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
+from proxy.server import record as records
 from proxy.server.calibration import CALIBRATION, Calibration, store_name
+from proxy.server.record import RequestRecord
 from proxy.server.tasks import FAILURES
 from proxy.store import Store
 
@@ -22,11 +24,13 @@ class SlowStore:
         self.in_flight = 0
         self.most_in_flight = 0
         self.fail_next = False
+        self.records: list[RequestRecord | None] = []  # the record current in each write
 
     async def update_global_mean(
         self, kind: str, name: str, sample: float, *, max_samples: int
     ) -> tuple[float, int]:
         self.in_flight += 1
+        self.records.append(records.current())
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
             await self.go.wait()
@@ -86,4 +90,19 @@ async def test_a_writer_that_failed_is_replaced_by_the_next_sample() -> None:
     calibration.record("anthropic:m", 1.2, store, "t1")
     await _until(lambda: len(fake.written) == 1)
     assert fake.written[0][2] == 1.2
+    await calibration.close()
+
+
+async def test_the_writer_runs_in_no_request_s_context() -> None:
+    """The writer outlives the request that started it: it writes under none's record
+    (nor its trace span, a context variable too)."""
+    calibration, fake = Calibration(), SlowStore()
+    fake.go.set()
+    token = records.begin(RequestRecord("r1", "/v1/messages", "POST"))
+    try:
+        calibration.record("anthropic:m", 1.1, cast(Store, fake), "t1")
+    finally:
+        records.end(token)
+    await _until(lambda: len(fake.written) == 1)
+    assert fake.records == [None]
     await calibration.close()
