@@ -25,6 +25,7 @@ plenty). Without a store the same mean is kept in memory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import time
 from collections import OrderedDict
@@ -73,6 +74,7 @@ class Calibration:
         self._factors: OrderedDict[tuple[str, str], _Factor] = OrderedDict()
         self._entries = entries
         self._tasks: set[asyncio.Task[None]] = set()  # the writer, the refreshes
+        self._waiting = waiting
         self._samples: asyncio.Queue[tuple[_Factor, float, Store]] = asyncio.Queue(waiting)
         self._writer: asyncio.Task[None] | None = None
 
@@ -116,16 +118,16 @@ class Calibration:
         if store is None:
             self._local(entry, ratio)
             return
-        try:
-            self._samples.put_nowait((entry, ratio, store))
-        except asyncio.QueueFull:
-            return
         if self._writer is None or self._writer.done():  # (one that failed was logged)
-            # In a context of its own: not the request's that happens to start it (its
-            # record, its trace span), whose work it outlives.
-            writer = self._write()
+            # A writer with a queue of its own (of the running loop), in a context of its
+            # own: not the request's that happens to start it (its record, its trace
+            # span), whose work it outlives.
+            self._samples = asyncio.Queue(self._waiting)
+            writer = self._write(self._samples)
             context = contextvars.Context()
             self._writer = spawn_watched(self._tasks, writer, "calibration", context=context)
+        with contextlib.suppress(asyncio.QueueFull):  # dropped: a sample, not state
+            self._samples.put_nowait((entry, ratio, store))
 
     @staticmethod
     def _local(entry: _Factor, ratio: float) -> None:
@@ -144,10 +146,10 @@ class Calibration:
             entry.fetched = time.monotonic()
             entry.refreshing = False
 
-    async def _write(self) -> None:
+    async def _write(self, samples: asyncio.Queue[tuple[_Factor, float, Store]]) -> None:
         """The writer: each sample in turn, for as long as the replica runs."""
         while True:
-            entry, ratio, store = await self._samples.get()
+            entry, ratio, store = await samples.get()
             await self._record(ratio, entry, store)
 
     async def _record(self, ratio: float, entry: _Factor, store: Store) -> None:

@@ -5,6 +5,7 @@ finds the queue full is dropped, and a writer that failed is replaced by the nex
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any, cast
 
 from proxy.server import record as records
@@ -106,3 +107,24 @@ async def test_the_writer_runs_in_no_request_s_context() -> None:
     await _until(lambda: len(fake.written) == 1)
     assert fake.records == [None]
     await calibration.close()
+
+
+def test_a_calibration_used_on_another_loop_writes_there() -> None:
+    """A writer and its queue belong to the loop that started them: on another loop (the
+    first one's writer gone with it), the next sample starts a writer there, which waits
+    for the samples after it without fault."""
+    calibration = Calibration()
+    failures = FAILURES["calibration"]
+
+    async def two(ratios: tuple[float, float]) -> list[float]:
+        fake = SlowStore()
+        fake.go.set()
+        for written, ratio in enumerate(ratios, 1):
+            calibration.record("anthropic:m", ratio, cast(Store, fake), "t1")
+            await _until(functools.partial(lambda n: len(fake.written) == n, written))
+            await asyncio.sleep(0.01)  # the writer waits for the next
+        return [sample for _, _, sample in fake.written]
+
+    assert asyncio.run(two((1.1, 1.2))) == [1.1, 1.2]
+    assert asyncio.run(two((1.3, 1.4))) == [1.3, 1.4]
+    assert FAILURES["calibration"] == failures
