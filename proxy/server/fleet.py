@@ -98,7 +98,6 @@ class Fleet:
         self._last_failure = float("-inf")
         self._recovered_at = float("-inf")
         self._silent = False
-        self.outages = 0  # outages seen since start
         self._uncounted: dict[str, int] = {}  # key id -> tokens admitted uncounted, this outage
         self._owed: dict[Scope, Amounts] = {}  # usage admitted uncounted, to charge later
         self._paying: asyncio.Task[None] | None = None
@@ -152,7 +151,6 @@ class Fleet:
         if metrics is not None:
             metrics.budget_store_down.set(1)
         if not self._silent:
-            self.outages += 1
             if metrics is not None:
                 metrics.budget_store_outages.inc()
             log.warning(
