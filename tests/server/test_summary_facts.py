@@ -77,7 +77,11 @@ async def test_a_long_session_keeps_its_early_facts_through_a_lossy_summariser(
     last = orjson.loads([r for r in calls if not r.headers.get(PURPOSE)][-1].body)
     text = orjson.dumps(last["messages"]).decode()
     kept = [fact for fact in PLANTED if fact in text]
-    assert len(kept) >= 29, f"lost {sorted(set(PLANTED) - set(kept))}"
+    story = [
+        "/".join(t.headers.get(f"x-compaction-{h}", "-") for h in ("strategy", "summary", "reason"))
+        for t in turns
+    ]
+    assert len(kept) >= 29, f"lost {sorted(set(PLANTED) - set(kept))}; turns {story}"
 
     for r in calls:
         if r.headers.get(PURPOSE):
