@@ -112,8 +112,22 @@ class LineKind(Enum):
     END = "end"  # a round's final usage (cumulative: it replaces what START said)
 
 
+# The lines of an event stream worth a look: each format's usage and text are in its
+# `data:` lines, so the rest (`event:` names, comments) are passed over in C.
+DATA_LINES = re.compile(rb"^data:[^\n]*", re.M)
+
+
+def lines_starting(*prefixes: bytes) -> re.Pattern[bytes]:
+    """A `UsageScan.lines` for a format whose lines that matter start with one of these."""
+    return re.compile(rb"^(?:" + b"|".join(map(re.escape, prefixes)) + rb")[^\n]*", re.M)
+
+
 class UsageScan(Protocol):
     """How one wire format's answers carry usage, line by line (a wire format is one)."""
+
+    # Finds each line of a stream that may hold usage or carry output text, whole (from
+    # its start to before its newline); a line it passes over has neither.
+    lines: re.Pattern[bytes]
 
     def line_may_matter(self, head: bytes) -> bool:
         """From a line's first bytes: could it hold usage? (Other lines are only looked
@@ -198,18 +212,17 @@ class UsageMeter:
             if not start:
                 return
             self._skipping = False
-        # Once per line, so the loop calls no method of its own for the many that do not
-        # matter; blank lines (event ends) carry neither usage nor text.
+        # Only the lines the format's pattern finds are looked at (the many others, and
+        # blank lines, event ends, cost no step of this loop).
         may_matter, text_chars, rounds = scan.line_may_matter, scan.text_chars, self.rounds
-        find = data.find
-        while (end := find(b"\n", start)) >= 0:
-            if end > start:
-                line = data[start:end]
+        whole = data.rfind(b"\n") + 1  # where the last whole line ends
+        if whole > start:
+            for line in scan.lines.findall(data, start, whole):
                 if may_matter(line[:_LOOK]):
                     self._usage(line)
                 elif rounds and (chars := text_chars(line)):
                     rounds[-1].text_chars += chars
-            start = end + 1
+            start = whole
         rest = data[start:]
         if len(rest) > _LOOK and not may_matter(rest[:_LOOK]):
             self._skipping = True

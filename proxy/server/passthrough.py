@@ -24,7 +24,7 @@ from aiohttp import web
 from proxy.core.budget import BadRequestField, batch_reservation
 from proxy.core.errors import Forbidden, NotFound, UpstreamError
 from proxy.core.proxy_keys import BATCH, FREE, UNMETERED, passthrough_rule
-from proxy.core.usage import LineKind, Usage
+from proxy.core.usage import DATA_LINES, LineKind, Usage
 from proxy.server.bodies import (
     BodyClock,
     invalid_field,
@@ -121,6 +121,8 @@ class AnyUsage:
     """Usage in a pass-through answer, Anthropic's or OpenAI's (Chat, Completions,
     Embeddings, Responses), whole or streamed. An answer whose usage is not found costs
     its whole reservation (proxy/core/usage.py), so an unknown shape errs high."""
+
+    lines = DATA_LINES
 
     def line_may_matter(self, head: bytes) -> bool:
         return head.startswith(b"data: {") or head.startswith(b"data:{")

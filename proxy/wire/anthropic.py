@@ -24,7 +24,7 @@ from proxy.core.errors import ProxyError
 from proxy.core.history import Shape
 from proxy.core.offload import ToolResult
 from proxy.core.tokens import TokenCounter, loaded_tools
-from proxy.core.usage import LineKind, Usage
+from proxy.core.usage import LineKind, Usage, lines_starting
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.anthropic_rounds import MessagesRounds, anthropic_usage
 from proxy.wire.anthropic_validation import validate_messages_request
@@ -328,6 +328,8 @@ class MessagesSummaries:
 
 class MessagesUsage:
     """Usage in Messages answers, whole or streamed (`UsageReader`)."""
+
+    lines = lines_starting(_START, _DELTA, _TEXT)
 
     usage = staticmethod(anthropic_usage)
 

@@ -28,7 +28,7 @@ from proxy.core.history import Shape
 from proxy.core.offload import ToolResult
 from proxy.core.policy import PREFIX_CACHED_BATCH
 from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
-from proxy.core.usage import LineKind, Usage
+from proxy.core.usage import DATA_LINES, LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.chat_rounds import ChatRounds, chat_usage
 from proxy.wire.chat_validation import validate_chat_request
@@ -312,6 +312,8 @@ class ChatSummaries:
 
 class ChatUsage:
     """Usage in Chat answers, whole or streamed (`UsageReader`)."""
+
+    lines = DATA_LINES
 
     usage = staticmethod(chat_usage)
 

@@ -38,7 +38,7 @@ from proxy.core.history import Shape
 from proxy.core.offload import ToolResult
 from proxy.core.policy import PREFIX_CACHED_BATCH
 from proxy.core.tokens import TokenCounter
-from proxy.core.usage import LineKind, Usage
+from proxy.core.usage import DATA_LINES, LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.gemini_parts import (
     GeminiCounter,
@@ -360,6 +360,8 @@ _CHUNK_OVERHEAD = 160  # bytes of JSON around a streamed text part's text
 class GeminiUsage:
     """Usage in Gemini answers, whole or streamed (`UsageReader`). Every streamed chunk
     may carry usageMetadata; only the last one's (beside the finishReason) is final."""
+
+    lines = DATA_LINES
 
     usage = staticmethod(gemini_usage)
 

@@ -34,7 +34,7 @@ from proxy.core import offload, summary
 from proxy.core.errors import ProxyError
 from proxy.core.policy import PREFIX_CACHED_BATCH
 from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
-from proxy.core.usage import LineKind, Usage
+from proxy.core.usage import DATA_LINES, LineKind, Usage
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.common import FormatCounter, head_text, openai_error
 from proxy.wire.responses_rounds import ResponsesRounds, responses_usage
@@ -313,6 +313,8 @@ class ResponsesSummaries:
 
 class ResponsesUsage:
     """Usage in Responses answers, whole or streamed (`UsageReader`)."""
+
+    lines = DATA_LINES
 
     usage = staticmethod(responses_usage)
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.core.budget import Amounts
-from proxy.core.usage import Usage, UsageMeter
-from proxy.wire import ANTHROPIC, CHAT
+from proxy.core.usage import Usage, UsageMeter, UsageScan
+from proxy.server.passthrough import ANY_USAGE
+from proxy.wire import ANTHROPIC, CHAT, GEMINI, RESPONSES
 
 
 def _sse(name: str, data: dict[str, object]) -> bytes:
@@ -125,3 +127,95 @@ def test_a_long_text_line_is_skipped_not_buffered() -> None:
     assert len(meter._carry) < 100
     meter.chunk(STREAM[400:])
     assert meter.cost(RESERVED).input == 1110
+
+
+def _line_by_line(scan: UsageScan, data: bytes) -> UsageMeter:
+    """A reference reading: every line of a whole stream looked at, none passed over."""
+    meter = UsageMeter(scan)
+    meter.seen_answer = True
+    for line in data.split(b"\n"):
+        if line and scan.line_may_matter(line[:64]):
+            meter._usage(line)
+        elif line and meter.rounds and (chars := scan.text_chars(line)):
+            meter.rounds[-1].text_chars += chars
+    return meter
+
+
+def _chat_stream(text: str) -> bytes:
+    chunks = [
+        {"id": "c", "choices": [{"delta": {"content": text[i : i + 7]}}]}
+        for i in range(0, len(text), 7)
+    ]
+    usage = {"prompt_tokens": 50, "completion_tokens": 12}
+    chunks.append({"id": "c", "choices": [], "usage": usage})
+    return b"".join(b"data: " + orjson.dumps(c) + b"\r\n\r\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
+def _responses_stream(text: str) -> bytes:
+    events = [
+        {"type": "response.output_text.delta", "delta": text[i : i + 9]}
+        for i in range(0, len(text), 9)
+    ]
+    usage = {"input_tokens": 40, "output_tokens": 7, "input_tokens_details": {"cached_tokens": 8}}
+    events.append({"type": "response.completed", "response": {"usage": usage}})
+    return b"".join(
+        b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events
+    )
+
+
+def _gemini_stream(text: str) -> bytes:
+    parts = [
+        {"candidates": [{"content": {"parts": [{"text": text[i : i + 11]}]}}]}
+        for i in range(0, len(text), 11)
+    ]
+    usage = {"promptTokenCount": 30, "candidatesTokenCount": 5}
+    parts.append({"candidates": [{"finishReason": "STOP"}], "usageMetadata": usage})
+    return b"".join(b"data: " + orjson.dumps(p) + b"\n\n" for p in parts)
+
+
+STREAMS = [
+    (ANTHROPIC, STREAM),
+    (ANTHROPIC, _stream("a cut answer " * 20, USAGE, 0, finished=False)),
+    (CHAT, _chat_stream("some words of a chat answer " * 5)),
+    (RESPONSES, _responses_stream("a responses answer " * 5)),
+    (GEMINI, _gemini_stream("a gemini answer " * 5)),
+    (ANY_USAGE, _chat_stream("passed through " * 5)),
+    (ANY_USAGE, STREAM),
+]
+
+
+def _line_cuts(data: bytes) -> st.SearchStrategy[list[bytes]]:
+    ends = [i + 1 for i, byte in enumerate(data) if byte == 10]
+
+    def split(points: list[int]) -> list[bytes]:
+        edges = [0, *sorted(set(points)), len(data)]
+        return [data[a:b] for a, b in itertools.pairwise(edges)]
+
+    return st.lists(st.sampled_from(ends), max_size=30).map(split)
+
+
+def _case(cuts: Any) -> st.SearchStrategy[tuple[int, list[bytes]]]:
+    return st.sampled_from(range(len(STREAMS))).flatmap(
+        lambda i: st.tuples(st.just(i), cuts(STREAMS[i][1]))
+    )
+
+
+@given(st.one_of(_case(_cuts), _case(_line_cuts)))
+def test_the_lines_a_format_passes_over_change_no_reading(case: tuple[int, list[bytes]]) -> None:
+    """However the stream is cut, the meter reads what looking at every line reads: the
+    lines its format's pattern passes over hold neither usage nor text. (A text line cut
+    in two is counted by its first part: the same with every line looked at.)"""
+    index, chunks = case
+    scan, data = STREAMS[index]
+    meter = UsageMeter(scan)
+    for chunk in chunks:
+        meter.chunk(chunk)
+    reference = _line_by_line(scan, data)
+    assert meter.rounds, "the stream has usage"
+    assert [(r.usage, r.finished) for r in meter.rounds] == [
+        (r.usage, r.finished) for r in reference.rounds
+    ]
+    if all(chunk.endswith(b"\n") for chunk in chunks[:-1]):
+        assert meter.rounds == reference.rounds  # the text seen too
+    assert meter.response_model == reference.response_model
+    assert meter.complete == reference.complete
