@@ -73,11 +73,14 @@ return 0
 _MEAN = """
 local mean = tonumber(redis.call('HGET', KEYS[1], 'mean') or '0')
 local n = tonumber(redis.call('HGET', KEYS[1], 'samples') or '0')
-if n < tonumber(ARGV[2]) then n = n + 1 end
-mean = mean + (tonumber(ARGV[1]) - mean) / n
+local cap = tonumber(ARGV[1])
+for i = 3, #ARGV do
+  if n < cap then n = n + 1 end
+  mean = mean + (tonumber(ARGV[i]) - mean) / n
+end
 local text = string.format('%.17g', mean)
 redis.call('HSET', KEYS[1], 'mean', text, 'samples', n)
-redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
 return {text, n}
 """
 
@@ -671,14 +674,24 @@ class Store:
     # -- global values (calibration per model, ...) --------------------------------------
 
     async def update_global_mean(
-        self, kind: str, name: str, sample: float, max_samples: int = 100, ttl: int | None = None
+        self,
+        kind: str,
+        name: str,
+        sample: float | Sequence[float],
+        max_samples: int = 100,
+        ttl: int | None = None,
     ) -> tuple[float, int]:
-        """Fold ``sample`` into a stored running mean; returns (mean, samples counted)."""
-        if not math.isfinite(sample):
-            raise ValueError(f"sample must be finite, got {sample}")
+        """Fold ``sample`` (or several, in order, in one call) into a stored running mean;
+        returns (mean, samples counted)."""
+        samples = [sample] if isinstance(sample, int | float) else list(sample)
+        if not samples:
+            raise ValueError("no sample to fold")
+        for one in samples:
+            if not math.isfinite(one):
+                raise ValueError(f"sample must be finite, got {one}")
         key = keys.global_key(self.prefix, kind, name)
         cap = _positive("max_samples", max_samples)
-        args: list[str | int] = [repr(float(sample)), cap, self._ttl(ttl)]
+        args: list[str | int] = [cap, self._ttl(ttl), *(repr(float(one)) for one in samples)]
         text, count = await self._call(lambda: self._mean(keys=[key], args=args))
         return float(text), int(count)
 

@@ -28,8 +28,9 @@ class SlowStore:
         self.records: list[RequestRecord | None] = []  # the record current in each write
 
     async def update_global_mean(
-        self, kind: str, name: str, sample: float, *, max_samples: int
+        self, kind: str, name: str, sample: float | list[float], *, max_samples: int
     ) -> tuple[float, int]:
+        samples = sample if isinstance(sample, list) else [sample]  # several: in one call
         self.in_flight += 1
         self.records.append(records.current())
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
@@ -38,8 +39,8 @@ class SlowStore:
             if self.fail_next:
                 self.fail_next = False
                 raise RuntimeError("the write broke")
-            self.written.append((kind, name, sample))
-            return sample, len(self.written)
+            self.written.extend((kind, name, one) for one in samples)
+            return samples[-1], len(self.written)
         finally:
             self.in_flight -= 1
 

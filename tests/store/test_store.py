@@ -183,6 +183,25 @@ async def test_running_mean_caps_its_sample_count(store: Store) -> None:
     assert (mean, count) == (pytest.approx(2.0), 4)
 
 
+async def test_running_mean_folds_several_samples_in_one_call_as_one_by_one(
+    store: Store,
+) -> None:
+    samples = [1.0, 5.0, 2.5, 0.75, 3.0, 1.25]
+    for one in samples[:3]:
+        await store.update_global_mean("calibration", "single", one, max_samples=4)
+    alone = await store.update_global_mean("calibration", "single", samples[3], max_samples=4)
+    for one in samples[4:]:
+        alone = await store.update_global_mean("calibration", "single", one, max_samples=4)
+    together = await store.update_global_mean("calibration", "many", samples[:4], max_samples=4)
+    together = await store.update_global_mean("calibration", "many", samples[4:], max_samples=4)
+    assert together == alone
+    assert together[1] == 4
+    with pytest.raises(ValueError):
+        await store.update_global_mean("calibration", "many", [1.0, float("nan")])
+    with pytest.raises(ValueError):
+        await store.update_global_mean("calibration", "many", [])
+
+
 async def test_running_mean_keeps_full_precision(store: Store) -> None:
     mean, _ = await store.update_global_mean("calibration", "m", 1.2345678901234567)
     assert mean == 1.2345678901234567
