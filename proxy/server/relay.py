@@ -102,6 +102,8 @@ async def _relay_stream(
     metered = codec is not None and response.status == 200
     cap = upstream.settings.max_line_bytes
     held = codec.framing(cap) if codec is not None else None
+    content = response.content
+    last = b""  # the answer's last bytes, sent with its end (one write, not two)
     try:
         async with aclosing(upstream.chunks(response)) as chunks:
             async for chunk in chunks:
@@ -115,12 +117,18 @@ async def _relay_stream(
                         return out
                     if not chunk:
                         continue
+                if content.at_eof():
+                    # All of the answer is in (once fed its end, aiohttp's reader
+                    # raises no more): these bytes go out with the stream's end.
+                    last = chunk
+                    continue
                 await out.write(chunk)
                 if metered:
                     assert codec is not None
                     meter.chunk(codec.usage_lines(chunk))
+        metered_last = last
         if held is not None and held.rest:
-            await out.write(held.rest)  # an unterminated last event, as the upstream sent it
+            last += held.rest  # an unterminated last event, as the upstream sent it
     except UpstreamTimeout as silent:
         log.warning("upstream stream idle too long; ending the client stream")
         if codec is not None:  # written on event boundaries: the stream can end cleanly
@@ -134,5 +142,8 @@ async def _relay_stream(
         log.info("stream broke (%s); closing the client stream too", type(e).__name__)
         cut_client(request)
         return out
-    await out.write_eof()
+    await out.write_eof(last)
+    if metered and metered_last:
+        assert codec is not None
+        meter.chunk(codec.usage_lines(metered_last))
     return out
