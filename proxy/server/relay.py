@@ -17,6 +17,7 @@ raise a clear error.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
 from contextlib import aclosing
@@ -73,6 +74,14 @@ async def relay(
     return await _relay_stream(request, response, headers, upstream, wire, meter, codec)
 
 
+class _Stream(web.StreamResponse):
+    """A relayed stream whose headers go out with its first bytes when those are already
+    in (one send, not two), as aiohttp's whole `Response` sends its own; when nothing of
+    the answer has arrived yet they are sent at once (`write(b"")`), as before."""
+
+    _send_headers_immediately = False
+
+
 def _meter_body(meter: UsageMeter, body: bytes, encoded: bool) -> None:
     if encoded or meter.scan is None:
         return
@@ -95,14 +104,16 @@ async def _relay_stream(
 ) -> web.StreamResponse:
     """A body streamed as it arrives: an event stream (`codec`) on event boundaries,
     anything else as its bytes come."""
-    out = web.StreamResponse(status=response.status, reason=response.reason, headers=headers)
+    out = _Stream(status=response.status, reason=response.reason, headers=headers)
     if codec is None and response.content_length is not None:
         out.content_length = response.content_length
     await out.prepare(request)
+    content = response.content
+    if not content.total_bytes:  # nothing of the answer yet: the headers go now
+        await out.write(b"")
     metered = codec is not None and response.status == 200
     cap = upstream.settings.max_line_bytes
     held = codec.framing(cap) if codec is not None else None
-    content = response.content
     last = b""  # the answer's last bytes, sent with its end (one write, not two)
     try:
         async with aclosing(upstream.chunks(response)) as chunks:
@@ -116,6 +127,7 @@ async def _relay_stream(
                         await end_with_error(out, codec, wire, too_large(event))
                         return out
                     if not chunk:
+                        await out.write(b"")  # (the headers, if they still wait)
                         continue
                 if content.at_eof():
                     # All of the answer is in (once fed its end, aiohttp's reader
@@ -134,12 +146,16 @@ async def _relay_stream(
         if codec is not None:  # written on event boundaries: the stream can end cleanly
             await end_with_error(out, codec, wire, silent)
             return out
+        with contextlib.suppress(ConnectionResetError):
+            await out.write(b"")
         cut_client(request)
         return out
     except (UpstreamError, ConnectionResetError) as e:
         # A broken upstream stream, or (ConnectionResetError) mostly the client going
         # away before handler cancellation noticed: neither side gets a clean end.
         log.info("stream broke (%s); closing the client stream too", type(e).__name__)
+        with contextlib.suppress(ConnectionResetError):
+            await out.write(b"")  # the headers, if they still wait, as before the cut
         cut_client(request)
         return out
     await out.write_eof(last)
