@@ -158,8 +158,13 @@ async def _relay_stream(
             await out.write(b"")  # the headers, if they still wait, as before the cut
         cut_client(request)
         return out
-    await out.write_eof(last)
-    if metered and metered_last:
-        assert codec is not None
-        meter.chunk(codec.usage_lines(metered_last))
+    try:
+        await out.write_eof(last)  # the bytes go to the socket first, then it drains
+    finally:
+        # Read after they went (off the answer's path); read too when the client left
+        # during the drain (they were sent: its final usage reached the client, as when
+        # a chunk went before a cancellation).
+        if metered and metered_last:
+            assert codec is not None
+            meter.chunk(codec.usage_lines(metered_last))
     return out
