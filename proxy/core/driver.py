@@ -70,6 +70,7 @@ from proxy.core.policy import Policy
 from proxy.core.rewrites import fold, recovered_blobs
 from proxy.core.segments import StubbedMemo
 from proxy.core.tokens import TOOLS_PREAMBLE
+from proxy.core.validated import Validated
 from proxy.core.wire_format import MessageCounter, WireFormat
 from proxy.core.working import BuiltMemo, PlanInput, real
 
@@ -103,6 +104,9 @@ class CompactionRequest:
     # The model asked for; "": the body's `model` (an envelope may carry it elsewhere,
     # as Bedrock's and Vertex's URL paths do).
     model: str = ""
+    # What the line's earlier validations kept (proxy/core/validated.py); None: every
+    # message is validated.
+    validated: Validated | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +168,8 @@ def compaction(request: CompactionRequest) -> Driver:
         # Nothing is rewritten or summarised from a history the API would refuse: it goes
         # up as it came, and the API's own error reaches the client.
         source = request.source  # (a body orjson writes back as sent has no duplicate)
-        invalid = request.wire.request_error(request.body, request.model) or (
+        wire = request.wire
+        invalid = wire.request_error(request.body, request.model, request.validated) or (
             None if source.canonical else duplicated(source.raw, request.body)
         )
         if invalid is not None:
@@ -281,7 +286,7 @@ def _checked(request: CompactionRequest, rewrite: Rewrite) -> _Checked:
     request: the client's bytes, or within the window's refusal when they exceed it.
     Never an empty history or one the API refuses in place of the client's."""
     sent = _sent(request, rewrite)
-    invalid = request.wire.request_error(sent, request.model)
+    invalid = request.wire.request_error(sent, request.model, request.validated)
     if invalid is None:
         return _Checked(rewrite, sent=sent, body=request.source.encode(sent))
     counted, policy = request.counted, request.policy

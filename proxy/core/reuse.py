@@ -37,6 +37,7 @@ from typing import Any
 import orjson
 
 from proxy.core.unchanged import common_prefix
+from proxy.core.validated import Validated
 
 # Bytes a parsed body and its per-message facts take, per byte of JSON (measured on the
 # recorded Claude Code session: 1.27 for the parsed body alone).
@@ -89,6 +90,8 @@ class Seen:
     fixed: dict[str, tuple[tuple[object, ...], object, Any]] = field(default_factory=dict)
     # What the planner built of the line's segments (working.BuiltMemo).
     built: dict[int, Any] = field(default_factory=dict)
+    # The histories the line's validations found valid (proxy/core/validated.py).
+    validated: Validated = field(default_factory=Validated)
     reused: int = 0  # messages this request took from the one before
 
     @property
@@ -223,6 +226,7 @@ def _continued(before: Seen, shared: int, raw: bytes) -> Seen | None:
             seen.known[id(message)] = found
     seen.fixed = before.fixed
     seen.built = _still_built(before.built, {id(m) for m in messages[:kept]})
+    seen.validated = before.validated
     seen.layout_tried = True
     try:
         written = [orjson.dumps(m) for m in fresh]

@@ -38,6 +38,7 @@ from proxy.core.offload import ToolResult
 from proxy.core.sse import Event
 from proxy.core.tokens import TokenCounter
 from proxy.core.usage import Usage, UsageScan
+from proxy.core.validated import Validated
 
 Message = Mapping[str, Any]
 JSON = dict[str, Any]
@@ -155,11 +156,15 @@ class Request(Protocol):
         counted with them (Counted.breakpoints)."""
         ...
 
-    def request_error(self, body: Mapping[str, Any], model: str) -> str | None:
+    def request_error(
+        self, body: Mapping[str, Any], model: str, memo: Validated | None = None
+    ) -> str | None:
         """Why the API would refuse the body (its own rules, the strict stand-ins' too:
         proxy/wire/*_validation.py), or None. `model`: the one asked for (an envelope may
         name it in the URL's path). The proxy rewrites and summarises only a request
-        this answers None for (docs/compaction.md, "Invalid requests")."""
+        this answers None for (docs/compaction.md, "Invalid requests"). `memo`: what the
+        line's earlier validations kept (proxy/core/validated.py; a format may walk
+        every message regardless): the same answer."""
         ...
 
 

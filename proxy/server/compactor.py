@@ -410,6 +410,7 @@ class Compactor:
             max_lines=self.max_lines,
             read_result=incoming.read_result,
             model=model,
+            validated=seen.validated if seen is not None else None,
         )
         executor = StoreExecutor(
             store,

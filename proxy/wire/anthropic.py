@@ -25,6 +25,7 @@ from proxy.core.history import Shape
 from proxy.core.offload import ToolResult
 from proxy.core.tokens import TokenCounter, loaded_tools
 from proxy.core.usage import LineKind, Usage, lines_starting
+from proxy.core.validated import Validated
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.anthropic_rounds import MessagesRounds, anthropic_usage
 from proxy.wire.anthropic_validation import validate_messages_request
@@ -210,10 +211,12 @@ class MessagesRequest:
         outside = (body.get("system"), body.get("tools"))
         return orjson.dumps(outside).count(b'"cache_control"')
 
-    def request_error(self, body: Mapping[str, Any], model: str) -> str | None:
+    def request_error(
+        self, body: Mapping[str, Any], model: str, memo: Validated | None = None
+    ) -> str | None:
         if "model" not in body and model:  # Bedrock's and Vertex's name it in the path
             body = {"model": model, **body}
-        return validate_messages_request(body)
+        return validate_messages_request(body, memo)
 
 
 class MessagesDialect:

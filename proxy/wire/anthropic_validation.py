@@ -20,6 +20,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.core.validated import Chain, Validated
+
 ROLES = ("user", "assistant", "system")
 MAX_CACHE_BREAKPOINTS = 4
 MIN_THINKING_BUDGET = 1024
@@ -36,8 +38,10 @@ def thinking_signature(thinking: str) -> str:
     return STANDIN_SIGNATURE_PREFIX + digest[:40]
 
 
-def validate_messages_request(body: Any) -> str | None:
-    """The whole `POST /v1/messages` body."""
+def validate_messages_request(body: Any, memo: Validated | None = None) -> str | None:
+    """The whole `POST /v1/messages` body. `memo`: what the conversation line's earlier
+    validations kept (proxy/core/validated.py): only the messages its histories do not
+    hold are walked, with the same answer."""
     error = _body_and_model_error(body)
     if error:
         return error
@@ -50,7 +54,12 @@ def validate_messages_request(body: Any) -> str | None:
         return "max_tokens: Input should be greater than or equal to 1"
     if "stream" in body and not isinstance(body["stream"], bool):
         return "stream: Input should be a valid boolean"
-    return _thinking_budget_error(body) or _validate_prompt(body)
+    error = _thinking_budget_error(body)
+    if error:
+        return error
+    if memo is not None and _valid_walking(body, memo):
+        return None
+    return _validate_prompt(body)
 
 
 def _thinking_budget_error(body: dict[str, Any]) -> str | None:
@@ -343,7 +352,11 @@ def _check_thinking(body: dict[str, Any], messages: list[Any]) -> str | None:
     latest = next((t for t in reversed(turns) if t.role == "assistant"), None)
     if latest is None:
         return None
-    for i, block in latest.blocks:
+    return _thinking_error(latest.blocks)
+
+
+def _thinking_error(blocks: list[tuple[int, dict[str, Any]]]) -> str | None:
+    for i, block in blocks:
         if block.get("type") != "thinking":
             continue
         signature = block["signature"]
@@ -358,23 +371,55 @@ def _check_thinking(body: dict[str, Any], messages: list[Any]) -> str | None:
     return None
 
 
+def _latest_assistant_turn(messages: list[Any]) -> list[tuple[int, dict[str, Any]]]:
+    """The blocks of the latest assistant turn (`merged_turns`' last of that role), read
+    from the end: its messages are the last assistant ones before a user message."""
+    found: list[int] = []
+    for i in range(len(messages) - 1, -1, -1):
+        role = messages[i]["role"]
+        if role == "assistant":
+            found.append(i)
+        elif role == "user" and found:
+            break
+    blocks: list[tuple[int, dict[str, Any]]] = []
+    for i in reversed(found):
+        content = messages[i]["content"]
+        if isinstance(content, str):
+            blocks.append((i, {"type": "text", "text": content}))
+        else:
+            blocks.extend((i, block) for block in content)
+    return blocks
+
+
 def cache_control_count(body: dict[str, Any]) -> int:
     """Blocks carrying cache_control in tools, system and messages (top level counts one)."""
-    count = 1 if body.get("cache_control") else 0
+    count = (1 if body.get("cache_control") else 0) + _outside_breakpoints(body)
+    for message in body.get("messages") or []:
+        count += _content_breakpoints(message.get("content"))
+    return count
+
+
+def _outside_breakpoints(body: dict[str, Any]) -> int:
+    """Blocks carrying cache_control in the tools and the system prompt."""
+    count = 0
     for tool in body.get("tools") or []:
         count += bool(tool.get("cache_control"))
     system = body.get("system")
     if isinstance(system, list):
         count += sum(bool(b.get("cache_control")) for b in system)
-    for message in body.get("messages") or []:
-        content = message.get("content")
-        if not isinstance(content, list):
-            continue
-        for block in content:
-            count += bool(block.get("cache_control"))
-            inner = block.get("content") if block.get("type") == "tool_result" else None
-            if isinstance(inner, list):
-                count += sum(isinstance(b, dict) and bool(b.get("cache_control")) for b in inner)
+    return count
+
+
+def _content_breakpoints(content: Any) -> int:
+    """Blocks carrying cache_control in a message's content (a tool result's count)."""
+    if not isinstance(content, list):
+        return 0
+    count = 0
+    for block in content:
+        count += bool(block.get("cache_control"))
+        inner = block.get("content") if block.get("type") == "tool_result" else None
+        if isinstance(inner, list):
+            count += sum(isinstance(b, dict) and bool(b.get("cache_control")) for b in inner)
     return count
 
 
@@ -386,3 +431,117 @@ def _check_cache_control(body: dict[str, Any]) -> str | None:
             f"provided. Found {count}."
         )
     return None
+
+
+# -- validating only what is new (proxy/core/validated.py) --------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Walk:
+    """What the rules need of a history's first messages, all of them kept: the state
+    after them (a `Chain`'s), from which the next messages are walked."""
+
+    ids: frozenset[str] = frozenset()  # every tool_use id so far (they must be unique)
+    role: str = ""  # the turn being read (consecutive messages of a role merge); "": none
+    # An assistant turn's tool_use ids: the turn being read's, or in a user turn the
+    # assistant turn's before it (which its results answer)
+    calls: tuple[str, ...] = ()
+    answered: frozenset[str] = frozenset()  # a user turn's leading tool_result ids
+    leading: bool = False  # every block of the user turn so far is a tool_result
+    breakpoints: int = 0  # blocks carrying cache_control so far
+
+
+def _valid_walking(body: dict[str, Any], memo: Validated) -> bool:
+    """Whether the prompt keeps every rule `_validate_prompt` checks (its answer is None),
+    walking only the messages after those a kept history of the line repeats (the same
+    objects) from the state it kept after them; the history found valid is kept. False
+    also where this cannot say: the full validation then answers."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return False
+    parts = (body.get("tools"), body.get("system"))
+    outside = memo.outside_value(parts)
+    if outside is None:
+        if _check_tools(body) or _check_system(body):
+            return False
+        outside = _outside_breakpoints(body)
+    assert isinstance(outside, int)
+    shared, chain = memo.resume(messages)
+    states: list[object] = list(chain.states[:shared]) if chain is not None else []
+    walk = states[-1] if states else _Walk()
+    assert isinstance(walk, _Walk)
+    last = len(messages) - 1
+    for i in range(shared, last + 1):
+        message = messages[i]
+        if _check_message(message, i, is_final=i == last) is not None:
+            return False
+        stepped = _stepped(walk, message)
+        if stepped is None:
+            return False
+        walk = stepped
+        if i < last:
+            states.append(walk)
+    if not _answered(walk) or _thinking_changed(body, messages):
+        return False
+    top = 1 if body.get("cache_control") else 0
+    if top + outside + walk.breakpoints > MAX_CACHE_BREAKPOINTS:
+        return False
+    memo.keep(Chain(list(messages), states, parts, outside), chain, shared)
+    return True
+
+
+def _thinking_changed(body: dict[str, Any], messages: list[Any]) -> bool:
+    """`_check_thinking`'s rule, its latest assistant turn read from the history's end."""
+    thinking = body.get("thinking")
+    if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "adaptive"):
+        return False
+    return _thinking_error(_latest_assistant_turn(messages)) is not None
+
+
+def _stepped(walk: _Walk, message: dict[str, Any]) -> _Walk | None:
+    """The state after one more message (it keeps `_check_message`'s rules), or None when
+    it breaks a pairing rule: a tool_use id seen before, or a tool_result answering no
+    call of the assistant turn before its own, or an assistant turn whose calls the user
+    turn after it did not all answer with its leading results."""
+    role, content = message["role"], message["content"]
+    breakpoints = walk.breakpoints + _content_breakpoints(content)
+    if role == "system":  # set aside by the pairing rules
+        return walk if breakpoints == walk.breakpoints else _replace_breakpoints(walk, breakpoints)
+    blocks = content if isinstance(content, list) else [{"type": "text"}]
+    ids, calls, answered, leading = walk.ids, walk.calls, walk.answered, walk.leading
+    if role != walk.role:  # a new turn
+        if role == "assistant":
+            if not _answered(walk):
+                return None
+            calls = ()
+        else:
+            answered, leading = frozenset(), True
+    if role == "assistant":
+        new = [block["id"] for block in blocks if block.get("type") == "tool_use"]
+        if new:
+            if len(set(new)) != len(new) or not ids.isdisjoint(new):
+                return None
+            ids, calls = ids.union(new), (*calls, *new)
+    else:
+        for block in blocks:
+            if block.get("type") != "tool_result":
+                leading = False
+                continue
+            answers = block["tool_use_id"]
+            if answers not in calls:
+                return None
+            if leading:
+                answered = answered.union((answers,))
+    return _Walk(ids, role, calls, answered, leading, breakpoints)
+
+
+def _replace_breakpoints(walk: _Walk, breakpoints: int) -> _Walk:
+    return _Walk(walk.ids, walk.role, walk.calls, walk.answered, walk.leading, breakpoints)
+
+
+def _answered(walk: _Walk) -> bool:
+    """Whether the assistant turn last read had all its calls answered by the user turn
+    after it (there is one: an assistant turn read last has none)."""
+    if walk.role == "assistant":
+        return not walk.calls
+    return walk.answered.issuperset(walk.calls)

@@ -29,6 +29,7 @@ from proxy.core.offload import ToolResult
 from proxy.core.policy import PREFIX_CACHED_BATCH
 from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
 from proxy.core.usage import DATA_LINES, LineKind, Usage
+from proxy.core.validated import Validated
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.chat_rounds import ChatRounds, chat_usage
 from proxy.wire.chat_validation import validate_chat_request
@@ -224,7 +225,9 @@ class ChatRequest:
     def breakpoints(self, body: Mapping[str, Any]) -> int:
         return 0  # OpenAI caches prompt prefixes without breakpoints
 
-    def request_error(self, body: Mapping[str, Any], model: str) -> str | None:
+    def request_error(
+        self, body: Mapping[str, Any], model: str, memo: Validated | None = None
+    ) -> str | None:
         invalid = validate_chat_request(body)
         return invalid.message if invalid is not None else None
 

@@ -39,6 +39,7 @@ from proxy.core.offload import ToolResult
 from proxy.core.policy import PREFIX_CACHED_BATCH
 from proxy.core.tokens import TokenCounter
 from proxy.core.usage import DATA_LINES, LineKind, Usage
+from proxy.core.validated import Validated
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.gemini_parts import (
     GeminiCounter,
@@ -234,7 +235,9 @@ class GeminiRequest:
     def breakpoints(self, body: Mapping[str, Any]) -> int:
         return 0  # Gemini caches repeated prefixes by itself (implicit caching)
 
-    def request_error(self, body: Mapping[str, Any], model: str) -> str | None:
+    def request_error(
+        self, body: Mapping[str, Any], model: str, memo: Validated | None = None
+    ) -> str | None:
         violation = check_request(body, model or str(body.get("model", "")))
         return violation.message if violation is not None else None
 

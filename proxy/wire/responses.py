@@ -35,6 +35,7 @@ from proxy.core.errors import ProxyError
 from proxy.core.policy import PREFIX_CACHED_BATCH
 from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
 from proxy.core.usage import DATA_LINES, LineKind, Usage
+from proxy.core.validated import Validated
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
 from proxy.wire.common import FormatCounter, head_text, openai_error
 from proxy.wire.responses_rounds import ResponsesRounds, responses_usage
@@ -241,7 +242,9 @@ class ResponsesRequest:
     def breakpoints(self, body: Mapping[str, Any]) -> int:
         return 0  # OpenAI caches prompt prefixes without breakpoints
 
-    def request_error(self, body: Mapping[str, Any], model: str) -> str | None:
+    def request_error(
+        self, body: Mapping[str, Any], model: str, memo: Validated | None = None
+    ) -> str | None:
         if body.get("previous_response_id") or body.get("conversation"):
             return None  # what it continues lives upstream: its pairing is not ours to judge
         # `compaction` items read as OpenAI reads them: only OpenAI's server makes them.
