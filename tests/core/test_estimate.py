@@ -93,6 +93,21 @@ def test_result_bounds_agree_with_the_count() -> None:
             assert estimate.result_exceeds(counter.count_result, text, limit) == exact
 
 
+@given(st.binary(max_size=2_000))
+def test_byte_classes_count_every_byte_by_its_class(data: bytes) -> None:
+    table = estimate._TABLE
+    assert estimate.byte_classes(data) == [
+        sum(1 for b in data if table[b] == c) for c in range(1, estimate.CLASSES + 1)
+    ]
+
+
+@given(st.lists(st.sampled_from([b"a", b"bc", b" ", b"\n", b"\t ", b"\xc3\xa9"]), max_size=60),
+       st.integers(0, 40))  # fmt: skip
+def test_words_are_split_only_as_far_as_the_limit(pieces: list[bytes], limit: int) -> None:
+    data = b"".join(pieces)
+    assert estimate._words_exceed(data, limit) == (len(data.split()) > limit)
+
+
 # The policy of the planner's tests below: the offload trigger at 12,000 tokens, folds
 # planned from 56,000 (a summary made ahead), the trigger at 60,000.
 POLICY = Policy(match="*", window=200_000, trigger=60_000, target=40_000, offload_trigger=12_000)
