@@ -23,7 +23,6 @@ CJK, runs of spaces...) is not estimated: it is counted exactly.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 # Bytes of a message's JSON from which it is estimated rather than counted (under it the
 # model's constant term is a large share of the count, and counting it costs little).
@@ -82,28 +81,6 @@ def estimate_tokens(data: bytes) -> int | None:
             return None
     tokens = INTERCEPT + sum(c * k for c, k in zip(COEFFICIENTS, counts, strict=True))
     return max(1, math.ceil(tokens))
-
-
-def result_exceeds(count_result: Callable[[object], int], content: object, limit: int) -> bool:
-    """Whether a tool result's count (`count_result(content)`) exceeds `limit`, decided
-    without counting when bounds suffice: every token is at least one byte of the text,
-    and (tiktoken's words never span whitespace; the byte estimate counts a token per 4
-    bytes) at least min(its words, a quarter of its bytes) tokens."""
-    if isinstance(content, str):
-        framing = count_result("")
-        data = content.encode("utf-8", "surrogatepass")
-        if framing + len(data) <= limit:
-            return False
-        need = limit - framing  # tokens past it exceed the limit
-        if need < 0 or (len(data) // 4 > need and _words_exceed(data, need)):
-            return True
-    return count_result(content) > limit
-
-
-def _words_exceed(data: bytes, count: int) -> bool:
-    """Whether `data` holds more than `count` words (`bytes.split`'s), split no further than
-    that: a 20 KB result holds thousands, and a limit of a few hundred decides."""
-    return len(data.split(None, count)) > count
 
 
 def margin(uncertain: int) -> int:

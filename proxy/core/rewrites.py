@@ -12,7 +12,6 @@ from collections.abc import Collection
 
 from proxy.core.checkpoint import Checkpoint
 from proxy.core.digests import chain_hash
-from proxy.core.estimate import result_exceeds
 from proxy.core.history import GroupKind, pack_messages, pinned_tokens
 from proxy.core.offload import Stub, ToolResult, ref_for, refs_in
 from proxy.core.outcome import FoldPlan, Refuse, Rewrite
@@ -31,6 +30,8 @@ from proxy.core.segments import (
 )
 from proxy.core.strategy import Strategy
 from proxy.core.summary import note_text
+from proxy.core.tokens import RESULT_FRAMING
+from proxy.core.wire_format import MessageCounter
 from proxy.core.working import Limits, PlanInput, Working, real, rebuilt, working
 
 
@@ -95,8 +96,28 @@ def stubbable(result: ToolResult, inp: PlanInput) -> bool:
     text, policy = result.text, inp.policy
     if text is None or len(text) <= policy.stub_head_chars:
         return False
-    # (bounds decide most without counting: estimate.result_exceeds)
-    return result_exceeds(inp.counter.count_result, result.content, policy.offload_threshold)
+    return result_exceeds(result.content, policy.offload_threshold, inp.counter)
+
+
+def result_exceeds(content: object, limit: int, counter: MessageCounter) -> bool:
+    """Whether a tool result's count (`counter.count_result(content)`) exceeds `limit`,
+    decided from its text's bytes when bounds suffice: every token is at least one byte
+    of the text, and (tiktoken's words never span whitespace; the byte estimate counts a
+    token per 4 bytes) at least min(its words, a quarter of its bytes) tokens."""
+    if isinstance(content, str):
+        data = content.encode("utf-8", "surrogatepass")
+        if RESULT_FRAMING + len(data) <= limit:
+            return False
+        need = limit - RESULT_FRAMING  # tokens past it exceed the limit
+        if need < 0 or (len(data) // 4 > need and _words_exceed(data, need)):
+            return True
+    return counter.count_result(content) > limit
+
+
+def _words_exceed(data: bytes, count: int) -> bool:
+    """Whether `data` holds more than `count` words (`bytes.split`'s), split no further than
+    that: a 20 KB result holds thousands, and a limit of a few hundred decides."""
+    return len(data.split(None, count)) > count
 
 
 def breakpoint_at(

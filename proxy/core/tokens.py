@@ -44,6 +44,7 @@ MAX_CHUNK = 2_000  # characters per encode call; bounds BPE work on pathological
 MESSAGE_OVERHEAD = 4
 BLOCK_OVERHEAD = 2
 TOOL_FRAMING = 6  # extra for a tool call or result: its id and the call/result markup
+RESULT_FRAMING = BLOCK_OVERHEAD + TOOL_FRAMING  # a tool result's count beyond its content's
 TOOL_DEFINITION_OVERHEAD = 4
 # Anthropic documents a tool-use system prompt added whenever `tools` is non-empty
 # (346 tokens with tool_choice auto/none, 313 with any/tool); we take the larger.
@@ -349,7 +350,7 @@ class TokenCounter:
 
     def count_result(self, content: object) -> int:
         """A tool result of any format, counted as a tool_result block of that content."""
-        return BLOCK_OVERHEAD + self._tool_result_block({"content": content})
+        return RESULT_FRAMING + self.count_content(content)
 
     def _search_result_block(self, block: dict[str, Any]) -> int:
         return (

@@ -15,7 +15,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core import estimate
+from proxy.core import estimate, rewrites
 from proxy.core.counting import count_request
 from proxy.core.digests import canonical
 from proxy.core.driver import CompactionRequest, compaction, run
@@ -90,7 +90,7 @@ def test_result_bounds_agree_with_the_count() -> None:
     for text in ["", "a b c", tool_output(3, 9_000), "x" * 600, "word " * 120]:
         for limit in (0, 50, 500, 5_000):
             exact = counter.count_result(text) > limit
-            assert estimate.result_exceeds(counter.count_result, text, limit) == exact
+            assert rewrites.result_exceeds(text, limit, counter) == exact
 
 
 @given(st.binary(max_size=2_000))
@@ -105,7 +105,7 @@ def test_byte_classes_count_every_byte_by_its_class(data: bytes) -> None:
        st.integers(0, 40))  # fmt: skip
 def test_words_are_split_only_as_far_as_the_limit(pieces: list[bytes], limit: int) -> None:
     data = b"".join(pieces)
-    assert estimate._words_exceed(data, limit) == (len(data.split()) > limit)
+    assert rewrites._words_exceed(data, limit) == (len(data.split()) > limit)
 
 
 # The policy of the planner's tests below: the offload trigger at 12,000 tokens, folds
