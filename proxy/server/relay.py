@@ -1,8 +1,8 @@
 """Relay an upstream response to the client, byte for byte.
 
 Event streams and large bodies are written chunk by chunk as they arrive (each write goes
-straight to the socket); small bodies are read whole and sent in one response. Nothing is
-re-framed or decompressed.
+straight to the socket); small bodies are read whole and sent in one response, at once,
+before the proxy's bookkeeping of them. Nothing is re-framed or decompressed.
 
 When the upstream stream breaks (connection lost, early EOF inside the body) the client
 connection is closed the same way, without the final chunk, so the client sees the same
@@ -66,11 +66,18 @@ async def relay(
     if codec is None and (small or request.method == "HEAD"):
         limit = max(length or 0, WHOLE_BODY_LIMIT)  # (a HEAD's length has no body)
         body = await upstream.read(response, limit=limit, stream=stream)
-        if response.status == 200:
-            _meter_body(meter, body, "content-encoding" in headers)
-        return web.Response(
+        out = web.Response(
             status=response.status, reason=response.reason, headers=headers, body=body
         )
+        # Sent here, before the answer's bookkeeping (its usage read below; the exchange's,
+        # the record's and the metrics' once the handler returns), not after all of it. A
+        # client gone meanwhile is aiohttp's to see, as when it sends the answer itself.
+        with contextlib.suppress(ConnectionError):
+            await out.prepare(request)
+            await out.write_eof()
+        if response.status == 200:
+            _meter_body(meter, body, "content-encoding" in headers)
+        return out
     return await _relay_stream(request, response, headers, upstream, wire, meter, codec)
 
 
