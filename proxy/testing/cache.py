@@ -5,6 +5,9 @@ definition, then each system block, then each content block of each message (a s
 content is one unit). Unit k has a *prefix hash*: a hash chained over the model name and
 units 0..k, each unit as canonical JSON without its `cache_control` (moving a breakpoint
 does not change the content before it) and, for messages, with its message index and role.
+A deferred tool (`defer_loading: true`, tool search) is not in the prefix: its unit is the
+one before it again (same hash and count), and its tokens count at the block whose
+`tool_reference` first loads it, as the API puts it there (`_Loads`).
 Unit k also has a cumulative token count: the project's counter's count of the prompt up to
 and including unit k, so the last unit's count is `count_request(body)`.
 
@@ -34,7 +37,7 @@ from typing import Any
 import orjson
 
 from proxy.core.deep_json import sorted_json
-from proxy.core.tokens import TokenCounter, loaded_tools
+from proxy.core.tokens import TokenCounter, referenced_tools
 from proxy.wire.anthropic_validation import cache_control_count
 
 LOOKBACK_UNITS = 20
@@ -109,17 +112,19 @@ def prompt_units(body: dict[str, Any], counter: TokenCounter) -> list[Unit]:
         units.append(Unit(digest, cumulative, ttl, ttl is not None))
 
     tools = body.get("tools") or []
-    # A deferred tool no tool_reference names is not in the prompt: it adds no tokens.
-    loaded = loaded_tools(tools, body.get("messages"))
-    in_prompt = {id(t) for t in loaded} if isinstance(loaded, list) else set()
     running = 0
     for tool in tools:
-        if id(tool) in in_prompt:
-            # count_tools is a preamble plus a cost per tool: one call per tool.
-            first = counter.count_tools([tool])
-            running += first if running == 0 else counter.count_tools([tool, tool]) - first
+        if _deferred(tool):  # not in the prefix: the unit before it, again
+            ttl = _ttl_of(tool)
+            units.append(Unit(digest, running, ttl, ttl is not None))
+            continue
+        # count_tools is a preamble plus a cost per tool: one call per tool.
+        first = counter.count_tools([tool])
+        running += first if running == 0 else counter.count_tools([tool, tool]) - first
         add(b"tool", tool, running)
-    base = counter.count_tools(loaded)
+    plain = [t for t in tools if not _deferred(t)]
+    base = counter.count_tools(plain)
+    loads = _Loads(body, plain, counter)
 
     system = body.get("system")
     if isinstance(system, str) and system:
@@ -141,7 +146,7 @@ def prompt_units(body: dict[str, Any], counter: TokenCounter) -> list[Unit]:
             add(tag, {"type": "text", "text": content}, running)
         elif isinstance(content, list):
             for block in content:
-                running += counter.count_block(block)
+                running += counter.count_block(block) + loads.tokens_at(block)
                 add(tag, block, running)
         base = running
 
@@ -149,6 +154,42 @@ def prompt_units(body: dict[str, Any], counter: TokenCounter) -> list[Unit]:
         last = units[-1]
         units[-1] = Unit(last.prefix_hash, last.cumulative_tokens, _ttl_of(body) or "5m", True)
     return units
+
+
+def _deferred(tool: object) -> bool:
+    return isinstance(tool, dict) and tool.get("defer_loading") is True
+
+
+class _Loads:
+    """Where the deferred tools (tool search) a request loads enter its prompt. The API
+    leaves a deferred tool out of the tools' prefix and puts its definition where a
+    `tool_reference` names it, so adding a deferred tool to `tools`, or loading one,
+    changes no earlier unit (Anthropic's "Tool use with prompt caching": "the prefix is
+    untouched"). Its tokens (what `count_request` counts for it among the tools) are
+    counted at the first block that references it; a deferred tool no block references
+    adds none."""
+
+    def __init__(self, body: dict[str, Any], tools: list[Any], counter: TokenCounter) -> None:
+        listed = body.get("tools")
+        self._waiting = {
+            t["name"]: t
+            for t in (listed if isinstance(listed, list) else [])
+            if _deferred(t) and isinstance(t.get("name"), str)
+        }
+        self._shown = list(tools)
+        self._counter = counter
+
+    def tokens_at(self, block: Any) -> int:
+        if not self._waiting or not isinstance(block, dict):
+            return 0
+        added = 0
+        for name in sorted(referenced_tools([{"content": [block]}])):
+            tool = self._waiting.pop(name, None)
+            if tool is not None:
+                before = self._counter.count_tools(self._shown)
+                self._shown.append(tool)
+                added += self._counter.count_tools(self._shown) - before
+        return added
 
 
 def prefix_units(

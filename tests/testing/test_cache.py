@@ -96,6 +96,47 @@ def test_a_changed_late_block_still_reads_the_system_breakpoint() -> None:
     assert usage.cache_creation_input_tokens > 0
 
 
+def test_a_deferred_tool_is_not_in_the_prefix_and_counts_where_it_is_referenced() -> None:
+    """Tool search's `defer_loading`: adding a deferred tool changes no unit before the
+    block that loads it, and its tokens count at that block ("Tool use with prompt
+    caching": the prefix is untouched)."""
+    bash = {"name": "Bash", "input_schema": {"type": "object"}}
+    deferred = {"name": "read_result", "description": "Reads a result. " * 40,
+                "input_schema": {"type": "object"}, "defer_loading": True}  # fmt: skip
+    cache = PromptCache(clock=Clock())
+    first = body("question", "answer", "more", tools=[bash])
+    account(cache, first)
+    loading = body("question", "answer", "more", tools=[bash, deferred])
+    loading["messages"][1]["content"].insert(0, {"type": "text", "text": "see below"})
+    loaded = [
+        {"type": "text", "text": "a stub"},
+        {"type": "tool_reference", "tool_name": "read_result"},
+    ]
+    loading["messages"][2]["content"].insert(
+        0, {"type": "tool_result", "tool_use_id": "t", "content": loaded}
+    )
+    units = prompt_units(loading, COUNTER)
+    before = prompt_units(first, COUNTER)
+    # Tools and system: the same units as without the deferred tool (its own unit repeats
+    # the one before it); the first message's block too.
+    assert [u.prefix_hash for u in units[:4]] == [before[0].prefix_hash] * 2 + [
+        u.prefix_hash for u in before[1:3]
+    ]
+    assert units[1].cumulative_tokens == units[0].cumulative_tokens
+    tool_tokens = COUNTER.count_tools([bash, deferred]) - COUNTER.count_tools([bash])
+    result = units[6]  # the third message's first block, the tool_result that loads it
+    unlisted = prompt_units({**loading, "tools": [bash]}, COUNTER)  # the reference loads none
+    stub_tokens = unlisted[5].cumulative_tokens - unlisted[4].cumulative_tokens
+    assert result.cumulative_tokens - units[5].cumulative_tokens == stub_tokens + tool_tokens
+    assert units[7].cumulative_tokens == COUNTER.count_request(loading)
+    usage = account(cache, loading)  # reads the system breakpoint the first request wrote
+    assert usage.cache_read_input_tokens == before[1].cumulative_tokens
+    # Unreferenced, it adds no token and no unit of its own.
+    unloaded = body("question", "answer", "more", tools=[bash, deferred])
+    assert prompt_units(unloaded, COUNTER)[-1].prefix_hash == before[-1].prefix_hash
+    assert COUNTER.count_request(unloaded) == COUNTER.count_request(first)
+
+
 def test_moving_a_breakpoint_does_not_change_the_prefix() -> None:
     cache = PromptCache(clock=Clock())
     marked_late = body("a", "b", "c")
