@@ -301,6 +301,8 @@ def _checked(request: CompactionRequest, rewrite: Rewrite) -> _Checked:
 def _sent(request: CompactionRequest, rewrite: Rewrite) -> dict[str, Any]:
     """The body a rewrite sends (decoded)."""
     messages = _with_proxy_breakpoint(request, rewrite)
+    if rewrite.tool:
+        messages = request.wire.loading(messages, rewrite.tool)
     return {**request.body, **request.wire.with_history(request.body, messages, rewrite.tool)}
 
 
@@ -372,6 +374,8 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
     if model == own and fold.in_place.fits:
         place = fold.in_place
         history = _marked(request, place.history, place.breakpoint_at)
+        if place.tool:
+            history = request.wire.loading(history, place.tool)
         # The conversation's request as it goes upstream (read_result among its tools).
         sent = {**request.body, **request.wire.with_history(request.body, history, place.tool)}
         body = request.wire.summary_request(
@@ -398,14 +402,16 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
 def _read_result(request: CompactionRequest) -> tuple[str | None, int]:
     """read_result's name in this request (None: the shell answers none for it, or the
     client's tools leave no name free) and what adding its tool adds to the request's
-    tokens (tool counts are additive: no re-hashing the client's tools)."""
+    tokens (tool counts are additive: no re-hashing the client's tools), with what loads
+    it where the format defers it."""
     wire, body = request.wire, request.body
     tool = wire.tool_name(body) if request.read_result else None
     if not tool:
         return tool, 0
     tools = body.get("tools")
     preamble = TOOLS_PREAMBLE if isinstance(tools, list) and tools else 0
-    return tool, request.counter.count_tools([wire.read_result_tool(tool)]) - preamble
+    added = request.counter.count_tools([wire.read_result_tool(tool)]) - preamble
+    return tool, added + wire.loading_tokens(request.counter, tool)
 
 
 def _plan_input(

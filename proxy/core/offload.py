@@ -110,6 +110,11 @@ def stub_text(text: str, ref: str, tool: str, head_chars: int, read_length: int)
     )
 
 
+def names_tool(text: str, tool: str) -> bool:
+    """Whether a result's text is a stub `stub_text` wrote for this read_result tool."""
+    return text.endswith(" reads on]") and f'; {tool}(ref="r_' in text[-160:]
+
+
 def _head(text: str, limit: int) -> str:
     """The first `limit` characters, cut at a line end when one is near the limit."""
     if len(text) <= limit:

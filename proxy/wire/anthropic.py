@@ -100,12 +100,60 @@ def rewrapped(need: GetSummary, version: str) -> GetSummary:
 
 
 def read_result_tool(name: str) -> JSON:
-    """The injected tool as a Messages tool: the same bytes every time."""
+    """The injected tool as a Messages tool: the same bytes every time. Deferred (tool
+    search's `defer_loading`): the API leaves a deferred tool out of the prompt's prefix
+    and puts its definition where a `tool_reference` names it (`loading`), so the request
+    that adds it reads the client's tools and system from the cache instead of writing
+    them again, as the history before its first new stub."""
     return {
         "name": name,
         "description": offload.READ_RESULT_DESCRIPTION,
         "input_schema": offload.read_result_schema(),
+        "defer_loading": True,
     }
+
+
+def loading(messages: list[JSON], tool: str) -> list[JSON]:
+    """The messages with their first stub of `tool` loading it: that tool_result's
+    content its text then a `tool_reference` to the tool (one a request: where the
+    API puts the definition). The first stub stays the first between folds, so the
+    messages before and after it are sent the same every turn. No stub: unchanged."""
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if message.get("role") != "user" or not isinstance(content, list):
+            continue
+        for j, block in enumerate(content):
+            if not isinstance(block, dict) or block.get("type") != "tool_result":
+                continue
+            text = _stub_text(block.get("content"))
+            if text is not None and offload.names_tool(text, tool):
+                parts = [{"type": "text", "text": text}, tool_reference(tool)]
+                loaded = [*content[:j], {**block, "content": parts}, *content[j + 1 :]]
+                return [*messages[:i], {**message, "content": loaded}, *messages[i + 1 :]]
+    return messages
+
+
+def _stub_text(content: object) -> str | None:
+    """A tool_result's text in the forms `with_results` writes a stub: a string, or one
+    text part."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict):
+        text = content[0].get("text") if content[0].get("type") == "text" else None
+        return text if isinstance(text, str) else None
+    return None
+
+
+def tool_reference(tool: str) -> JSON:
+    return {"type": "tool_reference", "tool_name": tool}
+
+
+def loading_tokens(counter: MessageCounter, tool: str) -> int:
+    """What `loading` adds to a history's count: the reference, and the stub's content
+    as a list of parts rather than a string."""
+    plain = {"type": "tool_result", "tool_use_id": "toolu_0", "content": "x"}
+    loaded = {**plain, "content": [{"type": "text", "text": "x"}, tool_reference(tool)]}
+    return counter.count_block(loaded) - counter.count_block(plain)
 
 
 def choose_tool_name(tools: object) -> str | None:
@@ -228,6 +276,8 @@ class MessagesDialect:
     with_results = staticmethod(with_results)
     render_transcript = staticmethod(render_transcript)
     read_result_tool = staticmethod(read_result_tool)
+    loading = staticmethod(loading)
+    loading_tokens = staticmethod(loading_tokens)
 
     def head_text(self, message: Message) -> str:
         return head_text(message, render_transcript)

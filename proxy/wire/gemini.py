@@ -250,6 +250,13 @@ class GeminiDialect:
     message_shape = staticmethod(message_shape)
     render_transcript = staticmethod(render_transcript)
     read_result_tool = staticmethod(read_result_tool)
+
+    def loading(self, messages: list[JSON], name: str) -> list[JSON]:
+        return messages  # the tool is listed, not deferred
+
+    def loading_tokens(self, counter: MessageCounter, name: str) -> int:
+        return 0
+
     head_text = staticmethod(head_text)
 
     def tool_results(self, message: Message) -> list[ToolResult]:

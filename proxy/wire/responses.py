@@ -262,6 +262,13 @@ class ResponsesDialect:
     with_results = staticmethod(unit_with_results)
     render_transcript = staticmethod(render_transcript)
     read_result_tool = staticmethod(read_result_tool)
+
+    def loading(self, messages: list[JSON], name: str) -> list[JSON]:
+        return messages  # the tool is listed, not deferred
+
+    def loading_tokens(self, counter: MessageCounter, name: str) -> int:
+        return 0
+
     note_message = staticmethod(user_text_unit)
 
     def head_text(self, message: Message) -> str:

@@ -12,6 +12,14 @@ STUB = b"compaction-proxy offloaded this result"
 FOLDS = ("summary", "pack")
 
 
+def text_of(content: Any) -> str:
+    """A tool result's text: its string, or its text parts (a Messages stub also holds a
+    tool_reference that loads the deferred read_result tool)."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text")
+
+
 def folds(strategies: list[str | None]) -> list[str]:
     """The crossings that folded or dropped turns (not the offload steps between them)."""
     return [s for s in strategies if s and any(kind in s for kind in FOLDS)]

@@ -33,6 +33,7 @@ from tests.server.compaction_checks import (
     assert_prefix_stable_between_crossings,
     assert_stubs_frozen_between_folds,
     folds,
+    text_of,
 )
 from tests.server.conftest import SMALL_WINDOW, SMALL_WINDOW_POLICY, MakeProxy
 
@@ -322,7 +323,9 @@ async def test_refs_resolve_only_for_their_tenant(
     await owner.messages.create(
         model="claude-test-1", max_tokens=64, messages=history, extra_headers=headers
     )
-    stolen = orjson.loads(standin.agent_calls[-1].body)["messages"][2]["content"][0]["content"]
+    stolen = text_of(
+        orjson.loads(standin.agent_calls[-1].body)["messages"][2]["content"][0]["content"]
+    )
     assert "read_result(ref=" in stolen
 
     # Tenant B pastes A's stub ahead of its own long history, in the same conversation id.
@@ -358,7 +361,9 @@ async def test_refs_resolve_only_in_the_conversation_that_names_them(
     await client.messages.create(
         model="claude-test-1", max_tokens=64, messages=history, extra_headers=first
     )
-    stub = orjson.loads(standin.agent_calls[-1].body)["messages"][2]["content"][0]["content"]
+    stub = text_of(
+        orjson.loads(standin.agent_calls[-1].body)["messages"][2]["content"][0]["content"]
+    )
     ref = stub.split('ref="')[1].split('"')[0]
 
     theirs = synthetic_history(12)

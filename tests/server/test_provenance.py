@@ -19,6 +19,7 @@ import pytest
 from proxy.core.offload import unknown_ref
 from proxy.server.state import COMPACTOR
 from proxy.testing.standin import StandInOptions
+from tests.server.compaction_checks import text_of
 from tests.server.conftest import SMALL_WINDOW, MakeProxy
 from tests.server.test_compaction_e2e import synthetic_history
 from tests.server.test_metrics import scrape
@@ -33,7 +34,8 @@ def _stub_of(body: bytes) -> str:
     for message in orjson.loads(body)["messages"]:
         for block in message["content"] if isinstance(message["content"], list) else []:
             inner = block.get("content") if isinstance(block, dict) else None
-            if isinstance(inner, str) and "read_result(ref=" in inner:
+            inner = text_of(inner) if isinstance(inner, str | list) else None
+            if inner is not None and "read_result(ref=" in inner:
                 return inner
     raise AssertionError("no stub in the request")
 

@@ -1,0 +1,99 @@
+"""read_result joins a Messages request deferred (tool search's `defer_loading`), loaded
+by a `tool_reference` in its first stub: the request that adds it reads the client's tools,
+system and history before its first stub from the prompt cache (the stand-in's model,
+proxy/testing/cache.py, as the API's docs say) instead of writing them again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.core.offload import stub_text
+from proxy.core.policy import Policy
+from proxy.core.strategy import Strategy
+from proxy.core.tokens import TokenCounter
+from proxy.ops.replay import Turn, replay
+from proxy.wire import ANTHROPIC, anthropic
+
+COUNTER = TokenCounter()
+EPHEMERAL = {"type": "ephemeral"}
+SYSTEM = [{"type": "text", "text": " ".join(f"rule{i}" for i in range(3_000)),
+           "cache_control": EPHEMERAL}]  # fmt: skip
+READ = {"name": "Read", "description": "Reads a file. " * 50,
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}  # fmt: skip
+
+
+def session(turns: int) -> list[dict[str, Any]]:
+    """A Claude Code-like conversation, one request per turn: each turn a Read whose
+    result is about 2,500 tokens, the client's breakpoint on its newest block."""
+    bodies, messages = [], [{"role": "user", "content": [{"type": "text", "text": "Read on."}]}]
+    for t in range(turns):
+        text = "\n".join(f"line {t}.{i}: value_{t}_{i} = {i * 7 + t}" for i in range(250))
+        call = {"type": "tool_use", "id": f"toolu_{t}", "name": "Read", "input": {"path": f"f{t}"}}
+        result = {"type": "tool_result", "tool_use_id": f"toolu_{t}", "content": text}
+        messages = [*messages, {"role": "assistant", "content": [call]},
+                    {"role": "user", "content": [result]}]  # fmt: skip
+        marked = [
+            *messages[:-1],
+            {"role": "user", "content": [{**result, "cache_control": EPHEMERAL}]},
+        ]
+        bodies.append({"model": "claude-test-1", "max_tokens": 1_000, "system": SYSTEM,
+                       "tools": [READ], "messages": marked})  # fmt: skip
+    return bodies
+
+
+def first_offload() -> Turn:
+    policy = Policy(match="claude-test-1", window=1_000_000, offload_trigger=8_000)
+    result = replay(session(8), [policy], COUNTER)
+    return next(t for t in result.turns if t.strategy is not None)
+
+
+def test_the_first_offload_reads_tools_system_and_history_from_the_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fixed = COUNTER.count_tools([READ]) + COUNTER.count_system(SYSTEM)
+    deferred = first_offload()
+    assert deferred.strategy == Strategy.OFFLOAD
+    assert deferred.proxied.cache_read_input_tokens >= fixed  # up to the system breakpoint
+
+    # The same tool not deferred: it is in the tools' prefix, so that request reads nothing.
+    shipped = anthropic.read_result_tool
+
+    def undeferred(name: str) -> dict[str, Any]:
+        return {k: v for k, v in shipped(name).items() if k != "defer_loading"}
+
+    monkeypatch.setattr(anthropic, "read_result_tool", undeferred)
+    listed = first_offload()
+    assert listed.n == deferred.n and listed.proxied.cache_read_input_tokens == 0
+    assert listed.proxy_cost > deferred.proxy_cost
+
+
+def test_the_tool_is_deferred_and_the_first_stub_loads_it() -> None:
+    body = session(3)[-1]
+    messages = body["messages"]
+    stub = stub_text(
+        messages[2]["content"][0]["content"], "r_0123456789abcdef", "read_result", 100, 8_000
+    )
+    second = stub_text(
+        messages[4]["content"][0]["content"], "r_1123456789abcdef", "read_result", 100, 8_000
+    )
+    stubbed = [dict(m) for m in messages]
+    stubbed[2] = ANTHROPIC.with_results(messages[2], {0: stub})
+    stubbed[4] = ANTHROPIC.with_results(messages[4], {0: second})
+    fields = ANTHROPIC.with_history(body, stubbed, "read_result")
+    assert fields["tools"][0] == READ
+    assert fields["tools"][1]["name"] == "read_result"
+    assert fields["tools"][1]["defer_loading"] is True
+    sent = ANTHROPIC.loading(stubbed, "read_result")
+    assert sent[2]["content"][0]["content"] == [
+        {"type": "text", "text": stub},
+        {"type": "tool_reference", "tool_name": "read_result"},
+    ]
+    assert sent[:2] == stubbed[:2] and sent[3:] == stubbed[3:]  # one reference a request
+    tokens = COUNTER.count_message(sent[2]) - COUNTER.count_message(stubbed[2])
+    assert tokens == ANTHROPIC.loading_tokens(COUNTER, "read_result")
+    # No stub of this tool (a client's result that merely looks alike, another tool's
+    # name): nothing loads, nothing changes.
+    assert ANTHROPIC.loading(stubbed, "compaction_proxy_read_result") == stubbed
+    assert ANTHROPIC.loading(messages, "read_result") == messages
