@@ -301,8 +301,6 @@ def _checked(request: CompactionRequest, rewrite: Rewrite) -> _Checked:
 def _sent(request: CompactionRequest, rewrite: Rewrite) -> dict[str, Any]:
     """The body a rewrite sends (decoded)."""
     messages = _with_proxy_breakpoint(request, rewrite)
-    if rewrite.tool:
-        messages = request.wire.loading(messages, rewrite.tool)
     return {**request.body, **request.wire.with_history(request.body, messages, rewrite.tool)}
 
 
@@ -374,8 +372,6 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
     if model == own and fold.in_place.fits:
         place = fold.in_place
         history = _marked(request, place.history, place.breakpoint_at)
-        if place.tool:
-            history = request.wire.loading(history, place.tool)
         # The conversation's request as it goes upstream (read_result among its tools).
         sent = {**request.body, **request.wire.with_history(request.body, history, place.tool)}
         body = request.wire.summary_request(
@@ -411,7 +407,7 @@ def _read_result(request: CompactionRequest) -> tuple[str | None, int]:
     tools = body.get("tools")
     preamble = TOOLS_PREAMBLE if isinstance(tools, list) and tools else 0
     added = request.counter.count_tools([wire.read_result_tool(tool)]) - preamble
-    return tool, added + wire.loading_tokens(request.counter, tool)
+    return tool, added + wire.loading_tokens(request.counter, tool, tools)
 
 
 def _plan_input(

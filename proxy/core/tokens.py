@@ -24,7 +24,7 @@ import binascii
 import math
 import re
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -389,10 +389,15 @@ def loaded_tools(tools: object, messages: object) -> object:
     `defer_loading: true` (tool search, beta advanced-tool-use) that no `tool_reference`
     block of the messages names: a deferred tool is expanded only where it is referenced.
     Without a deferred tool (the usual case) the list itself, unscanned."""
-    if not isinstance(tools, list) or not any(_deferred(t) for t in tools):
+    if not isinstance(tools, list) or not defers_tools(tools):
         return tools
     named = referenced_tools(messages)
     return [t for t in tools if not _deferred(t) or t.get("name") in named]
+
+
+def defers_tools(tools: Sequence[object]) -> bool:
+    """Whether a request defers any of its tools: tool search is on for it."""
+    return any(_deferred(t) for t in tools)
 
 
 def _deferred(tool: object) -> bool:

@@ -203,15 +203,10 @@ class Dialect(Protocol):
         """The injected tool's definition in this format: the same bytes every time."""
         ...
 
-    def loading(self, messages: list[JSON], name: str) -> list[JSON]:
-        """The history as it goes with read_result (named `name`) among the tools: where
-        the format defers the tool, loaded by the first stub; else the messages as they
-        are."""
-        ...
-
-    def loading_tokens(self, counter: MessageCounter, name: str) -> int:
-        """What the history gains where the format loads a deferred read_result (the
-        Messages API's `tool_reference` in the first stub); 0 where it does not defer."""
+    def loading_tokens(self, counter: MessageCounter, name: str, tools: object) -> int:
+        """What the history gains where read_result (named `name`) joins the client's
+        `tools` deferred, loaded by the first stub (the Messages API's `tool_reference`:
+        `Request.with_history` decides); 0 where it is listed."""
         ...
 
     def with_breakpoint(

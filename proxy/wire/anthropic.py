@@ -23,7 +23,7 @@ from proxy.core.commands import GetSummary
 from proxy.core.errors import ProxyError
 from proxy.core.history import Shape
 from proxy.core.offload import ToolResult
-from proxy.core.tokens import TokenCounter, loaded_tools
+from proxy.core.tokens import TokenCounter, defers_tools, loaded_tools
 from proxy.core.usage import LineKind, Usage, lines_starting
 from proxy.core.validated import Validated
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
@@ -99,18 +99,33 @@ def rewrapped(need: GetSummary, version: str) -> GetSummary:
     return replace(need, body=body, fallback=fallback, encoded=encoded)
 
 
-def read_result_tool(name: str) -> JSON:
-    """The injected tool as a Messages tool: the same bytes every time. Deferred (tool
+def read_result_tool(name: str, deferred: bool = False) -> JSON:
+    """The injected tool as a Messages tool: the same bytes every time. `deferred` (tool
     search's `defer_loading`): the API leaves a deferred tool out of the prompt's prefix
     and puts its definition where a `tool_reference` names it (`loading`), so the request
     that adds it reads the client's tools and system from the cache instead of writing
     them again, as the history before its first new stub."""
-    return {
+    tool = {
         "name": name,
         "description": offload.READ_RESULT_DESCRIPTION,
         "input_schema": offload.read_result_schema(),
-        "defer_loading": True,
     }
+    return {**tool, "defer_loading": True} if deferred else tool
+
+
+def with_read_result(
+    body: Mapping[str, Any], messages: list[JSON], tool: str
+) -> tuple[list[JSON], list[Any]]:
+    """The history and tools a request goes with when read_result (`tool`) joins it.
+    Deferred, loaded by the first stub, where the client defers tools already (tool search
+    is on for its requests, so the API takes `defer_loading` and `tool_reference` from
+    them) and a stub is there to load it; else listed as the client's tools are (a client
+    that defers none may reach an API or a platform that does not take them, and a
+    deferred tool no reference loads could not be called)."""
+    tools = body.get("tools")
+    listed = tools if isinstance(tools, list) else []
+    loaded = loading(messages, tool) if defers_tools(listed) else messages
+    return loaded, [*listed, read_result_tool(tool, deferred=loaded is not messages)]
 
 
 def loading(messages: list[JSON], tool: str) -> list[JSON]:
@@ -148,9 +163,12 @@ def tool_reference(tool: str) -> JSON:
     return {"type": "tool_reference", "tool_name": tool}
 
 
-def loading_tokens(counter: MessageCounter, tool: str) -> int:
-    """What `loading` adds to a history's count: the reference, and the stub's content
-    as a list of parts rather than a string."""
+def loading_tokens(counter: MessageCounter, tool: str, tools: object) -> int:
+    """What `loading` adds to a history's count where the client's `tools` defer some
+    (`with_read_result`): the reference, and the stub's content as a list of parts rather
+    than a string."""
+    if not isinstance(tools, list) or not defers_tools(tools):
+        return 0
     plain = {"type": "tool_result", "tool_use_id": "toolu_0", "content": "x"}
     loaded = {**plain, "content": [{"type": "text", "text": "x"}, tool_reference(tool)]}
     return counter.count_block(loaded) - counter.count_block(plain)
@@ -228,12 +246,10 @@ class MessagesRequest:
     max_output = staticmethod(max_output)
 
     def with_history(self, body: Mapping[str, Any], messages: list[JSON], tool: str | None) -> JSON:
-        fields: JSON = {"messages": messages}
-        if tool:
-            tools = body.get("tools")
-            listed = tools if isinstance(tools, list) else []
-            fields["tools"] = [*listed, read_result_tool(tool)]
-        return fields
+        if not tool:
+            return {"messages": messages}
+        sent, tools = with_read_result(body, messages, tool)
+        return {"messages": sent, "tools": tools}
 
     def counter(self, base: TokenCounter) -> MessageCounter:
         return base  # the shared block counter reads Messages content as it is
@@ -276,7 +292,6 @@ class MessagesDialect:
     with_results = staticmethod(with_results)
     render_transcript = staticmethod(render_transcript)
     read_result_tool = staticmethod(read_result_tool)
-    loading = staticmethod(loading)
     loading_tokens = staticmethod(loading_tokens)
 
     def head_text(self, message: Message) -> str:

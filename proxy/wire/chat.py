@@ -241,11 +241,8 @@ class ChatDialect:
     render_transcript = staticmethod(render_transcript)
     read_result_tool = staticmethod(read_result_tool)
 
-    def loading(self, messages: list[JSON], name: str) -> list[JSON]:
-        return messages  # the tool is listed, not deferred
-
-    def loading_tokens(self, counter: MessageCounter, name: str) -> int:
-        return 0
+    def loading_tokens(self, counter: MessageCounter, name: str, tools: object) -> int:
+        return 0  # the tool is listed, not deferred
 
     def head_text(self, message: Message) -> str:
         return head_text(message, render_transcript)

@@ -1,7 +1,9 @@
 """read_result joins a Messages request deferred (tool search's `defer_loading`), loaded
-by a `tool_reference` in its first stub: the request that adds it reads the client's tools,
-system and history before its first stub from the prompt cache (the stand-in's model,
-proxy/testing/cache.py, as the API's docs say) instead of writing them again."""
+by a `tool_reference` in its first stub, where the client defers tools already (Claude
+Code's tool search): the request that adds it reads the client's tools, system and history
+before its first stub from the prompt cache (the stand-in's model, proxy/testing/cache.py,
+as the API's docs say) instead of writing them again. A client that defers none gets it
+listed, as before."""
 
 from __future__ import annotations
 
@@ -22,9 +24,12 @@ SYSTEM = [{"type": "text", "text": " ".join(f"rule{i}" for i in range(3_000)),
            "cache_control": EPHEMERAL}]  # fmt: skip
 READ = {"name": "Read", "description": "Reads a file. " * 50,
         "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}  # fmt: skip
+# What Claude Code defers (tool search): the API takes `defer_loading` from this client.
+MCP = {"name": "mcp__docs__search", "description": "Searches the docs.", "defer_loading": True,
+       "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}}}  # fmt: skip
 
 
-def session(turns: int) -> list[dict[str, Any]]:
+def session(turns: int, tools: tuple[dict[str, Any], ...] = (READ, MCP)) -> list[dict[str, Any]]:
     """A Claude Code-like conversation, one request per turn: each turn a Read whose
     result is about 2,500 tokens, the client's breakpoint on its newest block."""
     bodies, messages = [], [{"role": "user", "content": [{"type": "text", "text": "Read on."}]}]
@@ -39,13 +44,13 @@ def session(turns: int) -> list[dict[str, Any]]:
             {"role": "user", "content": [{**result, "cache_control": EPHEMERAL}]},
         ]
         bodies.append({"model": "claude-test-1", "max_tokens": 1_000, "system": SYSTEM,
-                       "tools": [READ], "messages": marked})  # fmt: skip
+                       "tools": list(tools), "messages": marked})  # fmt: skip
     return bodies
 
 
-def first_offload() -> Turn:
+def first_offload(tools: tuple[dict[str, Any], ...] = (READ, MCP)) -> Turn:
     policy = Policy(match="claude-test-1", window=1_000_000, offload_trigger=8_000)
-    result = replay(session(8), [policy], COUNTER)
+    result = replay(session(8, tools), [policy], COUNTER)
     return next(t for t in result.turns if t.strategy is not None)
 
 
@@ -60,8 +65,8 @@ def test_the_first_offload_reads_tools_system_and_history_from_the_cache(
     # The same tool not deferred: it is in the tools' prefix, so that request reads nothing.
     shipped = anthropic.read_result_tool
 
-    def undeferred(name: str) -> dict[str, Any]:
-        return {k: v for k, v in shipped(name).items() if k != "defer_loading"}
+    def undeferred(name: str, deferred: bool = False) -> dict[str, Any]:
+        return shipped(name)
 
     monkeypatch.setattr(anthropic, "read_result_tool", undeferred)
     listed = first_offload()
@@ -82,18 +87,39 @@ def test_the_tool_is_deferred_and_the_first_stub_loads_it() -> None:
     stubbed[2] = ANTHROPIC.with_results(messages[2], {0: stub})
     stubbed[4] = ANTHROPIC.with_results(messages[4], {0: second})
     fields = ANTHROPIC.with_history(body, stubbed, "read_result")
-    assert fields["tools"][0] == READ
-    assert fields["tools"][1]["name"] == "read_result"
-    assert fields["tools"][1]["defer_loading"] is True
-    sent = ANTHROPIC.loading(stubbed, "read_result")
+    assert fields["tools"][:2] == [READ, MCP]
+    assert fields["tools"][2]["name"] == "read_result"
+    assert fields["tools"][2]["defer_loading"] is True
+    sent = fields["messages"]
     assert sent[2]["content"][0]["content"] == [
         {"type": "text", "text": stub},
         {"type": "tool_reference", "tool_name": "read_result"},
     ]
     assert sent[:2] == stubbed[:2] and sent[3:] == stubbed[3:]  # one reference a request
     tokens = COUNTER.count_message(sent[2]) - COUNTER.count_message(stubbed[2])
-    assert tokens == ANTHROPIC.loading_tokens(COUNTER, "read_result")
+    assert tokens == ANTHROPIC.loading_tokens(COUNTER, "read_result", body["tools"])
     # No stub of this tool (a client's result that merely looks alike, another tool's
-    # name): nothing loads, nothing changes.
-    assert ANTHROPIC.loading(stubbed, "compaction_proxy_read_result") == stubbed
-    assert ANTHROPIC.loading(messages, "read_result") == messages
+    # name): nothing loads it, so it is listed (a deferred tool no reference loads could
+    # not be called).
+    for history, name in ((stubbed, "compaction_proxy_read_result"), (messages, "read_result")):
+        fields = ANTHROPIC.with_history(body, history, name)
+        assert fields["messages"] == history
+        assert "defer_loading" not in fields["tools"][2]
+
+
+def test_a_client_that_defers_no_tool_gets_read_result_listed() -> None:
+    """Its requests may reach an API or a platform that does not take `defer_loading`:
+    the tool is listed as the client's are, and no stub carries a reference."""
+    body = session(3, tools=(READ,))[-1]
+    messages = body["messages"]
+    stub = stub_text(
+        messages[2]["content"][0]["content"], "r_0123456789abcdef", "read_result", 100, 8_000
+    )
+    stubbed = [*messages[:2], ANTHROPIC.with_results(messages[2], {0: stub}), *messages[3:]]
+    fields = ANTHROPIC.with_history(body, stubbed, "read_result")
+    assert fields["messages"] == stubbed
+    assert fields["tools"] == [READ, anthropic.read_result_tool("read_result")]
+    assert "defer_loading" not in fields["tools"][1]
+    assert ANTHROPIC.loading_tokens(COUNTER, "read_result", body["tools"]) == 0
+    listed = first_offload(tools=(READ,))
+    assert listed.strategy == Strategy.OFFLOAD and listed.proxied.cache_read_input_tokens == 0
