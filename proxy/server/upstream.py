@@ -325,18 +325,23 @@ class Upstream:
             async for chunk in response.content.iter_any():
                 yield chunk
             done = True
-        except TimeoutError:
-            raise UpstreamTimeout(
-                "compaction-proxy: the upstream stream went silent for"
-                f" {self.settings.stream_idle_timeout:g} s; ended by the proxy"
-            ) from None
-        except aiohttp.ClientError as e:
-            raise self.failure(e, stream=True) from None
+        except (TimeoutError, aiohttp.ClientError) as e:
+            raise self.stream_failure(e) from None
         finally:
             if done:
                 response.release()
             else:
                 response.close()
+
+    def stream_failure(self, error: TimeoutError | aiohttp.ClientError) -> UpstreamError:
+        """What a streamed answer's read failing means: an UpstreamTimeout when the
+        upstream went silent past upstream.stream_idle_timeout, else as `failure` says."""
+        if isinstance(error, TimeoutError):
+            return UpstreamTimeout(
+                "compaction-proxy: the upstream stream went silent for"
+                f" {self.settings.stream_idle_timeout:g} s; ended by the proxy"
+            )
+        return self.failure(error, stream=True)
 
     async def connect_ws(self, path_qs: str, **options: Any) -> aiohttp.ClientWebSocketResponse:
         """A WebSocket to the upstream. An upgrade it refuses raises aiohttp's
