@@ -347,7 +347,9 @@ class StoreSettings:
     )
     op_timeout: float = setting(
         0.5,
-        "Time for any single Redis call before the proxy goes on without it.",
+        "Time for any single Redis call before the proxy goes on without it (Redis's time:"
+        " when the proxy's own event loop comes to an answer late, that lateness is not"
+        " counted).",
         _positive,
         unit="s",
     )

@@ -1,6 +1,7 @@
 """The one store: conversation state in Redis through ``redis.asyncio``.
 
-Every data method either succeeds within ``op_timeout`` seconds or raises
+Every data method either succeeds within ``op_timeout`` seconds of Redis's time (the
+event loop's lateness is not counted: proxy/store/deadline.py) or raises
 ``StoreUnavailable``; the server catches that and degrades
 (docs/design.md#degrade-never-fail). Every write sets a TTL. Keys come from
 ``proxy.store.keys``: one conversation shares one hash tag, so each script below touches
@@ -47,6 +48,7 @@ from proxy.store.crossing import (
     crossing_timeout,
     failed,
 )
+from proxy.store.deadline import Deadline
 from proxy.store.memory import StoreMemory, from_info
 
 log = logging.getLogger(__name__)
@@ -240,7 +242,7 @@ class Store:
         )
         try:
             with span:
-                async with asyncio.timeout(seconds or self.op_timeout):
+                async with Deadline(seconds or self.op_timeout):
                     return await operation()
         except (RedisError, OSError, TimeoutError, AttributeError) as error:
             # AttributeError: redis-py's Cluster client, after a node's connection error,
