@@ -4,7 +4,8 @@
 the policy (`PlanInput`, proxy/core/working.py). It decides, in this order:
 
 - whether the conversation's checkpoint applies (not when this request cannot offer
-  read_result under the name it holds: then it is planned alone, and stores nothing);
+  read_result under the name it holds: then it is planned alone, and stores nothing;
+  nor when the store could not be read: then nothing it plans is stored either);
 - whether to offload (over `offload_at`: every large result that has left the keep
   window becomes a stub, proxy/core/rewrites.py);
 - under the trigger (moved up by a fold that could not reach it): the history goes as
@@ -42,6 +43,17 @@ ESTIMATED_OFFLOAD_SHARE = 0.5
 
 
 def plan(inp: PlanInput) -> Planned:
+    outcome = _plan(inp)
+    if not inp.store_ok and isinstance(outcome, Rewrite) and outcome.checkpoint is not None:
+        # Planned without the conversation's state (the store could not be read, a
+        # timeout as often as an outage): it knows nothing of the line the store holds,
+        # so saving it, the store answering again by then, would put a pack of the history
+        # as sent (its summary gone) in that line's place for every later turn.
+        return replace(outcome, checkpoint=None)
+    return outcome
+
+
+def _plan(inp: PlanInput) -> Planned:
     segments, applied = segments_for(inp.checkpoint, inp.digests)
     stored = inp.checkpoint if applied else None
     if stored is not None and stored.tool and inp.tool is None:

@@ -153,10 +153,35 @@ def test_no_summary_packs_and_says_why() -> None:
 
 def test_a_store_that_cannot_be_read_packs_without_offloading() -> None:
     commands, decision = commands_of(compaction(request(conversation(12))), Store(down=True))
-    assert kinds(commands) == ["LoadConversation", "SaveCrossing"]
+    # (It saved its pack too: see the next test for why it no longer does.)
+    assert kinds(commands) == ["LoadConversation"]
     assert decision.rewrite is not None and decision.rewrite.strategy == "pack"
     assert decision.rewrite.blobs == [] and decision.rewrite.tool is None
     assert decision.reason == "store_unavailable"
+    assert decision.rewrite.checkpoint is None
+
+
+def test_a_store_that_could_not_be_read_has_nothing_written_over_its_line() -> None:
+    """A load that failed (a timeout, the store answering again by the crossing's save)
+    plans without the conversation's line: saved, its pack of the history as sent would
+    take that line's place (it covers a longer prefix), and every later turn would go on
+    from the pack, the line's summary gone (tests/server/test_summary_facts.py)."""
+    limits = policy(target=5_000)
+    store = Store()
+    commands_of(compaction(request(conversation(12), limits)), store)
+    (line,) = store.checkpoints.values()
+    assert line.strategy != "pack"
+    store.down = True
+    commands, decision = commands_of(compaction(request(conversation(13), limits)), store)
+    assert kinds(commands) == ["LoadConversation"]
+    assert decision.rewrite is not None and decision.rewrite.strategy == "pack"
+    assert decision.rewrite.checkpoint is None and decision.reason == "store_unavailable"
+    assert list(store.checkpoints.values()) == [line]
+    store.down = False
+    _, after = commands_of(compaction(request(conversation(14), limits)), store)
+    # The next turn goes on from the line: its stubs, not a pack's note.
+    assert after.rewrite is not None and after.rewrite.refs
+    assert after.body is not None and b"earlier messages were dropped" not in after.body
 
 
 def test_blobs_that_cannot_be_saved_never_become_stubs() -> None:

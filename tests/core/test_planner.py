@@ -209,6 +209,7 @@ def test_without_a_store_it_packs_and_offloads_nothing() -> None:
     out = planned(conversation(12), store_ok=False)
     assert isinstance(out, Rewrite) and out.strategy == "pack" and not out.blobs
     assert out.tool is None
+    assert out.checkpoint is None  # planned without the stored line: never saved over it
 
 
 def test_a_taken_tool_name_turns_offload_off() -> None:
