@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.core.digests import chain_hash, message_digest
-from proxy.core.facts import CONVERSATION, EARLIER_SUMMARY, TOOL_RESULT, Facts, Source
+from proxy.core.facts import (
+    CONVERSATION,
+    EARLIER_SUMMARY,
+    TOOL_RESULT,
+    Facts,
+    Source,
+    identifiers,
+)
 from proxy.core.outcome import FoldPlan, InPlace
 from proxy.core.policy import Policy
 from proxy.core.segments import (
@@ -180,8 +187,9 @@ def _in_place(
 ) -> InPlace:
     """The conversation's history as it would go without the fold, and a last message
     naming the messages to replace, with the originals of the results offloaded among
-    them (the summariser reads what the stubs hide): whole up to ORIGINALS_TOKENS and
-    what the window leaves, past that the longest cut first."""
+    them (the summariser reads what the stubs hide): whole up to ORIGINALS_WHOLE_TOKENS;
+    past that the longest by their lines that hold an identifier (`identifier_lines`);
+    past ORIGINALS_TOKENS and what the window leaves, the longest cut first."""
     pieces: list[str] = []
     tokens: list[int] = []
     for m in members:
@@ -190,6 +198,7 @@ def _in_place(
             original = inp.dialect.render_transcript([inp.messages[seg.index]])
             pieces.append(f"[{', '.join(seg.refs)}]\n{original}")
             tokens.append(inp.counts[seg.index])
+    identifier_lines(pieces, tokens, ORIGINALS_WHOLE_TOKENS)
     # The originals are plain text, which counts about as estimated: a factor below 1
     # (learnt on requests whose sealed content the estimate overcounts) must not let them
     # grow, so the window is taken in real tokens then (this is never over limits.limit).
@@ -214,6 +223,22 @@ def _in_place(
     )
 
 
+def identifier_lines(pieces: list[str], tokens: list[int], whole: int) -> None:
+    """While the pieces' tokens are over `whole`, the longest piece left is replaced by
+    its lines that hold an identifier (proxy/core/facts.py: paths, ports, versions,
+    names of a rare shape; its ref's line among them), its tokens by their share of its
+    characters. In place."""
+    total = sum(tokens)
+    for k in sorted(range(len(pieces)), key=lambda n: -tokens[n]):
+        if total <= whole:
+            return
+        text = pieces[k]
+        kept = "\n".join(line for line in text.split("\n") if identifiers(line))
+        share = math.ceil(tokens[k] * len(kept) / max(len(text), 1))
+        total -= tokens[k] - share
+        pieces[k], tokens[k] = kept, share
+
+
 def _tool_of(work: Working, inp: PlanInput) -> str | None:
     """The name read_result is injected under in the request `work` would make."""
     named = has_stubs(work.segments) or inp.sticky_tool or vouched_refs(work.segments)
@@ -230,6 +255,13 @@ IN_PLACE_OVERHEAD = 600  # tokens of the in-place prompt's own words, with a mar
 # originals came to about 57,000 tokens (at the default 60,000 / 30,000 about 32,000 a
 # fold); seven of Claude Code's ~8,600-token reads.
 ORIGINALS_TOKENS = 60_000
+# Past this many tokens of originals in one fold, the longest are shown by their lines
+# that hold an identifier: a summary of at most summary_max_tokens carries little more of
+# them than that, and the originals are what a fold pays at the full price. On the
+# results session of bench/facts.py (about 32,000 tokens of originals a fold) 0.511x-
+# 0.512x -> 0.486x-0.489x of the unmanaged cost, 30 of 30 facts either way (bench/
+# RESULTS.md, issue 35); a fold of a few results still sees them whole.
+ORIGINALS_WHOLE_TOKENS = 20_000
 MIN_PIECE_TOKENS = 150  # what a piece cut to its head and tail still takes, about
 
 

@@ -39,7 +39,8 @@ Leave out pleasantries and anything later superseded; carry forward the facts of
 summary among those messages. Answer with the notes only, as plain text: call no tool."""
 ORIGINALS = (
     "\n\nThe offloaded tool results among those messages, each after its ref, whole where"
-    " they fit; note each ref next to what it holds:\n\n"
+    " they fit, else their lines that name something; note each ref next to what it"
+    " holds:\n\n"
 )
 HEAD_CHARS = 60
 

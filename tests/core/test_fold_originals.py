@@ -15,6 +15,7 @@ from proxy.core.summariser_input import (
     ORIGINALS_TOKENS,
     SUMMARY_FLOOR,
     SUMMARY_SHARE,
+    identifier_lines,
 )
 from tests.core.test_planner import COUNTER, conversation, planned, policy
 
@@ -79,3 +80,32 @@ def test_the_summary_cap_is_sized_by_what_it_must_carry() -> None:
     bounded = capped if isinstance(capped, FoldPlan) else getattr(capped, "prepare", None)
     assert isinstance(bounded, FoldPlan)
     assert bounded.summary_tokens + bounded.facts_budget == cap - 100
+
+
+def test_past_the_whole_budget_the_longest_show_their_lines_that_name_something() -> None:
+    messages = conversation(200, 400)
+    prose = "the build went on and nothing else was said here at all"
+    for n, message in enumerate(messages[2::2]):
+        block = message["content"][0]
+        lines = [f"{prose} {k}" for k in range(60)]
+        lines.insert(30, f"The exporter of step {n} listens on port {9000 + n} here.")
+        block["content"] = "\n".join(lines)
+    ask = fold_of(messages).in_place.prompt
+    shown = ask.count("listens on port")  # every original shown keeps its fact's line,
+    assert shown > 100 and shown == ask.count("\n[r_") + ask.startswith("[r_")
+    assert "port 9000 here" in ask and ref_for(messages[2]["content"][0]["content"]) in ask
+    # ...and the longest lost their lines that name nothing, until the rest fit whole.
+    assert 0 < ask.count(prose) < 60 * shown / 4
+    assert "characters cut" not in ask
+
+
+def test_identifier_lines_reduce_the_longest_first_until_the_rest_fits() -> None:
+    long = "[r_0123456789abcdef]\nplain words only\nserver listens on port 8080\nmore words"
+    short = "[r_1123456789abcdef]\nplain words only"
+    pieces, tokens = [short, long], [10, 40]
+    identifier_lines(pieces, tokens, whole=45)
+    assert pieces == [short, "[r_0123456789abcdef]\nserver listens on port 8080"]
+    assert tokens[0] == 10 and tokens[1] < 40
+    unchanged = [short, long]
+    identifier_lines(unchanged, [10, 40], whole=50)
+    assert unchanged == [short, long]
