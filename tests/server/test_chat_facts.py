@@ -13,7 +13,11 @@ of a shape it did not recognise (`port 6391`, `HTTP 409`, `s3://...`, `ledger.st
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
+import pytest
+
+import bench.facts
 from bench.facts import (
     FACTS,
     PLANTED_RESULTS,
@@ -27,6 +31,8 @@ from bench.facts import (
 from bench.make_trace import SHAPES, reasoning
 from bench.replay import PURPOSE, WINDOW, serve_standin, with_policy
 from proxy.server.app import start
+from proxy.store import Store, StoreUnavailable
+from proxy.testing.agent import Turn
 from proxy.testing.standin import RECORDED
 from tests.server.conftest import proxy_settings
 
@@ -103,3 +109,49 @@ async def test_facts_in_offloaded_results_survive_the_fold_that_takes_them(
     assert "# NOTE:" not in str(last["messages"]), "the planted results must have been folded"
     held = kept(last)
     assert len(held) >= 29, f"lost {[f.check for f in FACTS if f not in held]}"
+
+
+async def test_offloaded_facts_survive_a_turn_whose_load_failed(
+    redis_url: str, redis_key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The results session above failed once under load the way test_summary_facts.py's
+    did (see there): one turn's load of the conversation's state failed (a timeout while
+    the event loop was busy), that turn packed the history as sent, and the pack was saved
+    as the conversation's line, so the last turn held none of the facts. Here turn 29's
+    load fails (just past the first summary made ahead): that turn packs, stores nothing,
+    and the session goes on from its line."""
+    load = Store.load_conversation
+    fail = {"armed": False, "failed": False}
+
+    async def failing(store: Store, *args: Any, **kwargs: Any) -> Any:
+        if fail["armed"]:
+            fail["armed"], fail["failed"] = False, True
+            raise StoreUnavailable("redis: TimeoutError: ")
+        return await load(store, *args, **kwargs)
+
+    async def on_turn(t: int, turn: Turn) -> None:
+        fail["armed"] = t == 28
+
+    agent = bench.facts.run_agent
+
+    async def run_agent(*args: Any, **kwargs: Any) -> list[Turn]:
+        return await agent(*args, on_turn=on_turn, **kwargs)
+
+    monkeypatch.setattr(Store, "load_conversation", failing)
+    monkeypatch.setattr(bench.facts, "run_agent", run_agent)
+    keeps = tuple(f.check for f in FACTS)
+    url, app, runner = await serve_standin(RESULTS_WINDOW, summary_keeps=keeps)
+    settings = proxy_settings(url, redis_url, **{"store.key_prefix": redis_key_prefix})
+    proxy = await start(with_policy(settings, f"window={RESULTS_WINDOW}"))
+    try:
+        turns = await session(proxy.url, argparse.Namespace(session="results", turns=60, seed=12))
+    finally:
+        await proxy.stop()
+    recorded = list(app[RECORDED])
+    await runner.cleanup()
+
+    assert fail["failed"], "no load failed: the test tests nothing"
+    assert turns[29].headers.get("x-compaction-reason") == "store_unavailable"
+    held = kept(last_agent_request(recorded))
+    assert len(held) >= 29, f"lost {[f.check for f in FACTS if f not in held]}"
+    assert [r for r in recorded if r.headers.get(PURPOSE) == "summary"], "it must fold"
