@@ -288,7 +288,7 @@ def _checked(request: CompactionRequest, rewrite: Rewrite) -> _Checked:
     sent = _sent(request, rewrite)
     invalid = request.wire.request_error(sent, request.model, request.validated)
     if invalid is None:
-        return _Checked(rewrite, sent=sent, body=request.source.encode(sent))
+        return _Checked(rewrite, sent=sent, body=request.source.encode_kept(sent))
     counted, policy = request.counted, request.policy
     tokens = real(counted.history, request.factor)
     declined = f"invalid_rewrite: {invalid}"

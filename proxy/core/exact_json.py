@@ -41,20 +41,49 @@ _DELIMITERS = frozenset(b" \t\n\r,]}")
 _WHITESPACE_BYTES = frozenset(b" \t\n\r")
 _HINTED_DEPTH = 32  # below this, a value's end is found by counting its brackets
 
+# What `ClientJSON.encode_kept` wrote, by the id of the container it wrote (held with it).
+Written = dict[int, tuple[object, bytes]]
+
+
+def _once(value: Any, kept: Written, now: Written) -> bytes:
+    """orjson's writing of `value`, kept with it when it is a container (found in `kept`
+    for the very object, else made), and kept in `now`."""
+    if not isinstance(value, (dict, list)):
+        return orjson.dumps(value)
+    found = kept.get(id(value))
+    written = found[1] if found is not None and found[0] is value else orjson.dumps(value)
+    now[id(value)] = (value, written)
+    return written
+
 
 class ClientJSON:
     """A request body as the client sent it (`raw`) and as orjson parsed it (`parsed`)."""
 
-    __slots__ = ("_canonical", "_encodable", "_expanded", "_owners", "_spans", "parsed", "raw")
+    __slots__ = (
+        "_canonical",
+        "_encodable",
+        "_expanded",
+        "_owners",
+        "_spans",
+        "_written",
+        "parsed",
+        "raw",
+    )
 
     def __init__(
-        self, raw: bytes, parsed: Mapping[str, Any], canonical: bool | None = None
+        self,
+        raw: bytes,
+        parsed: Mapping[str, Any],
+        canonical: bool | None = None,
+        written: Written | None = None,
     ) -> None:
         """`canonical`: already known (the reuse cache proves it where it knows where each
-        message lies: proxy/core/reuse.py); None: found on first need."""
+        message lies: proxy/core/reuse.py); None: found on first need. `written`: what
+        `encode_kept` wrote for the line's last rewrite (the reuse cache's), None: none."""
         self.raw = raw
         self.parsed = parsed
         self._canonical: bool | None = canonical
+        self._written = written
         self._encodable = True
         # id(object parsed from raw) -> (the object, its span): the object is held so that
         # its id is never reused while the span is known.
@@ -63,9 +92,9 @@ class ClientJSON:
         self._owners: dict[int, dict[int, dict[str, Any]]] = {}  # per list: value id -> element
 
     @classmethod
-    def written(cls, parsed: Mapping[str, Any]) -> ClientJSON:
+    def written(cls, parsed: Mapping[str, Any], kept: Written | None = None) -> ClientJSON:
         """A body held only parsed (the simulator, tests): as orjson writes it."""
-        source = cls(orjson.dumps(parsed), parsed)
+        source = cls(orjson.dumps(parsed), parsed, written=kept)
         source._canonical = True
         return source
 
@@ -99,6 +128,28 @@ class ClientJSON:
         out: list[bytes] = []
         self._write(value, self.parsed, out)
         return b"".join(out)
+
+    def encode_kept(self, value: Mapping[str, Any]) -> bytes:
+        """`encode(value)` for a rewrite of the body (an object), writing each container
+        in it (a message, a tool, the system prompt) that the line's last rewrite held
+        once: orjson writes an object or a list as its members' writings joined, so the
+        bytes kept with the very object (an identity check) are what it would write
+        again. What this rewrite holds is kept for the next (nothing else: the memory is
+        one rewrite's bytes); the objects of a parsed body are never changed in place."""
+        kept = self._written
+        if kept is None or not self.canonical:
+            return self.encode(value)
+        now: Written = {}
+        fields = []
+        for key, child in value.items():
+            if isinstance(child, list):
+                written = b"[" + b",".join(_once(item, kept, now) for item in child) + b"]"
+            else:
+                written = _once(child, kept, now)
+            fields.append(orjson.dumps(key) + b":" + written)
+        kept.clear()
+        kept.update(now)
+        return b"{" + b",".join(fields) + b"}"
 
     def _copied(self, value: Any, out: list[bytes]) -> bool:
         """Write `value` as the client's bytes if it was parsed from a span known."""

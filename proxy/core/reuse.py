@@ -92,6 +92,8 @@ class Seen:
     built: dict[int, Any] = field(default_factory=dict)
     # The histories the line's validations found valid (proxy/core/validated.py).
     validated: Validated = field(default_factory=Validated)
+    # What the line's last rewrite was written of (exact_json.ClientJSON.encode_kept).
+    written: dict[int, tuple[object, bytes]] = field(default_factory=dict)
     reused: int = 0  # messages this request took from the one before
 
     @property
@@ -227,6 +229,7 @@ def _continued(before: Seen, shared: int, raw: bytes) -> Seen | None:
     seen.fixed = before.fixed
     seen.built = _still_built(before.built, {id(m) for m in messages[:kept]})
     seen.validated = before.validated
+    seen.written = before.written
     seen.layout_tried = True
     try:
         written = [orjson.dumps(m) for m in fresh]

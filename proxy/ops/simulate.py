@@ -101,6 +101,7 @@ class Step:
     refusal: str = ""
     tool: str | None = None  # read_result was offered under this name
     refs: frozenset[str] = frozenset()  # the refs the history sent names (all it may read)
+    encoded: bytes = b""  # a rewrite's bytes as the driver encoded them for upstream
 
 
 # A round as the model receives it (parsed) -> its whole answer, in the step's format.
@@ -305,11 +306,12 @@ class Simulator:
         policy = policy_for(model, self.policies, betas=self.betas)
         counted = count_request(wire, self.counter, body, messages, seen)
         counter = wire.counter(self.counter)
-        source = ClientJSON.written(body)
+        source = ClientJSON.written(body, seen.written if seen is not None else None)
         request = CompactionRequest(
             wire, body, messages, counted, counter, policy, self.factor, source,
             stubbed=self.stubbed,
             built=seen.built if seen is not None else None,
+            validated=seen.validated if seen is not None else None,
         )  # fmt: skip
         memory = self.memory
         memory.asked = memory.ahead = None
@@ -340,6 +342,7 @@ class Simulator:
         step = self._rewritten(body, decision.sent, rewrite, stored, policy, decision.estimate,
                                summary, fallback)  # fmt: skip
         step.made_ahead = ahead
+        step.encoded = decision.body or b""
         return step
 
     def read_rounds(self, step: Step, model: Model) -> ReadReplay:

@@ -402,7 +402,12 @@ class Compactor:
             wire.counter(self.counter),
             policy,
             factor,
-            ClientJSON(body_bytes, body, _written_by_orjson(seen, body)),
+            ClientJSON(
+                body_bytes,
+                body,
+                _written_by_orjson(seen, body),
+                seen.written if seen is not None else None,
+            ),
             stubbed=self.stubbed,
             built=seen.built if seen is not None else None,
             now=int(time.time()),

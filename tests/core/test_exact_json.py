@@ -135,3 +135,31 @@ def test_every_kept_element_goes_out_as_written(data: st.DataObject) -> None:
     out = ClientJSON(raw, parsed).encode({**parsed, "messages": messages})
     listed = b",".join([orjson.dumps(made), *(texts[k] for k in kept)])
     assert out == b'{"other":' + other_text + b',"messages":[' + listed + b"]}"
+
+
+# What orjson writes (its integers are 64-bit).
+WRITABLE = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=4)
+    | st.floats(allow_nan=False, allow_infinity=False),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=8,
+)  # fmt: skip
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_a_lines_rewrites_written_in_kept_parts_are_orjsons_writing(data: st.DataObject) -> None:
+    """`encode_kept` over a line's rewrites, each holding some of the containers the one
+    before held (the same objects) and new ones: always orjson's bytes of the rewrite."""
+    pool = data.draw(st.lists(st.dictionaries(st.text(max_size=3), WRITABLE, max_size=3)))
+    tools = data.draw(st.lists(st.dictionaries(st.text(max_size=3), WRITABLE, max_size=2)))
+    kept: dict[int, tuple[object, bytes]] = {}
+    for _ in range(data.draw(st.integers(1, 5))):
+        body = {"model": "m", "messages": pool, "tools": tools, "other": data.draw(WRITABLE)}
+        source = ClientJSON(orjson.dumps(body), body, True, kept)
+        picked = data.draw(st.lists(st.sampled_from(pool), max_size=6)) if pool else []
+        made = data.draw(st.lists(st.dictionaries(st.text(max_size=3), WRITABLE, max_size=2)))
+        rewrite = {**body, "messages": [*picked, *made], "tools": [*tools, {"name": "r"}]}
+        assert source.encode_kept(rewrite) == orjson.dumps(rewrite)
+        pool = [*pool, *made]

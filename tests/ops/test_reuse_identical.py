@@ -145,6 +145,9 @@ def _check(fmt: str, steps: list[tuple[str, int, int, bool]]) -> tuple[set[str],
         assert payload == orjson.loads(raw)
         got = reusing.step(payload, seen)
         assert orjson.dumps(got.body) == orjson.dumps(expected.body)
+        # The bytes encoded for upstream too (written in parts the line's last rewrite
+        # held, on the reuse path: exact_json.ClientJSON.encode_kept).
+        assert got.encoded == expected.encoded
         assert (got.kind, got.strategy, got.tokens_before, got.tokens_after) == (
             expected.kind,
             expected.strategy,
