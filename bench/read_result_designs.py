@@ -17,7 +17,14 @@ definition (the same bytes it injects) from that request on, and having the simu
 proxy treat that definition as its own (not the client's tool of the same name), so it
 neither renames nor adds it again. Each ratio is against the same session unmanaged.
 
-    .venv/bin/python bench/read_result_designs.py [--at 5000,10000] [--policy k=v,..] SESSION..
+`--tool-search` gives the bodies the shape Claude Code sends with tool search on
+(`ENABLE_TOOL_SEARCH=true`, tests/server/test_tool_search.py): its rarely used tools
+(DEFERRED) marked `defer_loading` and a ToolSearch tool listed, both ways, so the shipped
+design defers read_result too (proxy/wire/anthropic.py `with_read_result`). None of them
+is loaded in these sessions, so none is in the prompt.
+
+    .venv/bin/python bench/read_result_designs.py [--at 5000,10000] [--policy k=v,..]
+        [--tool-search] SESSION..
 """
 
 from __future__ import annotations
@@ -77,6 +84,27 @@ def tool_known() -> Iterator[None]:
         MessagesRequest.with_history = with_history  # type: ignore[method-assign]
 
 
+# What Claude Code 2.1.x defers with tool search on, of the tools these sessions list.
+DEFERRED = frozenset({
+    "CronCreate", "CronDelete", "CronList", "EnterWorktree", "ExitWorktree", "NotebookEdit",
+    "SendMessage", "TaskCreate", "TaskGet", "TaskList", "TaskOutput", "TaskStop",
+    "TaskUpdate", "WebFetch", "WebSearch",
+})  # fmt: skip
+TOOL_SEARCH = {
+    "name": "ToolSearch",
+    "description": "Fetches full schema definitions for deferred tools so they can be called.",
+    "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}},
+}
+
+
+def with_tool_search(body: dict[str, Any]) -> dict[str, Any]:
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools:
+        return body
+    marked = [{**t, "defer_loading": True} if t.get("name") in DEFERRED else t for t in tools]
+    return {**body, "tools": [*marked, TOOL_SEARCH]}
+
+
 def with_tool_from(bodies: list[dict[str, Any]], first: int) -> list[dict[str, Any]]:
     out = []
     for n, body in enumerate(bodies):
@@ -93,6 +121,7 @@ def main() -> None:
     parser.add_argument("--at", default="5000,10000", help="history sizes to join at (a,b,..)")
     parser.add_argument("--window", type=int, default=1_000_000)
     parser.add_argument("--policy", default="", help="fields of the model's policy: k=v,..")
+    parser.add_argument("--tool-search", action="store_true", help="bodies as with tool search on")
     args = parser.parse_args()
     policy = dataclasses.replace(policy_for(MODEL, DEFAULT_POLICIES), window=args.window)
     for item in filter(None, args.policy.split(",")):
@@ -106,6 +135,8 @@ def main() -> None:
     )
     for path in args.sessions:
         bodies = [orjson.loads(r.body) for r in read_session(path) if r.kind in ("tool", "text")]
+        if args.tool_search:
+            bodies = [with_tool_search(b) for b in bodies]
         shipped = replay(bodies, policies, counter)
         plain = shipped.direct_cost
         rows = [("at the first offload", shipped.proxy_cost)]
