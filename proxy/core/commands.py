@@ -106,6 +106,9 @@ class SummaryReply:
     reused: bool = False  # it was stored already (no summariser call)
     waited: bool = False  # ... by a summary made ahead that this request waited for
     failure: str = ""  # why there is none
+    # ... the store could not be read for it (it may be stored): what the crossing does
+    # instead is planned as without the store, and stores nothing
+    unread: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -192,7 +192,18 @@ def compaction(request: CompactionRequest) -> Driver:
         # it was made ahead for this fold, not found from an earlier crossing.
         found = "ahead" if outcome.ahead else "reused"
         had = "waited" if got.waited else found if got.reused else "made"
-        outcome = fold(outcome, text, summary=had)
+        if got.unread:
+            # The store could not be read for the summary (it may well be stored): the
+            # crossing is planned as one without the store, and stores nothing, so its
+            # pack never takes the place of the conversation's line.
+            outcome = plan(replace(inp, store_ok=False))
+            while isinstance(outcome, Recount):
+                request = _recounted(request, outcome.indices)
+                counts, uncertain = request.counted.counts, request.counted.uncertain
+                inp = replace(inp, counts=counts, uncertain=uncertain)
+                outcome = plan(replace(inp, store_ok=False))
+        else:
+            outcome = fold(outcome, text, summary=had)
     checked: _Checked | None = None
     if isinstance(outcome, Rewrite):
         checked = _checked(request, outcome)

@@ -110,7 +110,7 @@ async def obtain_summary(
             if not lock.held:
                 return Obtained(SummaryReply(None, failure="the summary made ahead never came"))
     except StoreUnavailable as e:
-        return Obtained(SummaryReply(None, failure=f"store unavailable: {e}"))
+        return Obtained(SummaryReply(None, failure=f"store unavailable: {e}", unread=True))
     if not lock.held:
         return Obtained(await _wait_for_other(store, tenant, conversation, key, settings))
     if record is None:  # (no request's: a throwaway counts the call)
@@ -148,7 +148,7 @@ async def _wait_for_other(
         try:
             stored = await store.get_json(tenant, conversation, SUMMARY, key)
         except StoreUnavailable as e:
-            return SummaryReply(None, failure=f"store unavailable: {e}")
+            return SummaryReply(None, failure=f"store unavailable: {e}", unread=True)
         if isinstance(stored, str) and stored.strip():
             return SummaryReply(stored, reused=True)
     return SummaryReply(None, failure="another replica is still summarising")

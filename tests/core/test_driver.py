@@ -69,6 +69,7 @@ class Store:
         self.down = down
         self.saves = saves
         self.summary = summary
+        self.unread = False  # GetSummary: the store could not be read for the summary
 
     def __call__(self, command: Command) -> Reply:
         if isinstance(command, LoadConversation):
@@ -83,7 +84,8 @@ class Store:
         if isinstance(command, TouchLine):
             return Started()
         if isinstance(command, GetSummary):
-            return SummaryReply(self.summary, failure="" if self.summary else "it failed")
+            failure = "" if self.summary else "it failed"
+            return SummaryReply(self.summary, failure=failure, unread=self.unread)
         assert isinstance(command, SaveCrossing)
         if self.saves:
             self.checkpoints[command.root] = command.checkpoint
@@ -149,6 +151,21 @@ def test_no_summary_packs_and_says_why() -> None:
     assert decision.rewrite is not None and decision.rewrite.strategy == "pack"
     assert decision.reason == "summary_unavailable"
     assert decision.summary_failure == "it failed"
+
+
+def test_a_fold_whose_summary_the_store_could_not_be_read_for_stores_no_pack() -> None:
+    """The store could not be read for the fold's summary (a timeout: it may be stored):
+    the crossing packs as one planned without the store, and stores nothing, so its pack
+    never takes the place of the conversation's line (test_summary_facts.py)."""
+    messages = conversation(30, result_words=150)
+    store = Store(summary=None)
+    store.unread = True
+    commands, decision = commands_of(compaction(request(messages, NO_OFFLOAD)), store)
+    assert kinds(commands) == ["LoadConversation", "GetSummary"]
+    assert decision.rewrite is not None and decision.rewrite.strategy == "pack"
+    assert decision.rewrite.checkpoint is None and decision.rewrite.blobs == []
+    assert decision.reason == "store_unavailable" and decision.summary_failure == "it failed"
+    assert store.checkpoints == {}
 
 
 def test_a_store_that_cannot_be_read_packs_without_offloading() -> None:

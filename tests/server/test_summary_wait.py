@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
@@ -13,6 +14,7 @@ from proxy.core.commands import GetSummary
 from proxy.core.usage import Usage
 from proxy.server.summariser import SUMMARY, SummariserSettings, obtain_summary
 from proxy.store import Store
+from tests.store.test_unavailable import closed_port
 
 TENANT, CONVERSATION, KEY = "t-wait", "c-wait", "k-wait"
 LOCK = f"summary:{KEY}"
@@ -72,3 +74,38 @@ async def test_it_makes_the_summary_when_its_maker_let_go_without_one(store: Sto
     assert calls == [ASK]
     assert obtained.lock is not None, "held until the crossing's writes store it"
     await obtained.lock.release()
+
+
+async def test_a_store_that_cannot_be_read_is_said_unread_not_a_failed_summary() -> None:
+    """No summary for want of the store (it may be stored): `unread`, so the crossing
+    stores nothing on it (tests/core/test_driver.py)."""
+    away = Store.from_url(f"redis://127.0.0.1:{closed_port()}/0", op_timeout=0.2)
+    calls: list[GetSummary] = []
+
+    async def call(need: GetSummary) -> tuple[str, Usage | None]:
+        calls.append(need)
+        return "", None
+
+    try:
+        for ask in (ASK, replace(ASK, ahead=False)):
+            obtained = await obtain_summary(
+                ask, store=away, tenant=TENANT, conversation=CONVERSATION, settings=SETTINGS,
+                call=call,
+            )  # fmt: skip
+            assert obtained.reply.text is None and obtained.reply.unread
+            assert obtained.reply.failure.startswith("store unavailable")
+    finally:
+        await away.close()
+    assert calls == []
+
+
+async def test_a_summariser_that_answers_nothing_is_no_unread_store(store: Store) -> None:
+    async def call(need: GetSummary) -> tuple[str, Usage | None]:
+        return "", None
+
+    ask = replace(ASK, key="k-empty", ahead=False)
+    obtained = await obtain_summary(
+        ask, store=store, tenant=TENANT, conversation=CONVERSATION, settings=SETTINGS, call=call
+    )
+    assert obtained.reply.text is None and not obtained.reply.unread
+    assert obtained.reply.failure == "the summariser answered with no text"
