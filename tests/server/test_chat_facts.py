@@ -31,10 +31,10 @@ from bench.facts import (
 from bench.make_trace import SHAPES, reasoning
 from bench.replay import PURPOSE, WINDOW, serve_standin, with_policy
 from proxy.server.app import start
-from proxy.store import Store, StoreUnavailable
 from proxy.testing.agent import Turn
 from proxy.testing.standin import RECORDED
 from tests.server.conftest import proxy_settings
+from tests.server.store_faults import FailingLoad
 
 TURNS = 100
 
@@ -120,24 +120,12 @@ async def test_offloaded_facts_survive_a_turn_whose_load_failed(
     as the conversation's line, so the last turn held none of the facts. Here turn 29's
     load fails (just past the first summary made ahead): that turn packs, stores nothing,
     and the session goes on from its line."""
-    load = Store.load_conversation
-    fail = {"armed": False, "failed": False}
-
-    async def failing(store: Store, *args: Any, **kwargs: Any) -> Any:
-        if fail["armed"]:
-            fail["armed"], fail["failed"] = False, True
-            raise StoreUnavailable("redis: TimeoutError: ")
-        return await load(store, *args, **kwargs)
-
-    async def on_turn(t: int, turn: Turn) -> None:
-        fail["armed"] = t == 28
-
+    fault = FailingLoad(monkeypatch, after=28)
     agent = bench.facts.run_agent
 
     async def run_agent(*args: Any, **kwargs: Any) -> list[Turn]:
-        return await agent(*args, on_turn=on_turn, **kwargs)
+        return await agent(*args, on_turn=fault.on_turn, **kwargs)
 
-    monkeypatch.setattr(Store, "load_conversation", failing)
     monkeypatch.setattr(bench.facts, "run_agent", run_agent)
     keeps = tuple(f.check for f in FACTS)
     url, app, runner = await serve_standin(RESULTS_WINDOW, summary_keeps=keeps)
@@ -150,7 +138,7 @@ async def test_offloaded_facts_survive_a_turn_whose_load_failed(
     recorded = list(app[RECORDED])
     await runner.cleanup()
 
-    assert fail["failed"], "no load failed: the test tests nothing"
+    assert fault.failed, "no load failed: the test tests nothing"
     assert turns[29].headers.get("x-compaction-reason") == "store_unavailable"
     held = kept(last_agent_request(recorded))
     assert len(held) >= 29, f"lost {[f.check for f in FACTS if f not in held]}"

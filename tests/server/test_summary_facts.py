@@ -16,11 +16,12 @@ import orjson
 import pytest
 import redis.asyncio
 
-from proxy.store import EmbeddedRedis, Store, StoreUnavailable
+from proxy.store import EmbeddedRedis, Store
 from proxy.testing.agent import Turn, run_agent, tool_output
 from proxy.testing.standin import StandInOptions
 from tests.plugins.standin import RunningStandIn
 from tests.server.conftest import SMALL_WINDOW, MakeProxy
+from tests.server.store_faults import FailingLoad
 
 TURNS = 150
 RESULT_CHARS = 3_000
@@ -194,22 +195,10 @@ async def test_a_turn_whose_load_failed_leaves_the_line_to_the_turns_after_it(
     """One turn's load fails (the store answers again for its writes): that turn packs
     the history as sent (reason store_unavailable) and saves nothing, so the turns after
     it go on from the conversation's line and the last one still holds the facts."""
-    load = Store.load_conversation
-    fail = {"armed": False, "failed": False}
+    fault = FailingLoad(monkeypatch, after=30)  # between the first fold and the second
+    turns, kept = await _session(make_standin, make_compacting_proxy, redis_url, fault.on_turn)
 
-    async def failing(store: Store, *args: Any, **kwargs: Any) -> Any:
-        if fail["armed"]:
-            fail["armed"], fail["failed"] = False, True
-            raise StoreUnavailable("redis: TimeoutError: ")
-        return await load(store, *args, **kwargs)
-
-    async def on_turn(t: int, turn: Turn) -> None:
-        fail["armed"] = t == 30  # between the first fold and the second
-
-    monkeypatch.setattr(Store, "load_conversation", failing)
-    turns, kept = await _session(make_standin, make_compacting_proxy, redis_url, on_turn)
-
-    assert fail["failed"], "no load failed: the test tests nothing"
+    assert fault.failed, "no load failed: the test tests nothing"
     unread = turns[31].headers
     assert unread.get("x-compaction-reason") == "store_unavailable", unread
     assert "pack" in unread.get("x-compaction-strategy", ""), unread
