@@ -18,6 +18,7 @@ requests (`PlanInput.stubbed`), keyed by what the message is built from
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -218,12 +219,40 @@ def rebuilt(
     long history, and building every message's shape again was half of its cost)."""
     messages, shapes = list(work.messages), list(work.shapes)
     tokens = work.tokens
+    regroup = False
     for n in changed:
         message, shape = _built(segments[n], inp)
         tokens += shape.tokens - shapes[n].tokens
+        regroup = regroup or not _same_place(shape, shapes[n])
         messages[n], shapes[n] = message, shape
+    if regroup:
+        groups = group_history(shapes)
+    else:
+        # The same groups, those of the changed messages recounted. Groups cover the
+        # history in order, each a run of messages (`group_history`), so a message's
+        # group is the last one starting at or before it. (Here, not in a function of
+        # its own: the walk, tests/bench/test_walk.py.)
+        groups = list(work.groups)
+        recount = set()
+        for n in changed:
+            recount.add(bisect_right(groups, n, key=lambda g: g.members[0]) - 1)
+        for at in recount:
+            group = groups[at]
+            total = sum(shapes[m].tokens for m in group.members)
+            groups[at] = Group(group.kind, group.members, total)
     unsure, estimated = _unsure(segments, inp)
-    return Working(segments, messages, shapes, group_history(shapes), tokens, unsure, estimated)
+    return Working(segments, messages, shapes, groups, tokens, unsure, estimated)
+
+
+def _same_place(shape: Shape, was: Shape) -> bool:
+    """Whether a message's new shape groups as its old one did: all `group_history` reads
+    but its tokens (a stub changes a result's count, not the calls it answers)."""
+    return (
+        shape.role == was.role
+        and shape.calls == was.calls
+        and shape.answers == was.answers
+        and shape.made_here == was.made_here
+    )
 
 
 def stubbed_message(seg: Stubbed, inp: PlanInput) -> tuple[dict[str, Any], int]:

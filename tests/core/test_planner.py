@@ -358,3 +358,61 @@ def test_an_offload_step_rebuilds_only_the_messages_it_stubs() -> None:
     after[4] = Stubbed(4, (Stub(0, "r_new", 200),))
     after[8] = Stubbed(8, (Stub(0, "r_second", 200),))
     assert rebuilt(work, after, [8, 4], inp) == working(after, inp)
+
+
+def _mixed(kinds: list[int], sizes: list[int]) -> list[dict[str, Any]]:
+    """A history of pairs (kind 0), parallel pairs (1), plain texts (2) and calls left
+    unanswered (3): every kind of group `group_history` makes."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Start."}]
+    for t, (kind, size) in enumerate(zip(kinds, sizes, strict=False)):
+        if kind == 2:
+            messages.append({"role": "assistant", "content": words(size, f"a{t}_")})
+            messages.append({"role": "user", "content": f"Go on {t}."})
+            continue
+        ids = [f"toolu_{t:04d}_{k}" for k in range(2 if kind == 1 else 1)]
+        calls = [{"type": "tool_use", "id": i, "name": "Bash", "input": {}} for i in ids]
+        messages.append({"role": "assistant", "content": calls})
+        if kind == 3:
+            messages.append({"role": "user", "content": f"Never mind {t}."})
+            continue
+        results = [
+            {"type": "tool_result", "tool_use_id": i, "content": words(size, f"w{t}{i}_")}
+            for i in ids
+        ]
+        messages.append({"role": "user", "content": results})
+    return messages
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.integers(0, 3), min_size=1, max_size=14),
+    st.lists(st.integers(20, 500), min_size=14, max_size=14),
+)
+def test_an_offload_step_groups_its_history_as_a_fresh_build_would(
+    kinds: list[int], sizes: list[int]
+) -> None:
+    # The step keeps the groups of the history it stubs, recounted (working.rebuilt):
+    # they must be those grouping its messages afresh makes.
+    from proxy.core.history import group_history
+    from proxy.core.rewrites import offload
+    from proxy.core.working import segments_for, working
+
+    messages = _mixed(kinds, sizes)
+    inp = PlanInput(
+        messages=messages,
+        digests=[message_digest(m) for m in messages],
+        counts=[COUNTER.count_message(m) for m in messages],
+        checkpoint=None,
+        policy=policy(),
+        counter=COUNTER,
+        fixed_tokens=500,
+        tool_tokens=TOOL_TOKENS,
+        tool="read_result",
+        dialect=ANTHROPIC,
+    )
+    before = working(segments_for(None, inp.digests)[0], inp)
+    after, blobs = offload(before, inp)
+    assert after.groups == group_history(after.shapes)
+    assert after.tokens == sum(shape.tokens for shape in after.shapes)
+    if blobs:
+        assert after.groups != before.groups  # recounted: a stub is shorter
