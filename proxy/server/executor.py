@@ -228,6 +228,10 @@ class StoreExecutor:
                 used=command.used,
                 evict=command.evict,
                 evict_notes=command.evict_notes,
+                # The line's next load takes this object, not its bytes decoded again.
+                decoded=(
+                    None if command.checkpoint is None else (decode_checkpoint, command.checkpoint)
+                ),
             )
         finally:
             await self.close()

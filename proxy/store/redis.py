@@ -416,6 +416,7 @@ class Store:
         used: int = 0,
         evict: Sequence[str] = (),
         evict_notes: Sequence[str] = (),
+        decoded: tuple[Callable[[Any], object], object] | None = None,
     ) -> CrossingSaved:
         """Write a crossing in one round trip: every blob (once per tenant, compressed),
         a fresh TTL on every ref of ``touch`` still named, the checkpoint (the line
@@ -433,6 +434,10 @@ class Store:
         Refs of ``touch`` whose blobs are gone are listed in ``lost``; the checkpoint is
         stored all the same (its stubs for them read as "no longer available"): a caller
         that still has their texts can save them again as blobs.
+
+        ``decoded``: (a load's decoder, what it makes of ``checkpoint``), kept for the
+        next load of the line once the checkpoint is stored (LineMemo), so that load does
+        not decode what the crossing had already: equal to what the decoder would make.
         """
         new = {ref for ref, _ in blobs}
         kept = [ref for ref in dict.fromkeys(touch) if ref not in new]
@@ -465,7 +470,10 @@ class Store:
         parts = {"blobs": bool(blobs), "checkpoint": checkpoint is not None}
         parts["summary"] = summary is not None
         if self.is_cluster:
-            return await self._save_on_nodes(write, blobs, kept, tenant, parts)
+            saved = await self._save_on_nodes(write, blobs, kept, tenant, parts)
+            if decoded is not None and write.checkpoint is not None and saved.checkpoint:
+                self._lines.put(write.checkpoint, *decoded)
+            return saved
         # One script: as atomic as MULTI/EXEC, one reply to parse (proxy/store/crossing.py).
         timeout = crossing_timeout(self.op_timeout, len(write.keys()) + 2, write.payload)
         script_keys, args = write.keys(), write.args()
@@ -480,6 +488,8 @@ class Store:
         self._unreadable(len(lost))
         for ref, text in blobs:
             self.blob_cache.put(tenant, ref, text)
+        if decoded is not None and write.checkpoint is not None:
+            self._lines.put(write.checkpoint, *decoded)
         return CrossingSaved(True, True, True, lost)
 
     async def _save_on_nodes(

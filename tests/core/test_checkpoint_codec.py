@@ -7,9 +7,13 @@ import dataclasses
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from proxy.core.checkpoint import decode_checkpoint, encode_checkpoint
+from proxy.core.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from proxy.core.driver import commands_of, compaction
+from proxy.core.offload import Stub
+from proxy.core.segments import Note, Stubbed, Summary, Verbatim
 from proxy.core.strategy import Strategy
 from tests.core.test_driver import Store, timed
 from tests.core.test_planner import conversation
@@ -27,6 +31,47 @@ def test_a_checkpoint_round_trips_through_json() -> None:
     raw = stored()
     checkpoint = decode_checkpoint(raw)
     assert checkpoint is not None and encode_checkpoint(checkpoint) == raw
+
+
+# Decoding a checkpoint its crossing encoded gives back an equal one: the store keeps the
+# object a crossing saved for the line's next load instead of decoding its bytes again
+# (Store.save_crossing's `decoded`).
+INDEX = st.integers(0, 2**40)
+TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+SEGMENT = st.one_of(
+    st.builds(Verbatim, INDEX),
+    st.builds(Stubbed, INDEX, st.lists(st.builds(Stub, INDEX, TEXT, INDEX)).map(tuple)),
+    st.builds(Summary, TEXT, INDEX, st.lists(TEXT).map(tuple)),
+    st.builds(Note, TEXT, INDEX),
+)
+CHECKPOINT = st.builds(
+    Checkpoint,
+    covers=st.integers(1, 2**40),
+    prefix_hash=TEXT,
+    segments=st.lists(SEGMENT, max_size=8).map(tuple),
+    tool=st.none() | TEXT,
+    strategy=st.sampled_from(Strategy),
+    summary_key=st.none() | TEXT,
+    tokens_after=INDEX,
+    renewed_at=INDEX,
+)
+
+
+@given(CHECKPOINT)
+def test_decoding_an_encoded_checkpoint_gives_back_an_equal_one(checkpoint: Checkpoint) -> None:
+    assert (
+        decode_checkpoint(orjson.loads(orjson.dumps(encode_checkpoint(checkpoint)))) == checkpoint
+    )
+
+
+def test_a_crossings_checkpoint_decodes_back_equal() -> None:
+    store = Store()
+    commands_of(compaction(timed(conversation(12), 1_000)), store)
+    (checkpoint,) = store.checkpoints.values()
+    assert any(isinstance(seg, Stubbed) for seg in checkpoint.segments)
+    assert (
+        decode_checkpoint(orjson.loads(orjson.dumps(encode_checkpoint(checkpoint)))) == checkpoint
+    )
 
 
 def test_a_checkpoint_without_a_renewal_time_decodes_as_never_renewed() -> None:

@@ -9,6 +9,7 @@ import signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import orjson
 import pytest
 import redis
 import redis.asyncio
@@ -115,6 +116,55 @@ async def test_a_load_decodes_each_stored_checkpoint_once(store: Store) -> None:
         assert state.lines == ((("decoded", 5), ord("b")), (("decoded", 4), ord("a")))
     assert len(decoded) == 3  # once per stored value, not per load
     assert (await store.load_conversation(T, C, "s")).checkpoint == {"bad": 1}  # no decoder
+
+
+async def test_a_load_takes_the_checkpoint_its_crossing_saved_without_decoding_it(
+    store: Store,
+) -> None:
+    decoded: list[object] = []
+
+    def decode(raw: Any) -> object:
+        decoded.append(raw)
+        return ("decoded", raw["n"])
+
+    kept = ("kept", 4)  # what decode makes of CHECKPOINT, made by the crossing
+    saved = await store.save_crossing(
+        T, C, root="s", checkpoint=CHECKPOINT, blobs=[], summary=None, touch=[], line="a",
+        used=1, decoded=(decode, kept),
+    )  # fmt: skip
+    assert saved.complete
+    for _ in range(2):
+        state = await store.load_conversation(T, C, "s", decode=decode)
+        assert state.lines == ((kept, 1),) and state.lines[0][0] is kept
+    assert decoded == []
+    # Another decoder is not given what this one was promised.
+    assert (await store.load_conversation(T, C, "s", decode=dict)).checkpoint == CHECKPOINT
+
+
+async def test_a_checkpoint_not_stored_is_not_kept(
+    embedded_redis: Callable[[], EmbeddedRedis], make_store: Callable[..., Store]
+) -> None:
+    server = embedded_redis()
+    store = make_store(server.url, op_timeout=5.0)
+    client = redis.asyncio.Redis.from_url(server.url)
+    try:
+        await client.config_set("maxmemory-policy", "noeviction")
+        await client.config_set("maxmemory", "1")  # every write is refused
+        saved = await store.save_crossing(
+            T, C, root="s", checkpoint=CHECKPOINT, blobs=[], summary=None, touch=[],
+            decoded=(dict, {"never": "stored"}),
+        )  # fmt: skip
+        await client.config_set("maxmemory", "0")
+        assert not saved.checkpoint
+        # Stored now by another writer, the same bytes: decoded, not the promise.
+        await client.hset(
+            keys.conversation_key(store.prefix, T, C, keys.LINES, "s"),
+            "c:_",
+            orjson.dumps(CHECKPOINT),
+        )
+        assert (await store.load_conversation(T, C, "s", decode=dict)).checkpoint == CHECKPOINT
+    finally:
+        await client.aclose()
 
 
 async def test_the_same_result_is_stored_once_per_tenant(
