@@ -121,6 +121,9 @@ async def _relay_stream(
     cap = upstream.settings.max_line_bytes
     held = codec.framing(cap) if codec is not None else None
     last = b""  # the answer's last bytes, sent with its end (one write, not two)
+    # The usage of bytes sent is read after the next send (or the end), not before the
+    # next read: the answer's next bytes, or its end, do not wait for it (`_meter_sent`).
+    unread = b""
     # Read here rather than through `upstream.chunks` (an async generator, and its
     # closing: some 15 µs of a streamed answer's CPU): the same reads, the same errors.
     read = content.readany  # b"" at the end
@@ -152,8 +155,9 @@ async def _relay_stream(
                 continue
             await out.write(chunk)
             if metered:
-                assert codec is not None
-                meter.chunk(codec.usage_lines(chunk))
+                if unread:
+                    _meter_sent(meter, codec, unread)
+                unread = chunk
         metered_last = last
         if held is not None and held.rest:
             last += held.rest  # an unterminated last event, as the upstream sent it
@@ -179,13 +183,22 @@ async def _relay_stream(
             response.release()
         else:
             response.close()
+            if unread:  # (sent before the stream broke or the client left)
+                _meter_sent(meter, codec, unread)
     try:
         await out.write_eof(last)  # the bytes go to the socket first, then it drains
     finally:
         # Read after they went (off the answer's path); read too when the client left
         # during the drain (they were sent: its final usage reached the client, as when
         # a chunk went before a cancellation).
+        if unread:
+            _meter_sent(meter, codec, unread)
         if metered and metered_last:
-            assert codec is not None
-            meter.chunk(codec.usage_lines(metered_last))
+            _meter_sent(meter, codec, metered_last)
     return out
+
+
+def _meter_sent(meter: UsageMeter, codec: StreamCodec | None, sent: bytes) -> None:
+    """Read the usage in bytes of a stream that went to the client."""
+    assert codec is not None
+    meter.chunk(codec.usage_lines(sent))

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.core.usage import UsageMeter
 from proxy.server.app import RunningProxy, start
 from tests.server.conftest import proxy_settings
 from tests.server.rawupstream import CUT, RawUpstream
@@ -175,3 +176,30 @@ def test_the_headers_do_not_wait_for_the_first_event(rig: Rig, first: list[Any])
         connection.close()
     assert response.status == 200 and headed < 1.0
     assert parse_events(body) == [("ping", "{}")]
+
+
+def test_the_end_does_not_wait_for_the_usage_reading(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usage in bytes sent is read after the next bytes (or the end) went, not
+    before the next read: a stream's end arriving apart from its last events reaches the
+    client without waiting for them to be read, and their usage is still read."""
+    held = 0.8  # seconds each reading of this stream holds the proxy's loop
+    readings: list[bytes] = []
+    chunk = UsageMeter.chunk
+    stop = sse("message_stop", {"type": "message_stop", "case": "the end first"})
+
+    def slow(self: UsageMeter, data: bytes) -> None:
+        if b"the end first" in data:  # (not another test's stream the rig still ends)
+            readings.append(data)
+            time.sleep(held)
+        chunk(self, data)
+
+    monkeypatch.setattr(UsageMeter, "chunk", slow)
+    began = time.monotonic()
+    status, body, ended = rig.post([stop, 0.1])
+    took = time.monotonic() - began
+    assert status == 200 and ended and parse_events(body)[-1][0] == "message_stop"
+    assert took < held / 2, f"the end waited for the usage reading ({took:.2f} s)"
+    time.sleep(held * 1.5)
+    assert readings == [stop]  # read after the end went
