@@ -113,20 +113,23 @@ class LineKind(Enum):
 
 
 # The lines of an event stream worth a look: each format's usage and text are in its
-# `data:` lines, so the rest (`event:` names, comments) are passed over in C.
-DATA_LINES = re.compile(rb"^data:[^\n]*", re.M)
+# `data:` lines, so the rest (`event:` names, comments) are passed over in C. A line is
+# found by the newline before it (its one group: the line), which the regex engine
+# searches for as a literal: twice as fast as `^` with re.M, tried at every byte.
+DATA_LINES = re.compile(rb"\n(data:[^\n]*)")
 
 
 def lines_starting(*prefixes: bytes) -> re.Pattern[bytes]:
     """A `UsageScan.lines` for a format whose lines that matter start with one of these."""
-    return re.compile(rb"^(?:" + b"|".join(map(re.escape, prefixes)) + rb")[^\n]*", re.M)
+    return re.compile(rb"\n((?:" + b"|".join(map(re.escape, prefixes)) + rb")[^\n]*)")
 
 
 class UsageScan(Protocol):
     """How one wire format's answers carry usage, line by line (a wire format is one)."""
 
-    # Finds each line of a stream that may hold usage or carry output text, whole (from
-    # its start to before its newline); a line it passes over has neither.
+    # Finds each line of a stream that may hold usage or carry output text by the newline
+    # before it; its one group is the line, whole (from its start to before its newline).
+    # A line it passes over has neither.
     lines: re.Pattern[bytes]
 
     def line_may_matter(self, head: bytes) -> bool:
@@ -162,7 +165,7 @@ class UsageMeter:
         self.seen_answer = False  # some 200 answer's bytes went through
         self.complete = False  # the answer's final usage reached the client (its end)
         self.response_model = ""  # the model the first answer says it came from
-        self._carry = b""
+        self._carry = b""  # the unfinished last line, from the newline before it
         self._skipping = False  # inside a long line that does not matter
 
     # -- feeding ---------------------------------------------------------------------
@@ -203,32 +206,33 @@ class UsageMeter:
         scan = self.scan
         if scan is None:
             return
-        if self._carry:
-            data = self._carry + data
-            self._carry = b""
-        start = 0
+        # Every line the scan finds follows a newline: the first one's is put before it
+        # (the unfinished line carried over starts with its own).
+        data = (self._carry or b"\n") + data
+        self._carry = b""
+        start = 0  # the newline before the next line to look at
         if self._skipping:  # the rest of a long line that did not matter
-            start = data.find(b"\n") + 1
-            if not start:
+            start = data.find(b"\n", 1)
+            if start < 0:
                 return
             self._skipping = False
         # Only the lines the format's pattern finds are looked at (the many others, and
         # blank lines, event ends, cost no step of this loop).
         may_matter, text_chars, rounds = scan.line_may_matter, scan.text_chars, self.rounds
-        whole = data.rfind(b"\n") + 1  # where the last whole line ends
-        if whole > start:
-            for line in scan.lines.findall(data, start, whole):
+        last = data.rfind(b"\n")  # the newline before the unfinished line
+        if last > start:
+            for line in scan.lines.findall(data, start, last):
                 if may_matter(line[:_LOOK]):
                     self._usage(line)
                 elif rounds and (chars := text_chars(line)):
                     rounds[-1].text_chars += chars
-            start = whole
-        rest = data[start:]
+            start = last
+        rest = data[start + 1 :]
         if len(rest) > _LOOK and not may_matter(rest[:_LOOK]):
             self._skipping = True
             self._text(rest)
-        else:
-            self._carry = rest
+        elif rest:
+            self._carry = data[start:]
 
     def _text(self, line: bytes) -> None:
         assert self.scan is not None
