@@ -59,41 +59,37 @@ ORDINARY_ROLES = frozenset({"user", "assistant"})
 def group_history(shapes: Sequence[Shape]) -> list[Group]:
     """Split a history into groups, oldest first, each message in exactly one group."""
     groups: list[Group] = []
-    i = 0
-    while i < len(shapes):
+    append = groups.append  # (once a request, over every message: kept lean)
+    i, total = 0, len(shapes)
+    while i < total:
         shape = shapes[i]
         if shape.made_here:
-            groups.append(_group(GroupKind.SUMMARY, [i], shapes))
+            append(Group(GroupKind.SUMMARY, (i,), shape.tokens))
             i += 1
         elif shape.role not in ORDINARY_ROLES and not shape.answers:
             # (a message answering calls is ordinary whatever the API calls its role:
             # Chat's `tool` messages)
-            groups.append(_group(GroupKind.PINNED, [i], shapes))
+            append(Group(GroupKind.PINNED, (i,), shape.tokens))
             i += 1
         elif shape.calls:
-            members = [i]
             answered: set[str] = set()
+            tokens = shape.tokens
             j = i + 1
-            while j < len(shapes) and shapes[j].answers and shapes[j].role != "assistant":
-                members.append(j)
-                answered.update(shapes[j].answers)
+            while j < total and (answer := shapes[j]).answers and answer.role != "assistant":
+                answered.update(answer.answers)
+                tokens += answer.tokens
                 j += 1
             complete = answered == set(shape.calls)
-            groups.append(
-                _group(GroupKind.PAIR if complete else GroupKind.MALFORMED, members, shapes)
-            )
+            kind = GroupKind.PAIR if complete else GroupKind.MALFORMED
+            append(Group(kind, tuple(range(i, j)), tokens))
             i = j
         elif shape.answers:
-            groups.append(_group(GroupKind.MALFORMED, [i], shapes))  # answers no call
+            append(Group(GroupKind.MALFORMED, (i,), shape.tokens))  # answers no call
             i += 1
         else:
-            groups.append(_group(GroupKind.SINGLE, [i], shapes))
+            append(Group(GroupKind.SINGLE, (i,), shape.tokens))
             i += 1
     return _pin_current_turn(groups, shapes)
-
-
-def _group(kind: GroupKind, members: list[int], shapes: Sequence[Shape]) -> Group:
-    return Group(kind, tuple(members), sum(shapes[m].tokens for m in members))
 
 
 def _pin_current_turn(groups: list[Group], shapes: Sequence[Shape]) -> list[Group]:

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from hypothesis import given
+from hypothesis import strategies as st
+
 from proxy.core.history import (
+    ORDINARY_ROLES,
+    Group,
     GroupKind,
     Shape,
+    _pin_current_turn,
     compaction_turns,
     group_history,
     pack_messages,
@@ -112,3 +120,46 @@ def test_compaction_turns_are_ordinary_groups_only() -> None:
     assert compaction_turns(groups) == [("m1", 7), ("m2", 3), ("m3", 42)]
     assert pinned_tokens(groups) == 5 + 9
     assert all(g.kind is not GroupKind.MALFORMED for g in groups)
+
+
+def _grouped_plainly(shapes: Sequence[Shape]) -> list[Group]:
+    """The grouping rules written as plainly as they read (the module's docstring): what
+    group_history, written for speed, must give."""
+    groups: list[Group] = []
+    i = 0
+    while i < len(shapes):
+        members, kind = [i], GroupKind.SINGLE
+        if shapes[i].made_here:
+            kind = GroupKind.SUMMARY
+        elif shapes[i].role not in ORDINARY_ROLES and not shapes[i].answers:
+            kind = GroupKind.PINNED
+        elif shapes[i].calls:
+            while (
+                members[-1] + 1 < len(shapes)
+                and shapes[members[-1] + 1].answers
+                and shapes[members[-1] + 1].role != "assistant"
+            ):
+                members.append(members[-1] + 1)
+            answered = {a for m in members[1:] for a in shapes[m].answers}
+            kind = GroupKind.PAIR if answered == set(shapes[i].calls) else GroupKind.MALFORMED
+        elif shapes[i].answers:
+            kind = GroupKind.MALFORMED
+        groups.append(Group(kind, tuple(members), sum(shapes[m].tokens for m in members)))
+        i = members[-1] + 1
+    return _pin_current_turn(groups, shapes)
+
+
+IDS = st.lists(st.sampled_from("abc"), max_size=2, unique=True).map(tuple)
+SHAPE = st.builds(
+    Shape,
+    role=st.sampled_from(["user", "assistant", "system", "tool"]),
+    tokens=st.integers(0, 1_000),
+    calls=IDS,
+    answers=IDS,
+    made_here=st.booleans(),
+)
+
+
+@given(st.lists(SHAPE, max_size=12))
+def test_the_grouping_follows_its_rules_as_plainly_written(shapes: list[Shape]) -> None:
+    assert group_history(shapes) == _grouped_plainly(shapes)
