@@ -83,8 +83,10 @@ def conversation(turns: int, result_words: int = 400) -> list[dict[str, Any]]:
     return messages
 
 
-def planned(messages: list[dict[str, Any]], checkpoint: Checkpoint | None = None, **kw: Any):
-    inp = PlanInput(
+def plan_input(
+    messages: list[dict[str, Any]], checkpoint: Checkpoint | None = None, **kw: Any
+) -> PlanInput:
+    return PlanInput(
         messages=messages,
         digests=[message_digest(m) for m in messages],
         counts=[COUNTER.count_message(m) for m in messages],
@@ -98,7 +100,10 @@ def planned(messages: list[dict[str, Any]], checkpoint: Checkpoint | None = None
         store_ok=kw.pop("store_ok", True),
         dialect=ANTHROPIC,
     )
-    return plan(inp)
+
+
+def planned(messages: list[dict[str, Any]], checkpoint: Checkpoint | None = None, **kw: Any):
+    return plan(plan_input(messages, checkpoint, **kw))
 
 
 def history_tokens(messages: list[dict[str, Any]]) -> int:
@@ -339,18 +344,7 @@ def test_an_offload_step_rebuilds_only_the_messages_it_stubs() -> None:
     from proxy.core.working import rebuilt, working
 
     messages = conversation(6)
-    inp = PlanInput(
-        messages=messages,
-        digests=[message_digest(m) for m in messages],
-        counts=[COUNTER.count_message(m) for m in messages],
-        checkpoint=None,
-        policy=policy(),
-        counter=COUNTER,
-        fixed_tokens=500,
-        tool_tokens=TOOL_TOKENS,
-        tool="read_result",
-        dialect=ANTHROPIC,
-    )
+    inp = plan_input(messages)
     before: list[Any] = [Verbatim(n) for n in range(len(messages))]
     before[2] = Stubbed(2, (Stub(0, "r_earlier", 200),))
     work = working(before, inp)
@@ -398,18 +392,7 @@ def test_an_offload_step_groups_its_history_as_a_fresh_build_would(
     from proxy.core.working import segments_for, working
 
     messages = _mixed(kinds, sizes)
-    inp = PlanInput(
-        messages=messages,
-        digests=[message_digest(m) for m in messages],
-        counts=[COUNTER.count_message(m) for m in messages],
-        checkpoint=None,
-        policy=policy(),
-        counter=COUNTER,
-        fixed_tokens=500,
-        tool_tokens=TOOL_TOKENS,
-        tool="read_result",
-        dialect=ANTHROPIC,
-    )
+    inp = plan_input(messages)
     before = working(segments_for(None, inp.digests)[0], inp)
     after, blobs = offload(before, inp)
     assert after.groups == group_history(after.shapes)
