@@ -18,7 +18,7 @@ import redis.asyncio
 
 from proxy.store import EmbeddedRedis, Store
 from proxy.testing.agent import Turn, run_agent, tool_output
-from proxy.testing.standin import StandInOptions
+from proxy.testing.standin import RecordedRequest, StandInOptions
 from tests.plugins.standin import RunningStandIn
 from tests.server.conftest import SMALL_WINDOW, MakeProxy
 from tests.server.store_faults import FailingLoad
@@ -48,6 +48,38 @@ def planted_output(turn: int, chars: int) -> str:
     return said + tool_output(turn, chars - len(said))
 
 
+async def _planted(
+    make_standin: Any, make_compacting_proxy: MakeProxy, turns: int, redis_url: str | None = None,
+    on_turn: Callable[[int, Turn], Awaitable[None]] | None = None,
+) -> tuple[list[Turn], list[RecordedRequest]]:  # fmt: skip
+    """A planted session of `turns` through a compacting proxy (on `redis_url`, else the
+    test's Redis) and a lossy summariser: its turns, and the Messages requests upstream."""
+    standin: RunningStandIn = await make_standin(
+        StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None, summary_loss=5)
+    )
+    proxy = await make_compacting_proxy(standin.url, redis=redis_url)
+    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-facts", max_retries=0)
+    try:
+        played = await run_agent(
+            client,
+            turns=turns,
+            result_chars=RESULT_CHARS,
+            conversation=uuid.uuid4().hex,
+            output=planted_output,
+            on_turn=on_turn,
+        )
+    finally:
+        await client.close()
+    return played, [r for r in standin.recorded if r.path_qs.startswith("/v1/messages")]
+
+
+def _kept(calls: list[RecordedRequest]) -> list[str]:
+    """The planted facts the last agent request (not the summariser's) holds."""
+    last = orjson.loads([r for r in calls if not r.headers.get(PURPOSE)][-1].body)
+    text = orjson.dumps(last["messages"]).decode()
+    return [fact for fact in PLANTED if fact in text]
+
+
 def test_thirty_facts_are_planted_in_the_first_twenty_turns() -> None:
     assert len(PLANTED) == 30
     seen = "".join(planted_output(t, RESULT_CHARS) for t in range(20))
@@ -57,23 +89,9 @@ def test_thirty_facts_are_planted_in_the_first_twenty_turns() -> None:
 async def test_a_long_session_keeps_its_early_facts_through_a_lossy_summariser(
     make_standin: Any, make_compacting_proxy: MakeProxy
 ) -> None:
-    standin: RunningStandIn = await make_standin(
-        StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None, summary_loss=5)
-    )
-    proxy = await make_compacting_proxy(standin.url)
-    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-facts", max_retries=0)
-    turns = await run_agent(
-        client,
-        turns=TURNS,
-        result_chars=RESULT_CHARS,
-        conversation=uuid.uuid4().hex,
-        output=planted_output,
-    )
-    await client.close()
+    turns, calls = await _planted(make_standin, make_compacting_proxy, TURNS)
 
-    made = [t for t in turns if t.headers.get("x-compaction-summary") in FOLDED]
-    assert len(made) >= 3, "the session must fold several times"
-    calls = [r for r in standin.recorded if r.path_qs.startswith("/v1/messages")]
+    assert _folds(turns) >= 3, "the session must fold several times"
     assert all(r.status == 200 for r in calls)
     summaries = [r for r in calls if r.headers.get(PURPOSE) == "summary"]
     # The summariser dropped some planted facts: the proxy had something to restore.
@@ -81,9 +99,7 @@ async def test_a_long_session_keeps_its_early_facts_through_a_lossy_summariser(
                fact not in " ".join(b.get("text", "") for b in r.content)}  # fmt: skip
     assert dropped, "the lossy summariser left nothing out: the test tests nothing"
 
-    last = orjson.loads([r for r in calls if not r.headers.get(PURPOSE)][-1].body)
-    text = orjson.dumps(last["messages"]).decode()
-    kept = [fact for fact in PLANTED if fact in text]
+    kept = _kept(calls)
     story = [
         "/".join(t.headers.get(f"x-compaction-{h}", "-") for h in ("strategy", "summary", "reason"))
         for t in turns
@@ -115,26 +131,10 @@ async def _session(
 ) -> tuple[list[Turn], list[str]]:  # fmt: skip
     """A short planted session through a proxy on `redis_url`: its turns, and the planted
     facts its last request holds."""
-    standin: RunningStandIn = await make_standin(
-        StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None, summary_loss=5)
+    turns, calls = await _planted(
+        make_standin, make_compacting_proxy, SHORT_SESSION, redis_url, on_turn
     )
-    proxy = await make_compacting_proxy(standin.url, redis=redis_url)
-    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-facts", max_retries=0)
-    try:
-        turns = await run_agent(
-            client,
-            turns=SHORT_SESSION,
-            result_chars=RESULT_CHARS,
-            conversation=uuid.uuid4().hex,
-            output=planted_output,
-            on_turn=on_turn,
-        )
-    finally:
-        await client.close()
-    calls = [r for r in standin.recorded if r.path_qs.startswith("/v1/messages")]
-    last = orjson.loads([r for r in calls if not r.headers.get(PURPOSE)][-1].body)
-    text = orjson.dumps(last["messages"]).decode()
-    return turns, [fact for fact in PLANTED if fact in text]
+    return turns, _kept(calls)
 
 
 def _folds(turns: list[Turn]) -> int:
