@@ -9,8 +9,12 @@ own tools, Read, Grep or Bash in turn (a few turns read two files at once), on t
 files, each result 15-30 KB, then a final answer. The model is claude-opus-5-5 with its
 1M window (`claude-opus-5-5[1m]`: Claude Code sends the context-1m beta). Every request
 Claude Code sent is written to bench/sessions/ (bench/session_file.py's format).
+`--tool-search`: with `ENABLE_TOOL_SEARCH=true`, which Claude Code needs to search its
+tools behind a base URL not Anthropic's: its rarely used tools then go unsent until a
+ToolSearch call loads one, under the beta `advanced-tool-use-2025-11-20`.
 
     .venv/bin/python bench/record_session.py [--out bench/sessions/claude-code-opus-5-5.zst]
+        [--seed N] [--tool-search]
 """
 
 from __future__ import annotations
@@ -226,7 +230,7 @@ def _recorded(requests: list[Any]) -> list[Recorded]:
     return out
 
 
-async def record(out: Path, time_limit: float, seed: int = 0) -> None:
+async def record(out: Path, time_limit: float, seed: int = 0, tool_search: bool = False) -> None:
     root = Path(tempfile.mkdtemp(prefix="session-"))
     try:
         work = make_workdir(root)
@@ -247,6 +251,7 @@ async def record(out: Path, time_limit: float, seed: int = 0) -> None:
                 allowed_tools="Bash,Read,Grep",
                 max_turns=TURNS + 10,
                 time_limit=time_limit,
+                extra_env={"ENABLE_TOOL_SEARCH": "true"} if tool_search else None,
             )
             requests = _recorded(runner.app[RECORDED])
         finally:
@@ -261,6 +266,7 @@ async def record(out: Path, time_limit: float, seed: int = 0) -> None:
             "python": platform.python_version(),
             "turns": TURNS,
             "seed": seed,
+            "tool_search": tool_search,
         }
         write_session(out, meta, requests)
         describe(requests, out)
@@ -293,9 +299,12 @@ def main() -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="another session's turns (0: the recorded one's)"
     )
+    parser.add_argument(
+        "--tool-search", action="store_true", help="with ENABLE_TOOL_SEARCH=true (tool search on)"
+    )
     args = parser.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    asyncio.run(record(args.out, args.time_limit, args.seed))
+    asyncio.run(record(args.out, args.time_limit, args.seed, args.tool_search))
 
 
 if __name__ == "__main__":
