@@ -24,7 +24,7 @@ import orjson
 from aiohttp import web
 
 from proxy.core.model_names import anthropic_name
-from proxy.core.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter, loaded_tools
 from proxy.testing import api_gemini
 from proxy.testing.answering import Checked, count_tokens, serve
 from proxy.testing.api import Api, Event, Refusal, event, json_pieces, text_pieces
@@ -91,9 +91,11 @@ def _entries(messages: list[Any]) -> Iterator[Entry]:
 def read(body: dict[str, Any]) -> Prompt:
     """A Messages body as the script reads it."""
     messages = body.get("messages") or []
-    tools = tuple(
-        str(t["name"]) for t in body.get("tools") or () if isinstance(t, dict) and "name" in t
-    )
+    # A deferred tool (tool search) is offered only once a tool_reference loads it, as
+    # the API expands it only there: the script cannot call one it was not shown.
+    listed = loaded_tools(body.get("tools"), messages)
+    offered = listed if isinstance(listed, list) else ()
+    tools = tuple(str(t["name"]) for t in offered if isinstance(t, dict) and "name" in t)
     thinking = body.get("thinking")
     config = body.get("output_config")
     fmt = config.get("format") if isinstance(config, Mapping) else None
