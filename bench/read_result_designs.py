@@ -68,12 +68,16 @@ def tool_known() -> Iterator[None]:
         return tool_name(self, body)
 
     def history(
-        self: MessagesRequest, body: Mapping[str, Any], messages: list[Any], tool: str | None
+        self: MessagesRequest,
+        body: Mapping[str, Any],
+        messages: list[Any],
+        tool: str | None,
+        tool_search: bool = False,
     ) -> Any:
         tools = body.get("tools")
         if tool == NAME and isinstance(tools, list) and OURS in tools:
             return {"messages": messages}
-        return with_history(self, body, messages, tool)
+        return with_history(self, body, messages, tool, tool_search)
 
     MessagesRequest.tool_name = name  # type: ignore[method-assign]
     MessagesRequest.with_history = history  # type: ignore[method-assign]
@@ -134,19 +138,21 @@ def main() -> None:
         f" stub head {policy.stub_head_chars}, keep_results {policy.keep_results}"
     )
     for path in args.sessions:
-        bodies = [orjson.loads(r.body) for r in read_session(path) if r.kind in ("tool", "text")]
+        main = [r for r in read_session(path) if r.kind in ("tool", "text")]
+        bodies = [orjson.loads(r.body) for r in main]
+        betas = next((v for k, v in main[0].headers.items() if k.lower() == "anthropic-beta"), "")
         if args.tool_search:
             bodies = [with_tool_search(b) for b in bodies]
-        shipped = replay(bodies, policies, counter)
+        shipped = replay(bodies, policies, counter, betas=betas)
         plain = shipped.direct_cost
         rows = [("at the first offload", shipped.proxy_cost)]
         with tool_known():
-            early = replay(with_tool_from(bodies, 0), policies, counter)
+            early = replay(with_tool_from(bodies, 0), policies, counter, betas=betas)
             rows.append(("from the first request", early.proxy_cost))
             sizes = [sum(counter.count_message(m) for m in b["messages"]) for b in bodies]
             for at in (int(a) for a in args.at.split(",") if a):
                 first = next((n for n, size in enumerate(sizes) if size >= at), len(bodies))
-                joined = replay(with_tool_from(bodies, first), policies, counter)
+                joined = replay(with_tool_from(bodies, first), policies, counter, betas=betas)
                 label = f"from {at:,} tokens of history (request {first + 1})"
                 rows.append((label, joined.proxy_cost))
         print(f"{path.name}: {len(bodies)} requests, unmanaged {plain:,.0f} units")

@@ -107,6 +107,9 @@ class CompactionRequest:
     # What the line's earlier validations kept (proxy/core/validated.py); None: every
     # message is validated.
     validated: Validated | None = None
+    # Tool search is on for the client's requests (its betas say so: the shell reads
+    # them), so read_result may join deferred, loaded by a stub (Dialect.with_history).
+    tool_search: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,7 +315,8 @@ def _checked(request: CompactionRequest, rewrite: Rewrite) -> _Checked:
 def _sent(request: CompactionRequest, rewrite: Rewrite) -> dict[str, Any]:
     """The body a rewrite sends (decoded)."""
     messages = _with_proxy_breakpoint(request, rewrite)
-    return {**request.body, **request.wire.with_history(request.body, messages, rewrite.tool)}
+    fields = request.wire.with_history(request.body, messages, rewrite.tool, request.tool_search)
+    return {**request.body, **fields}
 
 
 def _recounted(request: CompactionRequest, indices: Sequence[int]) -> CompactionRequest:
@@ -384,7 +388,8 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
         place = fold.in_place
         history = _marked(request, place.history, place.breakpoint_at)
         # The conversation's request as it goes upstream (read_result among its tools).
-        sent = {**request.body, **request.wire.with_history(request.body, history, place.tool)}
+        fields = request.wire.with_history(request.body, history, place.tool, request.tool_search)
+        sent = {**request.body, **fields}
         body = request.wire.summary_request(
             sent,
             model=model,
@@ -418,7 +423,7 @@ def _read_result(request: CompactionRequest) -> tuple[str | None, int]:
     tools = body.get("tools")
     preamble = TOOLS_PREAMBLE if isinstance(tools, list) and tools else 0
     added = request.counter.count_tools([wire.read_result_tool(tool)]) - preamble
-    return tool, added + wire.loading_tokens(request.counter, tool, tools)
+    return tool, added + wire.loading_tokens(request.counter, tool, tools, request.tool_search)
 
 
 def _plan_input(

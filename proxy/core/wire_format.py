@@ -129,9 +129,16 @@ class Request(Protocol):
         """The request's history (every message a JSON object), or [] when absent."""
         ...
 
-    def with_history(self, body: Mapping[str, Any], messages: list[JSON], tool: str | None) -> JSON:
+    def with_history(
+        self,
+        body: Mapping[str, Any],
+        messages: list[JSON],
+        tool: str | None,
+        tool_search: bool = False,
+    ) -> JSON:
         """The top-level fields a rewrite replaces: the history, and the tools with
-        read_result appended when `tool` names it."""
+        read_result appended when `tool` names it (`tool_search`: the client's request
+        has tool search on, so read_result may join deferred where the format has it)."""
         ...
 
     def counter(self, base: TokenCounter) -> MessageCounter: ...
@@ -203,10 +210,13 @@ class Dialect(Protocol):
         """The injected tool's definition in this format: the same bytes every time."""
         ...
 
-    def loading_tokens(self, counter: MessageCounter, name: str, tools: object) -> int:
+    def loading_tokens(
+        self, counter: MessageCounter, name: str, tools: object, tool_search: bool = False
+    ) -> int:
         """What the history gains where read_result (named `name`) joins the client's
         `tools` deferred, loaded by the first stub (the Messages API's `tool_reference`:
-        `Request.with_history` decides); 0 where it is listed."""
+        `Request.with_history` decides, with the same `tool_search`); 0 where it is
+        listed."""
         ...
 
     def with_breakpoint(

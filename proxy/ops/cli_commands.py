@@ -19,6 +19,7 @@ from proxy.ops.requests import (
     load_request,
     load_trace,
     recorded_betas,
+    trace_betas,
     trace_length,
 )
 
@@ -172,6 +173,7 @@ def run_replay(args: argparse.Namespace) -> int:
             progress,
             fmt,
             settings.prices,
+            trace_betas(args.trace),
         )
     finally:
         progress.close()

@@ -247,9 +247,11 @@ def replay(
     progress: Progress | None = None,
     fmt: WireFormat | None = None,
     prices: PriceTable | None = None,
+    betas: str = "",
 ) -> Replay:
     """`fmt` None: the first request's (proxy/ops/formats.py). `prices`: the `[[price]]`
-    tables (none: the cache model's relative units)."""
+    tables (none: the cache model's relative units). `betas`: the requests'
+    `anthropic-beta`, as recorded (the 1M window, tool search)."""
     now = [0.0]
     direct_cache = PromptCache(clock=lambda: now[0])
     proxy_cache = PromptCache(clock=lambda: now[0])
@@ -261,7 +263,7 @@ def replay(
     for n, (body, following) in enumerate(_with_next(bodies)):
         if simulator is None:
             fmt = fmt or format_for("auto", body)
-            simulator = Simulator(policies, counter, fmt=fmt)
+            simulator = Simulator(policies, counter, fmt=fmt, betas=betas)
             pricing = _pricing(fmt, counter)
         now[0] += SECONDS_PER_TURN
         step = simulator.step(body)

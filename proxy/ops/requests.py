@@ -101,6 +101,24 @@ def recorded_betas(path: Path) -> str:
         value = orjson.loads(_read(path))
     except (orjson.JSONDecodeError, RequestFileError):
         return ""
+    return _betas_of(value)
+
+
+def trace_betas(path: Path) -> str:
+    """The `anthropic-beta` header of a trace's first request, where it is recorded with
+    its headers (a client sends the same betas with every request); "" otherwise."""
+    if path.is_dir():
+        files = sorted((p for p in path.iterdir() if _is_request_file(p)), key=_natural)
+        return recorded_betas(files[0]) if files else ""
+    try:
+        with _open(path) as f:
+            line = next((line for line in f if line.strip()), b"")
+        return _betas_of(orjson.loads(line)) if line else ""
+    except (OSError, EOFError, gzip.BadGzipFile, orjson.JSONDecodeError):
+        return ""  # (load_trace says what is wrong with the file)
+
+
+def _betas_of(value: Any) -> str:
     headers = value.get("headers") if isinstance(value, dict) else None
     if isinstance(headers, dict):
         pairs: list[Any] = list(headers.items())

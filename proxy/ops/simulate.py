@@ -61,6 +61,7 @@ from proxy.core.strategy import Strategy
 from proxy.core.tokens import TokenCounter
 from proxy.core.wire_format import Dialect, WireFormat
 from proxy.wire import ANTHROPIC
+from proxy.wire.anthropic import searches_tools
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +313,7 @@ class Simulator:
             stubbed=self.stubbed,
             built=seen.built if seen is not None else None,
             validated=seen.validated if seen is not None else None,
+            tool_search=searches_tools(self.betas),
         )  # fmt: skip
         memory = self.memory
         memory.asked = memory.ahead = None

@@ -63,6 +63,7 @@ from proxy.server.summariser import (
 )
 from proxy.server.tasks import spawn_watched, stop_tasks
 from proxy.store import Store
+from proxy.wire.anthropic import searches_tools
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +218,7 @@ class Compactor:
         # (model, 1M beta asked) -> its policy (a glob match and a table lookup each)
         self._policy_of: dict[tuple[str, bool], Policy] = {}
         self._wants_1m: dict[str, bool] = {}  # betas -> whether they ask for the 1M window
+        self._tool_search: dict[str, bool] = {}  # betas -> whether they turn tool search on
         self._warned: set[str] = set()  # models not in the model table, warned of once
         self.stubbed: StubbedMemo = {}  # stubbed messages built, shared by all requests
         self.on_background_summary = on_background_summary
@@ -243,6 +245,17 @@ class Compactor:
         """Stop the background work (summaries made ahead), within a deadline."""
         await stop_tasks(list(self._background), what="summary made ahead")
         await self.calibration.close()
+
+    def _searches_tools(self, betas: str) -> bool:
+        """Whether tool search is on for requests with these betas, so read_result may join
+        them deferred (memoised as `_wants_1m`: a client sends the same betas every time)."""
+        found = self._tool_search.get(betas)
+        if found is None:
+            found = searches_tools(betas)
+            if len(self._tool_search) >= POLICY_MEMO_SIZE:
+                self._tool_search.clear()
+            self._tool_search[betas] = found
+        return found
 
     def policy(
         self, model: str, override: Mapping[str, int] | None = None, betas: str = ""
@@ -416,6 +429,7 @@ class Compactor:
             read_result=incoming.read_result,
             model=model,
             validated=seen.validated if seen is not None else None,
+            tool_search=self._searches_tools(asked.betas),
         )
         executor = StoreExecutor(
             store,

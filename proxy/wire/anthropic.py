@@ -114,18 +114,32 @@ def read_result_tool(name: str, deferred: bool = False) -> JSON:
 
 
 def with_read_result(
-    body: Mapping[str, Any], messages: list[JSON], tool: str
+    body: Mapping[str, Any], messages: list[JSON], tool: str, tool_search: bool = False
 ) -> tuple[list[JSON], list[Any]]:
     """The history and tools a request goes with when read_result (`tool`) joins it.
-    Deferred, loaded by the first stub, where the client defers tools already (tool search
-    is on for its requests, so the API takes `defer_loading` and `tool_reference` from
-    them) and a stub is there to load it; else listed as the client's tools are (a client
-    that defers none may reach an API or a platform that does not take them, and a
-    deferred tool no reference loads could not be called)."""
+    Deferred, loaded by the first stub, where tool search is on for the client's requests
+    (`tool_search`: its betas say so, `searches_tools`; or it defers tools already), so
+    the API takes `defer_loading` and `tool_reference` from them, and a stub is there to
+    load it; else listed as the client's tools are (a client without tool search may
+    reach an API or a platform that does not take them, and a deferred tool no reference
+    loads could not be called)."""
     tools = body.get("tools")
     listed = tools if isinstance(tools, list) else []
-    loaded = loading(messages, tool) if defers_tools(listed) else messages
+    searching = tool_search or defers_tools(listed)
+    loaded = loading(messages, tool) if searching else messages
     return loaded, [*listed, read_result_tool(tool, deferred=loaded is not messages)]
+
+
+# The betas under which the API takes deferred tools and their references: Claude Code
+# sends the first with ENABLE_TOOL_SEARCH set (needed behind a base URL not Anthropic's),
+# from its first request, though it defers a tool in `tools` only once ToolSearch loaded
+# one (until then it does not send them at all).
+TOOL_SEARCH_BETAS = ("advanced-tool-use-", "tool-search-tool-")
+
+
+def searches_tools(betas: str) -> bool:
+    """Whether a request's `anthropic-beta` (one comma list) turns tool search on."""
+    return any(b.strip().lower().startswith(TOOL_SEARCH_BETAS) for b in betas.split(","))
 
 
 def loading(messages: list[JSON], tool: str) -> list[JSON]:
@@ -163,11 +177,13 @@ def tool_reference(tool: str) -> JSON:
     return {"type": "tool_reference", "tool_name": tool}
 
 
-def loading_tokens(counter: MessageCounter, tool: str, tools: object) -> int:
-    """What `loading` adds to a history's count where the client's `tools` defer some
-    (`with_read_result`): the reference, and the stub's content as a list of parts rather
-    than a string."""
-    if not isinstance(tools, list) or not defers_tools(tools):
+def loading_tokens(
+    counter: MessageCounter, tool: str, tools: object, tool_search: bool = False
+) -> int:
+    """What `loading` adds to a history's count where read_result joins deferred
+    (`with_read_result`: tool search on, or the client's `tools` defer some): the
+    reference, and the stub's content as a list of parts rather than a string."""
+    if not tool_search and (not isinstance(tools, list) or not defers_tools(tools)):
         return 0
     plain = {"type": "tool_result", "tool_use_id": "toolu_0", "content": "x"}
     loaded = {**plain, "content": [{"type": "text", "text": "x"}, tool_reference(tool)]}
@@ -245,10 +261,16 @@ class MessagesRequest:
     messages = staticmethod(request_messages)
     max_output = staticmethod(max_output)
 
-    def with_history(self, body: Mapping[str, Any], messages: list[JSON], tool: str | None) -> JSON:
+    def with_history(
+        self,
+        body: Mapping[str, Any],
+        messages: list[JSON],
+        tool: str | None,
+        tool_search: bool = False,
+    ) -> JSON:
         if not tool:
             return {"messages": messages}
-        sent, tools = with_read_result(body, messages, tool)
+        sent, tools = with_read_result(body, messages, tool, tool_search)
         return {"messages": sent, "tools": tools}
 
     def counter(self, base: TokenCounter) -> MessageCounter:

@@ -214,7 +214,13 @@ class GeminiRequest:
     max_output = staticmethod(max_output)
     identity_view = staticmethod(identity_view)
 
-    def with_history(self, body: Mapping[str, Any], messages: list[JSON], tool: str | None) -> JSON:
+    def with_history(
+        self,
+        body: Mapping[str, Any],
+        messages: list[JSON],
+        tool: str | None,
+        tool_search: bool = False,  # (Messages only: the tool is listed here)
+    ) -> JSON:
         fields: JSON = {"contents": messages}
         if tool:
             fields["tools"] = with_read_result(body.get("tools"), tool)
@@ -251,7 +257,9 @@ class GeminiDialect:
     render_transcript = staticmethod(render_transcript)
     read_result_tool = staticmethod(read_result_tool)
 
-    def loading_tokens(self, counter: MessageCounter, name: str, tools: object) -> int:
+    def loading_tokens(
+        self, counter: MessageCounter, name: str, tools: object, tool_search: bool = False
+    ) -> int:
         return 0  # the tool is listed, not deferred
 
     head_text = staticmethod(head_text)

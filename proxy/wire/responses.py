@@ -212,7 +212,13 @@ class ResponsesRequest:
     def messages(self, body: Mapping[str, Any]) -> list[JSON]:
         return units_of(input_items(body))
 
-    def with_history(self, body: Mapping[str, Any], messages: list[JSON], tool: str | None) -> JSON:
+    def with_history(
+        self,
+        body: Mapping[str, Any],
+        messages: list[JSON],
+        tool: str | None,
+        tool_search: bool = False,  # (Messages only: the tool is listed here)
+    ) -> JSON:
         fields: JSON = {"input": flatten(messages)}
         if tool:  # (None for a request asking for a summary: routes.py Incoming)
             tools = body.get("tools")
@@ -263,7 +269,9 @@ class ResponsesDialect:
     render_transcript = staticmethod(render_transcript)
     read_result_tool = staticmethod(read_result_tool)
 
-    def loading_tokens(self, counter: MessageCounter, name: str, tools: object) -> int:
+    def loading_tokens(
+        self, counter: MessageCounter, name: str, tools: object, tool_search: bool = False
+    ) -> int:
         return 0  # the tool is listed, not deferred
 
     note_message = staticmethod(user_text_unit)

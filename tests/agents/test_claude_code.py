@@ -9,14 +9,20 @@ proxy records every answer exactly as the client received it.
 What must hold (issue 11): Claude Code finishes with the scenario's final text; every
 upstream request was valid and within the window; Claude Code never sees read_result;
 it is never told more input tokens than the window; it never compacts by itself.
+With tool search on (`ENABLE_TOOL_SEARCH=true`, issue 35) read_result joins deferred and
+the first stub loads it: the request that adds it reads Claude Code's tools and system
+prompt from the cache.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
+from proxy.core.tokens import default_counter
 from proxy.testing.claude_code import ClaudeCodeRun, run_claude_code
 from proxy.testing.standin import StandInOptions
 from tests.agents.checks import log_scenario, session_failures, write_logs
@@ -162,4 +168,78 @@ async def test_claude_code_sonnet_four_reads_in_one_turn(
     stack = await agent_stack(options, "")
     run = await _run(stack, claude_code_cli, tmp_path, [30_000] * turns * per_step, turns)
     failures = _verdict(run, stack, options, min_reads=4)
+    assert not failures, "\n".join(failures)
+
+
+def _tool_references(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tool_reference blocks of the messages' tool results."""
+    return [
+        part
+        for message in body["messages"]
+        if isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_result" and isinstance(block.get("content"), list)
+        for part in block["content"]
+        if part.get("type") == "tool_reference"
+    ]
+
+
+def _deferral_failures(stack: AgentStack) -> list[str]:
+    """What a session with tool search on must show upstream: the tool-search beta on
+    every main-loop request; read_result, wherever it joins, deferred and loaded by one
+    tool_reference (never listed); the first request it joins reading the client's tools
+    and system prompt from the cache (listed, it would read none of them)."""
+    failures, joined = [], []
+    counter = default_counter()
+    for n, r in enumerate(stack.standin.recorded):
+        if r.method != "POST" or r.headers.get("x-compaction-proxy-purpose") or not r.kind:
+            continue
+        if "advanced-tool-use-" not in r.headers.get("anthropic-beta", ""):
+            failures.append(f"upstream request #{n} without the tool-search beta")
+        body = orjson.loads(r.body)
+        ours = [t for t in body.get("tools", []) if t.get("name") == "read_result"]
+        if not ours:
+            continue
+        joined.append((r, body))
+        if ours[0].get("defer_loading") is not True:
+            failures.append(f"upstream request #{n} lists read_result, not deferred")
+        loads = [b for b in _tool_references(body) if b.get("tool_name") == "read_result"]
+        if len(loads) != 1:
+            failures.append(f"upstream request #{n} loads read_result {len(loads)} times")
+    if not joined:
+        return [*failures, "read_result never joined a request"]
+    first, body = joined[0]
+    client_tools = [t for t in body["tools"] if t.get("name") != "read_result"]
+    fixed = counter.count_tools(client_tools) + counter.count_system(body["system"])
+    read = int(first.usage.get("cache_read_input_tokens") or 0)
+    if read < fixed:
+        failures.append(
+            f"the request read_result joined read {read:,} tokens from the cache, less than"
+            f" Claude Code's tools and system prompt ({fixed:,})"
+        )
+    print(f"read_result joined {len(joined)} requests; the first read {read:,} cached ({fixed:,})")
+    return failures
+
+
+@pytest.mark.timeout(1500)
+async def test_claude_code_with_tool_search_gets_read_result_deferred(
+    agent_stack: MakeStack, claude_code_cli: list[str], tmp_path: Path
+) -> None:
+    """Claude Code with ENABLE_TOOL_SEARCH=true (what a user sets behind the proxy for
+    its tool search): 12 Bash turns of ~4,700-token logs through the 60k window, two
+    reads before every third turn from the seventh on. Its requests defer no tool in
+    `tools` (its rarely used ones go unsent) but carry the tool-search beta, so
+    read_result joins deferred; the stand-in offers the script read_result only where a
+    tool_reference loads it, as the API expands a deferred tool only there."""
+    turns = 12
+    reads = {n: 2 for n in range(6, turns, 3)}
+    options = StandInOptions(
+        windows={"*": 200_000, MODEL: SMALL_WINDOW},
+        scenario=log_scenario(turns, reads, FINAL),
+        max_recorded=None,
+    )
+    stack = await agent_stack(options, SMALL_WINDOW_CONFIG)
+    env = {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": "100000", "ENABLE_TOOL_SEARCH": "true"}
+    run = await _run(stack, claude_code_cli, tmp_path, [12_000] * turns, turns, env)
+    failures = _verdict(run, stack, options, min_reads=4) + _deferral_failures(stack)
     assert not failures, "\n".join(failures)

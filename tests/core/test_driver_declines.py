@@ -23,8 +23,14 @@ from tests.core.test_planner import conversation, policy
 class EmptyingRewrites(AnthropicMessages):
     """Messages, except that every rewrite loses its history."""
 
-    def with_history(self, body: Mapping[str, Any], messages: list[JSON], tool: str | None) -> JSON:
-        return super().with_history(body, [], tool)
+    def with_history(
+        self,
+        body: Mapping[str, Any],
+        messages: list[JSON],
+        tool: str | None,
+        tool_search: bool = False,
+    ) -> JSON:
+        return super().with_history(body, [], tool, tool_search)
 
 
 def faulty(req: CompactionRequest) -> CompactionRequest:

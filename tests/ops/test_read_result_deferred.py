@@ -123,3 +123,50 @@ def test_a_client_that_defers_no_tool_gets_read_result_listed() -> None:
     assert ANTHROPIC.loading_tokens(COUNTER, "read_result", body["tools"]) == 0
     listed = first_offload(tools=(READ,))
     assert listed.strategy == Strategy.OFFLOAD and listed.proxied.cache_read_input_tokens == 0
+
+
+# Claude Code with ENABLE_TOOL_SEARCH=true (2.1.197, recorded): its rarely used tools go
+# unsent until a ToolSearch call loads one, so its requests defer none, but every one
+# carries this beta.
+TOOL_SEARCH_BETAS = "claude-code-20250219,context-1m-2025-08-07,advanced-tool-use-2025-11-20"
+
+
+def test_the_tool_search_beta_says_tool_search_is_on() -> None:
+    assert anthropic.searches_tools(TOOL_SEARCH_BETAS)
+    assert anthropic.searches_tools("tool-search-tool-2025-10-19")
+    assert anthropic.searches_tools(" Advanced-Tool-Use-2025-11-20 ")
+    assert not anthropic.searches_tools("claude-code-20250219,context-1m-2025-08-07")
+    assert not anthropic.searches_tools("")
+
+
+def test_a_client_with_tool_search_on_gets_read_result_deferred_though_it_defers_none() -> None:
+    """Tool search on (its betas) and no tool deferred yet: read_result joins deferred,
+    loaded by the first stub, and the request that adds it reads the client's tools and
+    system from the cache; without the beta the same bodies get it listed."""
+    body = session(3, tools=(READ,))[-1]
+    messages = body["messages"]
+    stub = stub_text(
+        messages[2]["content"][0]["content"], "r_0123456789abcdef", "read_result", 100, 8_000
+    )
+    stubbed = [*messages[:2], ANTHROPIC.with_results(messages[2], {0: stub}), *messages[3:]]
+    fields = ANTHROPIC.with_history(body, stubbed, "read_result", tool_search=True)
+    assert fields["tools"] == [READ, anthropic.read_result_tool("read_result", deferred=True)]
+    assert fields["messages"][2]["content"][0]["content"] == [
+        {"type": "text", "text": stub},
+        {"type": "tool_reference", "tool_name": "read_result"},
+    ]
+    tokens = COUNTER.count_message(fields["messages"][2]) - COUNTER.count_message(stubbed[2])
+    assert tokens == ANTHROPIC.loading_tokens(COUNTER, "read_result", [READ], tool_search=True)
+    assert tokens > 0
+
+    policy = Policy(match="claude-test-1", window=1_000_000, offload_trigger=8_000)
+    bodies = session(8, tools=(READ,))
+    searching = replay(bodies, [policy], COUNTER, betas=TOOL_SEARCH_BETAS)
+    plain = replay(bodies, [policy], COUNTER, betas="claude-code-20250219")
+    first = next(t for t in searching.turns if t.strategy is not None)
+    listed = next(t for t in plain.turns if t.strategy is not None)
+    fixed = COUNTER.count_tools([READ]) + COUNTER.count_system(SYSTEM)
+    assert first.n == listed.n and first.strategy == Strategy.OFFLOAD
+    assert first.proxied.cache_read_input_tokens >= fixed
+    assert listed.proxied.cache_read_input_tokens == 0
+    assert searching.proxy_cost < plain.proxy_cost

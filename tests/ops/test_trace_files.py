@@ -11,6 +11,7 @@ import pytest
 
 from proxy.cli import main
 from tests.ops.test_ops_formats import CONFIG
+from tests.ops.test_read_result_deferred import TOOL_SEARCH_BETAS, session
 from tests.ops.test_simulate import anthropic_request, chat_request
 
 
@@ -122,3 +123,33 @@ def test_a_forced_format_that_does_not_fit_warns(
     )
     assert code == 0
     assert "compaction-proxy: warning: first request: --format anthropic, but" in err
+
+
+def test_replay_reads_the_betas_a_trace_recorded(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A trace of recorded requests (`{method, path, headers, body}`) is replayed under
+    their `anthropic-beta`: with tool search's, read_result joins deferred (cheaper here,
+    tests/ops/test_read_result_deferred.py); the bare bodies replay without it."""
+    config = tmp_path / "policy.toml"
+    config.write_text(
+        '[[policy]]\nmatch = "claude-test-1"\nwindow = 1000000\noffload_trigger = 8000\n'
+    )
+    bodies = session(8)
+    for body in bodies:  # no tool deferred: only the betas can say tool search is on
+        body["tools"] = [t for t in body["tools"] if not t.get("defer_loading")]
+    headers = {"anthropic-beta": TOOL_SEARCH_BETAS, "x-api-key": "sk-ant-recorded"}
+    recorded = [
+        {"method": "POST", "path": "/v1/messages", "headers": headers, "body": b} for b in bodies
+    ]
+    costs = []
+    for name, lines in (("bare.jsonl", bodies), ("recorded.jsonl", recorded)):
+        trace, report = tmp_path / name, tmp_path / f"{name}.html"
+        trace.write_bytes(jsonl(lines))
+        code, out, _ = run(
+            capsys, "replay", str(trace), "--config", str(config), "--out", str(report)
+        )
+        assert code == 0
+        line = next(t for t in out.splitlines() if t.startswith("billed with the proxy"))
+        costs.append(int(line.split(":")[1].split("units")[0].replace(",", "")))
+    assert costs[1] < costs[0]

@@ -138,3 +138,46 @@ def test_a_deferred_tool_counts_only_once_a_tool_reference_loads_it() -> None:
     units = prompt_units({**after, "messages": marked}, counter)
     assert units[-1].cumulative_tokens == counter.count_request({**after, "messages": marked})
     assert units[2].cumulative_tokens == units[3].cumulative_tokens  # `unused` adds nothing
+
+
+async def test_read_result_joins_deferred_where_the_beta_turns_tool_search_on(
+    make_standin: MakeStandIn, make_compacting_proxy: MakeProxy
+) -> None:
+    """Before any ToolSearch call Claude Code defers no tool in `tools` (it does not send
+    them), but its requests carry the tool-search beta: read_result joins deferred, the
+    first stub loads it with a tool_reference; the same requests without the beta get it
+    listed, as the client may reach an API that takes no deferred tool."""
+    standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
+    proxy = await make_compacting_proxy(standin.url)
+    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-tools", max_retries=0)
+    messages = [m for n, m in enumerate(history(16)) if n not in (1, 2)]  # no ToolSearch yet
+    for beta in (BETA, "claude-code-20250219"):
+        raw = await client.messages.with_raw_response.create(
+            model="claude-sonnet-4-6",
+            max_tokens=512,
+            tools=[BASH, SEARCH],  # type: ignore[list-item]
+            messages=messages,  # type: ignore[arg-type]
+            extra_headers={"anthropic-beta": beta, "x-conversation-id": uuid.uuid4().hex},
+        )
+        await raw.parse()
+        assert raw.headers.get("x-compaction-strategy") == "offload", raw.headers
+    await client.close()
+    sent = [r for r in standin.recorded if not r.headers.get(PURPOSE)]
+    assert len(sent) == 2 and all(r.status == 200 for r in sent), [r.error for r in sent]
+    searching, plain = (orjson.loads(r.body) for r in sent)
+    for body in (searching, plain):
+        assert body["tools"][:2] == [BASH, SEARCH]
+        assert body["tools"][2]["name"] == "read_result"
+    assert searching["tools"][2]["defer_loading"] is True
+    assert "defer_loading" not in plain["tools"][2]
+    loads = [
+        b
+        for m in searching["messages"]
+        if isinstance(m["content"], list)
+        for r in m["content"]
+        if r.get("type") == "tool_result" and isinstance(r["content"], list)
+        for b in r["content"]
+        if b.get("type") == "tool_reference"
+    ]
+    assert loads == [{"type": "tool_reference", "tool_name": "read_result"}]
+    assert b"tool_reference" not in orjson.dumps(plain["messages"])
