@@ -17,11 +17,13 @@ definition (the same bytes it injects) from that request on, and having the simu
 proxy treat that definition as its own (not the client's tool of the same name), so it
 neither renames nor adds it again. Each ratio is against the same session unmanaged.
 
-`--tool-search` gives the bodies the shape Claude Code sends with tool search on
-(`ENABLE_TOOL_SEARCH=true`, tests/server/test_tool_search.py): its rarely used tools
-(DEFERRED) marked `defer_loading` and a ToolSearch tool listed, both ways, so the shipped
-design defers read_result too (proxy/wire/anthropic.py `with_read_result`). None of them
-is loaded in these sessions, so none is in the prompt.
+`--tool-search` gives sessions recorded without tool search a synthetic approximation of
+it: their rarely used tools (DEFERRED) marked `defer_loading` and a ToolSearch tool
+listed, both ways, so the shipped design defers read_result too (proxy/wire/anthropic.py
+`with_read_result`). What Claude Code really sends with `ENABLE_TOOL_SEARCH=true` differs
+(those tools not sent at all, the beta `advanced-tool-use-2025-11-20` on every request):
+the sessions recorded so (bench/sessions/*-tool-search.zst, `bench/record_session.py
+--tool-search`) need no option; each session is replayed under its recorded betas.
 
     .venv/bin/python bench/read_result_designs.py [--at 5000,10000] [--policy k=v,..]
         [--tool-search] SESSION..
