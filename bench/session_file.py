@@ -75,8 +75,11 @@ def write_session(path: Path, meta: Mapping[str, Any], requests: Sequence[Record
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    data = zstandard.ZstdDecompressor().stream_reader(path.read_bytes()).readline()
-    meta: dict[str, Any] = orjson.loads(data)
+    """The session's first line (what recorded it, when, how), without the requests. (A
+    zstandard stream reader has no readline: it raised io.UnsupportedOperation.)"""
+    with zstandard.ZstdDecompressor().stream_reader(path.read_bytes()) as reader:
+        head = reader.read(1 << 16)  # the line is a few hundred bytes
+    meta: dict[str, Any] = orjson.loads(head[: head.index(b"\n")])
     return meta
 
 

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from fresh_session import FreshSessions  # noqa: E402
-from session_file import Recorded, read_session, write_session  # noqa: E402
+from session_file import Recorded, read_meta, read_session, write_session  # noqa: E402
 
 
 def test_session_file_round_trip(tmp_path: Path) -> None:
@@ -21,6 +21,7 @@ def test_session_file_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "s.zst"
     write_session(path, {"model": "m"}, requests)
     assert read_session(path) == requests
+    assert read_meta(path) == {"format": read_meta(path)["format"], "model": "m", "requests": 4}
 
 
 def test_the_recorded_session_is_a_long_real_one() -> None:
@@ -54,3 +55,19 @@ def test_fresh_conversations_keep_the_structure_and_change_the_content() -> None
     later = orjson.loads(one[5].body)["messages"]
     assert first[3] == later[3]
     assert later[3] != orjson.loads(two[5].body)["messages"][3]
+
+
+def test_the_sessions_recorded_with_tool_search_on() -> None:
+    """`bench/record_session.py --tool-search`: Claude Code with ENABLE_TOOL_SEARCH=true
+    sends the tool-search beta with every request and, its rarely used tools unsent until
+    a ToolSearch call loads one, defers none in `tools` (issue 35, bench/RESULTS.md)."""
+    for name in ("claude-code-opus-5-5-tool-search", "claude-code-logs-heldout-tool-search"):
+        path = ROOT / "bench" / "sessions" / f"{name}.zst"
+        assert read_meta(path)["tool_search"] is True
+        main = [r for r in read_session(path) if r.kind in ("tool", "text")]
+        assert len(main) == 43
+        for r in main:
+            assert "advanced-tool-use-2025-11-20" in r.headers["anthropic-beta"]
+            tools = orjson.loads(r.body)["tools"]
+            assert "ToolSearch" in {t["name"] for t in tools}
+            assert not any(t.get("defer_loading") for t in tools)
