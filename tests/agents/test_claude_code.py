@@ -24,6 +24,7 @@ import pytest
 
 from proxy.core.tokens import default_counter
 from proxy.testing.claude_code import ClaudeCodeRun, run_claude_code
+from proxy.testing.scenario import Scenario, Step
 from proxy.testing.standin import StandInOptions
 from tests.agents.checks import log_scenario, session_failures, write_logs
 from tests.agents.conftest import AgentStack, MakeStack
@@ -230,16 +231,26 @@ async def test_claude_code_with_tool_search_gets_read_result_deferred(
     reads before every third turn from the seventh on. Its requests defer no tool in
     `tools` (its rarely used ones go unsent) but carry the tool-search beta, so
     read_result joins deferred; the stand-in offers the script read_result only where a
-    tool_reference loads it, as the API expands a deferred tool only there."""
+    tool_reference loads it, as the API expands a deferred tool only there. Midway the
+    model loads one of Claude Code's own tools with ToolSearch: from then on Claude Code
+    defers it in `tools` and its reference loads it, beside read_result's."""
     turns = 12
     reads = {n: 2 for n in range(6, turns, 3)}
+    logs = log_scenario(turns, reads, FINAL).steps
+    search = {"name": "ToolSearch", "input": {"query": "select:CronList", "max_results": 5}}
+    steps = (*logs[:8], Step(calls=(search,), text="Loading a tool."), *logs[8:])
     options = StandInOptions(
         windows={"*": 200_000, MODEL: SMALL_WINDOW},
-        scenario=log_scenario(turns, reads, FINAL),
+        scenario=Scenario(steps),
         max_recorded=None,
     )
     stack = await agent_stack(options, SMALL_WINDOW_CONFIG)
     env = {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": "100000", "ENABLE_TOOL_SEARCH": "true"}
     run = await _run(stack, claude_code_cli, tmp_path, [12_000] * turns, turns, env)
     failures = _verdict(run, stack, options, min_reads=4) + _deferral_failures(stack)
+    last = orjson.loads(next(r for r in reversed(stack.standin.recorded) if r.kind).body)
+    deferred = [t["name"] for t in last["tools"] if t.get("defer_loading")]
+    loads = sorted(b["tool_name"] for b in _tool_references(last))
+    if deferred != ["CronList", "read_result"] or loads != deferred:
+        failures.append(f"the last request defers {deferred} and loads {loads}")
     assert not failures, "\n".join(failures)
