@@ -22,12 +22,10 @@ from proxy.core.policy import DEFAULT_POLICIES
 from proxy.core.tokens import TokenCounter
 from proxy.server import bedrock, vertex
 from proxy.server.admin.routes import install as install_admin
-from proxy.server.auth import authenticate
 from proxy.server.compactor import Compactor
-from proxy.server.errors import render_errors
 from proxy.server.fleet import fleet_lifetime
+from proxy.server.front_door import front_door
 from proxy.server.gemini import add_routes as add_gemini_routes
-from proxy.server.gemini import key_in_header
 from proxy.server.health import handle_healthz, handle_readyz
 from proxy.server.lifecycle import LIFECYCLE, Lifecycle
 from proxy.server.listener import CappedSite, connection_cap
@@ -53,7 +51,6 @@ from proxy.server.routes import (
 )
 from proxy.server.routing import OPENAI_UPSTREAM, openai_upstream_lifetime
 from proxy.server.state import COMPACTOR, SETTINGS, STORE, UPSTREAM, StoreState
-from proxy.server.target import canonical_target
 from proxy.server.tasks import stop_tasks
 from proxy.server.traces import trace_requests, tracing_lifetime
 from proxy.server.upstream import Upstream
@@ -201,10 +198,10 @@ def create_app(settings: Settings) -> web.Application:
     except tracing.TracingUnavailable as e:
         raise StartupError(str(e)) from None
     # Outermost first: the record and metrics see every answer, errors included; the
-    # target is made canonical before anything reads it; key checks and budgets (a no-op
-    # with keys off) run inside them; the request's span (with tracing on) is opened
-    # inside the record, so it reads what the record says.
-    inner = [render_errors, canonical_target, key_in_header, authenticate]
+    # request's span (with tracing on) is opened inside the record, so it reads what the
+    # record says; then the front door: the target made canonical before anything reads
+    # it, key checks and budgets (a no-op with keys off), errors in the API's shape.
+    inner = [front_door]
     if traced is not None:
         inner.insert(0, trace_requests)
     app = web.Application(middlewares=[observe_requests, *inner])

@@ -1,9 +1,10 @@
 """The proxy's own errors (proxy/core/errors.py) as HTTP answers, in the caller's API shape.
 
-Handlers and middlewares raise a `ProxyError`; `render_errors` (a middleware inside the
-metrics one, so the status is recorded) answers it in the shape of the API the request
-was for: OpenAI's on OpenAI routes, Anthropic's elsewhere, a provider's own on the
-paths it registered (`register_error_shapes`); the wire format renders the body.
+Handlers and middlewares raise a `ProxyError`; the front door (proxy/server/front_door.py,
+inside the metrics middleware, so the status is recorded) answers it with `render`, in
+the shape of the API the request was for: OpenAI's on OpenAI routes, Anthropic's
+elsewhere, a provider's own on the paths it registered (`register_error_shapes`); the
+wire format renders the body.
 Failures talking to the upstream are mapped to the tree in one place, the upstream's
 (proxy/server/upstream.py). Upstream answers, errors included, never pass through here.
 """
@@ -11,7 +12,7 @@ Failures talking to the upstream are mapped to the tree in one place, the upstre
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from aiohttp import web
@@ -74,17 +75,6 @@ def render(error: ProxyError, wire: ErrorShapes) -> web.Response:
     if error.close:
         response.force_close()
     return response
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@web.middleware
-async def render_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ProxyError as error:
-        return render(error, wire_for(request.path, request.headers))
 
 
 def not_a_path(target: str) -> InvalidRequest:

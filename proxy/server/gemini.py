@@ -17,7 +17,7 @@ through to `upstream.gemini_url` (empty: Google's own).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -174,24 +174,20 @@ def _under_models(path: str) -> bool:
     return path == "/v1/models" or path.startswith("/v1/models/")
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@web.middleware
-async def key_in_header(request: web.Request, handler: Handler) -> web.StreamResponse:
+def key_in_header(request: web.Request) -> web.Request:
     """A Gemini key given as `?key=` goes on in `x-goog-api-key` (the API takes either):
-    the tenant, the key check and the upstream read it there, and no URL holds it."""
+    the request as it goes on (the front door's, proxy/server/front_door.py), so the
+    tenant, the key check and the upstream read it there, and no URL holds it."""
     key = request.query.get("key")
     path = request.path
     if key is None or not (speaks_gemini(path) or _under_models(path)):
-        return await handler(request)
+        return request
     headers = CIMultiDict(request.headers)
     headers.setdefault(GEMINI_KEY_HEADER, key)
     query = [(k, v) for k, v in request.rel_url.query.items() if k != "key"]
-    moved = request.clone(
+    return request.clone(
         headers=CIMultiDictProxy(headers), rel_url=request.rel_url.with_query(query)
     )
-    return await handler(moved)
 
 
 def add_routes(app: web.Application) -> None:

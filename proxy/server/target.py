@@ -8,7 +8,6 @@ form, which is also the form forwarded upstream.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Awaitable, Callable
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -18,14 +17,13 @@ from proxy.core.target import target_problem
 from proxy.server.caller import count_rejection
 from proxy.server.errors import render, wire_for
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-
-@web.middleware
-async def canonical_target(request: web.Request, handler: Handler) -> web.StreamResponse:
+def target_refusal(request: web.Request) -> web.Response | None:
+    """The 400 for a request whose target is not canonical; None when it is (the front
+    door, proxy/server/front_door.py, asks first)."""
     problem = target_problem(request.raw_path)
     if problem is None:
-        return await handler(request)
+        return None
     count_rejection(request.app, "target")
     # Answered in the shape of the API the target would name once normalised (the
     # caller's SDK reads it), though it is never routed there.
