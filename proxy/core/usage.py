@@ -267,8 +267,11 @@ class UsageMeter:
 
     def total(self) -> Usage:
         """Every round's usage summed (a cut round as reported so far)."""
-        out = Usage()
-        for r in self.rounds:
+        rounds = self.rounds
+        if len(rounds) == 1:  # (nearly every answer: its one round's, no sum to make)
+            return rounds[0].usage
+        out = _ZERO
+        for r in rounds:
             out = out.plus(r.usage)
         return out
 

@@ -82,6 +82,20 @@ def test_rounds_add_up_and_bodies_count() -> None:
     assert meter.cost(RESERVED) == Amounts(1110 * 2 + 5 + 50, 321 * 2 + 2 + 20, 235 * 2 + 55)
 
 
+_USAGES = st.builds(Usage, *(st.integers(0, 10**9) for _ in range(5)))
+
+
+@given(st.lists(_USAGES, max_size=5))
+def test_the_total_is_every_rounds_usage_summed(usages: list[Usage]) -> None:
+    meter = UsageMeter(ANTHROPIC)
+    for usage in usages:
+        meter.round(usage)
+    summed = Usage()
+    for usage in usages:
+        summed = summed.plus(usage)
+    assert meter.total() == summed
+
+
 def test_a_cut_stream_estimates_output_from_its_text_within_the_reservation() -> None:
     cut = _stream("word " * 300, USAGE, 0, finished=False)
     meter = UsageMeter(ANTHROPIC)
