@@ -220,17 +220,26 @@ def _continued(before: Seen, shared: int, raw: bytes) -> Seen | None:
         except orjson.JSONDecodeError:
             return None
     payload = dict(before.payload)
-    payload[before.list_key] = [*messages[:kept], *fresh]
-    seen = Seen(raw, payload, before.list_key, reused=kept)
-    for message in messages[:kept]:
-        found = before.known.get(id(message))
+    repeated = messages[:kept]
+    payload[before.list_key] = [*repeated, *fresh]
+    known, was = {}, before.known
+    for message in repeated:
+        found = was.get(id(message))
         if found is not None:
-            seen.known[id(message)] = found
-    seen.fixed = before.fixed
-    seen.built = _still_built(before.built, {id(m) for m in messages[:kept]})
-    seen.validated = before.validated
-    seen.written = before.written
-    seen.layout_tried = True
+            known[id(message)] = found
+    built = before.built
+    seen = Seen(
+        raw,
+        payload,
+        before.list_key,
+        layout_tried=True,
+        known=known,
+        fixed=before.fixed,
+        built=_still_built(built, {id(m) for m in repeated}) if built else {},
+        validated=before.validated,
+        written=before.written,
+        reused=kept,
+    )
     try:
         written = [orjson.dumps(m) for m in fresh]
     except orjson.JSONEncodeError:  # nested deeper than orjson writes: no layout
