@@ -95,6 +95,9 @@ class Seen:
     # What the line's last rewrite was written of (exact_json.ClientJSON.encode_kept).
     written: dict[int, tuple[object, bytes]] = field(default_factory=dict)
     reused: int = 0  # messages this request took from the one before
+    # Bytes of `raw` from the history's start known to hold no `"source"` (an image or a
+    # document: the quiet check's search, proxy/server/compactor.py); 0: none known.
+    unsourced: int = 0
 
     @property
     def cost(self) -> int:
@@ -239,6 +242,8 @@ def _continued(before: Seen, shared: int, raw: bytes) -> Seen | None:
         validated=before.validated,
         written=before.written,
         reused=kept,
+        # (the bytes up to the new messages are the last request's)
+        unsourced=min(before.unsourced, start),
     )
     try:
         written = [orjson.dumps(m) for m in fresh]

@@ -132,6 +132,9 @@ def _history_bytes(
     return len(written), written, 0
 
 
+_SOURCE = b'"source"'
+
+
 def _quiet_by_bytes(
     wire: Request,
     body_bytes: bytes,
@@ -140,14 +143,28 @@ def _quiet_by_bytes(
     messages: int,
     policy: Policy,
     factor: float,
+    seen: Seen | None,
 ) -> bool:
     """history_quiet, the `source` searched for (in the history's bytes, and the system
-    prompt's blocks) only once the sizes say quiet."""
+    prompt's blocks) only once the sizes say quiet. In a line's body (`seen`), the bytes
+    its last request's search found without one (its messages this one repeats) are not
+    searched again; what this search finds without one is noted for the next."""
     size, where, start = history
     if not history_quiet(wire, len(body_bytes), size, messages, False, policy, factor):
         return False
-    sourced = where.find(b'"source"', start, start + size) >= 0
-    return not sourced and text_system(body)
+    end = start + size
+    mine = seen is not None and where is seen.raw
+    at = start
+    if mine:
+        assert seen is not None
+        # (from a `source` that would start before the known end and finish after it)
+        at = max(start, seen.unsourced - len(_SOURCE) + 1)
+    if where.find(_SOURCE, at, end) >= 0:
+        return False
+    if mine:
+        assert seen is not None
+        seen.unsourced = max(seen.unsourced, end)
+    return text_system(body)
 
 
 def _new_bytes(seen: Seen | None, size: int) -> int:
@@ -390,7 +407,7 @@ class Compactor:
         if not sample and wire.name in BOUNDED_FORMATS:
             history = _history_bytes(seen, body_bytes, messages, policy, factor)
             if history is not None and _quiet_by_bytes(
-                wire, body_bytes, body, history, len(messages), policy, factor
+                wire, body_bytes, body, history, len(messages), policy, factor, seen
             ):
                 return untouched  # not counted: its history's bytes prove it quiet
         # Off the loop when what is new to count is large (what the line's last request
