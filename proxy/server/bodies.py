@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -36,6 +35,7 @@ from proxy.core.errors import (
 )
 from proxy.core.identity import header_id
 from proxy.core.model_names import model_problem
+from proxy.core.per_request import per_request
 from proxy.core.reuse import Reuse, Seen, key_of
 from proxy.core.wire_format import Request
 from proxy.server.off_loop import off_loop
@@ -44,7 +44,7 @@ MIN_RATE = 64 * 1024  # bytes a second a body must keep up, past its grace
 BAD_JSON = "The request body is not valid JSON"
 
 
-@dataclass(frozen=True, slots=True)
+@per_request
 class Incoming:
     """A request as read, and what its API's own step said of it."""
 

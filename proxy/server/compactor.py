@@ -17,7 +17,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -41,6 +40,7 @@ from proxy.core.exact_json import ClientJSON
 from proxy.core.identity import identities, tenant_of
 from proxy.core.lines import DEFAULT_MAX_LINES
 from proxy.core.model_facts import UNKNOWN_SOURCE, wants_1m
+from proxy.core.per_request import per_request
 from proxy.core.policy import DEFAULT_POLICIES, Policy, PolicyError, policy_for
 from proxy.core.reuse import Reuse, Seen
 from proxy.core.segments import StubbedMemo
@@ -188,7 +188,7 @@ async def _no_summariser(need: GetSummary) -> tuple[str, Usage | None]:
     raise SummariserFailed("no summariser given for this request")
 
 
-@dataclass(frozen=True, slots=True)
+@per_request
 class Asked:
     """Who asks for a request's compaction, and with what: what an exchange knows of its
     caller and its upstream when it asks."""

@@ -8,13 +8,14 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any, assert_never
 
 from proxy import tracing
 from proxy.core.driver import Decision
 from proxy.core.errors import ContextTooLong, ProxyError
 from proxy.core.outcome import Refuse, Rewrite, Untouched
+from proxy.core.per_request import per_request
 from proxy.core.policy import Policy
 from proxy.core.rounds import RoundsRequest
 from proxy.core.tokens import TokenCounter
@@ -24,7 +25,7 @@ from proxy.server.record import RequestRecord
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@per_request
 class Prepared:
     """What goes upstream for one request, and what the rest of its exchange needs."""
 

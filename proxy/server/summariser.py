@@ -24,6 +24,7 @@ from multidict import MultiMapping
 from proxy import tracing
 from proxy.core.commands import GetSummary, PreparedSummary, PrepareSummary, SummaryReply
 from proxy.core.errors import UpstreamError
+from proxy.core.per_request import per_request
 from proxy.core.usage import Usage
 from proxy.core.wire_format import WireFormat
 from proxy.server.envelope import Envelope
@@ -194,7 +195,7 @@ def summary_input(need: GetSummary) -> int:
     return len(need.encoded or orjson.dumps(need.body)) // 3 + 1
 
 
-@dataclass(frozen=True, slots=True)
+@per_request
 class SummaryCalls:
     """The summariser calls of one request (a `SummaryCall`): through its route's
     upstream (and its signer), with the caller's credential, betas and API version, in

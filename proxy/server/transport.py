@@ -27,7 +27,6 @@ with `register_codec` (or that its route passes to its HTTP transport).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
@@ -35,6 +34,7 @@ from multidict import CIMultiDict
 
 from proxy.core.commands import Answered, Failed
 from proxy.core.errors import ProxyError
+from proxy.core.per_request import per_request
 from proxy.core.rounds import Ended
 from proxy.core.sse import Event, SSEDecoder
 from proxy.core.wire_format import ErrorShapes
@@ -46,7 +46,7 @@ A = TypeVar("A", covariant=True)
 Refused = Callable[[bytes], Awaitable[web.StreamResponse | None]]
 
 
-@dataclass(frozen=True, slots=True)
+@per_request
 class Outgoing:
     """What an exchange sends upstream, and what the client is told besides the answer."""
 
