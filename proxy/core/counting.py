@@ -327,7 +327,7 @@ def _guess(
     key = estimate_key(known.key)
     guess = base.cached(key)
     if guess is None and not known.sourced and known.size >= ESTIMATE_MIN_BYTES:
-        if not wire.tool_results(message):
+        if not wire.gives_results(message):
             known.guess, known.guessed = None, True
             return None
         assert known.json is not None  # kept until the estimate is made

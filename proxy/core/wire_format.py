@@ -187,6 +187,12 @@ class Dialect(Protocol):
         """The tool results the message gives, by block (what a Stub names)."""
         ...
 
+    def gives_results(self, message: Message) -> bool:
+        """Whether the message gives any tool result (`tool_results` is not empty), told
+        without reading the results' texts: counting asks it of each large message it
+        has not counted before (proxy/core/counting.py)."""
+        ...
+
     def with_results(self, message: Message, texts: Mapping[int, str]) -> JSON:
         """A copy of the message with the tool results at these blocks (as `tool_results`
         numbers them) replaced by these texts, every other field kept: the stubs the

@@ -332,6 +332,15 @@ class MessagesDialect:
                 results.append(ToolResult(b, block.get("tool_use_id"), inner, text))
         return results
 
+    def gives_results(self, message: Message) -> bool:
+        content = message.get("content")
+        if message.get("role") != "user" or not isinstance(content, list):
+            return False
+        for block in content:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                return True
+        return False
+
     def summary_message(self, text: str, folded: int) -> JSON:
         return text_message(summary.summary_text(text, folded))
 

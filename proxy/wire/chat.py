@@ -261,6 +261,9 @@ class ChatDialect:
         content = message.get("content")
         return [ToolResult(0, message.get("tool_call_id"), content, offload.content_text(content))]
 
+    def gives_results(self, message: Message) -> bool:
+        return message.get("role") == "tool"  # (a tool message is one result)
+
     def with_results(self, message: Message, texts: Mapping[int, str]) -> JSON:
         out = dict(message)
         text = texts.get(0)  # (a tool message is one result: block 0)

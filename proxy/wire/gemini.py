@@ -274,6 +274,9 @@ class GeminiDialect:
             if (text := response_text(response)) is not None
         ]
 
+    def gives_results(self, message: Message) -> bool:
+        return bool(self.tool_results(message))  # (a response's text decides: see there)
+
     def with_results(self, message: Message, texts: Mapping[int, str]) -> JSON:
         parts = list(message.get("parts") or [])
         for index, text in texts.items():

@@ -44,6 +44,7 @@ from proxy.wire.responses_units import (
     CALL_ANSWERS,
     PINNED_ROLES,
     flatten,
+    gives_results,
     input_items,
     item_type,
     part_texts,
@@ -265,6 +266,7 @@ class ResponsesDialect:
 
     message_shape = staticmethod(unit_shape)
     tool_results = staticmethod(tool_results)
+    gives_results = staticmethod(gives_results)
     with_results = staticmethod(unit_with_results)
     render_transcript = staticmethod(render_transcript)
     read_result_tool = staticmethod(read_result_tool)

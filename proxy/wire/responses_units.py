@@ -235,6 +235,13 @@ def tool_results(unit: Mapping[str, Any]) -> list[offload.ToolResult]:
     return results
 
 
+def gives_results(unit: Mapping[str, Any]) -> bool:
+    """Whether an outputs unit holds a stubbable output (`tool_results` is not empty)."""
+    if unit.get("unit") != "outputs":
+        return False
+    return any(item_type(item) in STUBBABLE for item in unit_items(unit))
+
+
 def unit_with_results(unit: Mapping[str, Any], texts: Mapping[int, str]) -> Unit:
     """A copy of the unit with the outputs at these items holding these texts (as a
     string, or one input_text part where the output was a list of parts); every other
