@@ -33,9 +33,10 @@ from typing import Any
 from proxy.core.digests import FORMS, Canonical, canonical, digest
 from proxy.core.estimate import ESTIMATE_MIN_BYTES, estimate_tokens, margin
 from proxy.core.policy import Policy
+from proxy.core.request_view import FIXED_FIELDS, RequestView, view_of
 from proxy.core.reuse import Known, Seen
-from proxy.core.tokens import MESSAGE_OVERHEAD, CountKey, TokenCounter, referenced_tools
-from proxy.core.wire_format import MessageCounter, Request, WireFormat
+from proxy.core.tokens import MESSAGE_OVERHEAD, CountKey, TokenCounter
+from proxy.core.wire_format import Request, WireFormat
 
 # Estimated tokens a body can hold beyond one per byte (the tools preamble and such).
 BYTE_BOUND_SLACK = 1024
@@ -123,6 +124,9 @@ class Counted:
     recount: Callable[[Counted, Sequence[int]], Counted] | None = field(
         default=None, compare=False, repr=False
     )
+    # The request's fixed parts and read_result's name and tokens (`request_view`), made
+    # in the same pass: the driver reads them here.
+    view: RequestView | None = field(default=None, compare=False, repr=False)
     # Made once from the counts above, for what reads them (the driver, the shell):
     history: int = field(init=False, compare=False, repr=False)  # the messages' tokens
     total: int = field(init=False, compare=False, repr=False)  # ... and the fixed ones
@@ -162,8 +166,13 @@ def count_request(
     body: Mapping[str, Any],
     messages: Sequence[Mapping[str, Any]],
     seen: Seen | None = None,
+    tool_search: bool = False,
 ) -> Counted:
-    counted = _count(wire, base, body, messages, None, 1.0, seen=seen, estimating=True)
+    """The request's counts, digests and view (`tool_search`: tool search is on for it,
+    its betas say so: what read_result adds counts its loading)."""
+    counted = _count(
+        wire, base, body, messages, None, 1.0, seen=seen, estimating=True, tool_search=tool_search
+    )
     assert counted is not None  # without a policy there is no bound to stop at
     return counted
 
@@ -190,6 +199,7 @@ def count_unless_quiet(
     policy: Policy,
     factor: float,
     seen: Seen | None = None,
+    tool_search: bool = False,
 ) -> Counted | None:
     """The request's counts, or None when a bound of them, made without encoding any text
     not counted before, proves `Counted.fits` (nothing to plan).
@@ -201,7 +211,17 @@ def count_unless_quiet(
     tests/core/test_count_bound.py). A new message with a `source` (an image or document,
     charged per pixel or page) makes no bound: the request is counted. Messages and Chat
     only (BOUNDED_FORMATS)."""
-    return _count(wire, base, body, messages, policy, factor, seen=seen, estimating=True)
+    return _count(
+        wire,
+        base,
+        body,
+        messages,
+        policy,
+        factor,
+        seen=seen,
+        estimating=True,
+        tool_search=tool_search,
+    )
 
 
 def _count(
@@ -215,6 +235,7 @@ def _count(
     digested: bool = True,
     seen: Seen | None = None,
     estimating: bool = False,
+    tool_search: bool = False,
 ) -> Counted | None:
     """One pass per message (what `seen` kept for a message parsed before is reused: its
     JSON is not made again, nor its key or its digest). `estimating`: a message not
@@ -226,12 +247,13 @@ def _count(
     # A large message is planned with its estimate, whatever was counted before: the
     # counts a request is planned with depend on it alone, never on what this process
     # happened to count (the planner has them counted exactly where that could decide).
+    found = [_exact(base, known) for known in facts]
     guesses = [
         _guess(base, known, wire, message) if estimating else None
         for known, message in zip(facts, messages, strict=True)
     ]
-    found = [_exact(base, known) for known in facts]
-    fixed = _fixed_tokens(wire, counter, body, seen, facts)
+    view = view_of(wire, counter, body, seen, facts, tool_search)
+    fixed = view.fixed_tokens
     if policy is not None and wire.name in BOUNDED_FORMATS:
         # The cached counts alone over a threshold (a crossing): no bound of the new
         # messages can make it fit, so their bytes are not summed for one.
@@ -260,7 +282,7 @@ def _count(
         if fact.digest is not None and fact.guessed:
             fact.json = None  # kept for the digest and the estimate until both were made
     recount = partial(recounted, wire, base, messages) if uncertain else None
-    return Counted(fixed, counts, digests, breakpoints, forms, uncertain, keys, recount)
+    return Counted(fixed, counts, digests, breakpoints, forms, uncertain, keys, recount, view)
 
 
 def recounted(
@@ -350,39 +372,6 @@ def _digest(known: Known) -> bytes:
     return known.digest
 
 
-def _fixed_tokens(
-    wire: Request,
-    counter: MessageCounter,
-    body: Mapping[str, Any],
-    seen: Seen | None,
-    facts: Sequence[Known] = (),
-) -> int:
-    """The system prompt's and tools' tokens, kept while they are the same objects; with
-    a deferred tool (tool search: it counts once a `tool_reference` of the messages
-    loads it), while the messages also name the same tools (each message's names found
-    once, kept with its facts)."""
-    if seen is None:
-        return wire.fixed_tokens(counter, body)
-    parts = tuple(body.get(name) for name in FIXED_FIELDS)
-    names = _loading(facts) if _defers(body.get("tools")) else None
-    fixed = seen.fixed_value("fixed_tokens", parts, names)
-    if fixed is None:
-        fixed = wire.fixed_tokens(counter, body)
-        seen.keep_fixed("fixed_tokens", parts, fixed, names)
-    return int(fixed)
-
-
-def _loading(facts: Sequence[Known]) -> frozenset[str]:
-    """The tool names the messages' `tool_reference` blocks give (tokens.referenced_tools),
-    each message scanned once."""
-    names: set[str] = set()
-    for known in facts:
-        if known.tool_refs is None:
-            known.tool_refs = frozenset(referenced_tools([known.message]))
-        names |= known.tool_refs
-    return frozenset(names)
-
-
 def _outside(wire: Request, body: Mapping[str, Any], seen: Seen | None) -> int:
     """Breakpoints outside the messages (system, tools), kept while those are the same."""
     parts = tuple(body.get(name) for name in FIXED_FIELDS)
@@ -392,16 +381,6 @@ def _outside(wire: Request, body: Mapping[str, Any], seen: Seen | None) -> int:
         if seen is not None:
             seen.keep_fixed("breakpoints", parts, found)
     return int(found)
-
-
-# The top-level fields each format's fixed tokens are counted from.
-FIXED_FIELDS = ("system", "tools", "instructions")
-
-
-def _defers(tools: object) -> bool:
-    return isinstance(tools, list) and any(
-        isinstance(t, dict) and t.get("defer_loading") is True for t in tools
-    )
 
 
 def _keyed(base: TokenCounter, shape: Canonical, domain: bytes) -> tuple[CountKey, bytes | None]:

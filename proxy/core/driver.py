@@ -67,9 +67,9 @@ from proxy.core.lines import (
 from proxy.core.outcome import FoldPlan, Outcome, Planned, Recount, Refuse, Rewrite, Untouched
 from proxy.core.planner import ESTIMATED_OFFLOAD_SHARE, plan, without_blobs
 from proxy.core.policy import Policy
+from proxy.core.request_view import request_view
 from proxy.core.rewrites import fold, recovered_blobs
 from proxy.core.segments import StubbedMemo
-from proxy.core.tokens import TOOLS_PREAMBLE
 from proxy.core.validated import Validated
 from proxy.core.wire_format import MessageCounter, WireFormat
 from proxy.core.working import BuiltMemo, PlanInput, real
@@ -414,16 +414,16 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
 def _read_result(request: CompactionRequest) -> tuple[str | None, int]:
     """read_result's name in this request (None: the shell answers none for it, or the
     client's tools leave no name free) and what adding its tool adds to the request's
-    tokens (tool counts are additive: no re-hashing the client's tools), with what loads
-    it where the format defers it."""
-    wire, body = request.wire, request.body
-    tool = wire.tool_name(body) if request.read_result else None
-    if not tool:
-        return tool, 0
-    tools = body.get("tools")
-    preamble = TOOLS_PREAMBLE if isinstance(tools, list) and tools else 0
-    added = request.counter.count_tools([wire.read_result_tool(tool)]) - preamble
-    return tool, added + wire.loading_tokens(request.counter, tool, tools, request.tool_search)
+    tokens, as counting found them (`Counted.view`)."""
+    view = request.counted.view
+    if view is None or view.tool_search != request.tool_search:  # (counted without it)
+        counted = request.counted
+        view = request_view(
+            request.wire, request.counter, request.body, counted.fixed, request.tool_search
+        )
+    if not request.read_result or not view.tool:
+        return None, 0
+    return view.tool, view.tool_tokens
 
 
 def _plan_input(

@@ -305,7 +305,8 @@ class Simulator:
         messages = wire.messages(body)
         model = str(body.get("model", ""))
         policy = policy_for(model, self.policies, betas=self.betas)
-        counted = count_request(wire, self.counter, body, messages, seen)
+        tool_search = searches_tools(self.betas)
+        counted = count_request(wire, self.counter, body, messages, seen, tool_search)
         counter = wire.counter(self.counter)
         source = ClientJSON.written(body, seen.written if seen is not None else None)
         request = CompactionRequest(
@@ -313,7 +314,7 @@ class Simulator:
             stubbed=self.stubbed,
             built=seen.built if seen is not None else None,
             validated=seen.validated if seen is not None else None,
-            tool_search=searches_tools(self.betas),
+            tool_search=tool_search,
         )  # fmt: skip
         memory = self.memory
         memory.asked = memory.ahead = None

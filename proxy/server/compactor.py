@@ -414,13 +414,21 @@ class Compactor:
         # repeats is counted already: proxy/core/reuse.py).
         size = _new_bytes(seen, len(body_bytes))
         args = (wire, self.counter, body, messages)
+        tool_search = self._searches_tools(asked.betas)
         if sample:  # calibration wants this request's counts
             counted: Counted | None = await off_loop(
-                size, self.off_loop_bytes, count_request, *args, seen
+                size, self.off_loop_bytes, count_request, *args, seen, tool_search
             )
         else:
             counted = await off_loop(
-                size, self.off_loop_bytes, count_unless_quiet, *args, policy, factor, seen
+                size,
+                self.off_loop_bytes,
+                count_unless_quiet,
+                *args,
+                policy,
+                factor,
+                seen,
+                tool_search,
             )
         if counted is None:  # its new messages' bytes alone prove it under every threshold
             return untouched
@@ -446,7 +454,7 @@ class Compactor:
             read_result=incoming.read_result,
             model=model,
             validated=seen.validated if seen is not None else None,
-            tool_search=self._searches_tools(asked.betas),
+            tool_search=tool_search,
         )
         executor = StoreExecutor(
             store,
