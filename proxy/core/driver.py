@@ -167,14 +167,12 @@ def compaction(request: CompactionRequest) -> Driver:
         request = _recounted(request, outcome.indices)
         inp = replace(inp, counts=request.counted.counts, uncertain=request.counted.uncertain)
         outcome = plan(inp)
-    if _acts(outcome):
-        # Nothing is rewritten or summarised from a history the API would refuse: it goes
-        # up as it came, and the API's own error reaches the client.
-        source = request.source  # (a body orjson writes back as sent has no duplicate)
-        wire = request.wire
-        invalid = wire.request_error(request.body, request.model, request.validated) or (
-            None if source.canonical else duplicated(source.raw, request.body)
-        )
+    # Nothing is rewritten or summarised from a history the API would refuse: it goes up
+    # as it came, and the API's own error reaches the client. A rewrite's request is
+    # checked with the rewrite (`_checked`); a summary's before it is asked for.
+    client_checked = _acts(outcome) and not isinstance(outcome, Rewrite)
+    if client_checked:
+        invalid = _checked(request, outcome).client_error
         if invalid is not None:
             tokens = real(counted.history, factor)
             return Decision(Untouched(tokens, reason="invalid_request"), counted.total,
@@ -209,7 +207,11 @@ def compaction(request: CompactionRequest) -> Driver:
             outcome = fold(outcome, text, summary=had)
     checked: _Checked | None = None
     if isinstance(outcome, Rewrite):
-        checked = _checked(request, outcome)
+        checked = _checked(request, outcome, client=not client_checked)
+        if checked.client_error is not None:
+            tokens = real(counted.history, factor)
+            return Decision(Untouched(tokens, reason="invalid_request"), counted.total,
+                            declined=checked.client_error)  # fmt: skip
         outcome = checked.outcome
     if isinstance(outcome, Rewrite) and outcome.checkpoint is not None:
         new = {ref for ref, _ in outcome.blobs}
@@ -251,7 +253,7 @@ def compaction(request: CompactionRequest) -> Driver:
                 outcome = fold(outcome, paid, summary="reused" if made is None else "made")
             if isinstance(outcome, Rewrite):
                 outcome = replace(outcome, checkpoint=None, reason="store_unavailable")
-                checked = _checked(request, outcome)
+                checked = _checked(request, outcome, client=False)
                 outcome = checked.outcome
     if isinstance(outcome, (Rewrite, Untouched)) and outcome.prepare is not None:
         # The next fold's summary, made in the background: no turn waits for it. Its
@@ -284,25 +286,40 @@ def _acts(outcome: Planned) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class _Checked:
-    """A rewrite as the API would answer it: `outcome` the rewrite itself, with the body
-    it sends (`sent`, and `body` encoded: built, checked and encoded once), or what
-    stands in for it, and why (`declined`)."""
+    """A plan as the API would answer it: `client_error`, why it would refuse the
+    client's own request (nothing is then rewritten or summarised); else for a rewrite,
+    `outcome` the rewrite itself, with the body it sends (`sent`, and `body` encoded:
+    built, checked and encoded once), or what stands in for it, and why (`declined`)."""
 
-    outcome: Outcome
+    outcome: Planned
     declined: str = ""
     sent: dict[str, Any] | None = None
     body: bytes | None = None
+    client_error: str | None = None
 
 
-def _checked(request: CompactionRequest, rewrite: Rewrite) -> _Checked:
-    """The rewrite with what it sends, when the API would take it; else (a planner's
-    fault: the request itself keeps the rules) what the API would answer the client's own
-    request: the client's bytes, or within the window's refusal when they exceed it.
-    Never an empty history or one the API refuses in place of the client's."""
-    sent = _sent(request, rewrite)
-    invalid = request.wire.request_error(sent, request.model, request.validated)
+def _checked(request: CompactionRequest, planned: Planned, client: bool = True) -> _Checked:
+    """The client's request checked (`client`: not checked yet) with the API's rules and
+    for duplicate keys; then, for a rewrite, the rewrite with what it sends when the API
+    would take it, else (a planner's fault: the request itself keeps the rules) what the
+    API would answer the client's own request: the client's bytes, or within the window's
+    refusal when they exceed it. Never an empty history or one the API refuses in place
+    of the client's. The rewrite's body is built first, so the format is asked for it and
+    for both checks in one go."""
+    rewrite = planned if isinstance(planned, Rewrite) else None
+    sent = _sent(request, rewrite) if rewrite is not None else None
+    wire, source = request.wire, request.source
+    if client:  # (a body orjson writes back as sent has no duplicate key)
+        refused = wire.request_error(request.body, request.model, request.validated) or (
+            None if source.canonical else duplicated(source.raw, request.body)
+        )
+        if refused is not None:
+            return _Checked(planned, client_error=refused)
+    if sent is None or rewrite is None:
+        return _Checked(planned)
+    invalid = wire.request_error(sent, request.model, request.validated)
     if invalid is None:
-        return _Checked(rewrite, sent=sent, body=request.source.encode_kept(sent))
+        return _Checked(rewrite, sent=sent, body=source.encode_kept(sent))
     counted, policy = request.counted, request.policy
     tokens = real(counted.history, request.factor)
     declined = f"invalid_rewrite: {invalid}"

@@ -16,7 +16,7 @@ from proxy.core.exact_json import ClientJSON
 from proxy.core.outcome import Refuse, Rewrite, Untouched
 from proxy.core.wire_format import JSON
 from proxy.wire.anthropic import AnthropicMessages
-from tests.core.test_driver import Store, kinds, request
+from tests.core.test_driver import NO_OFFLOAD, Store, history_between, kinds, request
 from tests.core.test_planner import conversation, policy
 
 
@@ -83,3 +83,17 @@ def test_a_field_given_twice_is_never_rewritten() -> None:
     assert isinstance(decision.outcome, Untouched)
     assert decision.outcome.reason == "invalid_request"
     assert decision.declined == "the key 'model' appears more than once in one object"
+
+
+def test_an_invalid_history_that_would_fold_is_checked_before_any_summary() -> None:
+    """A fold asks for a summary before its rewrite is built: the client's request is
+    checked first there (an offload rewrite's is checked with the rewrite, `_checked`)."""
+    messages = history_between(11_000, 13_000)
+    control, _ = commands_of(compaction(request(messages, NO_OFFLOAD)), Store())
+    assert kinds(control) == ["LoadConversation", "GetSummary", "SaveCrossing"]
+    messages[-1]["content"][0]["tool_use_id"] = "toolu_NOPE"  # answers no call
+    commands, decision = commands_of(compaction(request(messages, NO_OFFLOAD)), Store())
+    assert kinds(commands) == ["LoadConversation"]
+    assert isinstance(decision.outcome, Untouched)
+    assert decision.outcome.reason == "invalid_request"
+    assert decision.body is None and decision.sent is None
