@@ -167,6 +167,10 @@ def _analyse(
     if refusal is not None:
         return _Analysis(refusal)
     options = app[OPTIONS]
+    if options.refuses_deferral and options.refuses_deferral_of(api.model(body)):
+        refusal = api.deferral_refusal(body)
+        if refusal is not None:
+            return _Analysis(refusal)
     total = api.count(body)
     overflow = api.too_long(scaled(total, options), options.window_for(api.model(body)))
     if overflow is not None:

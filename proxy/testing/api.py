@@ -143,6 +143,12 @@ class Api(ABC):
         None for a refusal or a stream)."""
         return {}
 
+    def deferral_refusal(self, body: Any) -> Refusal | None:
+        """The refusal of a body that defers or loads a tool (tool search), by an API
+        that does not take it (StandInOptions.refuses_deferral); None: it does neither,
+        or this API has no such thing."""
+        return None
+
     def model(self, body: Any) -> str:
         """The model asked for (its window applies): the body's, or the path's."""
         return str(body.get("model"))

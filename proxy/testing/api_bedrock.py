@@ -129,6 +129,10 @@ class BedrockApi(EnvelopedMessages):
             return Refusal(400, "ValidationException", problem)
         return super().invalid(self.as_messages(body))
 
+    def deferral_refusal(self, body: Any) -> Refusal | None:
+        refused = super().deferral_refusal(body)
+        return None if refused is None else Refusal(400, "ValidationException", refused.message)
+
     def streaming(self, body: Any) -> bool:
         return self.target.operation is Operation.STREAM
 

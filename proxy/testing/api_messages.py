@@ -246,6 +246,10 @@ class MessagesApi(Api):
         message = validate_messages_request(body)
         return Refusal(400, INVALID, message) if message else None
 
+    def deferral_refusal(self, body: Any) -> Refusal | None:
+        where = deferral_field(body)
+        return Refusal(400, INVALID, f"{where}: Extra inputs are not permitted") if where else None
+
     def count(self, body: Any) -> int:
         return self.counter.count_request(body)
 
@@ -273,6 +277,24 @@ class MessagesApi(Api):
 
     def stream_error(self, events: list[Event]) -> Event:
         return STREAM_ERROR
+
+
+def deferral_field(body: Any) -> str | None:
+    """Where a Messages body defers a tool (`tools.N.custom.defer_loading`) or loads one
+    (`messages.N.content.M.tool_result.content.K.tool_reference`), as the API's error
+    names a field it does not take; None: nowhere."""
+    tools = body.get("tools")
+    for n, tool in enumerate(tools if isinstance(tools, list) else []):
+        if isinstance(tool, dict) and "defer_loading" in tool:
+            return f"tools.{n}.custom.defer_loading"
+    for n, message in enumerate(body.get("messages") or []):
+        for m, block in enumerate(_blocks(message.get("content"))):
+            if not isinstance(block, dict) or block.get("type") != "tool_result":
+                continue
+            for k, inner in enumerate(_blocks(block.get("content"))):
+                if isinstance(inner, dict) and inner.get("type") == "tool_reference":
+                    return f"messages.{n}.content.{m}.tool_result.content.{k}.tool_reference"
+    return None
 
 
 class EnvelopedMessages(MessagesApi):

@@ -23,6 +23,7 @@ import orjson
 from aiohttp import web
 
 from proxy.core.deep_json import sorted_json
+from proxy.core.model_names import anthropic_name
 from proxy.core.tokens import TokenCounter
 from proxy.testing.api import Event, Streamed
 from proxy.testing.cache import PromptCache
@@ -61,6 +62,15 @@ class StandInOptions:
     # real model takes tens), and, when a gate is set, waits for it to open first.
     summary_delay: float = 0.0
     summary_gate: asyncio.Event | None = None
+    # Models (globs, by the name the request gives or its Anthropic name) whose requests
+    # are refused when they defer a tool or load one (tool search's `defer_loading`,
+    # `tool_reference`), as an API or a model without tool search refuses them: a 400 in
+    # the API's own error shape naming the field.
+    refuses_deferral: tuple[str, ...] = ()
+
+    def refuses_deferral_of(self, model: str) -> bool:
+        names = (model, anthropic_name(model))
+        return any(fnmatch.fnmatchcase(n, p) for p in self.refuses_deferral for n in names)
 
     def window_for(self, model: str) -> int:
         """The exact model's window, else the longest matching glob's, else 200,000."""

@@ -157,3 +157,26 @@ def test_a_broken_stream_is_a_model_stream_error(bedrock: RunningStandIn) -> Non
     with pytest.raises(botocore.exceptions.EventStreamError) as raised:
         list(streamed["body"])
     assert raised.value.response["Error"]["Code"] == "modelStreamErrorException"
+
+
+def test_a_model_set_to_refuse_deferral_refuses_a_deferred_tool_in_bedrocks_shape(
+    make_standin_thread: Any,
+) -> None:
+    """StandInOptions.refuses_deferral: as an API or a model without tool search, a
+    request that defers a tool is refused (400, ValidationException, naming the field);
+    the same request with the tool listed is answered, and other models take it."""
+    standin = make_standin_thread(StandInOptions(refuses_deferral=("claude-sonnet-4-5*",)))
+    client = _client(standin.url)
+    schema = {"type": "object", "properties": {"url": {"type": "string"}}}
+    tool = {"name": "Fetch", "description": "Fetch a URL.", "input_schema": schema}
+    deferred = {**BODY, "tools": [{**tool, "defer_loading": True}]}
+    with pytest.raises(botocore.exceptions.ClientError) as refused:
+        client.invoke_model(modelId=MODEL, body=json.dumps(deferred))
+    error = refused.value.response["Error"]
+    assert error["Code"] == "ValidationException"
+    assert error["Message"] == "tools.0.custom.defer_loading: Extra inputs are not permitted"
+    listed = client.invoke_model(modelId=MODEL, body=json.dumps({**BODY, "tools": [tool]}))
+    assert json.loads(listed["body"].read())["type"] == "message"
+    other = "us.anthropic.claude-opus-4-5-20251101-v1:0"
+    taken = client.invoke_model(modelId=other, body=json.dumps(deferred))
+    assert json.loads(taken["body"].read())["type"] == "message"
