@@ -73,7 +73,7 @@ class GetSummary:
     `encoded`: an in-place `body` as the bytes to send (what it keeps of the conversation's
     request as the client's bytes; empty: `body` serialised). `fallback`: the transcript
     request to send when the in-place `body` is answered with a tool call instead of notes
-    (the tools it carries for the cache's sake tempt the model).
+    (the tools it carries for the cache's sake tempt the model). `relist`: below.
     `facts`: the folded turns' identifiers the made summary must keep, within
     `facts_budget` tokens: `finished` is the one place they are applied, by every
     executor, to the text its summariser made (a stored summary has them already)."""
@@ -87,6 +87,10 @@ class GetSummary:
     facts: Facts = field(default_factory=Facts)
     facts_budget: int = 0
     encoded: bytes = b""
+    # read_result's name where the in-place `body` carries it deferred by the proxy's
+    # choice (as the conversation's request does): should the upstream refuse `body` with
+    # a 400, it goes once more with it listed (Request.listed), as that request would.
+    relist: str | None = None
 
     def finished(
         self, text: str, count: Callable[[str], int], ranked: Sequence[str] | None = None
@@ -202,6 +206,12 @@ class Failed:
     """The round's answer failed (an upstream error, a broken stream): the rounds end."""
 
     outcome: str  # the record's read_outcome
+
+
+# A Failed outcome: the upstream refused round 1 (a 400) and nothing of it reached the
+# client, as a transport answers where the round has a listed form to send in its place
+# (read_result deferred by the proxy's choice: proxy/core/rounds.py).
+REFUSED = "refused"
 
 
 @dataclass(frozen=True, slots=True)

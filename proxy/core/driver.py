@@ -110,6 +110,16 @@ class CompactionRequest:
     # Tool search is on for the client's requests (its betas say so: the shell reads
     # them), so read_result may join deferred, loaded by a stub (Dialect.with_history).
     tool_search: bool = False
+    # read_result may join deferred where the client did not turn tool search on: its
+    # model is one tool search is documented for (model_facts.takes_tool_search) and its
+    # upstream has not refused a deferral (the shell remembers). A rewrite so deferred
+    # says so (Decision.relists): it goes listed should the upstream refuse it.
+    may_defer: bool = False
+
+    @property
+    def defers(self) -> bool:
+        """Whether read_result joins this request deferred (where the format defers)."""
+        return self.tool_search or self.may_defer
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +136,10 @@ class Decision:
     # Why compaction was declined (the API's rule a request or a rewrite broke: sent as
     # the client wrote it, or refused as the API would), for the shell's warning.
     declined: str = ""
+    # read_result went deferred in `sent` by the proxy's choice (CompactionRequest.may_defer),
+    # the client not having turned tool search on: should the upstream refuse it, `sent`
+    # goes again with it listed (Request.listed: the same plan, built only then).
+    relists: bool = False
 
     @property
     def rewrite(self) -> Rewrite | None:
@@ -296,6 +310,7 @@ class _Checked:
     sent: dict[str, Any] | None = None
     body: bytes | None = None
     client_error: str | None = None
+    relists: bool = False  # (Decision.relists)
 
 
 def _checked(request: CompactionRequest, planned: Planned, client: bool = True) -> _Checked:
@@ -307,7 +322,7 @@ def _checked(request: CompactionRequest, planned: Planned, client: bool = True) 
     of the client's. The rewrite's body is built first, so the format is asked for it and
     for both checks in one go."""
     rewrite = planned if isinstance(planned, Rewrite) else None
-    sent = _sent(request, rewrite) if rewrite is not None else None
+    sent, relists = _sent(request, rewrite) if rewrite is not None else (None, False)
     wire, source = request.wire, request.source
     if client:  # (a body orjson writes back as sent has no duplicate key)
         refused = wire.request_error(request.body, request.model, request.validated) or (
@@ -319,7 +334,7 @@ def _checked(request: CompactionRequest, planned: Planned, client: bool = True) 
         return _Checked(planned)
     invalid = wire.request_error(sent, request.model, request.validated)
     if invalid is None:
-        return _Checked(rewrite, sent=sent, body=source.encode_kept(sent))
+        return _Checked(rewrite, sent=sent, body=source.encode_kept(sent), relists=relists)
     counted, policy = request.counted, request.policy
     tokens = real(counted.history, request.factor)
     declined = f"invalid_rewrite: {invalid}"
@@ -329,11 +344,16 @@ def _checked(request: CompactionRequest, planned: Planned, client: bool = True) 
     return _Checked(Untouched(tokens, reason="invalid_rewrite"), declined)
 
 
-def _sent(request: CompactionRequest, rewrite: Rewrite) -> dict[str, Any]:
-    """The body a rewrite sends (decoded)."""
+def _sent(request: CompactionRequest, rewrite: Rewrite) -> tuple[dict[str, Any], bool]:
+    """The body a rewrite sends (decoded), and whether it relists: read_result went
+    deferred by the proxy's choice alone (the client did not turn tool search on), so a
+    refusal of it is answered by the listed form (`_summary_request` decides alike; the
+    calls inline: a helper between them would lengthen the walk, bench/walk.py)."""
     messages = _with_proxy_breakpoint(request, rewrite)
-    fields = request.wire.with_history(request.body, messages, rewrite.tool, request.tool_search)
-    return {**request.body, **fields}
+    wire, body, tool = request.wire, request.body, rewrite.tool
+    sent = {**body, **wire.with_history(body, messages, tool, request.defers)}
+    chosen = tool is not None and request.may_defer and not request.tool_search
+    return sent, chosen and tool is not None and wire.deferred(sent, tool)
 
 
 def _recounted(request: CompactionRequest, indices: Sequence[int]) -> CompactionRequest:
@@ -392,7 +412,7 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
     read from the prompt cache), else a request of its own holding the transcript."""
     own = request.model or str(request.body.get("model", ""))
     model = fold.model or own
-    body = None
+    body = relist = None
     transcript = request.wire.summary_request(
         request.body,
         model=model,
@@ -404,9 +424,12 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
     if model == own and fold.in_place.fits:
         place = fold.in_place
         history = _marked(request, place.history, place.breakpoint_at)
-        # The conversation's request as it goes upstream (read_result among its tools).
-        fields = request.wire.with_history(request.body, history, place.tool, request.tool_search)
-        sent = {**request.body, **fields}
+        # The conversation's request as it goes upstream (read_result among its tools;
+        # should it go deferred by the proxy's choice, listed if that is refused: `_sent`).
+        wire, tool = request.wire, place.tool
+        sent = {**request.body, **wire.with_history(request.body, history, tool, request.defers)}
+        chosen = tool is not None and request.may_defer and not request.tool_search
+        relists = chosen and tool is not None and wire.deferred(sent, tool)
         body = request.wire.summary_request(
             sent,
             model=model,
@@ -416,6 +439,8 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
         )
         if body is not None and request.wire.request_error(body, request.model) is not None:
             body = None  # (a planner's fault) the transcript's call instead: one that can succeed
+        if relists:
+            relist = place.tool
         # What it keeps of the conversation's request goes as the client's bytes (and so
         # reads the prompt cache the conversation's own requests wrote).
         encoded = request.source.encode(body) if body is not None else b""
@@ -425,7 +450,7 @@ def _summary_request(request: CompactionRequest, fold: FoldPlan) -> GetSummary:
     )
     if body is None:
         return ask
-    return replace(ask, body=body, encoded=encoded, fallback=transcript)
+    return replace(ask, body=body, encoded=encoded, fallback=transcript, relist=relist)
 
 
 def _read_result(request: CompactionRequest) -> tuple[str | None, int]:
@@ -433,10 +458,10 @@ def _read_result(request: CompactionRequest) -> tuple[str | None, int]:
     client's tools leave no name free) and what adding its tool adds to the request's
     tokens, as counting found them (`Counted.view`)."""
     view = request.counted.view
-    if view is None or view.tool_search != request.tool_search:  # (counted without it)
+    if view is None or view.tool_search != request.defers:  # (counted without it)
         counted = request.counted
         view = request_view(
-            request.wire, request.counter, request.body, counted.fixed, request.tool_search
+            request.wire, request.counter, request.body, counted.fixed, request.defers
         )
     if not request.read_result or not view.tool:
         return None, 0
@@ -488,7 +513,12 @@ def _decision(
     # Every rewrite is checked before it is decided: what the check built and encoded.
     assert checked is not None and checked.outcome is outcome
     return Decision(
-        outcome, estimate, sent=checked.sent, body=checked.body, summary_failure=failure
+        outcome,
+        estimate,
+        sent=checked.sent,
+        body=checked.body,
+        summary_failure=failure,
+        relists=checked.relists,
     )
 
 

@@ -102,6 +102,41 @@ def window_for(model: str, betas: str = "", table: ModelTable | None = None) -> 
     return Window(found.max_input, f"model table ({found.name})")
 
 
+# The models Anthropic's tool search docs list as taking deferred tools (`defer_loading`,
+# `tool_reference`) on the Claude API, Bedrock and Vertex, without a beta (the docs'
+# curl example sends none): read_result may join their requests deferred even where the
+# client did not turn tool search on (proxy/core/driver.py). Names as `candidates` gives
+# them (a date suffix stripped); a model not here is deferred only where the client
+# turns tool search on itself. Kept by hand: the maintained tables do not say it.
+TOOL_SEARCH_MODELS = frozenset(
+    {
+        "claude-opus-5-5",
+        "claude-opus-5",
+        "claude-sonnet-5-5",
+        "claude-sonnet-5",
+        "claude-haiku-5-5",
+        "claude-haiku-4-5",
+        "claude-opus-4-5",
+        "claude-opus-4-6",
+        "claude-opus-4-7",
+        "claude-opus-4-8",
+        "claude-sonnet-4-5",
+        "claude-sonnet-4-6",
+        "claude-fable-5",
+        "claude-fable-5-1",
+        "claude-mythos-5",
+        "claude-mythos-5-1",
+        "claude-mythos-preview",
+    }
+)
+
+
+def takes_tool_search(model: str) -> bool:
+    """Whether the model is one tool search is documented for (TOOL_SEARCH_MODELS), by
+    any name a request gives it (a Bedrock or Vertex id, a dated snapshot)."""
+    return any(name in TOOL_SEARCH_MODELS for name in candidates(model))
+
+
 def max_output(model: str, table: ModelTable | None = None) -> int:
     """The model's max output tokens from the table (0: not known)."""
     found = (table or BUILTIN).lookup(model)

@@ -32,8 +32,9 @@ class RequestView:
     # What read_result adds to the request's tokens where it joins (its definition, and
     # what loads it where the format defers it); 0 when there is no name.
     tool_tokens: int = 0
-    # Made for a request with tool search on (its betas say so: read_result may then join
-    # deferred, `Request.with_history`), which the count is told by the shell.
+    # Made for a request read_result may join deferred (`Request.with_history`): tool
+    # search on for it (its betas say so), or the proxy defers it for the model
+    # (CompactionRequest.defers), which the count is told by the shell.
     tool_search: bool = False
 
 

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.core.commands import (
+    REFUSED,
     Answered,
     Failed,
     ReadResults,
@@ -64,6 +65,10 @@ class RoundsRequest:
     counter: TokenCounter
     policy: Policy  # its window, max_read_rounds, and read_length (a read naming none)
     factor: float = 1.0  # calibration (real / estimated), looked up once for the request
+    # read_result's name where it went deferred by the proxy's choice (Decision.relists):
+    # should the upstream refuse round 1, it goes once more with it listed, and every
+    # later round is built from that form (None: a refusal is the client's answer).
+    relist: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +81,9 @@ class Ended:
     rounds: int = 0
     note: str | None = None
     failed: bool = False  # a round's answer failed: nothing more goes to the client
+    # Round 1 was refused deferred and answered listed: the upstream does not take the
+    # deferral (the shell remembers it for the model there).
+    relisted: bool = False
 
 
 Rounds = Generator[RoundCommand, RoundReply, Ended]
@@ -106,6 +114,19 @@ class Fetched:
 
 
 def read_rounds(request: RoundsRequest) -> Rounds:
+    ended = yield from _rounds(request, relisting := _Relisting())
+    return replace(ended, relisted=True) if relisting.answered else ended
+
+
+@dataclass(slots=True)
+class _Relisting:
+    """Round 1 went again listed (`tried`), and that was answered (`answered`)."""
+
+    tried: bool = False
+    answered: bool = False
+
+
+def _rounds(request: RoundsRequest, relisting: _Relisting) -> Rounds:
     wire, sent = request.wire, dict(request.sent)
     messages: list[JSON] = list(wire.messages(sent))
     body, used = request.body, 0
@@ -114,9 +135,18 @@ def read_rounds(request: RoundsRequest) -> Rounds:
     source = ClientJSON(body, request.sent)
     while True:
         reply = yield SendRound(body, used + 1)
+        refused = isinstance(reply, Failed) and reply.outcome == REFUSED and used == 0
+        if refused and request.relist is not None and not relisting.tried:
+            # Refused with read_result deferred: once more listed, the same plan (a
+            # refusal of that too is the client's answer: it was about something else).
+            sent = wire.listed(sent, request.relist)
+            messages = list(wire.messages(sent))
+            body, relisting.tried = source.encode(sent), True
+            continue
         if isinstance(reply, Failed):
             return Ended(reply.outcome, used, failed=True)
         assert isinstance(reply, Answered)
+        relisting.answered = relisting.tried
         round_ = reply.round
         if not round_.wants_reads_only:
             return Ended("complete", used)

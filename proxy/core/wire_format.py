@@ -141,6 +141,15 @@ class Request(Protocol):
         has tool search on, so read_result may join deferred where the format has it)."""
         ...
 
+    def deferred(self, body: Mapping[str, Any], tool: str) -> bool:
+        """Whether read_result (`tool`) goes deferred in this body (a rewrite's)."""
+        ...
+
+    def listed(self, body: Mapping[str, Any], tool: str) -> JSON:
+        """The body with read_result (`tool`) listed where it went deferred: sent instead
+        should the upstream refuse the deferral (the same plan otherwise)."""
+        ...
+
     def counter(self, base: TokenCounter) -> MessageCounter: ...
     def fixed_tokens(self, counter: MessageCounter, body: Mapping[str, Any]) -> int:
         """System prompt and tools, estimated."""

@@ -51,6 +51,7 @@ from proxy.core.counting import count_request, count_tokens
 from proxy.core.driver import CompactionRequest, compaction, run
 from proxy.core.exact_json import ClientJSON
 from proxy.core.lines import best_line
+from proxy.core.model_facts import takes_tool_search
 from proxy.core.offload import ref_for
 from proxy.core.outcome import Refuse, Rewrite, Untouched
 from proxy.core.policy import Policy, policy_for
@@ -306,7 +307,8 @@ class Simulator:
         model = str(body.get("model", ""))
         policy = policy_for(model, self.policies, betas=self.betas)
         tool_search = searches_tools(self.betas)
-        counted = count_request(wire, self.counter, body, messages, seen, tool_search)
+        may_defer = takes_tool_search(model)
+        counted = count_request(wire, self.counter, body, messages, seen, tool_search or may_defer)
         counter = wire.counter(self.counter)
         source = ClientJSON.written(body, seen.written if seen is not None else None)
         request = CompactionRequest(
@@ -315,6 +317,7 @@ class Simulator:
             built=seen.built if seen is not None else None,
             validated=seen.validated if seen is not None else None,
             tool_search=tool_search,
+            may_defer=may_defer,  # (an upstream that takes it, as the server's)
         )  # fmt: skip
         memory = self.memory
         memory.asked = memory.ahead = None

@@ -39,7 +39,7 @@ from proxy.core.driver import CompactionRequest, compaction
 from proxy.core.exact_json import ClientJSON
 from proxy.core.identity import identities, tenant_of
 from proxy.core.lines import DEFAULT_MAX_LINES
-from proxy.core.model_facts import UNKNOWN_SOURCE, wants_1m
+from proxy.core.model_facts import UNKNOWN_SOURCE, takes_tool_search, wants_1m
 from proxy.core.per_request import per_request
 from proxy.core.policy import DEFAULT_POLICIES, Policy, PolicyError, policy_for
 from proxy.core.reuse import Reuse, Seen
@@ -203,6 +203,7 @@ class Asked:
     # Set once the request's answer starts (or it ends): a summary made ahead goes up only
     # then, its prefix cached by this request (None: at once).
     answer_started: asyncio.Event | None = None
+    upstream: str = ""  # where it goes (its URL): deferral refused is remembered per upstream
 
 
 class Compactor:
@@ -236,6 +237,10 @@ class Compactor:
         self._policy_of: dict[tuple[str, bool], Policy] = {}
         self._wants_1m: dict[str, bool] = {}  # betas -> whether they ask for the 1M window
         self._tool_search: dict[str, bool] = {}  # betas -> whether they turn tool search on
+        self._takes_deferral: dict[str, bool] = {}  # model -> takes_tool_search(model)
+        # (upstream, model) where a deferred read_result was refused and the listed form
+        # taken: this replica's memory (docs/compaction.md says why not the fleet's).
+        self._refuses_deferral: set[tuple[str, str]] = set()
         self._warned: set[str] = set()  # models not in the model table, warned of once
         self.stubbed: StubbedMemo = {}  # stubbed messages built, shared by all requests
         self.on_background_summary = on_background_summary
@@ -273,6 +278,34 @@ class Compactor:
                 self._tool_search.clear()
             self._tool_search[betas] = found
         return found
+
+    def may_defer(self, upstream: str, model: str) -> bool:
+        """Whether read_result may join this model's requests deferred where the client
+        did not turn tool search on: a model tool search is documented for, unless its
+        upstream refused a deferral of it before (`deferral_refused`)."""
+        takes = self._takes_deferral.get(model)
+        if takes is None:
+            takes = takes_tool_search(model)
+            if len(self._takes_deferral) >= POLICY_MEMO_SIZE:
+                self._takes_deferral.clear()
+            self._takes_deferral[model] = takes
+        return takes and (upstream, model) not in self._refuses_deferral
+
+    def deferral_refused(self, upstream: str, model: str) -> None:
+        """The upstream refused a request with read_result deferred and took it listed:
+        this model's requests there go listed from now on (until the process restarts:
+        an upstream that learns tool search is found again then)."""
+        if (upstream, model) in self._refuses_deferral:
+            return
+        if len(self._refuses_deferral) >= POLICY_MEMO_SIZE:
+            self._refuses_deferral.clear()  # (model names are bounded; a flood only resets it)
+        self._refuses_deferral.add((upstream, model))
+        log.warning(
+            "upstream %s refused read_result deferred (tool search) for model %r and took"
+            " it listed: its requests there go listed from now on",
+            upstream,
+            model[:100],
+        )
 
     def policy(
         self, model: str, override: Mapping[str, int] | None = None, betas: str = ""
@@ -415,9 +448,11 @@ class Compactor:
         size = _new_bytes(seen, len(body_bytes))
         args = (wire, self.counter, body, messages)
         tool_search = self._searches_tools(asked.betas)
+        may_defer = self.may_defer(asked.upstream, model)
+        defers = tool_search or may_defer  # (read_result's tokens counted as it will join)
         if sample:  # calibration wants this request's counts
             counted: Counted | None = await off_loop(
-                size, self.off_loop_bytes, count_request, *args, seen, tool_search
+                size, self.off_loop_bytes, count_request, *args, seen, defers
             )
         else:
             counted = await off_loop(
@@ -428,7 +463,7 @@ class Compactor:
                 policy,
                 factor,
                 seen,
-                tool_search,
+                defers,
             )
         if counted is None:  # its new messages' bytes alone prove it under every threshold
             return untouched
@@ -455,6 +490,7 @@ class Compactor:
             model=model,
             validated=seen.validated if seen is not None else None,
             tool_search=tool_search,
+            may_defer=may_defer,
         )
         executor = StoreExecutor(
             store,

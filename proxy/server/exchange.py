@@ -34,6 +34,7 @@ envelope and own step); between transports, the `Transport`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -186,8 +187,15 @@ class Exchange(Generic[A]):
                 on_refusal = adjusted.on_refusal
         if route.compacts and incoming.payload is not None:
             headers, caller = self.request.headers, self.caller
+            relisted = functools.partial(compactor.deferral_refused, self.upstream.shown_url, model)
             summarise = SummaryCalls(
-                self.upstream, path, headers, wire, envelope, compactor.summariser.timeout
+                self.upstream,
+                path,
+                headers,
+                wire,
+                envelope,
+                compactor.summariser.timeout,
+                relisted=relisted,
             )
             betas = envelope.betas(headers, incoming.payload)
             asked = Asked(
@@ -199,6 +207,7 @@ class Exchange(Generic[A]):
                 budget.summaries(),
                 summarise,
                 answer_started=started,
+                upstream=self.upstream.shown_url,
             )
             prepared = await compactor.prepare(incoming, wire, self.store, asked, record)
         else:
@@ -221,6 +230,7 @@ class Exchange(Generic[A]):
             ),
             tool=prepared.tool,
             on_refusal=on_refusal,
+            relists=prepared.rounds is not None and prepared.rounds.relist is not None,
         )
         record.sending()
         if prepared.rounds is None:
@@ -241,6 +251,8 @@ class Exchange(Generic[A]):
             finally:  # the time outside the transport's sending is the proxy's own
                 record.interception_seconds += time.perf_counter() - began - executor.sending
             record.read_outcome = ended.outcome  # the log line's and the metric's
+            if ended.relisted:  # later requests there go listed at once
+                compactor.deferral_refused(self.upstream.shown_url, prepared.model)
             if ended.outcome in ENDINGS:
                 log.info(ENDINGS[ended.outcome])
             answer = await merging.finish(ended)

@@ -15,8 +15,10 @@ stream does; one the upstream broke is cut.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from contextlib import aclosing
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -25,13 +27,14 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.config import ServerSettings
-from proxy.core.commands import Answered, Failed
+from proxy.core.commands import REFUSED, Answered, Failed
 from proxy.core.errors import UpstreamError, UpstreamTimeout
 from proxy.core.rounds import Ended
 from proxy.core.wire_format import JSON, MergeState, RoundMerger, WireFormat
 from proxy.server.bodies import BAD_JSON, Incoming, Parse, plain_parse, read_request
 from proxy.server.errors import not_a_path
 from proxy.server.headers import client_response_headers, upstream_request_headers
+from proxy.server.prepared import redacted
 from proxy.server.record import RequestRecord
 from proxy.server.relay import relay
 from proxy.server.transport import (
@@ -161,6 +164,19 @@ class HttpTransport:
         return HttpMerging(self, outgoing)
 
 
+def _said(raw: bytes) -> str:
+    """An upstream error's message, as logged (cut short)."""
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return "no JSON"
+    error = payload.get("error") if isinstance(payload, dict) else None
+    said = error.get("message") if isinstance(error, dict) else None
+    if said is None and isinstance(payload, dict):
+        said = payload.get("message")  # Bedrock's shape
+    return redacted(str(said))
+
+
 class HttpMerging:
     """One answer made of read_result rounds, over HTTP (`Merging[web.StreamResponse]`)."""
 
@@ -192,6 +208,8 @@ class HttpMerging:
             log.info("read_result round could not be sent; cutting the stream")
             cut_client(transport.request)
             return Failed("broken")
+        if response.status == 400 and self.sent == 1 and self.outgoing.relists:
+            return await self._refused_deferred(response)
         if response.status != 200:
             return await self._refused(response)
         if self.headers is None:  # the first answer: whole or a stream, as it says
@@ -207,6 +225,17 @@ class HttpMerging:
         if self.out is None:
             return self._whole_round(await transport.upstream.read(response))
         return await self._stream_round(response)
+
+    async def _refused_deferred(self, response: aiohttp.ClientResponse) -> Failed:
+        """Round 1 refused with read_result deferred: not the client's answer (the rounds
+        send it again listed, as round 1 still). Read, so the connection is reused."""
+        raw = b""
+        with contextlib.suppress(UpstreamError):
+            raw = await self.transport.upstream.read(response)
+        log.info("upstream refused read_result deferred (%s); sending it listed", _said(raw))
+        self.sent = 0
+        self.outgoing = replace(self.outgoing, relists=False)  # once: a second is relayed
+        return Failed(REFUSED)
 
     async def _refused(self, response: aiohttp.ClientResponse) -> Failed:
         """A round the upstream refused: relayed as it came when the client's answer has

@@ -83,6 +83,7 @@ def decided(
                     counter,
                     prepared.policy,
                     prepared.factor,
+                    relist=outcome.tool if decision.relists else None,
                 )
             return replace(
                 prepared,

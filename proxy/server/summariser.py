@@ -207,6 +207,9 @@ class SummaryCalls:
     wire: WireFormat
     envelope: Envelope
     seconds: float
+    # Told when an in-place body with read_result deferred was refused and its listed
+    # form answered (the compactor remembers it for the model there).
+    relisted: Callable[[], None] | None = None
 
     async def __call__(self, need: GetSummary) -> tuple[str, Usage | None]:
         path, wrapped = self.envelope.summary(self.path, need)
@@ -217,11 +220,16 @@ class SummaryCalls:
             headers=upstream_request_headers(self.headers),
             wire=self.wire,
             seconds=self.seconds,
+            relisted=self.relisted,
         )
 
 
 class SummariserFailed(Exception):
     """The summariser gave no usable answer (an error status, or no text)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status  # the upstream's error status (0: it answered)
 
 
 async def post_summary(
@@ -232,13 +240,16 @@ async def post_summary(
     headers: Sequence[tuple[str, str]],
     wire: WireFormat,
     seconds: float,
+    relisted: Callable[[], None] | None = None,
 ) -> tuple[str, Usage | None]:
     """One summariser call: the request the driver built, sent through the proxy's own
     upstream client with the caller's credential, betas and API version (a summary made
     in place must match the conversation's requests to read their cache); it says what it
     is in PURPOSE_HEADER. Returns its text and the usage the upstream reported. An answer
     that calls a tool is no summary: the transcript request (`need.fallback`) is sent then,
-    and the usage is both calls'."""
+    and the usage is both calls'. An in-place body refused with a 400 where the proxy
+    deferred read_result in it goes once more listed (`need.relist`), as the
+    conversation's request does; `relisted` is told when that one is answered."""
     sent = [
         (name, value)
         for name, value in headers
@@ -251,7 +262,16 @@ async def post_summary(
     ]
     async with asyncio.timeout(seconds):
         body = need.encoded or orjson.dumps(need.body)
-        answer = await _ask(upstream, path, sent, body, need.model)
+        try:
+            answer = await _ask(upstream, path, sent, body, need.model)
+        except SummariserFailed as refused:
+            if refused.status != 400 or need.relist is None:
+                raise
+            log.info("the summary made in place was refused deferred: asking with it listed")
+            listed = orjson.dumps(wire.listed(need.body, need.relist))
+            answer = await _ask(upstream, path, sent, listed, need.model)
+            if relisted is not None:
+                relisted()
         usage = wire.body_usage(answer)
         if calls_tool(answer):
             if need.fallback is None:
@@ -274,7 +294,7 @@ async def _ask(
     )
     raw = await upstream.read(response)  # within upstream.max_answer_bytes
     if response.status != 200:
-        raise SummariserFailed(f"upstream answered {response.status}")
+        raise SummariserFailed(f"upstream answered {response.status}", response.status)
     try:
         answer = orjson.loads(raw)
     except orjson.JSONDecodeError:

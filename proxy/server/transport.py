@@ -57,6 +57,10 @@ class Outgoing:
     stream: bool  # the client asked for a stream (the idle timeout applies)
     tool: str | None = None  # read_result's name: the proxy answers those calls
     on_refusal: Refused | None = None  # an API's own step may answer an upstream 400/422
+    # Round 1 has a listed form to send should the upstream refuse it with a 400 (read_result
+    # deferred by the proxy's choice): that refusal is not the client's answer, the
+    # listed one's is (`Merging.round` answers Failed(REFUSED) for it, once).
+    relists: bool = False
 
     @property
     def reads_answer(self) -> bool:

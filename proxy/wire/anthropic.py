@@ -162,6 +162,37 @@ def loading(messages: list[JSON], tool: str) -> list[JSON]:
     return messages
 
 
+def listed_form(body: Mapping[str, Any], tool: str) -> JSON:
+    """A body `with_read_result` made deferred, with read_result listed instead: its
+    `defer_loading` dropped, and the reference that loaded it taken out of the first
+    stub (left as one text part). The rest is the very objects of `body`."""
+    tools = body.get("tools")
+    listed = tools if isinstance(tools, list) else []
+    out: dict[str, Any] = {**body, "tools": [
+        {k: v for k, v in t.items() if k != "defer_loading"}
+        if isinstance(t, dict) and t.get("name") == tool else t
+        for t in listed
+    ]}  # fmt: skip
+    reference = tool_reference(tool)
+    messages = body.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list) or message.get("role") != "user":
+            continue
+        for j, block in enumerate(content):
+            inner = block.get("content") if isinstance(block, dict) else None
+            if not isinstance(inner, list) or block.get("type") != "tool_result":
+                continue
+            if reference in inner:
+                kept = [part for part in inner if part != reference]
+                unloaded = [*content[:j], {**block, "content": kept}, *content[j + 1 :]]
+                assert isinstance(messages, list)
+                changed = {**message, "content": unloaded}
+                out["messages"] = [*messages[:i], changed, *messages[i + 1 :]]
+                return out
+    return out
+
+
 def _stub_text(content: object) -> str | None:
     """A tool_result's text in the forms `with_results` writes a stub: a string, or one
     text part."""
@@ -272,6 +303,13 @@ class MessagesRequest:
             return {"messages": messages}
         sent, tools = with_read_result(body, messages, tool, tool_search)
         return {"messages": sent, "tools": tools}
+
+    def deferred(self, body: Mapping[str, Any], tool: str) -> bool:
+        tools = body.get("tools")
+        last = tools[-1] if isinstance(tools, list) and tools else None  # (where it joins)
+        return isinstance(last, dict) and last.get("name") == tool and "defer_loading" in last
+
+    listed = staticmethod(listed_form)
 
     def counter(self, base: TokenCounter) -> MessageCounter:
         return base  # the shared block counter reads Messages content as it is

@@ -36,7 +36,9 @@ from proxy.wire.chat_validation import validate_chat_request
 from proxy.wire.common import (
     FormatCounter,
     head_text,
+    listed_already,
     max_output,
+    never_deferred,
     openai_error,
     request_messages,
 )
@@ -201,6 +203,9 @@ class ChatRequest:
     messages = staticmethod(request_messages)
     max_output = staticmethod(max_output)
     identity_view = staticmethod(identity_view)
+
+    deferred = staticmethod(never_deferred)
+    listed = staticmethod(listed_already)
 
     def with_history(
         self,

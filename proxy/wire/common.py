@@ -150,3 +150,14 @@ class RoundsMerger:
         """Whether the answer ends as the upstream ended it: one round, nothing held back,
         no note due (every event then went out as the very bytes that came in)."""
         return self.rounds == 1 and not self.held_any and note is None
+
+
+def never_deferred(body: Mapping[str, Any], tool: str) -> bool:
+    """`Request.deferred` of a format that lists read_result always (tool search's
+    deferral is the Messages API's)."""
+    return False
+
+
+def listed_already(body: Mapping[str, Any], tool: str) -> dict[str, Any]:
+    """`Request.listed` of such a format: the body as it is."""
+    return dict(body)

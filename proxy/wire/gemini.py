@@ -41,6 +41,7 @@ from proxy.core.tokens import TokenCounter
 from proxy.core.usage import DATA_LINES, LineKind, Usage
 from proxy.core.validated import Validated
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
+from proxy.wire.common import listed_already, never_deferred
 from proxy.wire.gemini_parts import (
     GeminiCounter,
     call_key,
@@ -213,6 +214,9 @@ class GeminiRequest:
     messages = staticmethod(contents_of)
     max_output = staticmethod(max_output)
     identity_view = staticmethod(identity_view)
+
+    deferred = staticmethod(never_deferred)
+    listed = staticmethod(listed_already)
 
     def with_history(
         self,

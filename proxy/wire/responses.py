@@ -37,7 +37,13 @@ from proxy.core.tokens import MESSAGE_OVERHEAD, TOOL_FRAMING, TokenCounter
 from proxy.core.usage import DATA_LINES, LineKind, Usage
 from proxy.core.validated import Validated
 from proxy.core.wire_format import JSON, IdentityView, MessageCounter
-from proxy.wire.common import FormatCounter, head_text, openai_error
+from proxy.wire.common import (
+    FormatCounter,
+    head_text,
+    listed_already,
+    never_deferred,
+    openai_error,
+)
 from proxy.wire.responses_rounds import ResponsesRounds, responses_usage
 from proxy.wire.responses_units import (
     ANSWER_TYPES,
@@ -212,6 +218,9 @@ class ResponsesRequest:
 
     def messages(self, body: Mapping[str, Any]) -> list[JSON]:
         return units_of(input_items(body))
+
+    deferred = staticmethod(never_deferred)
+    listed = staticmethod(listed_already)
 
     def with_history(
         self,

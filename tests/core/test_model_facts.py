@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.core.model_facts import BUILTIN, UNKNOWN_SOURCE, candidates, wants_1m, window_for
+from proxy.core.model_facts import (
+    BUILTIN,
+    TOOL_SEARCH_MODELS,
+    UNKNOWN_SOURCE,
+    candidates,
+    takes_tool_search,
+    wants_1m,
+    window_for,
+)
 from proxy.core.model_names import anthropic_name, model_matches
 from proxy.core.policy import DEFAULT_POLICIES, parse_policies, policy_for
 from proxy.core.pricing import PER_MILLION, PriceTable, parse_price_table
@@ -200,3 +208,28 @@ def test_policy_and_price_globs_cover_bedrock_and_vertex_ids_by_either_name() ->
     )
     assert model_matches("claude-haiku-4-5@20251001", "claude-haiku-*")
     assert not model_matches("gpt-4o", "claude-*")
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        "claude-opus-5-5",
+        "claude-sonnet-4-5-20250929",
+        "us.anthropic.claude-sonnet-4-5-20250929-v1:0",  # Bedrock
+        "claude-haiku-4-5@20251001",  # Vertex
+        "anthropic/claude-opus-4-6",
+    ],
+)
+def test_models_tool_search_is_documented_for_take_it_by_any_name(model: str) -> None:
+    assert takes_tool_search(model)
+
+
+@pytest.mark.parametrize("model", ["claude-3-5-haiku-20241022", "claude-test-1", "gpt-5", ""])
+def test_other_models_are_not_known_to_take_tool_search(model: str) -> None:
+    assert not takes_tool_search(model)
+
+
+def test_every_model_said_to_take_tool_search_is_a_claude_model_of_the_table() -> None:
+    """(A name mistyped in TOOL_SEARCH_MODELS would defer nothing, silently.)"""
+    for name in TOOL_SEARCH_MODELS:
+        assert BUILTIN.lookup(name) is not None, name

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from proxy.core.commands import (
+    REFUSED,
     Answered,
     Failed,
     ReadResults,
@@ -140,3 +141,51 @@ def test_a_failed_round_ends_the_rounds_as_it_says() -> None:
     script = Script([reading(), Failed("upstream_error")], {REF: TEXT})
     _, ended = commands_of(read_rounds(request()), script)
     assert (ended.outcome, ended.rounds, ended.failed) == ("upstream_error", 1, True)
+
+
+# -- read_result deferred by the proxy, refused: round 1 once more listed ------------------
+
+
+def deferred_request() -> RoundsRequest:
+    """`request()` as sent with read_result deferred, to be relisted if refused."""
+    plain = request()
+    sent = {**plain.sent, "tools": [ANTHROPIC.read_result_tool(TOOL, deferred=True)]}
+    return replace(plain, sent=sent, body=orjson.dumps(sent), relist=TOOL)
+
+
+def test_round_one_refused_deferred_goes_once_more_listed_and_on_from_there() -> None:
+    script = Script([Failed(REFUSED), reading(), DONE], {REF: TEXT})
+    commands, ended = commands_of(read_rounds(deferred_request()), script)
+    assert kinds(commands) == ["SendRound", "SendRound", "ReadResults", "TopUp", "SendRound"]
+    assert [c.number for c in commands if isinstance(c, SendRound)] == [1, 1, 2]
+    deferred, listed, second = script.sent
+    assert deferred["tools"][0]["defer_loading"] is True
+    assert listed["tools"] == [ANTHROPIC.read_result_tool(TOOL)]
+    assert listed["messages"] == deferred["messages"]  # the same plan
+    assert second["tools"] == listed["tools"]  # later rounds are built from the listed form
+    assert (ended.outcome, ended.rounds, ended.relisted, ended.failed) == (
+        "complete",
+        1,
+        True,
+        False,
+    )
+
+
+def test_the_listed_form_refused_too_ends_the_rounds_not_relisted() -> None:
+    script = Script([Failed(REFUSED), Failed("")], {})
+    commands, ended = commands_of(read_rounds(deferred_request()), script)
+    assert kinds(commands) == ["SendRound", "SendRound"]
+    assert (ended.failed, ended.relisted) == (True, False)
+
+
+def test_a_refusal_without_a_listed_form_ends_the_rounds() -> None:
+    script = Script([Failed(REFUSED)], {})
+    commands, ended = commands_of(read_rounds(request()), script)
+    assert kinds(commands) == ["SendRound"]
+    assert (ended.outcome, ended.failed, ended.relisted) == (REFUSED, True, False)
+
+
+def test_a_listed_round_one_that_is_answered_is_relisted_however_the_rounds_end() -> None:
+    script = Script([Failed(REFUSED), reading(n=0), reading(n=1), reading(n=2)], {REF: TEXT})
+    _, ended = commands_of(read_rounds(deferred_request()), script)
+    assert (ended.outcome, ended.relisted) == ("limit", True)

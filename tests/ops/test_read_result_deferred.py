@@ -170,3 +170,47 @@ def test_a_client_with_tool_search_on_gets_read_result_deferred_though_it_defers
     assert first.proxied.cache_read_input_tokens >= fixed
     assert listed.proxied.cache_read_input_tokens == 0
     assert searching.proxy_cost < plain.proxy_cost
+
+
+def test_a_model_tool_search_is_documented_for_gets_it_deferred_without_a_beta() -> None:
+    """No beta and no deferred tool of the client's (Claude Code as users run it behind a
+    base URL): for a model Anthropic documents tool search for, read_result joins
+    deferred all the same, and costs what it costs with the beta; a model not known to
+    take it keeps it listed unless the client turns tool search on."""
+    documented = [{**b, "model": "claude-sonnet-4-6"} for b in session(8, tools=(READ,))]
+    policy = Policy(match="claude-sonnet-4-6", window=1_000_000, offload_trigger=8_000)
+    plain = replay(documented, [policy], COUNTER, betas="claude-code-20250219")
+    searching = replay(documented, [policy], COUNTER, betas=TOOL_SEARCH_BETAS)
+    first = next(t for t in plain.turns if t.strategy is not None)
+    fixed = COUNTER.count_tools([READ]) + COUNTER.count_system(SYSTEM)
+    assert first.strategy == Strategy.OFFLOAD
+    assert first.proxied.cache_read_input_tokens >= fixed
+    assert plain.proxy_cost == searching.proxy_cost
+    unknown = Policy(match="claude-test-1", window=1_000_000, offload_trigger=8_000)
+    other = replay(session(8, tools=(READ,)), [unknown], COUNTER, betas="claude-code-20250219")
+    listed = next(t for t in other.turns if t.strategy is not None)
+    assert listed.proxied.cache_read_input_tokens == 0
+
+
+def test_a_deferred_body_listed_is_the_same_plan_with_the_tool_listed() -> None:
+    """What a refusal of the deferral is answered with (Request.listed): the client's
+    tools, read_result listed last, the reference taken out of the stub that held it,
+    every other message the very object it was."""
+    body = session(3, tools=(READ,))[-1]
+    messages = body["messages"]
+    stub = stub_text(
+        messages[2]["content"][0]["content"], "r_0123456789abcdef", "read_result", 100, 8_000
+    )
+    stubbed = [*messages[:2], ANTHROPIC.with_results(messages[2], {0: stub}), *messages[3:]]
+    sent = {**body, **ANTHROPIC.with_history(body, stubbed, "read_result", tool_search=True)}
+    plain = {**body, **ANTHROPIC.with_history(body, stubbed, "read_result")}
+    assert ANTHROPIC.deferred(sent, "read_result") and not ANTHROPIC.deferred(plain, "read_result")
+    listed = ANTHROPIC.listed(sent, "read_result")
+    assert listed["tools"] == plain["tools"]
+    assert not ANTHROPIC.deferred(listed, "read_result")
+    assert listed["messages"][2]["content"][0]["content"] == [{"type": "text", "text": stub}]
+    pairs = enumerate(zip(listed["messages"], sent["messages"], strict=True))
+    assert all(a is b for n, (a, b) in pairs if n != 2)
+    assert {k: v for k, v in listed.items() if k not in ("tools", "messages")} == {
+        k: v for k, v in body.items() if k not in ("tools", "messages")
+    }

@@ -41,6 +41,7 @@ FETCH = {
     "defer_loading": True,
 }
 REFERENCE = {"type": "tool_reference", "tool_name": "WebFetch"}
+UNDOCUMENTED = "claude-3-5-haiku-20241022"  # a model tool search is not documented for
 MakeStandIn = Callable[[StandInOptions], Awaitable[Any]]
 
 
@@ -145,15 +146,17 @@ async def test_read_result_joins_deferred_where_the_beta_turns_tool_search_on(
 ) -> None:
     """Before any ToolSearch call Claude Code defers no tool in `tools` (it does not send
     them), but its requests carry the tool-search beta: read_result joins deferred, the
-    first stub loads it with a tool_reference; the same requests without the beta get it
+    first stub loads it with a tool_reference; the same requests without the beta, for a
+    model tool search is not documented for (model_facts.TOOL_SEARCH_MODELS: one that is
+    gets it deferred without the beta, tests/server/test_deferral_fallback.py), get it
     listed, as the client may reach an API that takes no deferred tool."""
     standin = await make_standin(StandInOptions(windows={"*": SMALL_WINDOW}, max_recorded=None))
     proxy = await make_compacting_proxy(standin.url)
     client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-tools", max_retries=0)
     messages = [m for n, m in enumerate(history(16)) if n not in (1, 2)]  # no ToolSearch yet
-    for beta in (BETA, "claude-code-20250219"):
+    for beta, model in ((BETA, "claude-sonnet-4-6"), ("claude-code-20250219", UNDOCUMENTED)):
         raw = await client.messages.with_raw_response.create(
-            model="claude-sonnet-4-6",
+            model=model,
             max_tokens=512,
             tools=[BASH, SEARCH],  # type: ignore[list-item]
             messages=messages,  # type: ignore[arg-type]
