@@ -21,6 +21,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from proxy.core.budget import Amounts
+from proxy.core.per_request import per_request
 
 _CHARS_PER_TOKEN = 3  # a cut round's output estimate errs high (text runs ~4)
 _CALL_FRAMING = 8  # tokens of a tool call's name, id and markup around its arguments
@@ -40,7 +41,7 @@ _MODEL = re.compile(rb'"model":\s*"([A-Za-z0-9._:/@+-]{1,128})"')
 _MODEL_LOOK = 4096
 
 
-@dataclass(frozen=True, slots=True)
+@per_request
 class Usage:
     """Token counts of one upstream answer (or a sum of them)."""
 
