@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -347,6 +348,15 @@ async def test_bedrock_refusals_are_in_bedrocks_shape(
 # -- proxy keys and budgets ------------------------------------------------------------
 
 
+async def _settled(accounts: Accounts, scope: Scope, below: int) -> None:
+    """Waits until the scope's day output (used and still reserved) is under `below`."""
+    for _ in range(300):
+        if (await accounts.usage(scope, time.time()))["day"]["output"] < below:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the reservations were not settled under {below} in 15 s")
+
+
 async def test_keys_and_budgets_hold_in_both_modes(
     make_standin: MakeStandIn,
     make_proxy: MakeProxy,
@@ -385,6 +395,10 @@ async def test_keys_and_budgets_hold_in_both_modes(
     ask = {"max_tokens": 200, "messages": ASK["messages"]}
     await bedrock.messages.create(model=BEDROCK_MODEL, **ask)
     await vertex.messages.create(model=VERTEX_MODEL, **ask)
+    # Each answer's reservation (its max_tokens, 200) is settled to what it used a moment
+    # after it ends (settlements are batched: fleet.settle_later); under load that moment
+    # can outlast the calls below, whose last one fits only once both have landed.
+    await _settled(accounts, Scope("key", record["id"]), below=200)
     calls = _model_calls(standin.recorded)
     assert len(calls) == 2
     for r in calls:
