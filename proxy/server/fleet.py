@@ -9,7 +9,9 @@ fails or outlasts that timeout makes Redis count as unreachable.
 Each replica keeps a short-lived copy (`auth.cache_seconds`) of the key records and the
 limits it has seen, so a request costs no Redis call for them; a revoked key or a changed
 limit takes effect on every replica within that time. Revocations are also published as
-they are made and every replica listens (`_watch`), dropping the key's copy at once. A
+they are made and every replica listens (`_watch`), dropping the key's copy at once; a
+revocation is out of Redis when `Accounts.revoke_key` returns (written to every listening
+replica's connection), so one made just before Redis dies still reaches the replicas. A
 key record older than `cache_seconds` is used only while Redis is unreachable, with
 `on_store_down = "open"`, up to `auth.outage_trust_seconds` into the outage, and only if
 the watch listened from that record's fetch until the outage began (so no revocation

@@ -269,6 +269,12 @@ class Accounts:
         # loses Redis just after still knows; the record is what every other check reads.
         channel = self.revocations_channel()
         await self.store.run(lambda: client.publish(channel, key_id))
+        # Redis answers PUBLISH before it writes the message to the subscribers (it writes
+        # the clients it queued last first): a Redis that dies between those writes has
+        # told the revoker and no replica. It takes up another command only after writing
+        # them all, so one more round trip makes the revocation out of Redis when this
+        # returns (on a Cluster: out of the node it was published on).
+        await self.store.run(lambda: client.ping())
         return True
 
     def revocations_channel(self) -> str:
