@@ -579,3 +579,49 @@ GEMINI = Format(
     gemini_body,
 )
 FORMATS = {f.name: f for f in (MESSAGES, CHAT, RESPONSES, BEDROCK, VERTEX, GEMINI)}
+
+
+# -- streams: the same conversations asked for as a stream ---------------------------------
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A format's way of asking for a stream: its path and what its body says."""
+
+    name: str
+    path: str
+    body: Callable[[JSON], JSON]
+
+
+def _stream_field(body: JSON) -> JSON:
+    return {**body, "stream": True}
+
+
+def _chat_usage(body: JSON) -> JSON:
+    return {**body, "stream": True, "stream_options": {"include_usage": True}}
+
+
+def _same(body: JSON) -> JSON:
+    return body
+
+
+_STREAM_PATH = {
+    "bedrock": BEDROCK.path.replace("/invoke", "/invoke-with-response-stream"),
+    "vertex": VERTEX.path.replace(":rawPredict", ":streamRawPredict"),
+    "gemini_sse": GEMINI.path.replace(":generateContent", ":streamGenerateContent?alt=sse"),
+    "gemini_array": GEMINI.path.replace(":generateContent", ":streamGenerateContent"),
+}
+STREAMS: dict[str, tuple[Streamed, ...]] = {
+    "messages": (Streamed("sse", MESSAGES.path, _stream_field),),
+    "chat": (
+        Streamed("sse", CHAT.path, _stream_field),
+        Streamed("sse_usage", CHAT.path, _chat_usage),
+    ),
+    "responses": (Streamed("sse", RESPONSES.path, _stream_field),),
+    "bedrock": (Streamed("eventstream", _STREAM_PATH["bedrock"], _same),),
+    "vertex": (Streamed("sse", _STREAM_PATH["vertex"], _stream_field),),
+    "gemini": (
+        Streamed("sse", _STREAM_PATH["gemini_sse"], _same),
+        Streamed("array", _STREAM_PATH["gemini_array"], _same),  # JSON array form
+    ),
+}

@@ -107,19 +107,31 @@ class Exchange:
     headers: Mapping[str, str]
     answer: Any  # the client's answer, parsed (None when it is not JSON)
     sent: list[RecordedRequest]  # what reached the stand-in for it, in order
+    raw: bytes = b""  # the client's answer as it came
 
 
-def exchange(client: requests.Session, s: Serve, fmt: Format, body: bytes) -> Exchange:
+def exchange(
+    client: requests.Session, s: Serve, fmt: Format, body: bytes, path: str = ""
+) -> Exchange:
+    """`body` posted to the format's path (or `path`: a stream's)."""
     before = len(s.standin.recorded)
     headers = {**fmt.headers, **STUB_READ, "content-type": "application/json"}
-    response = client.post(s.url + fmt.path, data=body, headers=headers, timeout=60)
+    response = client.post(s.url + (path or fmt.path), data=body, headers=headers, timeout=60)
     try:
         answer = orjson.loads(response.content)
     except orjson.JSONDecodeError:
         answer = None
     # A summary made ahead may still be on its way: what it sent is looked at when the
     # next example's request began (the recorder keeps the order they came in).
-    return Exchange(response.status_code, response.headers, answer, s.standin.recorded[before:])
+    sent = s.standin.recorded[before:]
+    # A streamed answer's last bytes can reach the client before the stand-in has noted
+    # the request done: its own requests are read once they are.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(
+        r.ended_at is None for r in sent if not r.headers.get(PURPOSE)
+    ):
+        time.sleep(0.01)
+    return Exchange(response.status_code, response.headers, answer, sent, response.content)
 
 
 def history_of(body: Any) -> list[Any]:
@@ -200,17 +212,24 @@ def _kept_exactly(raw: bytes, spans: list[bytes], sent: bytes) -> None:
 
 
 def assert_answer(fmt: Format, answer: Any) -> None:
+    """The answer in the API's shape, not empty, and no call of a tool the client did not
+    give (the proxy's read_result is never seen)."""
     assert isinstance(answer, dict), answer
     if fmt.name in ("messages", "bedrock", "vertex"):
         assert answer["type"] == "message" and answer["content"], answer
+        called = [b["name"] for b in answer["content"] if b["type"] == "tool_use"]
     elif fmt.name == "gemini":
         parts = answer["candidates"][0]["content"]["parts"]
         assert parts and any(p.get("text") or p.get("functionCall") for p in parts), answer
+        called = [p["functionCall"]["name"] for p in parts if "functionCall" in p]
     elif fmt.name == "chat":
         message = answer["choices"][0]["message"]
         assert message.get("content") or message.get("tool_calls"), answer
+        called = [c["function"]["name"] for c in message.get("tool_calls") or []]
     else:
         assert answer["object"] == "response" and answer["output"], answer
+        called = [i["name"] for i in answer["output"] if i["type"] == "function_call"]
+    assert set(called) <= {"run"}, f"a call of a tool the client did not give: {called}"
 
 
 def assert_error(fmt: Format, answer: Any) -> None:

@@ -12,6 +12,7 @@ two cores), BATTERY_SEED the seed (README, "Set-up").
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -29,8 +30,10 @@ from tests.battery.generate import (
     DEEP_BYTES,
     FORMATS,
     MUTATIONS,
+    STREAMS,
     Conversation,
     Format,
+    Streamed,
     conversations,
     deep_input,
     encode,
@@ -48,6 +51,7 @@ from tests.battery.harness import (
     serve,
 )
 from tests.battery.policy import BATTERY_WINDOW
+from tests.battery.streams import READERS
 from tests.plugins.standin import RunningStandIn
 
 VALID = 12  # examples per format in the default run
@@ -127,6 +131,29 @@ def test_valid_conversations_are_answered_and_kept_exactly(battery: Battery) -> 
     def one(c: Conversation) -> None:
         raw, spans = encode(fmt.render(c))
         ex = exchange(client, running, fmt, raw)
+        check_valid(fmt, raw, spans, ex)
+        done.append(ex.headers.get("x-compaction-strategy", "none"))
+
+    one()
+    assert set(done) - {"none"}, "the battery's conversations are compacted"
+
+
+def test_valid_conversations_streamed_read_as_the_api_streams(battery: Battery) -> None:
+    """The same conversations asked for as a stream (each way the API has): what the
+    client reads is a stream of that API, event by event, adding up to an answer in its
+    shape; read rounds (stubs are read) merged into it unseen."""
+    running, client, fmt = battery
+    done: list[str] = []
+
+    @examples(VALID)
+    @given(conversations(), st.sampled_from(STREAMS[fmt.name]))
+    def one(c: Conversation, way: Streamed) -> None:
+        raw, spans = encode(way.body(fmt.render(c)))
+        ex = exchange(client, running, fmt, raw, way.path)
+        if ex.status == 200:
+            answer, errored = READERS[fmt.name, way.name](ex.raw)
+            assert not errored, ex.raw[-2000:]
+            ex = dataclasses.replace(ex, answer=answer)
         check_valid(fmt, raw, spans, ex)
         done.append(ex.headers.get("x-compaction-strategy", "none"))
 
