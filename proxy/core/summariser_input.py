@@ -69,7 +69,7 @@ def folding(
         folds=folds,
         transcript=_transcript(work, members, inp, summary_tokens),
         in_place=_in_place(work, members, inp, summary_tokens),
-        summary_tokens=max(summary_tokens - facts_budget, summary_tokens // 2),
+        summary_tokens=max(summary_tokens - facts_budget, summary_tokens // 2, MIN_SUMMARY_TOKENS),
         facts=Facts(tuple(_facts_sources(work, members, inp)), _call_ids(work, members)),
         facts_budget=facts_budget,
         model=inp.policy.summariser_model,
@@ -108,6 +108,11 @@ SUMMARY_SHARE, SUMMARY_FLOOR = 0.05, 1_000
 # summary's cap, at least FACTS_MIN and at most FACTS_MAX tokens; the summariser keeps at
 # least half of its cap (a small cap may so end a little over the target).
 FACTS_MIN, FACTS_MAX = 200, 1_500
+# The least output cap a summariser call asks for, whatever little room its fold has: the
+# least every API takes (the Responses API refuses a max_output_tokens below 16, and
+# Messages one below 1, or not above a thinking budget). A fold with less room ends that
+# much over its target, like the half kept above.
+MIN_SUMMARY_TOKENS = 16
 SUMMARISER_MARGIN = 0.05  # of the summariser's window kept free: counts are estimates
 
 

@@ -16,10 +16,12 @@ from proxy.core.outcome import FoldPlan, Refuse, Rewrite, Untouched
 from proxy.core.planner import plan
 from proxy.core.policy import Policy
 from proxy.core.rewrites import fold
+from proxy.core.summariser_input import MIN_SUMMARY_TOKENS
 from proxy.core.tokens import TokenCounter
 from proxy.core.working import DEFER_SHARE, PlanInput
-from proxy.wire import ANTHROPIC
+from proxy.wire import ANTHROPIC, RESPONSES
 from proxy.wire.anthropic import read_result_tool
+from proxy.wire.responses_validation import validate_responses_request
 from tests.wire.test_anthropic_history import _pairing_errors
 
 COUNTER = TokenCounter()
@@ -180,6 +182,30 @@ def test_over_target_after_offload_asks_for_a_summary_then_folds() -> None:
     assert done.messages[-4:] == messages[-4:], "keep_last groups stay verbatim"
     assert done.tokens_after <= 4_000 + out.summary_tokens
     assert _pairing_errors(done.messages) == []
+
+
+def test_a_fold_with_little_room_asks_for_a_summary_every_api_takes() -> None:
+    """The newest turns kept leave a fold a few tokens of room: its summariser call still
+    asks for an output cap the APIs take (the battery found Responses summaries refused
+    for max_output_tokens 12-14: the API's least is 16)."""
+    caps = set()
+    for n in range(1280, 1340):  # the newest result's words: the room goes down to a few
+        messages = conversation(12, result_words=150)
+        messages[-1]["content"][0]["content"] = words(n, "z")
+        out = planned(messages, policy=NO_OFFLOAD)
+        if isinstance(out, FoldPlan):
+            caps.add(out.summary_tokens)
+    assert len(caps) > 10 and min(caps) == MIN_SUMMARY_TOKENS
+    history = [{"type": "message", "role": "user", "content": "hi"}]
+    for in_place in (None, history):
+        asked = RESPONSES.summary_request(
+            {"model": "gpt-5-codex", "input": history},
+            model="gpt-5-codex",
+            summary_tokens=min(caps),
+            prompt="Summarise.",
+            history=in_place,
+        )
+        assert validate_responses_request(asked, openai=True) is None
 
 
 def test_a_second_crossing_folds_the_earlier_summary_first() -> None:
