@@ -51,6 +51,7 @@ class Call:
     result: str
     is_error: bool = False
     image: bool = False  # the result carries an image beside its text
+    cached: bool = False  # a cache breakpoint on the result (Messages)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ class Turn:
     system_after: str = ""  # a mid-conversation system message after the turn
     server_tool: bool = False  # a server tool's blocks in the assistant turn (Messages)
     extra_field: bool = False  # an unknown field on the user message's block
+    document: bool = False  # a plain-text document beside the user's text (Messages)
+    redacted: bool = False  # a redacted_thinking block in the assistant turn (Messages)
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,10 @@ class Conversation:
     turns: tuple[Turn, ...]
     question: str
     extra: JSON = field(default_factory=dict)
+    # How the client writes its JSON (`encode`): compact as orjson does, every non-ASCII
+    # character escaped (Python's json.dumps), or indented.
+    style: str = "compact"
+    cached_question: bool = False  # Claude Code's breakpoint on the newest block (Messages)
 
 
 SIZES = st.sampled_from([3, 20, 120, 450, 800, 1_200])
@@ -88,13 +95,20 @@ def calls(draw: st.DrawFn, turn: int) -> tuple[Call, ...]:
             tool_input["build_id"] = BIG_PLACEHOLDER
         if draw(st.integers(0, 9)) == 0:
             tool_input["float"] = 1.50
+        result = words(size, f"r{turn}x{k}y")
+        odd = draw(st.integers(0, 9))
+        if odd == 0:
+            result = ""  # an empty result (a command that printed nothing)
+        elif odd == 1:
+            result = words(size, f"é{turn}\U0001f600{k}\u2028")  # non-ASCII, beyond the BMP
         made.append(
             Call(
                 id=f"call_{turn}_{k}",
                 input=tool_input,
-                result=words(size, f"r{turn}x{k}y"),
+                result=result,
                 is_error=draw(st.integers(0, 4)) == 0,
                 image=draw(st.integers(0, 5)) == 0,
+                cached=draw(st.integers(0, 7)) == 0,
             )
         )
     return tuple(made)
@@ -113,6 +127,8 @@ def conversations(draw: st.DrawFn) -> Conversation:
                 system_after=draw(st.sampled_from(["", "", "", "Reminder: be brief."])),
                 server_tool=draw(st.integers(0, 5)) == 0,
                 extra_field=draw(st.integers(0, 5)) == 0,
+                document=draw(st.integers(0, 7)) == 0,
+                redacted=draw(st.integers(0, 7)) == 0,
             )
         )
     return Conversation(
@@ -121,6 +137,8 @@ def conversations(draw: st.DrawFn) -> Conversation:
         cached_system=draw(st.booleans()),
         turns=tuple(turns),
         question=draw(st.sampled_from(["What now?", words(400, "q")])),
+        style=draw(st.sampled_from(["compact", "compact", "ascii", "indented"])),
+        cached_question=draw(st.booleans()),
     )
 
 
@@ -134,13 +152,19 @@ def messages_body(c: Conversation) -> JSON:
         block: JSON = {"type": "text", "text": text}
         if turn.extra_field:
             block["citations_hint"] = {"kind": "unknown to the proxy"}
+        said = [block]
+        if turn.document:
+            source = {"type": "text", "media_type": "text/plain", "data": words(60, f"d{n}w")}
+            said.append({"type": "document", "source": source, "title": f"notes {n}.txt"})
         if messages and messages[-1]["role"] == "user":
-            messages[-1]["content"].append(block)  # after the results
+            messages[-1]["content"].extend(said)  # after the results
         else:
-            messages.append({"role": "user", "content": [block]})
+            messages.append({"role": "user", "content": said})
         content: list[JSON] = []
         if turn.thinking:
             content.append({"type": "thinking", "thinking": "Let me see.", "signature": "sig"})
+        if turn.redacted:
+            content.append({"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4a"})
         if turn.reply:
             content.append({"type": "text", "text": turn.reply})
         if turn.server_tool:
@@ -157,8 +181,9 @@ def messages_body(c: Conversation) -> JSON:
             for call in turn.calls:
                 result: JSON = {"type": "tool_result", "tool_use_id": call.id}
                 if call.image:
+                    said = [{"type": "text", "text": call.result}] if call.result else []
                     result["content"] = [
-                        {"type": "text", "text": call.result},
+                        *said,
                         {"type": "image",
                          "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
                     ]  # fmt: skip
@@ -166,11 +191,15 @@ def messages_body(c: Conversation) -> JSON:
                     result["content"] = call.result
                 if call.is_error:
                     result["is_error"] = True
+                if call.cached:
+                    result["cache_control"] = {"type": "ephemeral"}
                 results.append(result)
             messages.append({"role": "user", "content": results})
         if turn.system_after:
             messages.append({"role": "system", "content": turn.system_after})
-    question = {"type": "text", "text": c.question}
+    question: JSON = {"type": "text", "text": c.question}
+    if c.cached_question:
+        question["cache_control"] = {"type": "ephemeral"}
     if messages and messages[-1]["role"] == "user":
         messages[-1]["content"].append(question)
     else:
@@ -185,8 +214,18 @@ def messages_body(c: Conversation) -> JSON:
     if c.cached_system:
         tool["cache_control"] = {"type": "ephemeral"}
     body["tools"] = [tool]
-    body["messages"] = messages
+    body["messages"] = _within_breakpoints(messages, 4 - 2 * c.cached_system - c.cached_question)
     return body
+
+
+def _within_breakpoints(messages: list[JSON], room: int) -> list[JSON]:
+    """The API takes four cache breakpoints: the results' beyond `room` lose theirs (the
+    newest kept, as an agent keeps its markers on the newest turns)."""
+    marked = [b for m in messages if isinstance(m["content"], list) for b in m["content"]
+              if b.get("type") == "tool_result" and "cache_control" in b]  # fmt: skip
+    for block in marked[: max(len(marked) - room, 0)]:
+        del block["cache_control"]
+    return messages
 
 
 BEDROCK_MODEL = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
@@ -323,21 +362,36 @@ def responses_body(c: Conversation) -> JSON:
     return body
 
 
-def encode(body: JSON) -> tuple[bytes, list[bytes]]:
-    """The body as a client writes it (compact JSON, big integers as digits), and each
-    history message's own bytes within it."""
+def encode(body: JSON, style: str = "compact") -> tuple[bytes, list[bytes]]:
+    """The body as a client writes it (compact JSON, big integers as digits; `style`
+    "ascii": every non-ASCII character escaped, "indented": two spaces a level, as
+    Python's json.dumps writes them), and each history message's own bytes within it."""
     placeholder = orjson.dumps(BIG_PLACEHOLDER)
 
-    def written(value: Any) -> bytes:
-        try:
-            text = orjson.dumps(value)
-        except TypeError:  # nested deeper than orjson writes: as Python's json does
-            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    def written(value: Any, level: int = 0) -> bytes:
+        if style == "ascii":
+            text = json.dumps(value, separators=(",", ":")).encode()
+        elif style == "indented":
+            text = json.dumps(value, indent=2, ensure_ascii=False).encode()
+            # (a message's bytes within the body: indented one level deeper)
+            text = text.replace(b"\n", b"\n" + b"  " * level)
+        else:
+            try:
+                text = orjson.dumps(value)
+            except TypeError:  # nested deeper than orjson writes: as Python's json does
+                text = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
         return text.replace(placeholder, BIG_INT)
 
     history = body.get("input", body.get("messages", body.get("contents")))
-    messages = [written(m) for m in history] if isinstance(history, list) else []
+    messages = [written(m, 2) for m in history] if isinstance(history, list) else []
     return written(body), messages
+
+
+def byte_exact(c: Conversation, spans: list[bytes]) -> list[bytes] | None:
+    """The messages' bytes a rewrite keeps byte for byte: a client's compact JSON (its
+    spaces and escapes otherwise mean the same whoever writes them; its values are
+    checked all the same)."""
+    return spans if c.style == "compact" else None
 
 
 # -- mutations: a request broken one way ---------------------------------------------------

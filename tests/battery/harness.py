@@ -12,6 +12,7 @@ unhandled error in serve's log.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -111,11 +112,19 @@ class Exchange:
 
 
 def exchange(
-    client: requests.Session, s: Serve, fmt: Format, body: bytes, path: str = ""
+    client: requests.Session,
+    s: Serve,
+    fmt: Format,
+    body: bytes,
+    path: str = "",
+    tag: bytes = b"",
+    extra: Mapping[str, str] | None = None,
 ) -> Exchange:
-    """`body` posted to the format's path (or `path`: a stream's)."""
+    """`body` posted to the format's path (or `path`: a stream's), with `extra` headers.
+    `tag`: what only this request's sending holds (requests sent at once: the others'
+    are left out)."""
     before = len(s.standin.recorded)
-    headers = {**fmt.headers, **STUB_READ, "content-type": "application/json"}
+    headers = {**fmt.headers, **STUB_READ, "content-type": "application/json", **(extra or {})}
     response = client.post(s.url + (path or fmt.path), data=body, headers=headers, timeout=60)
     try:
         answer = orjson.loads(response.content)
@@ -123,7 +132,12 @@ def exchange(
         answer = None
     # A summary made ahead may still be on its way: what it sent is looked at when the
     # next example's request began (the recorder keeps the order they came in).
-    sent = s.standin.recorded[before:]
+    script = headers["x-stand-in"]  # (requests made for another exchange left out)
+    sent = [
+        r
+        for r in s.standin.recorded[before:]
+        if tag in r.body and header(r, "x-stand-in") == script
+    ]
     # A streamed answer's last bytes can reach the client before the stand-in has noted
     # the request done: its own requests are read once they are.
     deadline = time.monotonic() + 10
@@ -134,6 +148,11 @@ def exchange(
     return Exchange(response.status_code, response.headers, answer, sent, response.content)
 
 
+def header(r: RecordedRequest, name: str) -> str:
+    """A header of a recorded request (as received: any case)."""
+    return next((v for k, v in r.headers.items() if k.lower() == name), "")
+
+
 def history_of(body: Any) -> list[Any]:
     history = None
     if isinstance(body, dict):
@@ -141,9 +160,10 @@ def history_of(body: Any) -> list[Any]:
     return history if isinstance(history, list) else []
 
 
-def check_valid(fmt: Format, raw: bytes, spans: list[bytes], ex: Exchange) -> None:
+def check_valid(fmt: Format, raw: bytes, spans: list[bytes] | None, ex: Exchange) -> None:
     """A valid conversation: answered (or refused by the proxy as the API would, when it
-    cannot fit), everything the proxy sent taken by the upstream, what it kept exact."""
+    cannot fit), everything the proxy sent taken by the upstream, what it kept exact
+    (`spans`: the bytes of each message, when they are to be kept byte for byte)."""
     assert ex.status < 500, (ex.status, ex.answer)
     if ex.status != 200:
         assert ex.status == 400 and "too long" in str(ex.answer), (ex.status, ex.answer)
@@ -199,15 +219,21 @@ def _check_sent(ex: Exchange) -> None:
         assert b"No offloaded result" not in r.body, "a ref the proxy made reads as missing"
 
 
-def _kept_exactly(raw: bytes, spans: list[bytes], sent: bytes) -> None:
+def _kept_exactly(raw: bytes, spans: list[bytes] | None, sent: bytes) -> None:
     """Every message of the client's that the rewrite kept (the same value) is in what
-    was sent as the client's very bytes."""
+    was sent with every value as the client wrote it (numbers read exactly: Python's
+    json keeps a 30-digit integer whole), and as the client's very bytes (`spans`, each
+    message's) when the client wrote compact JSON: its spaces and escapes otherwise mean
+    the same whoever writes them."""
     client, upstream = history_of(orjson.loads(raw)), history_of(orjson.loads(sent))
-    assert len(spans) == len(client)
-    for message in upstream:
+    exact_client, exact_upstream = history_of(json.loads(raw)), history_of(json.loads(sent))
+    assert spans is None or len(spans) == len(client)
+    for k, message in enumerate(upstream):
         for n, mine in enumerate(client):
             if message == mine:
-                assert spans[n] in sent, f"message {n} kept, but not as the client wrote it"
+                assert exact_upstream[k] == exact_client[n], f"message {n} kept, a value changed"
+                if spans is not None:
+                    assert spans[n] in sent, f"message {n} kept, but not as the client wrote it"
                 break
 
 
