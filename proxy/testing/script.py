@@ -13,7 +13,8 @@ the stand-in's (`StandInOptions.script`) over them, and the keys of a request's
   round); `read_length`: the length it asks for;
 - `thinking`: true: when the request lets the model think (Messages' `thinking`, the
   Responses API's `reasoning`: there the default), start with its reasoning;
-- `fault`: "429", "529", "500", "stream_error", "eof", "stall"; `fault_times`: only the
+- `fault`: "429", "529", "500", "stream_error", "eof", "eof_mid" (a stream cut in the
+  middle of an event), "stall"; `fault_times`: only the
   first N requests carrying that fault get it (counted per stand-in); `summary_fault`: a
   status fault ("429", "529", "500") for the proxy's summariser requests only;
   `stall_seconds` (default 30), `retry_after_ms` (default 1000); `summary_tool`: true: a
@@ -36,7 +37,7 @@ from proxy.testing.prompt import COMPACTION, READ_RESULT, Prompt, last_user_text
 from proxy.testing.reply import Call, Reply, counted
 
 STATUS_FAULTS = ("429", "529", "500")
-STREAM_FAULTS = ("stream_error", "eof", "stall")
+STREAM_FAULTS = ("stream_error", "eof", "eof_mid", "stall")
 
 
 class ScriptError(ValueError):

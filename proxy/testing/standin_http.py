@@ -223,7 +223,7 @@ def take_fault(app: web.Application, script: Script, kinds: tuple[str, ...]) -> 
 
 def answer_faults(streaming: bool) -> tuple[str, ...]:
     """The faults that strike once the answer is under way."""
-    return ("stream_error", "eof", "stall") if streaming else ("eof", "stall")
+    return ("stream_error", "eof", "eof_mid", "stall") if streaming else ("eof", "stall")
 
 
 def scaled(tokens: int, options: StandInOptions) -> int:
@@ -275,6 +275,9 @@ async def stall(request: web.Request, seconds: float) -> None:
         await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
 
+_CUTS = ("stream_error", "eof", "eof_mid")  # faults that stop a stream's events
+
+
 async def paced(
     events: Iterable[Event],
     script: Script,
@@ -290,12 +293,12 @@ async def paced(
             if deltas and script.token_delay:
                 await asyncio.sleep(script.token_delay)
             deltas += 1
-        elif event.kind == "end" and fault in ("stream_error", "eof"):
+        elif event.kind == "end" and fault in _CUTS:
             return  # the answer had no delta to cut after
         yield event
         if event.kind == "start" and fault == "stall":
             await stall(script.stall_seconds)
-        if event.kind == "delta" and deltas == 1 and fault in ("stream_error", "eof"):
+        if event.kind == "delta" and deltas == 1 and fault in _CUTS:
             return
 
 
@@ -341,6 +344,12 @@ async def send_stream(
     if fault == "stream_error" and out.fault_event is not None:
         await write(out.fault_event)
     elif fault == "eof":
+        cut(request)
+        return response
+    elif fault == "eof_mid":  # half of the answer's last event, then the cut
+        last = framing.frame(out.events[-1])
+        await response.write(framing.separator if sent else framing.opening)
+        await response.write(last[: len(last) // 2])
         cut(request)
         return response
     if framing.closing:

@@ -237,7 +237,7 @@ def test_forks_of_one_conversation_at_once(battery: Battery) -> None:
 
 
 WHOLE_FAULTS = ("eof", "500", "429", "529")
-STREAM_FAULTS = ("eof", "stream_error", "500", "429")
+STREAM_FAULTS = ("eof", "eof_mid", "stream_error", "500", "429")
 
 
 def test_an_upstream_failure_leaves_the_conversation_sound(battery: Battery) -> None:
