@@ -11,14 +11,13 @@ through passwordless sudo), so the tests depend on nothing installed by hand.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from playwright.async_api import Browser, async_playwright
+
+from tests.plugins.debian import ensure_package
 
 CHROMIUM = Path("/usr/bin/chromium")
 LAUNCH_ARGS = (
@@ -34,20 +33,7 @@ LAUNCH_ARGS = (
 
 
 def install_chromium() -> Path:
-    if CHROMIUM.exists():
-        return CHROMIUM
-    if shutil.which("apt-get") is None:
-        pytest.fail(f"{CHROMIUM} is missing and there is no apt-get to install it")
-    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = [*sudo, "apt-get", "install", "-y", "--no-install-recommends", "chromium"]
-    done = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:  # stale package lists: refresh them once and try again
-        subprocess.run([*sudo, "apt-get", "update"], env=env, capture_output=True, check=False)
-        done = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0 or not CHROMIUM.exists():
-        pytest.fail(f"could not install chromium: {done.stderr[-2000:]}")
-    return CHROMIUM
+    return ensure_package(CHROMIUM, "chromium")
 
 
 @pytest.fixture(scope="session")

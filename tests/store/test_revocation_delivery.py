@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import socket
 import subprocess
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 from proxy.store import EmbeddedRedis, Store
 from proxy.store.accounts import Accounts
+from tests.plugins.debian import ensure_package
 
 PREFIX = "cpdelivery:"
 T = TypeVar("T")
@@ -30,8 +31,7 @@ T = TypeVar("T")
 def _held_writes(pid: int) -> subprocess.Popen[bytes]:
     """strace on Redis's main thread (where it writes to clients): each write returns
     200 ms late. Returns once attached."""
-    strace = shutil.which("strace")
-    assert strace is not None, "strace is needed to hold Redis between its writes"
+    strace = ensure_package(Path("/usr/bin/strace"), "strace")
     tracer = subprocess.Popen(
         [strace, "-p", str(pid), "-e", "trace=write", "-e", "inject=write:delay_exit=200000"],
         stdout=subprocess.DEVNULL,
