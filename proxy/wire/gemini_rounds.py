@@ -33,6 +33,7 @@ import orjson
 from proxy.core.sse import Event
 from proxy.core.usage import Usage, call_tokens, count
 from proxy.core.wire_format import MergeState, ReadCall, Round
+from proxy.wire.common import RoundsMerger
 from proxy.wire.gemini_parts import call_key, field, signature_of
 
 ROUND_SEPARATOR = "\n\n"  # between the text of two rounds, so sentences do not run on
@@ -65,6 +66,12 @@ def client_usage(rounds: Sequence[object], held_tokens: int) -> dict[str, Any]:
     prompt = count(out.get("promptTokenCount")) + count(out.get("toolUsePromptTokenCount"))
     out["totalTokenCount"] = prompt + candidates + thoughts
     return out
+
+
+def note_part(note: str, said: bool) -> dict[str, Any]:
+    """The text part the proxy ends an answer with (why the rounds stopped), apart from
+    the text before it when the client was told some."""
+    return {"text": ROUND_SEPARATOR + note if said else note}
 
 
 def first_candidate(answer: Mapping[str, Any]) -> dict[str, Any]:
@@ -196,7 +203,7 @@ def merge_answers(
             parts.append(out)
         held += kept.held_tokens
     if note is not None:
-        parts.append({"text": ROUND_SEPARATOR + note if said else note})
+        parts.append(note_part(note, said))
     candidate = dict(first_candidate(first))
     content = candidate.get("content")
     candidate["content"] = {"role": "model", **(content if isinstance(content, dict) else {})}
@@ -237,41 +244,29 @@ def sse_chunk(data: Mapping[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(data) + b"\r\n\r\n"
 
 
-class GeminiStreamMerger:
+class GeminiStreamMerger(RoundsMerger):
     """Several streamed rounds, one client answer (RoundMerger). `frame` writes a chunk
     the merger made (SSE by default; the JSON array form's transport passes its own);
     an unchanged chunk goes out as its event's raw bytes."""
 
     def __init__(self, tool: str, frame: Callable[[Mapping[str, Any]], bytes] = sse_chunk) -> None:
-        self._tool = tool
+        super().__init__(tool)
         self._frame = frame
-        self._rounds = 0
         self._usages: list[dict[str, Any]] = []  # every finished round's usage, as given
-        self._held_tokens = 0
-        self._held_any = False  # some read_result call was held, in any round
         self._said = False  # text reached the client
         self._pending: list[bytes] = []  # an earlier round's last parts, not sent yet
-        self._filter = _Filter(tool)
-        self._round = Round()
+        self._reset()
+
+    def begin_round(self) -> None:
+        self.next_round()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._filter = _Filter(self.tool)
         self._parts: list[dict[str, Any]] = []
         self._finish: tuple[dict[str, Any], bytes, list[dict[str, Any]]] | None = None
         self._raw_usage: dict[str, Any] = {}
         self._separated = False
-        self.state = MergeState.OPEN
-
-    @property
-    def rounds(self) -> int:
-        return self._rounds
-
-    def begin_round(self) -> None:
-        self._rounds += 1
-        self._filter = _Filter(self._tool)
-        self._round = Round()
-        self._parts = []
-        self._finish = None
-        self._raw_usage = {}
-        self._separated = False
-        self.state = MergeState.OPEN
 
     def feed(self, event: Event) -> list[bytes]:
         """The bytes to send the client for one upstream event (often the event itself)."""
@@ -296,7 +291,7 @@ class GeminiStreamMerger:
             feedback = data.get("promptFeedback")
             if isinstance(feedback, dict) and feedback.get("blockReason"):
                 # A refused prompt: the answer ends here, with no candidate at all.
-                self._round.stop_reason = str(feedback["blockReason"])
+                self.round.stop_reason = str(feedback["blockReason"])
                 self.state = MergeState.STOPPED
             return [*out, event.raw]
         parts = candidate_parts(candidate)
@@ -305,7 +300,7 @@ class GeminiStreamMerger:
         reason = candidate.get("finishReason")
         if reason is not None:
             # Held until the round ends: only the last round's ending reaches the client.
-            self._round.stop_reason = str(reason)
+            self.round.stop_reason = str(reason)
             self.state = MergeState.STOPPED
             self._finish = (data, event.raw, kept)
             return out
@@ -321,10 +316,10 @@ class GeminiStreamMerger:
         for part in parts:
             out = self._filter.keep(part)
             if out is None:
-                changed = self._held_any = True
+                changed = self.held_any = True
                 continue
             if _plain_text(out) and out["text"]:
-                if self._said and not self._separated and self._rounds > 1:
+                if self._said and not self._separated and self.rounds > 1:
                     out = {**out, "text": ROUND_SEPARATOR + out["text"]}
                 self._separated = self._said = True
             changed = changed or out is not part
@@ -333,11 +328,11 @@ class GeminiStreamMerger:
 
     def end_round(self) -> Round:
         """The round just finished (after its last chunk, or after the stream ended)."""
-        round_ = self._round
+        round_ = self.round
         kept = self._filter
         round_.reads = kept.reads
         round_.client_calls = kept.client_calls
-        self._held_tokens += kept.held_tokens
+        self.held_tokens += kept.held_tokens
         round_.assistant = {"role": "model", "parts": aggregate(self._parts)}
         round_.usage = gemini_usage(self._raw_usage)
         round_.asks_to_read = round_.stop_reason == STOP
@@ -355,15 +350,15 @@ class GeminiStreamMerger:
         """The closing chunk: the upstream's own when one round held nothing back.
         `note`: a short text the proxy ends the answer with (why the rounds stopped)."""
         out, self._pending = self._pending, []
-        if self._rounds == 1 and not self._held_any and note is None:
+        if self.ends_as_upstream(note):
             return [*out, self._finish[1]] if self._finish is not None else out
         data, parts = ({}, []) if self._finish is None else (self._finish[0], self._finish[2])
         if note is not None:
-            parts = [*parts, {"text": ROUND_SEPARATOR + note if self._said else note}]
+            parts = [*parts, note_part(note, self._said)]
         final = _with_parts(data, parts, ending=True)
         candidate = final["candidates"][0]
-        candidate.setdefault("finishReason", self._round.stop_reason or STOP)
-        usage = client_usage(self._usages, self._held_tokens)
+        candidate.setdefault("finishReason", self.round.stop_reason or STOP)
+        usage = client_usage(self._usages, self.held_tokens)
         if usage:
             final["usageMetadata"] = usage
         return [*out, self._frame(final)]
