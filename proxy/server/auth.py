@@ -72,9 +72,12 @@ def _with_credential(headers: CIMultiDictProxy[str], secret: str, scheme: str) -
     return out
 
 
-def check_reach(request: web.Request, record: dict[str, str], provider: str) -> None:
-    """Raise Forbidden unless the key may make this request: its provider's API only,
-    and beyond the proxy's own (metered) routes only the families of its scopes."""
+def check_reach(
+    request: web.Request, record: dict[str, str], provider: str, openai_set: bool
+) -> None:
+    """Raise Forbidden unless the key may make this request: its provider's API only
+    (`openai_set`: the proxy has an OpenAI upstream), and beyond the proxy's own
+    (metered) routes only the families of its scopes."""
     path = request.path
     other = provider_of_path(path)
     if other is not None and other != provider:
@@ -84,7 +87,7 @@ def check_reach(request: web.Request, record: dict[str, str], provider: str) -> 
             f" {API_NAMES[other]} API.",
             "provider",
         )
-    if provider == "openai" and not request.app[OPENAI_UPSTREAM].configured:
+    if provider == "openai" and not openai_set:
         raise _forbid(
             request,
             "This compaction-proxy has no OpenAI upstream (upstream.openai_url is not set).",
@@ -139,7 +142,7 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
     ):
         raise _reject(request, "invalid x-api-key", "key")
     provider = proxy_keys.provider_of(record)
-    check_reach(request, record, provider)
+    check_reach(request, record, provider, app[OPENAI_UPSTREAM].configured)
     env = record.get("upstream_env", "")
     if proxy_keys.upstream_env_problem(env, app[SETTINGS].auth.admin_key_env, None):
         # A record naming the admin key's variable (or a setting's) is never served.

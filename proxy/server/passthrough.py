@@ -21,9 +21,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.config import ServerSettings
 from proxy.core.budget import BadRequestField, batch_reservation
 from proxy.core.errors import Forbidden, NotFound, UpstreamError
 from proxy.core.proxy_keys import BATCH, FREE, UNMETERED, passthrough_rule
+from proxy.core.tokens import TokenCounter
 from proxy.core.usage import DATA_LINES, LineKind, Usage
 from proxy.server.bodies import (
     BodyClock,
@@ -61,12 +63,14 @@ async def handle_passthrough(request: web.Request) -> web.StreamResponse:
     target = caller_of(request).provider or upstream_for(request.path, request.headers)
     upstream = request.app[UPSTREAMS.get(target, UPSTREAM)]
     headers = upstream_request_headers(request.headers)
-    clock = BodyClock(request.app[SETTINGS].server.body_timeout)
+    settings = request.app[SETTINGS].server
+    clock = BodyClock(settings.body_timeout)
     data: Any = None
     rule = passthrough_rule(request.method, request.path)
     budget = budget_of(request)
     if rule.meter != FREE and budget.applies:
-        data = await _reserved(request, rule.meter, budget)
+        counter = request.app[COMPACTOR].counter
+        data = await _reserved(request, rule.meter, budget, settings, counter)
         headers.append(("Content-Length", str(len(data))))
     elif request.body_exists:
         # Streamed as it arrives (on the body's clock); a known length goes on as is.
@@ -85,21 +89,25 @@ async def handle_passthrough(request: web.Request) -> web.StreamResponse:
     return await relay(request, response, upstream, wire, current_or_throwaway().meter)
 
 
-async def _reserved(request: web.Request, meter: str, budget: Budget) -> bytes:
+async def _reserved(
+    request: web.Request,
+    meter: str,
+    budget: Budget,
+    settings: ServerSettings,
+    counter: TokenCounter,
+) -> bytes:
     """Read a metered call whole (the read step every request with budgets is read by),
-    reserve what it may cost, and return its bytes."""
+    reserve what it may cost (`counter`: the compactor's), and return its bytes."""
     if meter == UNMETERED:
         count_rejection(request.app, "unmetered")
         raise Forbidden(
             f"compaction-proxy cannot estimate what {request.method} {request.path} costs,"
             " so a key with budgets may not use it."
         )
-    settings = request.app[SETTINGS].server
     key_checks = caller_of(request).key_id is not None
     incoming = await read_request(request, settings, must_read=True, key_checks=key_checks)
     payload = incoming.payload
     assert payload is not None  # must_read: a body that cannot be read was refused
-    counter = request.app[COMPACTOR].counter
     size, threshold = len(incoming.body), settings.off_loop_bytes
     try:
         if meter == BATCH:

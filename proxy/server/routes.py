@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from proxy.core.errors import ExpectationFailed
+from proxy.core.reuse import Reuse
 from proxy.server.bodies import Parse, continuing, plain_parse, too_large
 from proxy.server.budgets import budget_of
 from proxy.server.caller import caller_of, tenant_of_request
@@ -71,7 +72,8 @@ async def handle_conversation(
     where it goes when not the route's upstream and the client's path (a provider's
     route picks them from the path)."""
     app = request.app
-    parse = parser_for(request, route)
+    compactor = app[COMPACTOR]
+    parse = parser_for(request, route, compactor.reuse)
     caller = caller_of(request)
     budget = budget_of(request)
     record = current_or_throwaway()
@@ -97,7 +99,7 @@ async def handle_conversation(
         transport,
         request,
         caller=caller,
-        compactor=app[COMPACTOR],
+        compactor=compactor,
         store=app[STORE].store,
         upstream=upstream,
         budget=budget,
@@ -106,12 +108,11 @@ async def handle_conversation(
     return await exchange.run()
 
 
-def parser_for(request: web.Request, route: ConversationRoute) -> Parse:
+def parser_for(request: web.Request, route: ConversationRoute, reuse: Reuse) -> Parse:
     """How the route's bodies are parsed: a conversation's as the continuation of its
-    line's last request (the compactor's reuse cache), anything else plainly."""
+    line's last request (`reuse`: the compactor's reuse cache), anything else plainly."""
     if not route.compacts:
         return plain_parse
-    reuse = request.app[COMPACTOR].reuse
     return continuing(reuse, route.wire, tenant_of_request(request), request.headers)
 
 
